@@ -1,0 +1,1 @@
+"""Benchmarks: the WAL harness (python -m benchmarks.wal_bench) and end-to-end benchmarks."""

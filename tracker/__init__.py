@@ -1,0 +1,1 @@
+"""sparkwal tracker layer (see the project README; built by its own issue)."""

@@ -1,0 +1,37 @@
+"""sparkwal's write-ahead log: the lowest layer, and the owner of the storage seam.
+
+Public API::
+
+    FileBasedWriteAheadLog(log_dir, *, rolling_interval_s=60, max_failures=3,
+                           close_file_after_write=False, storage_options=None, clock=None,
+                           durability="fsync")
+    BatchedWriteAheadLog(wrapped, *, batching_timeout_s=5.0)
+    log.write(data, time_ms) -> RecordHandle;  log.read(handle);  log.read_all()
+    log.clean(thresh_ms, wait_for_completion=False);  log.close();  log.statistics()
+"""
+
+from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
+from .batched import BatchedWriteAheadLog
+from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+from .errors import CorruptRecordError, LogLockedError, WalError
+from .file_log import FileBasedWriteAheadLog
+from .storage import FileInfo, Storage, resolve
+
+__all__ = [
+    "BatchedWriteAheadLog",
+    "Clock",
+    "CorruptRecordError",
+    "Durability",
+    "FileBasedWriteAheadLog",
+    "FileInfo",
+    "LogLockedError",
+    "ManualClock",
+    "RecordHandle",
+    "SYSTEM_CLOCK",
+    "Storage",
+    "SystemClock",
+    "WalError",
+    "WalStatistics",
+    "WriteAheadLog",
+    "resolve",
+]

@@ -1,0 +1,97 @@
+"""The write-ahead log contract every implementation (and every caller) relies on."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHandle:
+    """Where one record lives: the segment ``path``, the ``offset`` of its frame, the payload ``length``.
+
+    Hashable and cheap to embed in other records: ``to_list()`` gives a msgpack-ready
+    ``[path, offset, length]`` and ``from_list`` reverses it.
+    """
+
+    path: str
+    offset: int
+    length: int
+
+    def to_list(self) -> list:
+        return [self.path, self.offset, self.length]
+
+    @classmethod
+    def from_list(cls, value: Sequence) -> RecordHandle:
+        path, offset, length = value
+        return cls(str(path), int(offset), int(length))
+
+
+class Durability(str, enum.Enum):
+    """What "``write`` returned" promises.
+
+    ``FSYNC`` (default): the record is on stable storage (``fdatasync`` of the segment, and of the
+    directory when a segment is created); it survives power loss and kernel crashes.
+
+    ``FLUSH``: the record has been handed to the operating system; it survives a crash of the
+    process (even ``kill -9``) but not of the machine. Segments are still synced when sealed.
+    Object stores ignore the difference: a finished PUT is durable.
+    """
+
+    FSYNC = "fsync"
+    FLUSH = "flush"
+
+
+@dataclass(frozen=True)
+class WalStatistics:
+    records_written: int = 0  #: user records acknowledged
+    bytes_written: int = 0  #: payload bytes acknowledged
+    writes: int = 0  #: successful durable writes (one per record, or one per group)
+    syncs: int = 0  #: durability barriers issued (fsyncs, or object PUTs)
+    segments: int = 0  #: segments currently in the log
+    segments_created: int = 0
+    segments_deleted: int = 0
+    write_failures: int = 0  #: failed write attempts (each retried on a fresh segment)
+    delete_failures: int = 0
+    torn_tails_truncated: int = 0  #: torn tails cut off when a writer opened the log
+    torn_bytes_truncated: int = 0
+    queued_records: int = 0  #: records waiting for a group commit (batched logs)
+
+
+class WriteAheadLog(ABC):
+    """An append-only log of byte records, each indexed by a time for cleaning.
+
+    ``write`` returns only once the record is durable (see :class:`Durability`); ``read_all``
+    yields every record written and not yet cleaned, in write order.
+    """
+
+    @abstractmethod
+    def write(self, data: bytes, time_ms: int) -> RecordHandle: ...
+
+    def write_batch(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
+        """Write several records; implementations make them durable with one barrier."""
+        return [self.write(r, time_ms) for r in records]
+
+    @abstractmethod
+    def read(self, handle: RecordHandle) -> bytes: ...
+
+    @abstractmethod
+    def read_all(self) -> Iterator[bytes]: ...
+
+    @abstractmethod
+    def clean(self, thresh_time_ms: int, wait_for_completion: bool = False) -> None:
+        """Delete the records older than ``thresh_time_ms`` (whole sealed segments only)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def statistics(self) -> WalStatistics: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

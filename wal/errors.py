@@ -1,0 +1,30 @@
+"""Errors raised by the write-ahead log and the storage layer."""
+
+from __future__ import annotations
+
+
+class WalError(Exception):
+    """Base class of every error the WAL and its storage layer raise."""
+
+
+class CorruptRecordError(WalError):
+    """A record failed its checksum or framing check somewhere a torn tail cannot explain.
+
+    ``path`` and ``offset`` locate the bad frame; records before it stay readable.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str):
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"corrupt record in {path} at byte offset {offset}: {reason}")
+
+
+class LogLockedError(WalError):
+    """Another writer holds the log directory (single-writer fencing)."""
+
+    def __init__(self, path: str, holder: str = ""):
+        self.path = path
+        self.holder = holder
+        detail = f" (held by {holder})" if holder else ""
+        super().__init__(f"{path} is locked by another writer{detail}")

@@ -1,0 +1,606 @@
+"""The one storage seam of sparkwal: URL -> backend, append + fsync, atomic create-if-absent, locks.
+
+Everything sparkwal persists (WAL segments, metadata logs, checkpoints) goes through a
+:class:`Storage`. ``resolve(url)`` picks the backend:
+
+* a plain path or ``file://`` URL -> :class:`LocalStorage`, straight ``os`` calls (so ``fsync`` means
+  what it says and random reads are a cached-fd ``pread``);
+* any other URL -> :class:`FsspecStorage` over the fsspec filesystem registered for that protocol
+  (``memory://``, ``s3://``, ... or a test double registered by a test).
+
+Guarantees of ``put_if_absent`` (atomic create-if-absent: never overwrites, never shows a partial
+file, the storage decides the winner of a race):
+
+===================  ==========================================================================
+backend              how
+===================  ==========================================================================
+local filesystem     temp file in the same dir, fsync, ``os.link`` (fails if the name exists),
+                     unlink temp, fsync the directory
+S3 (s3fs)            one PUT with ``If-None-Match: *`` (AWS S3, MinIO and moto honour it)
+memory://            check-and-store under a process-wide lock (process-local by nature)
+other fsspec stores  the backend's ``pipe_file(mode="create")``; fsspec documents its default as
+                     check-then-write, i.e. *not* atomic: a warning is logged once per backend
+===================  ==========================================================================
+
+Append (WAL segments) exists on the local filesystem and ``memory://``; object stores have no
+append, so logs there write one object per write (``close_file_after_write``).
+
+Locks (single-writer fencing): local -> ``flock`` on ``<dir>/.writer.lock``, released by the OS when
+the holder dies; elsewhere -> a lease object ``<dir>/.writer.lease`` created with ``put_if_absent``,
+renewed by the holder and taken over by another writer only once it has expired.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import fsspec
+
+from .clock import SYSTEM_CLOCK, Clock
+from .errors import LogLockedError, WalError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".writer.lock"
+LEASE_FILE = ".writer.lease"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str
+    path: str
+    size: int
+
+
+class AppendFile(ABC):
+    """An exclusively created file that grows by appends; ``size`` is the next write's offset."""
+
+    path: str
+    size: int
+
+    @abstractmethod
+    def append(self, data: bytes) -> int:
+        """Write ``data`` at the end (the OS has it on return); return the offset it starts at."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Make everything appended so far durable (fsync on a local filesystem)."""
+
+    @abstractmethod
+    def truncate(self, size: int) -> None:
+        """Cut the file back to ``size`` bytes (used to drop a partially failed write)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Lock(ABC):
+    """A held single-writer lock."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise :class:`LogLockedError` if the lock was lost (object-store lease taken over)."""
+
+    @abstractmethod
+    def release(self) -> None: ...
+
+
+class Storage(ABC):
+    supports_append: bool = True
+    is_local: bool = False
+    #: True when ``put_if_absent`` is atomic against other processes.
+    atomic_create: bool = True
+
+    @abstractmethod
+    def join(self, directory: str, name: str) -> str: ...
+
+    @abstractmethod
+    def url(self, path: str) -> str:
+        """A URL for ``path`` that ``resolve`` maps back to this backend (for messages, handles)."""
+
+    @abstractmethod
+    def list_files(self, directory: str) -> list[FileInfo]:
+        """Regular files directly in ``directory`` (no dirs); ``[]`` if it does not exist."""
+
+    @abstractmethod
+    def makedirs(self, directory: str) -> None: ...
+
+    @abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, path: str) -> int: ...
+
+    @abstractmethod
+    def create_append(self, path: str) -> AppendFile:
+        """Create ``path`` exclusively (FileExistsError if present) for appending; its directory
+        entry is durable on return."""
+
+    @abstractmethod
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Atomically create ``path`` holding ``data``; False (nothing touched) if it exists."""
+
+    @abstractmethod
+    def put(self, path: str, data: bytes) -> None:
+        """Atomically create or replace ``path`` with ``data``; durable on return."""
+
+    @abstractmethod
+    def read_file(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer at end of file)."""
+
+    @abstractmethod
+    def open_read(self, path: str) -> BinaryIO:
+        """A binary file object for one sequential read of ``path``."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove ``path``; a missing file is not an error."""
+
+    @abstractmethod
+    def truncate(self, path: str, size: int) -> None:
+        """Durably cut a closed file back to ``size`` bytes."""
+
+    @abstractmethod
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        """Take the single-writer lock of ``directory`` or raise :class:`LogLockedError` at once."""
+
+    def close(self) -> None:
+        """Release cached resources (open read handles)."""
+
+
+def _holder_description() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+# --------------------------------------------------------------------------------------------
+# Local filesystem
+# --------------------------------------------------------------------------------------------
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LocalAppendFile(AppendFile):
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self._fd = fd
+        self.size = 0
+
+    def append(self, data: bytes) -> int:
+        offset = self.size
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.write(self._fd, view[written:])
+        finally:
+            self.size += written
+        return offset
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        os.fdatasync(self._fd)
+        self.size = size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+class _LocalLock(Lock):
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def check(self) -> None:  # an flock cannot be taken away from a live holder
+        pass
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # closing the descriptor drops the flock
+
+
+class LocalStorage(Storage):
+    """Plain ``os`` calls. Random reads go through a small LRU of open descriptors + ``pread``."""
+
+    is_local = True
+    _MAX_READ_FDS = 64
+
+    def __init__(self) -> None:
+        self._read_fds: OrderedDict[str, int] = OrderedDict()
+        self._fd_lock = threading.Lock()
+
+    def join(self, directory: str, name: str) -> str:
+        return os.path.join(directory, name)
+
+    def url(self, path: str) -> str:
+        return path
+
+    def list_files(self, directory: str) -> list[FileInfo]:
+        out = []
+        try:
+            entries = os.scandir(directory)
+        except FileNotFoundError:
+            return []
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        out.append(FileInfo(entry.name, entry.path, entry.stat().st_size))
+                except FileNotFoundError:
+                    continue
+        return out
+
+    def makedirs(self, directory: str) -> None:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            fsync_dir(os.path.dirname(os.path.abspath(directory)))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def create_append(self, path: str) -> AppendFile:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            fsync_dir(os.path.dirname(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        return _LocalAppendFile(path, fd)
+
+    def _write_temp(self, path: str, data: bytes) -> str:
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        if os.path.lexists(path):
+            return False
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)  # atomic, and refuses to replace an existing name
+        except FileExistsError:
+            return False
+        finally:
+            _unlink_quietly(tmp)
+        fsync_dir(os.path.dirname(path))
+        return True
+
+    def put(self, path: str, data: bytes) -> None:
+        tmp = self._write_temp(path, data)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(path))
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open(path, "rb", buffering=0)
+
+    def _read_fd(self, path: str) -> int:
+        with self._fd_lock:
+            fd = self._read_fds.get(path)
+            if fd is not None:
+                self._read_fds.move_to_end(path)
+                return fd
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._read_fds[path] = fd
+            if len(self._read_fds) > self._MAX_READ_FDS:
+                _, old = self._read_fds.popitem(last=False)
+                os.close(old)
+            return fd
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        fd = self._read_fd(path)
+        try:
+            return os.pread(fd, length, offset)
+        except OSError as e:
+            if e.errno != errno.EBADF:  # closed by a concurrent eviction: reopen once
+                raise
+            self._forget_fd(path)
+            return os.pread(self._read_fd(path), length, offset)
+
+    def _forget_fd(self, path: str) -> None:
+        with self._fd_lock:
+            fd = self._read_fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def delete(self, path: str) -> None:
+        self._forget_fd(path)
+        _unlink_quietly(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        self.makedirs(directory)
+        path = os.path.join(directory, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise LogLockedError(directory, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _holder_description().encode(), 0)
+        return _LocalLock(fd)
+
+    def close(self) -> None:
+        with self._fd_lock:
+            fds = list(self._read_fds.values())
+            self._read_fds.clear()
+        for fd in fds:
+            os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# Any fsspec filesystem
+# --------------------------------------------------------------------------------------------
+
+_memory_lock = threading.Lock()
+_warned_non_atomic: set[str] = set()
+
+
+class _FsspecAppendFile(AppendFile):
+    def __init__(self, path: str, f: Any):
+        self.path = path
+        self._f = f
+        self.size = 0
+
+    def append(self, data: bytes) -> int:
+        offset = self.size
+        self._f.write(data)
+        self.size += len(data)
+        return offset
+
+    def sync(self) -> None:
+        self._f.flush()
+        fileno = getattr(self._f, "fileno", None)
+        if fileno is not None:
+            try:
+                os.fsync(fileno())
+            except (OSError, ValueError, AttributeError, NotImplementedError, TypeError):
+                pass  # in-memory or remote file objects have no descriptor to sync
+
+    def truncate(self, size: int) -> None:
+        self._f.truncate(size)
+        self._f.seek(size)
+        self.size = size
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _Lease(Lock):
+    """An object-store lease: ``{"owner", "holder", "expires_ms"}`` renewed by ``check``."""
+
+    def __init__(self, storage: FsspecStorage, path: str, owner: str, clock: Clock, lease_ms: int):
+        self._storage, self._path, self._owner = storage, path, owner
+        self._clock, self._lease_ms = clock, lease_ms
+        self._renewed_at = clock.now_ms()
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {"owner": self._owner, "holder": _holder_description(),
+             "expires_ms": self._clock.now_ms() + self._lease_ms}
+        ).encode()
+
+    def check(self) -> None:
+        now = self._clock.now_ms()
+        if now - self._renewed_at < self._lease_ms // 3:
+            return
+        current = self._storage._read_lease(self._path)
+        if current is None or current.get("owner") != self._owner:
+            holder = current.get("holder", "") if current else "nobody (lease deleted)"
+            raise LogLockedError(self._path, f"lease lost; now held by {holder}")
+        self._storage.put(self._path, self.body())
+        self._renewed_at = now
+
+    def release(self) -> None:
+        try:
+            current = self._storage._read_lease(self._path)
+            if current is not None and current.get("owner") == self._owner:
+                self._storage.delete(self._path)
+        except Exception:  # a lease that cannot be released simply expires
+            log.warning("could not release lease %s", self._path, exc_info=True)
+
+
+class FsspecStorage(Storage):
+    def __init__(self, fs: fsspec.AbstractFileSystem):
+        self.fs = fs
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self.protocol = protocols[0]
+        self._is_memory = isinstance(fs, fsspec.implementations.memory.MemoryFileSystem)
+        self._is_s3 = type(fs).__name__ == "S3FileSystem"
+        self.supports_append = self._is_memory or isinstance(
+            fs, fsspec.implementations.local.LocalFileSystem
+        )
+        self.atomic_create = self._is_memory or self._is_s3
+
+    def join(self, directory: str, name: str) -> str:
+        return f"{directory.rstrip('/')}/{name}"
+
+    def url(self, path: str) -> str:
+        return f"{self.protocol}://{path.lstrip('/') if self.protocol != 'memory' else path}"
+
+    def list_files(self, directory: str) -> list[FileInfo]:
+        self.fs.invalidate_cache(directory)
+        try:
+            entries = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in entries:
+            if e.get("type") != "file":
+                continue
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            out.append(FileInfo(name, self.join(directory, name), int(e.get("size") or 0)))
+        return out
+
+    def makedirs(self, directory: str) -> None:
+        if self._is_memory or isinstance(self.fs, fsspec.implementations.local.LocalFileSystem):
+            self.fs.makedirs(directory, exist_ok=True)
+        # object stores have no directories
+
+    def exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)
+        return self.fs.exists(path)
+
+    def size(self, path: str) -> int:
+        self.fs.invalidate_cache(path)
+        return int(self.fs.size(path))
+
+    def create_append(self, path: str) -> AppendFile:
+        if not self.supports_append:
+            raise WalError(f"{self.url(path)}: this store has no append")
+        with _memory_lock:
+            if self.fs.exists(path):
+                raise FileExistsError(path)
+            f = self.fs.open(path, "ab")
+        return _FsspecAppendFile(path, f)
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        if self._is_memory:
+            with _memory_lock:
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, bytes(data))
+                return True
+        if not self.atomic_create and self.protocol not in _warned_non_atomic:
+            _warned_non_atomic.add(self.protocol)
+            log.warning("%s:// has no atomic create-if-absent; concurrent writers may race", self.protocol)
+        try:
+            self.fs.pipe_file(path, bytes(data), mode="create")
+        except FileExistsError:
+            return False
+        except OSError as e:  # some clients surface HTTP 412 as a generic OSError
+            if "412" in str(e) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
+                return False
+            raise
+        finally:
+            self.fs.invalidate_cache(path)
+        return True
+
+    def put(self, path: str, data: bytes) -> None:
+        if self._is_memory:
+            with _memory_lock:
+                self.fs.pipe_file(path, bytes(data))
+            return
+        self.fs.pipe_file(path, bytes(data))
+        self.fs.invalidate_cache(path)
+
+    def read_file(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return bytes(self.fs.cat_file(path, start=offset, end=offset + length))
+
+    def open_read(self, path: str) -> BinaryIO:
+        return io.BytesIO(self.read_file(path))  # objects are read whole: one GET
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        finally:
+            self.fs.invalidate_cache(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        self.put(path, self.read_range(path, 0, size))
+
+    def _read_lease(self, path: str) -> dict | None:
+        try:
+            return json.loads(self.read_file(path))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {"owner": "?", "holder": "unreadable lease", "expires_ms": 0}
+
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        self.makedirs(directory)
+        path = self.join(directory, LEASE_FILE)
+        lease = _Lease(self, path, uuid.uuid4().hex, clock, lease_ms)
+        for _ in range(2):
+            if self.put_if_absent(path, lease.body()):
+                return lease
+            current = self._read_lease(path)
+            if current is None:
+                continue  # released in between: try again
+            if current.get("expires_ms", 0) > clock.now_ms():
+                raise LogLockedError(self.url(directory), current.get("holder", ""))
+            log.warning("taking over expired lease %s of %s", path, current.get("holder"))
+            self.delete(path)
+        raise LogLockedError(self.url(directory), "lease contended")
+
+
+def resolve(url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
+    """Map a path or URL to ``(storage, path inside that storage)``."""
+    if "://" not in url or url.startswith("file://"):
+        path = url[len("file://"):] if url.startswith("file://") else url
+        if storage_options:
+            raise ValueError(f"storage_options given for local path {url!r}")
+        return LocalStorage(), os.path.abspath(path)
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return FsspecStorage(fs), path.rstrip("/") or "/"
