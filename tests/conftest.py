@@ -1,0 +1,63 @@
+"""Shared fixtures: one SparkContext per process, a local S3 server, a fault-injecting filesystem."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from faulty_fs import FaultyFileSystem  # noqa: E402  (registers the faulty:// protocol)
+
+
+@pytest.fixture(scope="session")
+def spark_context():
+    """The one SparkContext of this pytest process (started on first use)."""
+    from pyspark import SparkConf, SparkContext
+
+    conf = (SparkConf().setMaster("local[2]").setAppName("sparkwal-tests")
+            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1"))
+    sc = SparkContext.getOrCreate(conf)
+    yield sc
+    sc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3-compatible server (moto) listening on 127.0.0.1 for this test session."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_endpoint):
+    """(url of a fresh bucket, storage_options) on the local S3 server."""
+    import boto3
+
+    bucket = f"sparkwal-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=bucket)
+    options = {"key": "testing", "secret": "testing", "use_listings_cache": False,
+               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+    return f"s3://{bucket}", options
+
+
+@pytest.fixture
+def faulty():
+    """The fault plan of the faulty:// filesystem, reset around each test."""
+    FaultyFileSystem.reset()
+    yield FaultyFileSystem
+    FaultyFileSystem.reset()
+
+
+@pytest.fixture
+def memory_url():
+    return f"memory://sparkwal-{uuid.uuid4().hex}"
