@@ -20,6 +20,12 @@ class FaultyFileSystem(MemoryFileSystem):
     calls: dict[str, int] = {}
 
     @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, str) and path.startswith("faulty://"):
+            path = "memory://" + path[len("faulty://"):]
+        return super()._strip_protocol(path)
+
+    @classmethod
     def reset(cls) -> None:
         cls.plan = {}
         cls.calls = {}

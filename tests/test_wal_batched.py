@@ -1,0 +1,167 @@
+"""BatchedWriteAheadLog: group commit, Spark's batching rules, shutdown (reference B.1, D.1)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError, WriteAheadLog
+
+
+class GatedLog(WriteAheadLog):
+    """A real FileBasedWriteAheadLog whose group writes can be held at a gate."""
+
+    def __init__(self, log_dir):
+        self.inner = FileBasedWriteAheadLog(str(log_dir))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.calls: list[tuple[list[bytes], int]] = []
+        self.closed = False
+
+    def write(self, data, time_ms):
+        return self.write_batch([data], time_ms)[0]
+
+    def write_batch(self, records, time_ms):
+        self.calls.append((list(records), time_ms))
+        self.entered.set()
+        self.gate.wait()
+        return self.inner.write_batch(records, time_ms)
+
+    def read(self, handle):
+        return self.inner.read(handle)
+
+    def read_all(self):
+        return self.inner.read_all()
+
+    def clean(self, thresh_time_ms, wait_for_completion=False):
+        self.inner.clean(thresh_time_ms, wait_for_completion)
+
+    def close(self):
+        self.closed = True
+        self.inner.close()
+
+    def statistics(self):
+        return self.inner.statistics()
+
+
+def wait_for(predicate, timeout=10.0):
+    done = threading.Event()
+    while not predicate():
+        if done.wait(0.001) or timeout <= 0:
+            raise AssertionError("condition not reached")
+        timeout -= 0.001
+
+
+def in_thread(fn, *args):
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+def test_eight_threads_share_syncs(tmp_path):
+    log = BatchedWriteAheadLog(FileBasedWriteAheadLog(str(tmp_path)))
+    per_thread = 60
+    results: dict[int, list] = {}
+
+    def writer(t):
+        results[t] = [(f"{t}-{i}".encode(), log.write(f"{t}-{i}".encode(), i)) for i in range(per_thread)]
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = log.statistics()
+    assert stats.records_written == 8 * per_thread
+    assert stats.syncs <= stats.records_written / 2, stats  # groups of 2+ on average
+    for recs in results.values():
+        for data, handle in recs:
+            assert log.read(handle) == data
+    assert sorted(log.read_all()) == sorted(d for recs in results.values() for d, _ in recs)
+    log.close()
+
+
+def test_group_is_written_at_its_newest_time_sorted_by_time(tmp_path):
+    """(Spark: name log with the highest timestamp of aggregated entries.)"""
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated)
+    gated.gate.clear()
+    first, _ = in_thread(log.write, b"3", 3)
+    assert gated.entered.wait(10)
+    others = [in_thread(log.write, str(t).encode(), t) for t in (5, 8, 12, 10)]
+    wait_for(lambda: log.statistics().queued_records == 4)
+    gated.gate.set()
+    for t, res in [(first, None)] + others:
+        t.join()
+    assert gated.calls[0] == ([b"3"], 3)
+    assert gated.calls[1] == ([b"5", b"8", b"10", b"12"], 12)
+    assert [r["value"] for _, r in others] and all("error" not in r for _, r in others)
+    log.close()
+
+
+def test_shutdown_properly(tmp_path):
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated)
+    h = log.write(b"x", 1)
+    log.close()
+    assert gated.closed
+    with pytest.raises(WalError, match="close\\(\\) was called"):
+        log.write(b"late", 2)
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert reader.read(h) == b"x"
+
+
+def test_close_writes_what_is_queued(tmp_path):
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated)
+    gated.gate.clear()
+    first = in_thread(log.write, b"1", 1)
+    assert gated.entered.wait(10)
+    queued = [in_thread(log.write, str(t).encode(), t) for t in (2, 3)]
+    wait_for(lambda: log.statistics().queued_records == 2)
+    closer = in_thread(log.close)
+    gated.gate.set()  # the blocked write finishes; close then flushes the queued ones
+    closer[0].join()
+    for t, r in [first] + queued:
+        t.join()
+        assert "error" not in r
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert list(reader.read_all()) == [b"1", b"2", b"3"]
+
+
+def test_fail_everything_in_queue_during_shutdown(tmp_path):
+    """(Spark: fail everything in queue during shutdown.) The wrapped write hangs, so close gives
+    up after the batching timeout and fails every queued write instead of hanging with it."""
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated, batching_timeout_s=0.5)
+    gated.gate.clear()
+    in_thread(log.write, b"stuck", 1)
+    assert gated.entered.wait(10)
+    queued = [in_thread(log.write, str(t).encode(), t) for t in (2, 3, 4)]
+    wait_for(lambda: log.statistics().queued_records == 3)
+    log.close()
+    for t, r in queued:
+        t.join()
+        assert isinstance(r.get("error"), WalError), r
+    assert not gated.closed  # the stuck writer still owns the wrapped log
+    gated.gate.set()
+
+
+def test_timeout_waiting_for_a_group_is_reported(tmp_path):
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated, batching_timeout_s=0.2)
+    gated.gate.clear()
+    with pytest.raises(WalError, match="not confirmed within 0.2 s"):
+        log.write(b"slow", 1)
+    gated.gate.set()
+    log.close()
