@@ -41,11 +41,13 @@ def test_failed_write_is_retried_on_a_fresh_segment(faulty, memory_url, op, part
     assert strict_scan(faulty, memory_url) == [b"r0", b"r1", b"r2", b"survivor"]
 
 
-def test_failure_after_the_last_retry_is_raised_and_the_log_keeps_working(faulty, memory_url):
-    log = open_log(memory_url, max_failures=2)
+@pytest.mark.parametrize("max_failures", [1, 2])
+def test_failure_after_the_last_retry_is_raised_and_the_log_keeps_working(faulty, memory_url,
+                                                                         max_failures):
+    log = open_log(memory_url, max_failures=max_failures)
     log.write(b"before", 1)
-    faulty.fail("write", times=2, partial=7)
-    with pytest.raises(WalError, match="failed after 2 attempt") as err:
+    faulty.fail("write", times=max_failures, partial=7)
+    with pytest.raises(WalError, match=f"failed after {max_failures} attempt") as err:
         log.write(b"lost", 2)
     assert isinstance(err.value.__cause__, OSError)
     log.write(b"after", 3)

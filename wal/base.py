@@ -6,14 +6,14 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class RecordHandle:
+class RecordHandle(NamedTuple):
     """Where one record lives: the segment ``path``, the ``offset`` of its frame, the payload ``length``.
 
-    Hashable and cheap to embed in other records: ``to_list()`` gives a msgpack-ready
-    ``[path, offset, length]`` and ``from_list`` reverses it.
+    A frozen, hashable tuple, so it packs with msgpack as-is; ``to_list()``/``from_list`` convert
+    explicitly for callers that embed it in their own records.
     """
 
     path: str
@@ -73,6 +73,16 @@ class WriteAheadLog(ABC):
     def write_batch(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
         """Write several records; implementations make them durable with one barrier."""
         return [self.write(r, time_ms) for r in records]
+
+    # Group-commit hooks: BatchedWriteAheadLog calls ``prepare`` on each writer's own thread
+    # (while it would otherwise just wait) and hands the prepared records of one group to
+    # ``write_prepared``, keeping per-record work off its single writer thread.
+
+    def prepare(self, data: bytes) -> Any:
+        return data
+
+    def write_prepared(self, prepared: list, time_ms: int) -> list[RecordHandle]:
+        return self.write_batch(prepared, time_ms)
 
     @abstractmethod
     def read(self, handle: RecordHandle) -> bytes: ...

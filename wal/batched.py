@@ -8,15 +8,21 @@ Spark's batched log, ``read(handle)`` works and ``read_all`` yields the original
 just consecutive frames, with no aggregation format to undo.
 
 Why the linger: after a sync, the writers it released need a moment (thread wake-ups under the
-GIL) to queue their next record. A writer thread that syncs whatever happens to be queued then
-catches about half of them. So the writer thread waits until as many records are queued as there
-were distinct writer threads recently, but never longer than one recent sync took (capped by
-``max_linger_s``): at worst it doubles one group's latency, at best it halves the syncs.
+GIL) to queue their next record; a writer thread that syncs whatever happens to be queued catches
+about half of them. So when at most half of the recently seen writers are queued, the writer thread
+waits until all of them are, but no longer than half a recent group write (capped by
+``max_linger_s``). It writes at once when more than half are queued (the pipeline is saturated: the
+rest queue during this group's sync anyway) or when 256 KiB are queued (the write is bound by
+bandwidth, not by the per-sync latency that grouping amortises).
+
+Per-record work (framing, CRCs) runs on each caller's thread through the wrapped log's ``prepare``,
+so the single writer thread only joins, writes, syncs and wakes.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -30,16 +36,21 @@ log = logging.getLogger(__name__)
 
 
 class _Pending:
-    __slots__ = ("data", "time_ms", "thread", "done", "handle", "error")
+    __slots__ = ("data", "size", "time_ms", "done", "handle", "error")
 
-    def __init__(self, data: bytes, time_ms: int):
+    def __init__(self, data, size: int, time_ms: int):
         self.data = data
+        self.size = size
         self.time_ms = time_ms
-        self.thread = threading.get_ident()
         self.done = threading.Lock()  # held until the record is written (the cheapest wake-up)
         self.done.acquire()
         self.handle: RecordHandle | None = None
         self.error: BaseException | None = None
+
+
+_by_time = operator.attrgetter("time_ms")
+#: Past this many queued bytes a group write is bandwidth-bound: waiting for more only adds latency.
+LINGER_MAX_BYTES = 256 * 1024
 
 
 class BatchedWriteAheadLog(WriteAheadLog):
@@ -53,6 +64,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
         if batching_timeout_s <= 0:
             raise ValueError(f"batching_timeout_s must be > 0, got {batching_timeout_s}")
         self.wrapped = wrapped
+        self._prepare = wrapped.prepare
         self._timeout = batching_timeout_s
         self._max_linger = max_linger_s
         self._queue: list[_Pending] = []
@@ -68,7 +80,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
     # ---------------------------------------------------------------- callers
 
     def write(self, data: bytes, time_ms: int) -> RecordHandle:
-        p = _Pending(data, time_ms)
+        p = _Pending(self._prepare(data), len(data), time_ms)
         with self._cond:
             if not self._active:
                 raise WalError("close() was called on BatchedWriteAheadLog before write request "
@@ -131,8 +143,11 @@ class BatchedWriteAheadLog(WriteAheadLog):
                     return None
                 self._cond.wait()
             target = self._target
-            if len(self._queue) < target and self._active:
-                linger = min(self._max_linger, self._write_time_s)
+            # Linger only when the pipeline is not saturated: if half the expected writers are
+            # already queued, the ones still waking will queue during this group's sync anyway.
+            if (len(self._queue) * 2 <= target and self._active
+                    and sum(p.size for p in self._queue) < LINGER_MAX_BYTES):
+                linger = min(self._max_linger, self._write_time_s / 2)
                 deadline = time.monotonic() + linger
                 while len(self._queue) < target and self._active:
                     remaining = deadline - time.monotonic()
@@ -153,10 +168,10 @@ class BatchedWriteAheadLog(WriteAheadLog):
                 log.exception("BatchedWriteAheadLog writer loop error")
 
     def _write_group(self, group: list[_Pending]) -> None:
-        group.sort(key=lambda p: p.time_ms)
+        group.sort(key=_by_time)
         started = time.perf_counter()
         try:
-            handles = self.wrapped.write_batch([p.data for p in group], group[-1].time_ms)
+            handles = self.wrapped.write_prepared([p.data for p in group], group[-1].time_ms)
         except BaseException as exc:
             for p in group:
                 p.error = exc
@@ -165,7 +180,8 @@ class BatchedWriteAheadLog(WriteAheadLog):
         elapsed = time.perf_counter() - started
         self._write_time_s = elapsed if not self._write_time_s else (
             0.8 * self._write_time_s + 0.2 * elapsed)
-        self._recent_writers.append(len({p.thread for p in group}))
+        with self._cond:  # every blocked writer has exactly one record in the group or queue
+            self._recent_writers.append(len(group) + len(self._queue))
         self._target = max(self._recent_writers)
         for p, h in zip(group, handles):
             p.handle = h

@@ -20,7 +20,6 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
@@ -43,6 +42,16 @@ from .storage import AppendFile, Lock, Storage, resolve
 log = logging.getLogger(__name__)
 
 _PARALLEL_READS = 8
+
+
+class _Counters:
+    """The mutable counters behind ``statistics()`` (updated under the log's lock)."""
+
+    def __init__(self) -> None:
+        self.records_written = self.bytes_written = self.writes = self.syncs = 0
+        self.segments_created = self.segments_deleted = 0
+        self.write_failures = self.delete_failures = 0
+        self.torn_tails_truncated = self.torn_bytes_truncated = 0
 
 
 class FileBasedWriteAheadLog(WriteAheadLog):
@@ -85,6 +94,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self._close_after_write = close_file_after_write
         self._clock = clock or SYSTEM_CLOCK
         self._durability = Durability(durability)
+        self._fsync = self._durability is Durability.FSYNC
         self._lease_ms = int(lease_s * 1000)
 
         self._lock = threading.RLock()
@@ -95,7 +105,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self._dir_lock: Lock | None = None
         self._closed = False
         self._delete_pool: ThreadPoolExecutor | None = None
-        self._stats = WalStatistics()
+        self._stats = _Counters()
 
     # ---------------------------------------------------------------- listing
 
@@ -116,7 +126,29 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     # ---------------------------------------------------------------- writing
 
     def write(self, data: bytes, time_ms: int) -> RecordHandle:
-        return self._write(frame_header(data) + data, [0], [len(data)], time_ms)[0]
+        frame = frame_header(data) + data
+        with self._lock:
+            writer = self._writer
+            # fast path: append into the open segment (most writes); anything else, or any
+            # failure, goes through the general path with its retries
+            if writer is not None and time_ms <= self._writer_end and not self._closed:
+                self._dir_lock.check()
+                offset = writer.size
+                try:
+                    writer.append(frame)
+                    if self._fsync:
+                        writer.sync()
+                except Exception as exc:
+                    self._abandon_writer(offset)  # cut the partial record off before anything
+                    self._write_failed(exc, 1, 1, time_ms)
+                    return self._write(frame, [0], [len(data)], time_ms, first_attempt=2)[0]
+                stats = self._stats
+                stats.syncs += self._fsync
+                stats.records_written += 1
+                stats.bytes_written += len(data)
+                stats.writes += 1
+                return RecordHandle(writer.path, offset, len(data))
+        return self._write(frame, [0], [len(data)], time_ms)[0]
 
     def write_batch(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
         """Write ``records`` with one write and one sync; handles in the same order."""
@@ -125,12 +157,24 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         frames, offsets = encode_frames(list(records))
         return self._write(frames, offsets, [len(r) for r in records], time_ms)
 
-    def _write(self, frames: bytes, offsets: list[int], lengths: list[int], time_ms: int
-               ) -> list[RecordHandle]:
+    def prepare(self, data: bytes) -> tuple[bytes, bytes]:
+        return frame_header(data), data
+
+    def write_prepared(self, prepared: list, time_ms: int) -> list[RecordHandle]:
+        offsets, lengths, pos = [], [], 0
+        for head, data in prepared:
+            offsets.append(pos)
+            lengths.append(len(data))
+            pos += FRAME_HEADER_LEN + len(data)
+        frames = b"".join([part for pair in prepared for part in pair])
+        return self._write(frames, offsets, lengths, time_ms)
+
+    def _write(self, frames: bytes, offsets: list[int], lengths: list[int], time_ms: int,
+               first_attempt: int = 1) -> list[RecordHandle]:
         with self._lock:
             if self._closed:
                 raise WalError(f"{self.log_dir}: write after close()")
-            for attempt in range(1, self._max_failures + 1):
+            for attempt in range(first_attempt, self._max_failures + 1):
                 try:
                     if self._dir_lock is None:
                         self._open_for_writing()
@@ -142,22 +186,25 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 except LogLockedError:
                     raise
                 except Exception as exc:
-                    self._stats = replace(self._stats, write_failures=self._stats.write_failures + 1)
-                    log.warning("WAL write to %s failed (attempt %d of %d): %s",
-                                self.log_dir, attempt, self._max_failures, exc)
-                    if attempt == self._max_failures:
-                        raise WalError(
-                            f"{self.log_dir}: write of {len(lengths)} record(s) at time {time_ms} "
-                            f"failed after {attempt} attempt(s): {exc}"
-                        ) from exc
+                    self._write_failed(exc, attempt, len(lengths), time_ms)
                     continue
                 s = self._stats
-                self._stats = replace(
-                    s, records_written=s.records_written + len(lengths),
-                    bytes_written=s.bytes_written + sum(lengths), writes=s.writes + 1,
-                )
+                s.records_written += len(lengths)
+                s.bytes_written += sum(lengths)
+                s.writes += 1
                 return [RecordHandle(path, base + o, n) for o, n in zip(offsets, lengths)]
         raise AssertionError("unreachable")
+
+    def _write_failed(self, exc: Exception, attempt: int, records: int, time_ms: int) -> None:
+        """Count and log a failed attempt; raise once it was the last one."""
+        self._stats.write_failures += 1
+        log.warning("WAL write to %s failed (attempt %d of %d): %s",
+                    self.log_dir, attempt, self._max_failures, exc)
+        if attempt >= self._max_failures:
+            raise WalError(
+                f"{self.log_dir}: write of {records} record(s) at time {time_ms} "
+                f"failed after {attempt} attempt(s): {exc}"
+            ) from exc
 
     def _append(self, frames: bytes, time_ms: int) -> tuple[str, int]:
         writer = self._writer
@@ -166,9 +213,9 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         good_size = writer.size
         try:
             base = writer.append(frames)
-            if self._durability is Durability.FSYNC:
+            if self._fsync:
                 writer.sync()
-                self._stats = replace(self._stats, syncs=self._stats.syncs + 1)
+                self._stats.syncs += 1
         except BaseException:
             self._abandon_writer(good_size)
             raise
@@ -192,7 +239,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
             raise
         self._writer, self._writer_end = writer, end
         self._segments.append(SegmentName(start, end, path))
-        self._stats = replace(self._stats, segments_created=self._stats.segments_created + 1)
+        self._stats.segments_created += 1
         return writer
 
     def _publish_segment(self, frames: bytes, time_ms: int) -> str:
@@ -203,8 +250,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 break
             log.warning("segment %s already exists; trying the next millisecond", path)
         self._segments.append(SegmentName(start, end, path))
-        s = self._stats
-        self._stats = replace(s, syncs=s.syncs + 1, segments_created=s.segments_created + 1)
+        self._stats.syncs += 1
+        self._stats.segments_created += 1
         return path
 
     def _seal_writer(self) -> None:
@@ -214,7 +261,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         try:
             if self._durability is not Durability.FSYNC:
                 writer.sync()  # sealed segments are always on stable storage
-                self._stats = replace(self._stats, syncs=self._stats.syncs + 1)
+                self._stats.syncs += 1
         finally:
             writer.close()
 
@@ -253,9 +300,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 pass
         if not result.torn_bytes:
             return
-        s = self._stats
-        self._stats = replace(s, torn_tails_truncated=s.torn_tails_truncated + 1,
-                              torn_bytes_truncated=s.torn_bytes_truncated + result.torn_bytes)
+        self._stats.torn_tails_truncated += 1
+        self._stats.torn_bytes_truncated += result.torn_bytes
         if result.valid_end <= HEADER_LEN and result.records == 0:
             log.warning("removing %s: it holds no complete record (%d torn bytes)",
                         seg.path, result.torn_bytes)
@@ -345,16 +391,16 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         except Exception:
             log.warning("could not delete WAL segment %s", seg.path, exc_info=True)
             with self._lock:
-                self._stats = replace(self._stats, delete_failures=self._stats.delete_failures + 1)
+                self._stats.delete_failures += 1
             return
         with self._lock:
-            self._stats = replace(self._stats, segments_deleted=self._stats.segments_deleted + 1)
+            self._stats.segments_deleted += 1
 
     # ---------------------------------------------------------------- lifecycle
 
     def statistics(self) -> WalStatistics:
         with self._lock:
-            return replace(self._stats, segments=len(self._segments))
+            return WalStatistics(**vars(self._stats), segments=len(self._segments))
 
     def close(self) -> None:
         with self._lock:

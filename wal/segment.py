@@ -90,16 +90,17 @@ def encode_frames(payloads: list[bytes]) -> tuple[bytes, list[int]]:
 
 def decode_frame(buf: bytes, path: str, offset: int, expected_length: int) -> bytes:
     """Verify and return the payload of the frame that ``buf`` (read at ``offset``) starts with."""
-    if len(buf) < FRAME_HEADER_LEN:
-        raise CorruptRecordError(path, offset, f"record header truncated ({len(buf)} bytes)")
-    n, pcrc, hcrc = FRAME_HEADER.unpack_from(buf, 0)
-    if crc32c(memoryview(buf)[:8]) != hcrc:
+    try:
+        n, pcrc, hcrc = FRAME_HEADER.unpack_from(buf, 0)
+    except struct.error:
+        raise CorruptRecordError(path, offset, f"record header truncated ({len(buf)} bytes)") from None
+    if crc32c(buf[:8]) != hcrc:
         raise CorruptRecordError(path, offset, "record header checksum mismatch")
     if n != expected_length:
         raise WalError(
             f"{path} at byte offset {offset}: expected a record of {expected_length} bytes, found {n}"
         )
-    payload = buf[FRAME_HEADER_LEN:FRAME_HEADER_LEN + n]
+    payload = buf[FRAME_HEADER_LEN:]
     if len(payload) != n:
         raise CorruptRecordError(path, offset, f"record truncated: {len(payload)} of {n} bytes")
     if crc32c(payload) != pcrc:

@@ -188,13 +188,16 @@ class _LocalAppendFile(AppendFile):
 
     def append(self, data: bytes) -> int:
         offset = self.size
-        view = memoryview(data)
-        written = 0
-        try:
-            while written < len(view):
-                written += os.write(self._fd, view[written:])
-        finally:
-            self.size += written
+        written = os.write(self._fd, data)
+        if written != len(data):  # a short write: finish it (a failure leaves size at the cut)
+            view = memoryview(data)
+            try:
+                while written < len(view):
+                    written += os.write(self._fd, view[written:])
+            finally:
+                self.size += written
+            return offset
+        self.size += written
         return offset
 
     def sync(self) -> None:
@@ -321,28 +324,28 @@ class LocalStorage(Storage):
     def open_read(self, path: str) -> BinaryIO:
         return open(path, "rb", buffering=0)
 
-    def _read_fd(self, path: str) -> int:
+    def _open_read_fd(self, path: str) -> int:
         with self._fd_lock:
             fd = self._read_fds.get(path)
-            if fd is not None:
-                self._read_fds.move_to_end(path)
-                return fd
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._read_fds[path] = fd
-            if len(self._read_fds) > self._MAX_READ_FDS:
-                _, old = self._read_fds.popitem(last=False)
-                os.close(old)
+            if fd is None:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._read_fds[path] = fd
+                if len(self._read_fds) > self._MAX_READ_FDS:  # evict the oldest opened
+                    _, old = self._read_fds.popitem(last=False)
+                    os.close(old)
             return fd
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        fd = self._read_fd(path)
+        fd = self._read_fds.get(path)  # lock-free hit: dict lookups are atomic
+        if fd is None:
+            fd = self._open_read_fd(path)
         try:
             return os.pread(fd, length, offset)
         except OSError as e:
             if e.errno != errno.EBADF:  # closed by a concurrent eviction: reopen once
                 raise
             self._forget_fd(path)
-            return os.pread(self._read_fd(path), length, offset)
+            return os.pread(self._open_read_fd(path), length, offset)
 
     def _forget_fd(self, path: str) -> None:
         with self._fd_lock:
