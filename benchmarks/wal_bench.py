@@ -13,8 +13,9 @@ prints one table plus the target ratios of issue #2. Rows:
 * group commit at 8 and 64 writer threads: ``sparkwal batched`` (``BatchedWriteAheadLog``), a
   ``raw group`` baseline (writers hand records to one thread that does one write + one fsync per
   drained group, the simplest correct design), and Spark's ``BatchedWriteAheadLog``;
-Rows that fsync run 3 times, alternating with the row they are compared to; the median run
-is reported (fsync latency on shared disks drifts by tens of percent within seconds).
+Rows that fsync run 5 times (3 with ``--quick``), alternating with the row they are compared to;
+the median run is reported and the "runs" column shows the spread (fsync latency on shared disks
+drifts by tens of percent within seconds).
 
 * ``read_all`` after reopen against a raw CRC-checked scan and Spark's ``readAll``; 1000 random
   ``read(handle)``; ``clean`` of 200 segments.
@@ -113,7 +114,7 @@ class RawGroupCommit:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, time_ms: int = 0) -> None:
         done = threading.Lock()
         done.acquire()
         with self.cond:
@@ -204,7 +205,7 @@ class Bench:
         self.quick = quick
         self.rows: list[Row] = []
         self.spark = SparkHarness(root)
-        self.reps = 3
+        self.reps = 3 if quick else 5
         self._n = 0
 
     def fresh_dir(self, name: str) -> str:
@@ -258,7 +259,7 @@ class Bench:
             def run() -> Row:
                 d = self._mk(self.fresh_dir(f"raw-group-{threads}"))
                 raw = RawGroupCommit(os.path.join(d, "raw"))
-                secs, lat = run_writers(raw.write, payload, n, threads)
+                secs, lat = run_writers(lambda p: raw.write(p, now()), payload, n, threads)
                 raw.close()
                 return Row("write", size, "raw group commit", threads, n, secs, pct(lat, .5),
                            pct(lat, .99), n / raw.syncs, "fsync")
@@ -329,12 +330,17 @@ class Bench:
         rng = random.Random(1)
         for h in rng.sample(handles, 100):
             log.read(h)
-        lat = []
-        for _ in range(1000):
-            h = handles[rng.randrange(len(handles))]
-            t0 = time.perf_counter_ns()
-            log.read(h)
-            lat.append((time.perf_counter_ns() - t0) / 1e3)
+        rounds = []
+        for _ in range(3):  # three rounds of 1000 reads; the median round is reported
+            lat = []
+            for _ in range(1000):
+                h = handles[rng.randrange(len(handles))]
+                t0 = time.perf_counter_ns()
+                log.read(h)
+                lat.append((time.perf_counter_ns() - t0) / 1e3)
+            rounds.append(lat)
+        rounds.sort(key=lambda xs: pct(xs, .5))
+        lat = rounds[1]
         self.add(Row("random read", size, "sparkwal", 1, 1000, sum(lat) / 1e6, pct(lat, .5),
                      pct(lat, .99)))
         log.close()
@@ -411,13 +417,18 @@ def targets(rows: list[Row]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def spread(r: Row) -> str:
+    runs = r.extra.get("runs_rec_s")
+    return "-".join(f"{x / 1000:.1f}" for x in (runs[0], runs[-1])) if runs else ""
+
+
 def render(rows: list[Row], note: str) -> str:
     def f(x, fmt):
         return "" if x is None else format(x, fmt)
 
     lines = ["| workload | size | implementation | threads | records/s | MB/s | p50 µs | p99 µs "
-             "| records/sync | durability |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| records/sync | durability | runs (k rec/s) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         rate = "" if r.workload == "random read" else f"{r.rate:,.0f}"
         mb = "" if r.workload in ("random read", "clean") else f"{r.mb_s:,.1f}"
@@ -425,7 +436,7 @@ def render(rows: list[Row], note: str) -> str:
             rate = f"{r.rate:,.0f} segments/s"
         lines.append(f"| {r.workload} | {r.size or ''} | {r.impl} | {r.threads} | {rate} | {mb} | "
                      f"{f(r.p50_us, '.1f')} | {f(r.p99_us, '.1f')} | {f(r.records_per_sync, '.2f')} | "
-                     f"{r.durability} |")
+                     f"{r.durability} | {spread(r)} |")
     lines.append("")
     lines.append("| target | measured | met |")
     lines.append("|---|---|---|")

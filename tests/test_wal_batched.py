@@ -165,3 +165,27 @@ def test_timeout_waiting_for_a_group_is_reported(tmp_path):
         log.write(b"slow", 1)
     gated.gate.set()
     log.close()
+
+
+def test_many_short_lingers_never_break_the_wake_up_protocol(tmp_path):
+    """Writers arriving while the writer thread's linger times out must neither be lost nor
+    release the wake-up lock twice (a RuntimeError in the caller)."""
+    log = BatchedWriteAheadLog(FileBasedWriteAheadLog(str(tmp_path), durability="flush"),
+                               max_linger_s=0.00005)
+    errors = []
+
+    def writer(t):
+        try:
+            for i in range(300):
+                log.write(b"%d-%d" % (t, i), i)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert log.statistics().records_written == 1800
+    log.close()

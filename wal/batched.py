@@ -9,10 +9,11 @@ just consecutive frames, with no aggregation format to undo.
 
 Why the linger: after a sync, the writers it released need a moment (thread wake-ups under the
 GIL) to queue their next record; a writer thread that syncs whatever happens to be queued catches
-about half of them. So when at most half of the recently seen writers are queued, the writer thread
-waits until all of them are, but no longer than half a recent group write (capped by
-``max_linger_s``). It writes at once when more than half are queued (the pipeline is saturated: the
-rest queue during this group's sync anyway) or when 256 KiB are queued (the write is bound by
+about half of them. So when at most half of the writers seen recently are queued, the writer
+thread waits until all of them are, but no longer than half a recent group write (and at most
+``max_linger_s``): at worst a group's latency grows by half, at best its sync carries twice the
+records. It writes at once when more than half are queued (the pipeline is saturated: the rest
+queue during this group's sync anyway) or when 256 KiB are queued (the write is bound by
 bandwidth, not by the per-sync latency that grouping amortises).
 
 Per-record work (framing, CRCs) runs on each caller's thread through the wrapped log's ``prepare``,
@@ -38,17 +39,17 @@ log = logging.getLogger(__name__)
 class _Pending:
     __slots__ = ("data", "size", "time_ms", "done", "handle", "error")
 
-    def __init__(self, data, size: int, time_ms: int):
+    def __init__(self, data, size: int, time_ms: int, done):
         self.data = data
         self.size = size
         self.time_ms = time_ms
-        self.done = threading.Lock()  # held until the record is written (the cheapest wake-up)
-        self.done.acquire()
+        self.done = done  # a lock held until the record is written (the cheapest wake-up)
         self.handle: RecordHandle | None = None
         self.error: BaseException | None = None
 
 
 _by_time = operator.attrgetter("time_ms")
+_allocate_lock = threading.Lock
 #: Past this many queued bytes a group write is bandwidth-bound: waiting for more only adds latency.
 LINGER_MAX_BYTES = 256 * 1024
 
@@ -68,7 +69,12 @@ class BatchedWriteAheadLog(WriteAheadLog):
         self._timeout = batching_timeout_s
         self._max_linger = max_linger_s
         self._queue: list[_Pending] = []
-        self._cond = threading.Condition(threading.Lock())
+        # A plain lock for the queue, not a Condition: its Python-level enter/exit/notify would
+        # cost more per record than everything else a writer does. Callers touch ``_wake`` only
+        # when the writer thread sleeps; ``set`` is idempotent, so a late wake-up is harmless.
+        self._qlock = threading.Lock()
+        self._wake = threading.Event()
+        self._writer_idle = False
         self._active = True
         self._target = 1  # queued records worth waiting for
         self._recent_writers: deque[int] = deque(maxlen=4)
@@ -80,17 +86,19 @@ class BatchedWriteAheadLog(WriteAheadLog):
     # ---------------------------------------------------------------- callers
 
     def write(self, data: bytes, time_ms: int) -> RecordHandle:
-        p = _Pending(self._prepare(data), len(data), time_ms)
-        with self._cond:
+        done = _allocate_lock()
+        done.acquire()
+        p = _Pending(self._prepare(data), len(data), time_ms, done)
+        with self._qlock:
             if not self._active:
                 raise WalError("close() was called on BatchedWriteAheadLog before write request "
                                f"with time {time_ms} could be fulfilled")
             queue = self._queue
             queue.append(p)
-            n = len(queue)
-            if n == 1 or n >= self._target:
-                self._cond.notify()
-        if not p.done.acquire(timeout=self._timeout):
+            if self._writer_idle and (len(queue) == 1 or len(queue) >= self._target):
+                self._writer_idle = False
+                self._wake.set()
+        if not done.acquire(timeout=self._timeout):
             raise WalError(f"write at time {time_ms} not confirmed within {self._timeout} s "
                            "(it may still become durable)")
         if p.error is not None:
@@ -110,20 +118,20 @@ class BatchedWriteAheadLog(WriteAheadLog):
         self.wrapped.clean(thresh_time_ms, wait_for_completion)
 
     def statistics(self) -> WalStatistics:
-        with self._cond:
+        with self._qlock:
             queued = len(self._queue)
         return replace(self.wrapped.statistics(), queued_records=queued)
 
     def close(self) -> None:
         """Stop accepting writes, write what is already queued (bounded by the batching
         timeout), fail whatever is left, close the wrapped log."""
-        with self._cond:
+        with self._qlock:
             if not self._active:
                 return
             self._active = False
-            self._cond.notify_all()
+            self._wake_writer()
         self._thread.join(self._timeout)
-        with self._cond:
+        with self._qlock:
             leftover, self._queue = self._queue, []
         for p in leftover:
             p.error = WalError("BatchedWriteAheadLog closed before the record was written")
@@ -136,24 +144,41 @@ class BatchedWriteAheadLog(WriteAheadLog):
 
     # ---------------------------------------------------------------- writer thread
 
+    def _wake_writer(self) -> None:
+        """Wake the writer thread if it sleeps (call with ``_qlock`` held)."""
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
+
+    def _sleep(self, timeout: float | None = None) -> None:
+        """Wait to be woken or for ``timeout`` (call with ``_qlock`` held; released meanwhile)."""
+        self._writer_idle = True
+        self._wake.clear()
+        self._qlock.release()
+        try:
+            self._wake.wait(timeout)
+        finally:
+            self._qlock.acquire()
+            self._writer_idle = False
+
     def _take_group(self) -> list[_Pending] | None:
-        with self._cond:
+        with self._qlock:
             while not self._queue:
                 if not self._active:
                     return None
-                self._cond.wait()
+                self._sleep()
             target = self._target
-            # Linger only when the pipeline is not saturated: if half the expected writers are
-            # already queued, the ones still waking will queue during this group's sync anyway.
+            # Linger only when the pipeline is not saturated (if half the expected writers are
+            # queued, the rest queue during this group's sync anyway) and the group is not
+            # bandwidth-bound.
             if (len(self._queue) * 2 <= target and self._active
                     and sum(p.size for p in self._queue) < LINGER_MAX_BYTES):
-                linger = min(self._max_linger, self._write_time_s / 2)
-                deadline = time.monotonic() + linger
+                deadline = time.monotonic() + min(self._max_linger, self._write_time_s / 2)
                 while len(self._queue) < target and self._active:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
-                    self._cond.wait(remaining)
+                    self._sleep(remaining)
             group, self._queue = self._queue, []
             return group
 
@@ -180,7 +205,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
         elapsed = time.perf_counter() - started
         self._write_time_s = elapsed if not self._write_time_s else (
             0.8 * self._write_time_s + 0.2 * elapsed)
-        with self._cond:  # every blocked writer has exactly one record in the group or queue
+        with self._qlock:  # every blocked writer has exactly one record in the group or queue
             self._recent_writers.append(len(group) + len(self._queue))
         self._target = max(self._recent_writers)
         for p, h in zip(group, handles):

@@ -17,6 +17,7 @@ deliberate improvements:
 from __future__ import annotations
 
 import logging
+from itertools import accumulate
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,17 +158,14 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         frames, offsets = encode_frames(list(records))
         return self._write(frames, offsets, [len(r) for r in records], time_ms)
 
-    def prepare(self, data: bytes) -> tuple[bytes, bytes]:
-        return frame_header(data), data
+    def prepare(self, data: bytes) -> bytes:
+        """The record's whole frame (header + payload), built on the caller's thread."""
+        return frame_header(data) + data
 
     def write_prepared(self, prepared: list, time_ms: int) -> list[RecordHandle]:
-        offsets, lengths, pos = [], [], 0
-        for head, data in prepared:
-            offsets.append(pos)
-            lengths.append(len(data))
-            pos += FRAME_HEADER_LEN + len(data)
-        frames = b"".join([part for pair in prepared for part in pair])
-        return self._write(frames, offsets, lengths, time_ms)
+        lengths = [len(f) - FRAME_HEADER_LEN for f in prepared]
+        offsets = [0, *accumulate(map(len, prepared))][:-1]
+        return self._write(b"".join(prepared), offsets, lengths, time_ms)
 
     def _write(self, frames: bytes, offsets: list[int], lengths: list[int], time_ms: int,
                first_attempt: int = 1) -> list[RecordHandle]:
@@ -317,13 +315,13 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     def read(self, handle: RecordHandle) -> bytes:
         if self._closed:
             raise WalError(f"{self.log_dir}: read after close()")
+        path, offset, length = handle
         try:
-            buf = self._storage.read_range(handle.path, handle.offset,
-                                           FRAME_HEADER_LEN + handle.length)
+            head, payload = self._storage.read_frame(path, offset, FRAME_HEADER_LEN, length)
         except FileNotFoundError:
-            raise WalError(f"cannot read {handle}: segment {handle.path} does not exist "
+            raise WalError(f"cannot read {handle}: segment {path} does not exist "
                            "(cleaned, or written elsewhere)") from None
-        return decode_frame(buf, handle.path, handle.offset, handle.length)
+        return decode_frame(head, payload, path, offset, length)
 
     def read_all(self) -> Iterator[bytes]:
         """Every record in the log, oldest segment first. Lazy; safe to run while writing."""

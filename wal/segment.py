@@ -88,19 +88,17 @@ def encode_frames(payloads: list[bytes]) -> tuple[bytes, list[int]]:
     return b"".join(parts), offsets
 
 
-def decode_frame(buf: bytes, path: str, offset: int, expected_length: int) -> bytes:
-    """Verify and return the payload of the frame that ``buf`` (read at ``offset``) starts with."""
-    try:
-        n, pcrc, hcrc = FRAME_HEADER.unpack_from(buf, 0)
-    except struct.error:
-        raise CorruptRecordError(path, offset, f"record header truncated ({len(buf)} bytes)") from None
-    if crc32c(buf[:8]) != hcrc:
+def decode_frame(head: bytes, payload: bytes, path: str, offset: int, expected_length: int) -> bytes:
+    """Verify a record read at ``offset``: its frame header and payload; return the payload."""
+    if len(head) < FRAME_HEADER_LEN:
+        raise CorruptRecordError(path, offset, f"record header truncated ({len(head)} bytes)")
+    n, pcrc, hcrc = FRAME_HEADER.unpack_from(head, 0)
+    if crc32c(head[:8]) != hcrc:
         raise CorruptRecordError(path, offset, "record header checksum mismatch")
     if n != expected_length:
         raise WalError(
             f"{path} at byte offset {offset}: expected a record of {expected_length} bytes, found {n}"
         )
-    payload = buf[FRAME_HEADER_LEN:]
     if len(payload) != n:
         raise CorruptRecordError(path, offset, f"record truncated: {len(payload)} of {n} bytes")
     if crc32c(payload) != pcrc:

@@ -143,6 +143,12 @@ class Storage(ABC):
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer at end of file)."""
 
+    def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
+        """``head`` bytes at ``offset`` and the ``length`` bytes after them (a record's header and
+        payload); backends override it to avoid copying the payload."""
+        buf = self.read_range(path, offset, head + length)
+        return buf[:head], buf[head:]
+
     @abstractmethod
     def open_read(self, path: str) -> BinaryIO:
         """A binary file object for one sequential read of ``path``."""
@@ -346,6 +352,22 @@ class LocalStorage(Storage):
                 raise
             self._forget_fd(path)
             return os.pread(self._open_read_fd(path), length, offset)
+
+    def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
+        if length < 4096:  # one syscall; slicing a small payload costs less than a second one
+            buf = self.read_range(path, offset, head + length)
+            return buf[:head], buf[head:]
+        fd = self._read_fds.get(path)
+        if fd is None:
+            fd = self._open_read_fd(path)
+        try:
+            return os.pread(fd, head, offset), os.pread(fd, length, offset + head)
+        except OSError as e:
+            if e.errno != errno.EBADF:
+                raise
+            self._forget_fd(path)
+            fd = self._open_read_fd(path)
+            return os.pread(fd, head, offset), os.pread(fd, length, offset + head)
 
     def _forget_fd(self, path: str) -> None:
         with self._fd_lock:
