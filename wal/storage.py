@@ -32,7 +32,6 @@ renewed by the holder and taken over by another writer only once it has expired.
 
 from __future__ import annotations
 
-import errno
 import io
 import fcntl
 import json
@@ -233,16 +232,25 @@ class _LocalLock(Lock):
             os.close(fd)  # closing the descriptor drops the flock
 
 
+class _ReadFd:
+    """A cached read descriptor; closed once evicted (``retired``) and no reader uses it, so a
+    reader can never ``pread`` a descriptor number the OS has already handed to another file."""
+
+    __slots__ = ("fd", "users", "retired")
+
+    def __init__(self, fd: int):
+        self.fd, self.users, self.retired = fd, 0, False
+
+
 class LocalStorage(Storage):
-    """Plain ``os`` calls. Random reads go through a small LRU of open descriptors + ``pread``."""
+    """Plain ``os`` calls. Random reads go through a small cache of open descriptors + ``pread``."""
 
     is_local = True
     _MAX_READ_FDS = 64
 
     def __init__(self) -> None:
-        self._read_fds: OrderedDict[str, int] = OrderedDict()
+        self._read_fds: OrderedDict[str, _ReadFd] = OrderedDict()
         self._fd_lock = threading.Lock()
-
     def join(self, directory: str, name: str) -> str:
         return os.path.join(directory, name)
 
@@ -330,50 +338,52 @@ class LocalStorage(Storage):
     def open_read(self, path: str) -> BinaryIO:
         return open(path, "rb", buffering=0)
 
-    def _open_read_fd(self, path: str) -> int:
+    def _acquire_fd(self, path: str) -> _ReadFd:
         with self._fd_lock:
-            fd = self._read_fds.get(path)
-            if fd is None:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                self._read_fds[path] = fd
+            entry = self._read_fds.get(path)
+            if entry is None:
+                entry = _ReadFd(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                self._read_fds[path] = entry
                 if len(self._read_fds) > self._MAX_READ_FDS:  # evict the oldest opened
-                    _, old = self._read_fds.popitem(last=False)
-                    os.close(old)
-            return fd
+                    self._retire(self._read_fds.popitem(last=False)[1])
+            entry.users += 1
+            return entry
+
+    def _release_fd(self, entry: _ReadFd) -> None:
+        with self._fd_lock:
+            entry.users -= 1
+            if entry.retired and entry.users == 0:
+                os.close(entry.fd)
+
+    @staticmethod
+    def _retire(entry: _ReadFd) -> None:
+        """Call with ``_fd_lock`` held."""
+        entry.retired = True
+        if entry.users == 0:
+            os.close(entry.fd)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        fd = self._read_fds.get(path)  # lock-free hit: dict lookups are atomic
-        if fd is None:
-            fd = self._open_read_fd(path)
+        entry = self._acquire_fd(path)
         try:
-            return os.pread(fd, length, offset)
-        except OSError as e:
-            if e.errno != errno.EBADF:  # closed by a concurrent eviction: reopen once
-                raise
-            self._forget_fd(path)
-            return os.pread(self._open_read_fd(path), length, offset)
+            return os.pread(entry.fd, length, offset)
+        finally:
+            self._release_fd(entry)
 
     def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
-        if length < 4096:  # one syscall; slicing a small payload costs less than a second one
-            buf = self.read_range(path, offset, head + length)
-            return buf[:head], buf[head:]
-        fd = self._read_fds.get(path)
-        if fd is None:
-            fd = self._open_read_fd(path)
+        entry = self._acquire_fd(path)
         try:
-            return os.pread(fd, head, offset), os.pread(fd, length, offset + head)
-        except OSError as e:
-            if e.errno != errno.EBADF:
-                raise
-            self._forget_fd(path)
-            fd = self._open_read_fd(path)
-            return os.pread(fd, head, offset), os.pread(fd, length, offset + head)
+            if length < 4096:  # one syscall; slicing a small payload costs less than a second one
+                buf = os.pread(entry.fd, head + length, offset)
+                return buf[:head], buf[head:]
+            return os.pread(entry.fd, head, offset), os.pread(entry.fd, length, offset + head)
+        finally:
+            self._release_fd(entry)
 
     def _forget_fd(self, path: str) -> None:
         with self._fd_lock:
-            fd = self._read_fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
+            entry = self._read_fds.pop(path, None)
+            if entry is not None:
+                self._retire(entry)
 
     def delete(self, path: str) -> None:
         self._forget_fd(path)
@@ -406,10 +416,9 @@ class LocalStorage(Storage):
 
     def close(self) -> None:
         with self._fd_lock:
-            fds = list(self._read_fds.values())
+            for entry in self._read_fds.values():
+                self._retire(entry)
             self._read_fds.clear()
-        for fd in fds:
-            os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
