@@ -115,9 +115,11 @@ def test_corrupt_record_in_the_middle_of_the_newest_segment_is_loud(tmp_path):
         assert [next(it), next(it)] == RECORDS[:2]
         with pytest.raises(CorruptRecordError, match=f"{seg}.*offset {handles[2].offset}"):
             next(it)
-        # a writer refuses to "repair" real corruption rather than silently dropping records
-        with pytest.raises(WalError, match="corrupt record"):
+        # a writer refuses to "repair" real corruption rather than silently dropping records,
+        # and says so at once instead of retrying
+        with pytest.raises(CorruptRecordError, match=f"offset {handles[2].offset}"):
             log.write(b"x", 99999)
+        assert log.statistics().write_failures == 0
     assert seg.read_bytes() == bytes(data)
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import LogLockedError, WalError
+from .errors import CorruptRecordError, LogLockedError, WalError
 from .segment import (
     FRAME_HEADER_LEN,
     HEADER,
@@ -181,8 +181,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                         path, base = self._publish_segment(frames, time_ms), HEADER_LEN
                     else:
                         path, base = self._append(frames, time_ms)
-                except LogLockedError:
-                    raise
+                except (LogLockedError, CorruptRecordError):
+                    raise  # another writer, or damage an operator must look at: retrying won't help
                 except Exception as exc:
                     self._write_failed(exc, attempt, len(lengths), time_ms)
                     continue

@@ -370,14 +370,28 @@ class LocalStorage(Storage):
             self._release_fd(entry)
 
     def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
-        entry = self._acquire_fd(path)
+        # _acquire_fd/_release_fd inlined: this is the random-read hot path
+        lock = self._fd_lock
+        with lock:
+            entry = self._read_fds.get(path)
+            if entry is None:
+                lock.release()
+                try:
+                    entry = self._acquire_fd(path)
+                finally:
+                    lock.acquire()
+            else:
+                entry.users += 1
         try:
             if length < 4096:  # one syscall; slicing a small payload costs less than a second one
                 buf = os.pread(entry.fd, head + length, offset)
                 return buf[:head], buf[head:]
             return os.pread(entry.fd, head, offset), os.pread(entry.fd, length, offset + head)
         finally:
-            self._release_fd(entry)
+            with lock:
+                entry.users -= 1
+                if entry.retired and entry.users == 0:
+                    os.close(entry.fd)
 
     def _forget_fd(self, path: str) -> None:
         with self._fd_lock:
