@@ -12,9 +12,10 @@ GIL) to queue their next record; a writer thread that syncs whatever happens to 
 about half of them. So when at most half of the writers seen recently are queued, the writer
 thread waits until all of them are, but no longer than half a recent group write (and at most
 ``max_linger_s``): at worst a group's latency grows by half, at best its sync carries twice the
-records. It writes at once when more than half are queued (the pipeline is saturated: the rest
-queue during this group's sync anyway) or when 256 KiB are queued (the write is bound by
-bandwidth, not by the per-sync latency that grouping amortises).
+records. It does not wait when more than half are queued (the rest queue during this group's sync
+anyway), when 256 KiB are queued (the write is bound by bandwidth, not by the per-sync latency that
+grouping amortises), or with more than 16 writers (waking them all costs more than a sync, and the
+pipeline keeps the disk busy without waiting).
 
 Per-record work (framing, CRCs) runs on each caller's thread through the wrapped log's ``prepare``,
 so the single writer thread only joins, writes, syncs and wakes.
@@ -52,6 +53,9 @@ _by_time = operator.attrgetter("time_ms")
 _allocate_lock = threading.Lock
 #: Past this many queued bytes a group write is bandwidth-bound: waiting for more only adds latency.
 LINGER_MAX_BYTES = 256 * 1024
+#: Gathering W writers costs W thread wake-ups (10-20 µs each in CPython); past this many that
+#: exceeds a sync, and with so many writers the pipeline keeps the disk busy without waiting.
+LINGER_MAX_WRITERS = 16
 
 
 class BatchedWriteAheadLog(WriteAheadLog):
@@ -171,7 +175,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
             # Linger only when the pipeline is not saturated (if half the expected writers are
             # queued, the rest queue during this group's sync anyway) and the group is not
             # bandwidth-bound.
-            if (len(self._queue) * 2 <= target and self._active
+            if (target <= LINGER_MAX_WRITERS and len(self._queue) * 2 <= target and self._active
                     and sum(p.size for p in self._queue) < LINGER_MAX_BYTES):
                 deadline = time.monotonic() + min(self._max_linger, self._write_time_s / 2)
                 while len(self._queue) < target and self._active:
@@ -205,8 +209,9 @@ class BatchedWriteAheadLog(WriteAheadLog):
         elapsed = time.perf_counter() - started
         self._write_time_s = elapsed if not self._write_time_s else (
             0.8 * self._write_time_s + 0.2 * elapsed)
-        with self._qlock:  # every blocked writer has exactly one record in the group or queue
-            self._recent_writers.append(len(group) + len(self._queue))
+        # every blocked writer has exactly one record in the group or in the queue (len() of a
+        # list is atomic; taking _qlock here would queue the writer thread behind the callers)
+        self._recent_writers.append(len(group) + len(self._queue))
         self._target = max(self._recent_writers)
         for p, h in zip(group, handles):
             p.handle = h
