@@ -1,1 +1,19 @@
-"""sparkwal checkpoint layer (see the project README; built by its own issue)."""
+"""sparkwal's checkpoints: atomic metadata logs, Spark's offsets/commits pair, DStream checkpoints.
+
+Built on the storage seam of :mod:`wal.storage` (atomic create-if-absent, atomic replace).
+"""
+
+from .dstream import Checkpoint, CheckpointWriter, CheckpointWriterStatistics, read_checkpoint
+from .errors import (BatchRangeError, CheckpointError, MalformedLogError, RestartError,
+                     UnsupportedLogVersionError)
+from .metadata_log import MetadataLog, parse_version, verify_batch_ids
+from .offsets import CommitLog, CommitMetadata, OffsetMap, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from .restart import RepairPlan, RestartPoint, plan_repair, repair, resolve_restart
+
+__all__ = [
+    "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointWriter",
+    "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog",
+    "OffsetMap", "OffsetSeq", "OffsetSeqLog", "OffsetSeqMetadata", "RepairPlan", "RestartError",
+    "RestartPoint", "UnsupportedLogVersionError", "parse_version", "plan_repair", "read_checkpoint",
+    "repair", "resolve_restart", "verify_batch_ids",
+]

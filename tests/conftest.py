@@ -61,3 +61,13 @@ def faulty():
 @pytest.fixture
 def memory_url():
     return f"memory://sparkwal-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def storage_url(request, tmp_path):
+    """(base URL, storage_options) on each backend: a local dir, memory://, and local S3."""
+    if request.param == "local":
+        return str(tmp_path), None
+    if request.param == "memory":
+        return request.getfixturevalue("memory_url"), None
+    return request.getfixturevalue("s3_url")

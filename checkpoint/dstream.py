@@ -1,0 +1,230 @@
+"""DStream checkpoints: ``checkpoint-<ms>`` files holding data (never code), newest valid wins.
+
+File layout, format version 1 (integers big-endian)::
+
+    "SWCK" (4 bytes)  version:u16 (=1)  flags:u16 (=0)  body_length:u64  body_crc32c:u32  body
+
+    body = msgpack map {"checkpoint_time_ms": int, "pending_times_ms": [int, ...], "data": map}
+
+``data`` is whatever msgpack-serialisable mapping the engine fills (graph fingerprint, batch
+duration, per-stream recovery data, conf): no pickled code, so a checkpoint stays readable after
+the program changes or Python is upgraded, and the magic, version and checksum make every
+damaged file detectable.
+
+Directory: ``checkpoint-<ms>`` (main) and ``checkpoint-<ms>.bk`` (the previous content of the same
+name). Names use the running maximum checkpoint time (SPARK-11740: a late checkpoint of an older
+batch must not win recovery under an older name), so a name can be written twice; the second write
+first moves the first to ``.bk``. Both steps are atomic replaces, so at every instant the newest
+name or its ``.bk`` is a complete file. Listing accepts regular files matching the exact grammar
+only (SPARK-28912).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgpack
+from crc32c import crc32c
+
+from wal.storage import Storage, resolve
+
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SWCK"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(">4sHHQI")
+CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)(\.bk)?")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    checkpoint_time_ms: int
+    pending_times_ms: list[int] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = msgpack.packb({"checkpoint_time_ms": self.checkpoint_time_ms,
+                              "pending_times_ms": list(self.pending_times_ms),
+                              "data": self.data}, use_bin_type=True)
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(body), crc32c(body)) + body
+
+    @classmethod
+    def decode(cls, blob: bytes, path: str = "<bytes>") -> Checkpoint:
+        """Parse and verify a checkpoint file; CheckpointError says what is wrong with it."""
+        if len(blob) < _HEADER.size:
+            raise CheckpointError(f"{path}: truncated ({len(blob)} bytes, header needs {_HEADER.size})")
+        magic, version, _flags, length, crc = _HEADER.unpack_from(blob)
+        if magic != MAGIC:
+            raise CheckpointError(f"{path}: not a sparkwal checkpoint (magic {magic!r})")
+        if version > FORMAT_VERSION:
+            raise CheckpointError(f"{path}: checkpoint format version {version} is newer than this "
+                                  f"sparkwal reads ({FORMAT_VERSION}); upgrade sparkwal")
+        body = blob[_HEADER.size:]
+        if len(body) != length:
+            raise CheckpointError(f"{path}: truncated body ({len(body)} of {length} bytes)")
+        if crc32c(body) != crc:
+            raise CheckpointError(f"{path}: checksum mismatch")
+        try:
+            obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            return cls(int(obj["checkpoint_time_ms"]), [int(t) for t in obj["pending_times_ms"]],
+                       obj["data"])
+        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+            raise CheckpointError(f"{path}: undecodable body ({e})") from None
+
+
+def _checkpoint_files(storage: Storage, directory: str) -> list[tuple[int, bool, str]]:
+    """(time, is_main, path), oldest first; at equal time the .bk sorts before the main file."""
+    out = []
+    for f in storage.list_files(directory):
+        m = CHECKPOINT_FILE.fullmatch(f.name)
+        if m:
+            out.append((int(m.group(1)), m.group(2) is None, f.path))
+    out.sort()
+    return out
+
+
+def read_checkpoint(directory: str, *, storage_options: dict | None = None) -> Checkpoint | None:
+    """The newest checkpoint that reads and verifies: newest main file, its ``.bk``, then older
+    ones. None if there is none; CheckpointError naming every file tried if none is valid."""
+    storage, path = resolve(directory, storage_options)
+    tried = []
+    for _time, _main, file_path in reversed(_checkpoint_files(storage, path)):
+        url = storage.url(file_path)
+        try:
+            return Checkpoint.decode(storage.read_file(file_path), url)
+        except FileNotFoundError:
+            reason = f"{url}: deleted while reading"
+        except CheckpointError as e:
+            reason = str(e)
+        log.warning("skipping checkpoint file: %s", reason)
+        tried.append(reason)
+    if tried:
+        raise CheckpointError(f"no valid checkpoint in {directory}; tried: " + "; ".join(tried))
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointWriterStatistics:
+    written: int
+    failed_attempts: int
+    queued: int
+    latest_time_ms: int
+
+
+class CheckpointWriter:
+    """Writes checkpoints on one background thread, in submission order.
+
+    ``write`` encodes on the caller's thread and queues; when the queue (``queue_size``) is full it
+    waits up to ``put_timeout_s`` and then raises rather than block forever or drop silently. A
+    failed write is retried ``max_attempts`` times; if it still fails, the error is reported to
+    ``on_error`` and raised by the next ``write`` and by ``stop``. ``on_written(time_ms)`` runs after
+    each checkpoint is durable (the engine cleans its WAL from there).
+    """
+
+    def __init__(self, directory: str, *, keep: int = 10, storage_options: dict | None = None,
+                 max_attempts: int = 3, queue_size: int = 1000, put_timeout_s: float = 10.0,
+                 on_written: Callable[[int], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None):
+        if keep < 2:
+            raise ValueError(f"keep must be >= 2 (a checkpoint and its .bk), got {keep}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.directory = directory
+        self._storage, self._dir = resolve(directory, storage_options)
+        self._keep = keep
+        self._max_attempts = max_attempts
+        self._put_timeout = put_timeout_s
+        self._on_written = on_written
+        self._on_error = on_error
+        self._queue: queue.Queue = queue.Queue(queue_size)
+        self._latest = -1
+        self._written = 0
+        self._failed_attempts = 0
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="CheckpointWriter", daemon=True)
+        self._thread.start()
+
+    def write(self, checkpoint: Checkpoint) -> None:
+        self._raise_if_failed()
+        if self._stopped:
+            raise CheckpointError(f"{self.directory}: write after stop()")
+        blob = checkpoint.encode()
+        try:
+            self._queue.put((checkpoint.checkpoint_time_ms, blob), timeout=self._put_timeout)
+        except queue.Full:
+            raise CheckpointError(
+                f"{self.directory}: {self._queue.qsize()} checkpoints are waiting to be written; "
+                f"checkpoint {checkpoint.checkpoint_time_ms} not queued within "
+                f"{self._put_timeout} s (storage too slow?)") from None
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Write everything queued, then stop the thread; raises if a checkpoint failed."""
+        if not self._stopped:
+            self._stopped = True
+            self._queue.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise CheckpointError(f"{self.directory}: checkpoint writer did not finish in {timeout} s")
+        self._raise_if_failed()
+
+    def statistics(self) -> CheckpointWriterStatistics:
+        return CheckpointWriterStatistics(self._written, self._failed_attempts, self._queue.qsize(),
+                                          self._latest)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise CheckpointError(f"{self.directory}: writing a checkpoint failed: {self._error}"
+                                  ) from self._error
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            self._write_one(*item)
+
+    def _write_one(self, time_ms: int, blob: bytes) -> None:
+        self._latest = max(self._latest, time_ms)
+        path = self._storage.join(self._dir, f"checkpoint-{self._latest}")
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                self._storage.makedirs(self._dir)
+                try:
+                    previous = self._storage.read_file(path)
+                except FileNotFoundError:
+                    previous = None
+                if previous is not None:
+                    self._storage.put(path + ".bk", previous)
+                self._storage.put(path, blob)
+                break
+            except Exception as e:  # noqa: BLE001
+                self._failed_attempts += 1
+                log.warning("writing checkpoint %s failed (attempt %d of %d): %s",
+                            path, attempt, self._max_attempts, e)
+                if attempt == self._max_attempts:
+                    log.error("checkpoint %s NOT written after %d attempts", path, attempt)
+                    self._error = e
+                    if self._on_error is not None:
+                        self._on_error(e)
+                    return
+        self._written += 1
+        self._retain()
+        if self._on_written is not None:
+            self._on_written(time_ms)
+
+    def _retain(self) -> None:
+        files = _checkpoint_files(self._storage, self._dir)
+        for _time, _main, old in files[:max(0, len(files) - self._keep)]:
+            try:
+                self._storage.delete(old)
+            except Exception:  # noqa: BLE001
+                log.warning("could not delete old checkpoint %s", old, exc_info=True)

@@ -1,0 +1,34 @@
+"""Errors raised by the checkpoint layer; each names the file (and batch) it is about."""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of every checkpoint-layer error."""
+
+
+class MalformedLogError(CheckpointError):
+    """A metadata log file that cannot be parsed."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        super().__init__(f"Failed to read log file {path}. Log file was malformed: {reason}")
+
+
+class UnsupportedLogVersionError(CheckpointError):
+    """A metadata log file written by a newer version than this code reads."""
+
+    def __init__(self, path: str, version: int, max_version: int):
+        self.path, self.version, self.max_version = path, version, max_version
+        super().__init__(
+            f"Failed to read log file {path}. UnsupportedLogVersion: maximum supported log version "
+            f"is v{max_version}, but encountered v{version}. The log file was produced by a newer "
+            "version of Spark and cannot be read by this version. Please upgrade.")
+
+
+class BatchRangeError(CheckpointError):
+    """A requested range of batch ids is not contiguous or not all present."""
+
+
+class RestartError(CheckpointError):
+    """The offset and commit logs do not determine where to restart; says what to do."""
