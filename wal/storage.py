@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import LogLockedError, WalError
@@ -519,11 +521,9 @@ class FsspecStorage(Storage):
         self.fs = fs
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
         self.protocol = protocols[0]
-        self._is_memory = isinstance(fs, fsspec.implementations.memory.MemoryFileSystem)
+        self._is_memory = isinstance(fs, MemoryFileSystem)
         self._is_s3 = type(fs).__name__ == "S3FileSystem"
-        self.supports_append = self._is_memory or isinstance(
-            fs, fsspec.implementations.local.LocalFileSystem
-        )
+        self.supports_append = self._is_memory or isinstance(fs, LocalFileSystem)
         self.atomic_create = self._is_memory or self._is_s3
 
     def join(self, directory: str, name: str) -> str:
@@ -547,7 +547,7 @@ class FsspecStorage(Storage):
         return out
 
     def makedirs(self, directory: str) -> None:
-        if self._is_memory or isinstance(self.fs, fsspec.implementations.local.LocalFileSystem):
+        if self._is_memory or isinstance(self.fs, LocalFileSystem):
             self.fs.makedirs(directory, exist_ok=True)
         # object stores have no directories
 
