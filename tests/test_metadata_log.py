@@ -7,6 +7,8 @@ import threading
 
 import pytest
 
+from concurrency import run_concurrently
+
 from checkpoint import (BatchRangeError, MalformedLogError, MetadataLog, UnsupportedLogVersionError,
                         parse_version, verify_batch_ids)
 from wal.storage import resolve
@@ -102,11 +104,7 @@ def test_concurrent_writers_exactly_one_winner_per_id(storage_url):
                 with lock:
                     wins[i].append(name)
 
-    threads = [threading.Thread(target=writer, args=(f"w{n}",)) for n in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_concurrently(writer, [(f"w{n}",) for n in range(5)])
     assert all(len(w) == 1 for w in wins.values()), wins
     log = make(storage_url)
     assert log.batch_ids() == list(range(11))

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from concurrency import run_concurrently
 from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError, WriteAheadLog
 
 
@@ -76,11 +77,7 @@ def test_eight_threads_share_syncs(tmp_path):
     def writer(t):
         results[t] = [(f"{t}-{i}".encode(), log.write(f"{t}-{i}".encode(), i)) for i in range(per_thread)]
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_concurrently(writer, [(t,) for t in range(8)])
     stats = log.statistics()
     assert stats.records_written == 8 * per_thread
     assert stats.syncs <= stats.records_written / 2, stats  # groups of 2+ on average
@@ -172,20 +169,11 @@ def test_many_short_lingers_never_break_the_wake_up_protocol(tmp_path):
     release the wake-up lock twice (a RuntimeError in the caller)."""
     log = BatchedWriteAheadLog(FileBasedWriteAheadLog(str(tmp_path), durability="flush"),
                                max_linger_s=0.00005)
-    errors = []
 
     def writer(t):
-        try:
-            for i in range(300):
-                log.write(b"%d-%d" % (t, i), i)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        for i in range(300):
+            log.write(b"%d-%d" % (t, i), i)
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_concurrently(writer, [(t,) for t in range(6)])
     assert log.statistics().records_written == 1800
     log.close()

@@ -219,7 +219,8 @@ def test_concurrent_random_reads_across_more_segments_than_cached_descriptors(tm
     """4 threads read random handles of 200 one-record segments (the descriptor cache holds 64,
     so descriptors are evicted constantly): every read returns exactly its record."""
     import random
-    import threading
+
+    from concurrency import run_concurrently
 
     with FileBasedWriteAheadLog(str(tmp_path), close_file_after_write=True) as log:
         handles = [(str(i).encode() * 50, log.write(str(i).encode() * 50, i)) for i in range(200)]
@@ -232,9 +233,5 @@ def test_concurrent_random_reads_across_more_segments_than_cached_descriptors(tm
                 if log.read(h) != data:
                     wrong.append(h)
 
-        threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_concurrently(reader, [(seed,) for seed in range(4)])
         assert not wrong
