@@ -49,7 +49,7 @@ def test_listing_shows_regular_files_only(store):
 
 def test_local_atomic_create_leaves_no_temp_files(tmp_path):
     storage, root = resolve(str(tmp_path))
-    for i in range(20):
+    for _ in range(20):
         storage.put_if_absent(os.path.join(root, "x"), b"data")
         storage.put(os.path.join(root, "y"), b"data")
     assert sorted(os.listdir(tmp_path)) == ["x", "y"]

@@ -98,7 +98,7 @@ def test_group_is_written_at_its_newest_time_sorted_by_time(tmp_path):
     others = [in_thread(log.write, str(t).encode(), t) for t in (5, 8, 12, 10)]
     wait_for(lambda: log.statistics().queued_records == 4)
     gated.gate.set()
-    for t, res in [(first, None)] + others:
+    for t, _ in [(first, None)] + others:
         t.join()
     assert gated.calls[0] == ([b"3"], 3)
     assert gated.calls[1] == ([b"5", b"8", b"10", b"12"], 12)

@@ -42,7 +42,7 @@ def test_sigkill_loses_no_acknowledged_record(tmp_path, threads):
         with FileBasedWriteAheadLog(str(tmp_path)) as log:
             present = [r.decode()[: len(r) // 20] for r in log.read_all()]
         present_set = set(present)
-        for t, recs in acked.items():
+        for recs in acked.values():
             missing = [r for r in recs if r not in present_set]
             assert not missing, f"acknowledged records lost after kill: {missing[:5]}"
         # per writer thread, records are in order and form a gap-free prefix

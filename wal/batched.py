@@ -201,6 +201,9 @@ class BatchedWriteAheadLog(WriteAheadLog):
         started = time.perf_counter()
         try:
             handles = self.wrapped.write_prepared([p.data for p in group], group[-1].time_ms)
+            if len(handles) != len(group):
+                raise WalError(f"{self.wrapped!r} returned {len(handles)} handles for "
+                               f"{len(group)} records")
         except BaseException as exc:
             for p in group:
                 p.error = exc
@@ -213,7 +216,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
         # list is atomic; taking _qlock here would queue the writer thread behind the callers)
         self._recent_writers.append(len(group) + len(self._queue))
         self._target = max(self._recent_writers)
-        for p, h in zip(group, handles):
+        for p, h in zip(group, handles, strict=True):
             p.handle = h
             p.done.release()
 

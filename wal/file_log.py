@@ -190,7 +190,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 s.records_written += len(lengths)
                 s.bytes_written += sum(lengths)
                 s.writes += 1
-                return [RecordHandle(path, base + o, n) for o, n in zip(offsets, lengths)]
+                return [RecordHandle(path, base + o, n) for o, n in zip(offsets, lengths, strict=True)]
         raise AssertionError("unreachable")
 
     def _write_failed(self, exc: Exception, attempt: int, records: int, time_ms: int) -> None:

@@ -166,8 +166,8 @@ class Storage(ABC):
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
         """Take the single-writer lock of ``directory`` or raise :class:`LogLockedError` at once."""
 
-    def close(self) -> None:
-        """Release cached resources (open read handles)."""
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release cached resources (open read handles); nothing to release by default."""
 
 
 def _holder_description() -> str:
