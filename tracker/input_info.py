@@ -1,0 +1,81 @@
+"""What each batch read: per-stream record counts and metadata, and the timings of a batch.
+
+``BatchInfo`` lives here rather than in ``engine/`` because the rate controller (this package)
+consumes it; the engine's listeners receive the same objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrackerError(Exception):
+    """Misuse of a tracker (e.g. reporting a batch's input twice)."""
+
+
+@dataclass(frozen=True)
+class StreamInputInfo:
+    input_stream_id: int
+    num_records: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_records < 0:
+            raise ValueError(f"num_records must be >= 0, got {self.num_records}")
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_time_ms: int
+    stream_id_to_input_info: dict[int, StreamInputInfo]
+    submission_time_ms: int
+    processing_start_time_ms: int | None = None
+    processing_end_time_ms: int | None = None
+
+    @property
+    def scheduling_delay_ms(self) -> int | None:
+        """Time from submission until the first job started."""
+        start = self.processing_start_time_ms
+        return None if start is None else start - self.submission_time_ms
+
+    @property
+    def processing_delay_ms(self) -> int | None:
+        start, end = self.processing_start_time_ms, self.processing_end_time_ms
+        return None if start is None or end is None else end - start
+
+    @property
+    def total_delay_ms(self) -> int | None:
+        s, p = self.scheduling_delay_ms, self.processing_delay_ms
+        return None if s is None or p is None else s + p
+
+    @property
+    def num_records(self) -> int:
+        return sum(i.num_records for i in self.stream_id_to_input_info.values())
+
+
+class InputInfoTracker:
+    """Batch time -> stream id -> :class:`StreamInputInfo`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._infos: dict[int, dict[int, StreamInputInfo]] = {}
+
+    def report_info(self, batch_time_ms: int, info: StreamInputInfo) -> None:
+        with self._lock:
+            batch = self._infos.setdefault(batch_time_ms, {})
+            if info.input_stream_id in batch:
+                raise TrackerError(f"input info of stream {info.input_stream_id} for batch "
+                                   f"{batch_time_ms} was already reported")
+            batch[info.input_stream_id] = info
+
+    def get_info(self, batch_time_ms: int) -> dict[int, StreamInputInfo]:
+        with self._lock:
+            return dict(self._infos.get(batch_time_ms, {}))
+
+    def cleanup(self, batch_threshold_ms: int) -> None:
+        """Forget batches before ``batch_threshold_ms``."""
+        with self._lock:
+            for t in [t for t in self._infos if t < batch_threshold_ms]:
+                del self._infos[t]

@@ -1,0 +1,115 @@
+"""Where receivers run: Spark's ReceiverSchedulingPolicy (reference B.6).
+
+``schedule_receivers`` places all receivers at start-up in three steps: (1) receivers with a
+preferred host go to that host's least-loaded executor (or to the bare host when it has none);
+(2) every receiver still without a place goes to the globally least-loaded executor; (3) every
+executor still idle is added as a candidate to the receiver with the fewest candidates, so a
+restart can use it. ``reschedule_receiver`` places one receiver when it (re)starts: its preferred
+host, plus every idle executor, or else every executor of minimum weight, where an active receiver
+weighs 1 on its executor and a scheduled one 1/n on each of its n candidates.
+
+Unlike Spark, weights of executors that are no longer alive are ignored when choosing the
+minimum, so a receiver is never rescheduled onto a dead executor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class HostLocation:
+    host: str
+
+
+@dataclass(frozen=True)
+class ExecutorLocation:
+    host: str
+    executor_id: str
+
+
+Location = HostLocation | ExecutorLocation
+
+
+class ReceiverState(enum.Enum):
+    INACTIVE = "INACTIVE"
+    SCHEDULED = "SCHEDULED"
+    ACTIVE = "ACTIVE"
+
+
+@dataclass(frozen=True)
+class ReceiverTrackingInfo:
+    receiver_id: int
+    state: ReceiverState
+    scheduled_locations: tuple[Location, ...] | None = None
+    running_executor: ExecutorLocation | None = None
+
+
+class ReceiverLike(Protocol):
+    stream_id: int
+    preferred_location: str | None
+
+
+class ReceiverSchedulingPolicy:
+    def schedule_receivers(self, receivers: Sequence[ReceiverLike],
+                           executors: Sequence[ExecutorLocation]) -> dict[int, list[Location]]:
+        if not receivers:
+            return {}
+        if not executors:
+            return {r.stream_id: [] for r in receivers}
+        by_host: dict[str, list[ExecutorLocation]] = {}
+        for e in executors:
+            by_host.setdefault(e.host, []).append(e)
+        load = {e: 0 for e in executors}
+        scheduled: list[list[Location]] = [[] for _ in receivers]
+
+        for i, r in enumerate(receivers):  # 1. preferred hosts
+            if r.preferred_location:
+                candidates = by_host.get(r.preferred_location)
+                if candidates:
+                    e = min(candidates, key=load.__getitem__)
+                    scheduled[i].append(e)
+                    load[e] += 1
+                else:
+                    scheduled[i].append(HostLocation(r.preferred_location))
+        for i in range(len(receivers)):  # 2. everyone else: the least-loaded executor
+            if not scheduled[i]:
+                e = min(load, key=load.__getitem__)
+                scheduled[i].append(e)
+                load[e] += 1
+        for e in [e for e, n in load.items() if n == 0]:  # 3. idle executors as spare candidates
+            min(scheduled, key=len).append(e)
+        return {r.stream_id: scheduled[i] for i, r in enumerate(receivers)}
+
+    def reschedule_receiver(self, receiver_id: int, preferred_location: str | None,
+                            receiver_tracking_info: Mapping[int, ReceiverTrackingInfo],
+                            executors: Sequence[ExecutorLocation]) -> list[Location]:
+        if not executors:
+            return []
+        out: list[Location] = []
+        if preferred_location:
+            out.append(HostLocation(preferred_location))
+        weights: dict[ExecutorLocation, float] = {}
+        for info in receiver_tracking_info.values():
+            for e, w in _weights(info):
+                weights[e] = weights.get(e, 0.0) + w
+        idle = [e for e in executors if e not in weights]
+        if idle:
+            out += idle
+        else:
+            alive = {e: w for e, w in weights.items() if e in set(executors)}
+            least = min(alive.values())
+            out += [e for e in executors if alive.get(e) == least]
+        return out
+
+
+def _weights(info: ReceiverTrackingInfo) -> list[tuple[ExecutorLocation, float]]:
+    if info.state is ReceiverState.ACTIVE and info.running_executor is not None:
+        return [(info.running_executor, 1.0)]
+    if info.state is ReceiverState.SCHEDULED and info.scheduled_locations:
+        n = len(info.scheduled_locations)
+        return [(loc, 1.0 / n) for loc in info.scheduled_locations if isinstance(loc, ExecutorLocation)]
+    return []
