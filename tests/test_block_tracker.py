@@ -316,3 +316,21 @@ def test_recovery_restores_the_garbage_collector_state(tmp_path):
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+def test_tracker_on_every_backend(storage_url):
+    """On object stores the tracker's WAL writes one object per group (no append)."""
+    base, options = storage_url
+    clock = ManualClock(10_000)
+    tracker = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options)
+    infos = block_infos(4)
+    for b in infos[:3]:
+        assert tracker.add_block(b)
+    assert tracker.allocate_blocks_to_batch(10_000)
+    assert tracker.add_block(infos[3])
+    tracker.stop()
+    recovered = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options,
+                                     recover_from_wal=True)
+    assert recovered.get_blocks_of_batch(10_000) == {STREAM: infos[:3]}
+    assert recovered.get_unallocated_blocks(STREAM) == infos[3:]
+    recovered.stop()
