@@ -14,40 +14,35 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
-import threading
 import time
 
 from tracker import (WAL_DIR, BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
                      ReceivedBlockInfo, ReceivedBlockTracker, encode_event)
 from wal import FileBasedWriteAheadLog, RecordHandle
 
+from .wal_bench import run_writers
+
 
 def add_blocks(root: str, threads: int, per_thread: int) -> dict:
     tracker = ReceivedBlockTracker(range(threads), root)
-    start = threading.Barrier(threads + 1)
+    ids = itertools.count()
 
-    def receiver(sid: int) -> None:
-        start.wait()
-        for i in range(per_thread):
-            info = ReceivedBlockInfo(sid, 100, f"input-{sid}-{i}",
-                                     RecordHandle(f"{root}/receivedData/{sid}/log-1-2", i * 1000, 990))
-            if not tracker.add_block(info):
-                raise RuntimeError("add_block failed")
+    def add(_payload) -> None:
+        i = next(ids)
+        sid = i % threads
+        info = ReceivedBlockInfo(sid, 100, f"input-{sid}-{i}",
+                                 RecordHandle(f"{root}/receivedData/{sid}/log-1-2", i * 1000, 990))
+        if not tracker.add_block(info):
+            raise RuntimeError("add_block failed")
 
-    ts = [threading.Thread(target=receiver, args=(s,)) for s in range(threads)]
-    for t in ts:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    secs = time.perf_counter() - t0
+    n = threads * per_thread
+    secs, _ = run_writers(add, b"", n, threads)
     stats = tracker.wal.statistics()
     tracker.stop()
-    n = threads * per_thread
     return {"blocks": n, "seconds": secs, "rate": n / secs, "blocks_per_sync": stats.records_written / stats.syncs}
 
 
@@ -99,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for threads in (1, 8):
             d = os.path.join(root, f"add-{threads}")
-            per = (500 if args.quick else 2000) * (1 if threads == 1 else 1)
+            per = 500 if args.quick else 2000
             r = add_blocks(d, threads, per)
             rows.append(f"| add_block (durable WAL) | {threads} | {r['blocks']:,} | {r['seconds']:.2f} s "
                         f"| {r['rate']:,.0f} blocks/s | {r['blocks_per_sync']:.2f} blocks/sync |")

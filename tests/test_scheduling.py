@@ -20,6 +20,16 @@ def ex(host, i=None):
     return ExecutorLocation(host, i or host)
 
 
+def usage(scheduled, executors, locations_per_receiver):
+    """How many receivers list each executor, checking each receiver's number of candidates."""
+    counts = {e: 0 for e in executors}
+    for locations in scheduled.values():
+        assert len(locations) == locations_per_receiver
+        for loc in locations:
+            counts[loc] += 1
+    return set(counts.values())
+
+
 def test_reschedule_receiver_empty_executors():
     assert policy.reschedule_receiver(0, None, {}, []) == []
 
@@ -63,24 +73,13 @@ def test_reschedule_ignores_dead_executors_weights():
 def test_schedule_receivers_evenly_when_more_receivers_than_executors():
     receivers = [Receiver(i) for i in range(6)]
     executors = [ex(f"host{i}") for i in range(3)]
-    scheduled = policy.schedule_receivers(receivers, executors)
-    counts = {e: 0 for e in executors}
-    for locations in scheduled.values():
-        assert len(locations) == 1
-        counts[locations[0]] += 1
-    assert set(counts.values()) == {2}
+    assert usage(policy.schedule_receivers(receivers, executors), executors, 1) == {2}
 
 
 def test_schedule_receivers_evenly_when_more_executors_than_receivers():
     receivers = [Receiver(i) for i in range(3)]
     executors = [ex(f"host{i}") for i in range(6)]
-    scheduled = policy.schedule_receivers(receivers, executors)
-    counts = {e: 0 for e in executors}
-    for locations in scheduled.values():
-        assert len(locations) == 2
-        for loc in locations:
-            counts[loc] += 1
-    assert set(counts.values()) == {1}
+    assert usage(policy.schedule_receivers(receivers, executors), executors, 2) == {1}
 
 
 def test_schedule_receivers_evenly_when_preferred_locations_are_even():
@@ -89,11 +88,7 @@ def test_schedule_receivers_evenly_when_preferred_locations_are_even():
     scheduled = policy.schedule_receivers(receivers, executors)
     for i in range(3):  # preferred receivers land on their host
         assert scheduled[i][0].host == f"host{i}"
-    counts = {e: 0 for e in executors}
-    for locations in scheduled.values():
-        assert len(locations) == 1
-        counts[locations[0]] += 1
-    assert set(counts.values()) == {1}
+    assert usage(scheduled, executors, 1) == {1}
 
 
 def test_schedule_receivers_with_an_unknown_preferred_host():
