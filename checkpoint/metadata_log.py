@@ -159,6 +159,10 @@ class MetadataLog(Generic[T]):
     def _delete(self, ids: list[int]) -> list[int]:
         for i in ids:
             self._storage.delete(self.file_path(i))
+            if self._storage.is_local:
+                # Hadoop's local filesystem (real Spark) keeps a ".N.crc" beside "N"; Spark
+                # cannot write batch N again while it is there
+                self._storage.delete(self._storage.join(self._dir, f".{i}.crc"))
         return ids
 
     def __repr__(self) -> str:
