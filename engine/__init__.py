@@ -1,1 +1,18 @@
-"""sparkwal engine layer (see the project README; built by its own issue)."""
+"""sparkwal's thin DStream engine on PySpark RDDs, with pyspark.streaming's API names.
+
+Porting an app: ``from pyspark.streaming import StreamingContext`` becomes
+``from engine import StreamingContext``.
+"""
+
+from tracker import BatchInfo
+
+from .context import StreamingContext, StreamingContextStateError
+from .dstream import DStream
+from .listener import (StreamingListener, StreamingListenerBatchCompleted,
+                       StreamingListenerBatchStarted, StreamingListenerBatchSubmitted)
+
+__all__ = [
+    "BatchInfo", "DStream", "StreamingContext", "StreamingContextStateError", "StreamingListener",
+    "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
+    "StreamingListenerBatchSubmitted",
+]

@@ -11,8 +11,9 @@ class Clock(Protocol):
     def now_ms(self) -> int:
         """Milliseconds since the epoch (or since any fixed origin, for manual clocks)."""
 
-    def wait_till_ms(self, target_ms: int) -> int:
-        """Block until ``now_ms() >= target_ms``; return the time reached."""
+    def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
+        """Block until ``now_ms() >= target_ms`` (or ``timeout_s`` of real time passed);
+        return the time reached, which is before ``target_ms`` only after a timeout."""
 
 
 class SystemClock:
@@ -21,12 +22,18 @@ class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
-    def wait_till_ms(self, target_ms: int) -> int:
+    def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             now = self.now_ms()
             if now >= target_ms:
                 return now
-            time.sleep(min((target_ms - now) / 1000.0, 0.1))
+            pause = min((target_ms - now) / 1000.0, 0.1)
+            if deadline is not None:
+                pause = min(pause, deadline - time.monotonic())
+                if pause <= 0:
+                    return now
+            time.sleep(pause)
 
 
 class ManualClock:
@@ -50,9 +57,9 @@ class ManualClock:
             self._now += ms
             self._cond.notify_all()
 
-    def wait_till_ms(self, target_ms: int) -> int:
+    def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
         with self._cond:
-            self._cond.wait_for(lambda: self._now >= target_ms)
+            self._cond.wait_for(lambda: self._now >= target_ms, timeout_s)
             return self._now
 
 

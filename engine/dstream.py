@@ -1,0 +1,498 @@
+"""DStream: a sequence of RDDs, one per batch time, built by transformations on PySpark RDDs.
+
+The API mirrors ``pyspark.streaming.DStream`` (durations in seconds, ``time`` arguments of user
+functions as ``datetime``); the machinery mirrors Spark's DStream: each stream generates at most one
+RDD per valid batch time (a multiple of its slide duration after the zero time), remembers
+generated RDDs for ``remember`` milliseconds, and forgets (and unpersists) older ones.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from datetime import datetime
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Callable
+
+from pyspark import RDD, StorageLevel
+from pyspark.rdd import portable_hash
+from pyspark.resultiterable import ResultIterable
+
+if TYPE_CHECKING:
+    from .context import StreamingContext
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000.0)
+
+
+def _arity(func: Callable) -> int:
+    code = getattr(func, "__code__", None)
+    return code.co_argcount - (1 if hasattr(func, "__self__") else 0) if code else 1
+
+
+class DStream:
+    def __init__(self, ssc: StreamingContext, dependencies: list[DStream], slide_ms: int | None = None):
+        self._ssc = ssc
+        self._sc = ssc.sparkContext
+        self.dependencies = dependencies
+        self.slide_ms = slide_ms if slide_ms is not None else dependencies[0].slide_ms
+        self.generated_rdds: dict[int, RDD] = {}
+        self.zero_time_ms: int | None = None
+        self.remember_ms: int | None = None
+        self.storage_level: StorageLevel | None = None
+        self.checkpoint_ms: int | None = None
+        self.must_checkpoint = False
+        self._lock = threading.RLock()
+        ssc._graph.register(self)
+
+    # ------------------------------------------------------------------ machinery
+
+    @property
+    def _slideDuration(self) -> float:  # pyspark's attribute name, in seconds
+        return self.slide_ms / 1000.0
+
+    def parent_remember_ms(self) -> int:
+        """How long dependencies must remember their RDDs for this stream."""
+        return self.remember_ms
+
+    def _initialize(self, zero_time_ms: int) -> None:
+        if self.zero_time_ms is not None and self.zero_time_ms != zero_time_ms:
+            raise RuntimeError(f"{self} initialized with two zero times")
+        self.zero_time_ms = zero_time_ms
+        if self.must_checkpoint and self.checkpoint_ms is None:
+            self.checkpoint_ms = max(self.slide_ms, (10_000 // self.slide_ms) * self.slide_ms)
+        minimum = self.slide_ms if self.checkpoint_ms is None else max(self.slide_ms, 2 * self.checkpoint_ms)
+        if self.remember_ms is None or self.remember_ms < minimum:
+            self.remember_ms = minimum
+        for d in self.dependencies:
+            d._initialize(zero_time_ms)
+
+    def _remember(self, duration_ms: int) -> None:
+        if duration_ms is not None and (self.remember_ms is None or duration_ms > self.remember_ms):
+            self.remember_ms = duration_ms
+        for d in self.dependencies:
+            d._remember(self.parent_remember_ms())
+
+    def is_time_valid(self, time_ms: int) -> bool:
+        if self.zero_time_ms is None:
+            raise RuntimeError(f"{self} has not been initialized")
+        return time_ms > self.zero_time_ms and (time_ms - self.zero_time_ms) % self.slide_ms == 0
+
+    def compute(self, time_ms: int) -> RDD | None:
+        raise NotImplementedError
+
+    def get_or_compute(self, time_ms: int) -> RDD | None:
+        with self._lock:
+            if time_ms in self.generated_rdds:
+                return self.generated_rdds[time_ms]
+            if not self.is_time_valid(time_ms):
+                return None
+            rdd = self.compute(time_ms)
+            if rdd is not None:
+                if self.storage_level is not None:
+                    rdd.persist(self.storage_level)
+                if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
+                    self._ssc._checkpoint_rdd(self, time_ms, rdd)
+                self.generated_rdds[time_ms] = rdd
+            return rdd
+
+    def clear_metadata(self, time_ms: int) -> None:
+        """Forget RDDs older than ``time_ms - remember``; unpersist them."""
+        with self._lock:
+            old = [t for t in self.generated_rdds if t <= time_ms - self.remember_ms]
+            for t in old:
+                rdd = self.generated_rdds.pop(t)
+                if self.storage_level is not None:
+                    rdd.unpersist(blocking=False)
+        for d in self.dependencies:
+            d.clear_metadata(time_ms)
+
+    def _slice_ms(self, from_ms: int, to_ms: int) -> list[RDD]:
+        if self.zero_time_ms is None:
+            raise RuntimeError(f"{self} has not been initialized")
+        z, s = self.zero_time_ms, self.slide_ms
+        to_ms = z + ((to_ms - z) // s) * s
+        from_ms = z + ((from_ms - z) // s) * s
+        out = []
+        t = from_ms
+        while t <= to_ms:
+            if t >= z:
+                rdd = self.get_or_compute(t)
+                if rdd is not None:
+                    out.append(rdd)
+            t += s
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(slide={self.slide_ms} ms)"
+
+    # ------------------------------------------------------------------ pyspark.streaming API
+
+    def context(self) -> StreamingContext:
+        return self._ssc
+
+    def transform(self, func: Callable) -> DStream:
+        """``func(rdd)`` or ``func(time, rdd)`` -> RDD, applied to every RDD of this stream."""
+        if _arity(func) == 1:
+            one = func
+
+            def func(_t, rdd):  # noqa: F811
+                return one(rdd)
+        if _arity(func) != 2:
+            raise ValueError("func should take one or two arguments")
+        return TransformedDStream(self._ssc, [self], lambda t, rdds: func(_time(t), rdds[0]))
+
+    def transformWith(self, func: Callable, other: DStream, keepSerializer: bool = False) -> DStream:
+        """``func(rdd_a, rdd_b)`` or ``func(time, rdd_a, rdd_b)`` -> RDD."""
+        if _arity(func) == 2:
+            two = func
+
+            def func(_t, a, b):  # noqa: F811
+                return two(a, b)
+        if _arity(func) != 3:
+            raise ValueError("func should take two or three arguments")
+        if self.slide_ms != other.slide_ms:
+            raise ValueError("the two DStream should have same slide duration")
+        return TransformedDStream(self._ssc, [self, other],
+                                  lambda t, rdds: func(_time(t), rdds[0], rdds[1]), allow_missing=True)
+
+    def mapPartitionsWithIndex(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
+        return self.transform(lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
+
+    def mapPartitions(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
+        return self.mapPartitionsWithIndex(lambda _, it: f(it), preservesPartitioning)
+
+    def map(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
+        return self.mapPartitions(lambda it: map(f, it), preservesPartitioning)
+
+    def flatMap(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
+        return self.mapPartitions(lambda it: chain.from_iterable(map(f, it)), preservesPartitioning)
+
+    def filter(self, f: Callable) -> DStream:
+        return self.mapPartitions(lambda it: filter(f, it), True)
+
+    def glom(self) -> DStream:
+        return self.mapPartitions(lambda it: [list(it)])
+
+    def mapValues(self, f: Callable) -> DStream:
+        return self.map(lambda kv: (kv[0], f(kv[1])), preservesPartitioning=True)
+
+    def flatMapValues(self, f: Callable) -> DStream:
+        return self.flatMap(lambda kv: ((kv[0], x) for x in f(kv[1])), preservesPartitioning=True)
+
+    def count(self) -> DStream:
+        return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add)
+
+    def reduce(self, func: Callable) -> DStream:
+        return self.map(lambda x: (None, x)).reduceByKey(func, 1).map(lambda kv: kv[1])
+
+    def countByValue(self) -> DStream:
+        return self.map(lambda x: (x, 1)).reduceByKey(operator.add)
+
+    def _partitions(self, numPartitions: int | None) -> int:
+        return numPartitions if numPartitions is not None else self._sc.defaultParallelism
+
+    def combineByKey(self, createCombiner: Callable, mergeValue: Callable, mergeCombiners: Callable,
+                     numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transform(lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n))
+
+    def reduceByKey(self, func: Callable, numPartitions: int | None = None) -> DStream:
+        return self.combineByKey(lambda x: x, func, func, numPartitions)
+
+    def groupByKey(self, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transform(lambda rdd: rdd.groupByKey(n))
+
+    def partitionBy(self, numPartitions: int, partitionFunc: Callable = portable_hash) -> DStream:
+        return self.transform(lambda rdd: rdd.partitionBy(numPartitions, partitionFunc))
+
+    def repartition(self, numPartitions: int) -> DStream:
+        return self.transform(lambda rdd: rdd.repartition(numPartitions))
+
+    def union(self, other: DStream) -> DStream:
+        if self.slide_ms != other.slide_ms:
+            raise ValueError("the two DStream should have same slide duration")
+        return self.transformWith(lambda a, b: a.union(b), other, True)
+
+    def cogroup(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transformWith(lambda a, b: a.cogroup(b, n), other)
+
+    def join(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transformWith(lambda a, b: a.join(b, n), other)
+
+    def leftOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transformWith(lambda a, b: a.leftOuterJoin(b, n), other)
+
+    def rightOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transformWith(lambda a, b: a.rightOuterJoin(b, n), other)
+
+    def fullOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._partitions(numPartitions)
+        return self.transformWith(lambda a, b: a.fullOuterJoin(b, n), other)
+
+    def cache(self) -> DStream:
+        return self.persist(StorageLevel.MEMORY_ONLY)
+
+    def persist(self, storageLevel: StorageLevel) -> DStream:
+        self.storage_level = storageLevel
+        return self
+
+    def checkpoint(self, interval: float) -> DStream:
+        """Checkpoint this stream's RDDs every ``interval`` seconds (bounds their lineage)."""
+        self.checkpoint_ms = _ms(interval)
+        if self.storage_level is None:
+            self.storage_level = StorageLevel.MEMORY_ONLY
+        return self
+
+    def foreachRDD(self, func: Callable) -> None:
+        """Run ``func(rdd)`` or ``func(time, rdd)`` on every RDD (an output operation)."""
+        if _arity(func) == 1:
+            one = func
+
+            def func(_t, rdd):  # noqa: F811
+                return one(rdd)
+        ForEachDStream(self._ssc, self, func)
+
+    def pprint(self, num: int = 10) -> None:
+        def take_and_print(time: datetime, rdd: RDD) -> None:
+            taken = rdd.take(num + 1)
+            print("-------------------------------------------")
+            print(f"Time: {time}")
+            print("-------------------------------------------")
+            for record in taken[:num]:
+                print(record)
+            if len(taken) > num:
+                print("...")
+            print("")
+
+        self.foreachRDD(take_and_print)
+
+    def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
+        """Each batch to ``<prefix>-<time ms>[.<suffix>]``; a batch already saved (a re-run after
+        recovery) is left as it is, so the output is idempotent per batch time."""
+
+        def save(time: datetime, rdd: RDD) -> None:
+            path = f"{prefix}-{int(round(time.timestamp() * 1000))}" + (f".{suffix}" if suffix else "")
+            try:
+                rdd.saveAsTextFile(path)
+            except Exception as e:  # noqa: BLE001
+                if "FileAlreadyExistsException" not in str(e) and "already exists" not in str(e):
+                    raise
+
+        self.foreachRDD(save)
+
+    def slice(self, begin: datetime | float, end: datetime | float) -> list[RDD]:
+        """The RDDs of this stream from ``begin`` to ``end`` (datetimes or epoch seconds)."""
+        def ms(x):
+            return int(round((x.timestamp() if isinstance(x, datetime) else x) * 1000))
+        return self._slice_ms(ms(begin), ms(end))
+
+    def _validate_window_param(self, window: float, slide: float | None) -> None:
+        d = self.slide_ms
+        if _ms(window) % d != 0:
+            raise ValueError("windowDuration must be multiple of the parent dstream's slide (batch) "
+                             f"duration ({d} ms)")
+        if slide and _ms(slide) % d != 0:
+            raise ValueError("slideDuration must be multiple of the parent dstream's slide (batch) "
+                             f"duration ({d} ms)")
+
+    def window(self, windowDuration: float, slideDuration: float | None = None) -> DStream:
+        self._validate_window_param(windowDuration, slideDuration)
+        return WindowedDStream(self._ssc, self, _ms(windowDuration),
+                               _ms(slideDuration) if slideDuration else self.slide_ms)
+
+    def reduceByWindow(self, reduceFunc: Callable, invReduceFunc: Callable | None,
+                       windowDuration: float, slideDuration: float) -> DStream:
+        keyed = self.map(lambda x: (1, x))
+        reduced = keyed.reduceByKeyAndWindow(reduceFunc, invReduceFunc, windowDuration, slideDuration, 1)
+        return reduced.map(lambda kv: kv[1])
+
+    def countByWindow(self, windowDuration: float, slideDuration: float) -> DStream:
+        return self.map(lambda x: 1).reduceByWindow(operator.add, operator.sub, windowDuration,
+                                                    slideDuration)
+
+    def countByValueAndWindow(self, windowDuration: float, slideDuration: float,
+                              numPartitions: int | None = None) -> DStream:
+        keyed = self.map(lambda x: (x, 1))
+        counted = keyed.reduceByKeyAndWindow(operator.add, operator.sub, windowDuration, slideDuration,
+                                             numPartitions)
+        return counted.filter(lambda kv: kv[1] > 0)
+
+    def groupByKeyAndWindow(self, windowDuration: float, slideDuration: float,
+                            numPartitions: int | None = None) -> DStream:
+        ls = self.mapValues(lambda x: [x])
+        grouped = ls.reduceByKeyAndWindow(lambda a, b: a.extend(b) or a, lambda a, b: a[len(b):],
+                                          windowDuration, slideDuration, numPartitions)
+        return grouped.mapValues(ResultIterable)
+
+    def reduceByKeyAndWindow(self, func: Callable, invFunc: Callable | None, windowDuration: float,
+                             slideDuration: float | None = None, numPartitions: int | None = None,
+                             filterFunc: Callable | None = None) -> DStream:
+        """With ``invFunc``, each window is computed incrementally from the previous one (add the
+        new batches, subtract the ones that left), which needs checkpointing."""
+        self._validate_window_param(windowDuration, slideDuration)
+        n = self._partitions(numPartitions)
+        reduced = self.reduceByKey(func, n)
+        slide = _ms(slideDuration) if slideDuration else self.slide_ms
+        if invFunc is None:
+            return reduced.window(windowDuration, slideDuration).reduceByKey(func, n)
+
+        def reduce_func(a: RDD | None, b: RDD) -> RDD:
+            b = b.reduceByKey(func, n)
+            r = a.union(b).reduceByKey(func, n) if a is not None else b
+            return r.filter(filterFunc) if filterFunc else r
+
+        def inv_reduce_func(a: RDD, b: RDD) -> RDD:
+            b = b.reduceByKey(func, n)
+            joined = a.leftOuterJoin(b, n)
+            return joined.mapValues(lambda vs: invFunc(vs[0], vs[1]) if vs[1] is not None else vs[0])
+
+        return ReducedWindowedDStream(self._ssc, reduced, reduce_func, inv_reduce_func,
+                                      _ms(windowDuration), slide)
+
+    def updateStateByKey(self, updateFunc: Callable, numPartitions: int | None = None,
+                         initialRDD: RDD | list | None = None) -> DStream:
+        """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
+        n = self._partitions(numPartitions)
+        if initialRDD is not None and not isinstance(initialRDD, RDD):
+            initialRDD = self._sc.parallelize(initialRDD)
+
+        def reduce_func(a: RDD | None, b: RDD) -> RDD:
+            if a is None:
+                g = b.groupByKey(n).mapValues(lambda vs: (list(vs), None))
+            else:
+                g = a.cogroup(b.partitionBy(n), n)
+                g = g.mapValues(lambda ab: (list(ab[1]), list(ab[0])[0] if len(ab[0]) else None))
+            state = g.mapValues(lambda vs_s: updateFunc(vs_s[0], vs_s[1]))
+            return state.filter(lambda kv: kv[1] is not None)
+
+        return StateDStream(self._ssc, self, reduce_func, initialRDD)
+
+
+class TransformedDStream(DStream):
+    """``func(time_ms, [parent RDDs]) -> RDD | None``."""
+
+    def __init__(self, ssc, parents: list[DStream], func: Callable, allow_missing: bool = False):
+        super().__init__(ssc, parents)
+        self._func = func
+        self._allow_missing = allow_missing
+
+    def compute(self, time_ms: int) -> RDD | None:
+        rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
+        if any(r is None for r in rdds):
+            if not self._allow_missing or all(r is None for r in rdds):
+                return None
+            rdds = [r if r is not None else self._sc.emptyRDD() for r in rdds]
+        result = self._func(time_ms, rdds)
+        if result is not None and not isinstance(result, RDD):
+            raise TypeError(f"transform function returned {type(result).__name__}, not an RDD")
+        return result
+
+
+class UnionDStream(DStream):
+    def __init__(self, ssc, parents: list[DStream]):
+        if len({p.slide_ms for p in parents}) > 1:
+            raise ValueError("all DStreams in a union must have the same slide duration")
+        super().__init__(ssc, parents)
+
+    def compute(self, time_ms: int) -> RDD | None:
+        rdds = [r for r in (p.get_or_compute(time_ms) for p in self.dependencies) if r is not None]
+        return self._sc.union(rdds) if rdds else None
+
+
+class WindowedDStream(DStream):
+    def __init__(self, ssc, parent: DStream, window_ms: int, slide_ms: int):
+        super().__init__(ssc, [parent], slide_ms)
+        self.window_ms = window_ms
+        if parent.storage_level is None:  # each parent RDD is used by several windows
+            parent.persist(StorageLevel.MEMORY_ONLY)
+
+    def parent_remember_ms(self) -> int:
+        return self.remember_ms + self.window_ms
+
+    def compute(self, time_ms: int) -> RDD | None:
+        parent = self.dependencies[0]
+        rdds = parent._slice_ms(time_ms - self.window_ms + parent.slide_ms, time_ms)
+        return self._sc.union(rdds) if rdds else self._sc.emptyRDD()
+
+
+class ReducedWindowedDStream(DStream):
+    """Spark's incremental windowed reduce: the window at ``t`` is the one at ``t - slide`` minus
+    the batches that left it plus the ones that entered it (when that is cheaper than reducing
+    the whole window, i.e. the window spans at least 5 slides)."""
+
+    def __init__(self, ssc, reduced: DStream, reduce_func, inv_reduce_func, window_ms: int, slide_ms: int):
+        super().__init__(ssc, [reduced], slide_ms)
+        self.window_ms = window_ms
+        self._reduce = reduce_func
+        self._inv = inv_reduce_func
+        self.must_checkpoint = True
+        self.storage_level = StorageLevel.MEMORY_ONLY
+        if reduced.storage_level is None:
+            reduced.persist(StorageLevel.MEMORY_ONLY)
+
+    def parent_remember_ms(self) -> int:
+        return self.remember_ms + self.window_ms
+
+    def compute(self, time_ms: int) -> RDD | None:
+        parent = self.dependencies[0]
+        current_begin = time_ms - self.window_ms
+        previous_end = time_ms - self.slide_ms
+        previous_begin = current_begin - self.slide_ms
+        previous = self.get_or_compute(previous_end) if previous_end > self.zero_time_ms else None
+        if previous is not None and self.window_ms >= 5 * self.slide_ms:
+            old = parent._slice_ms(previous_begin + parent.slide_ms, current_begin)
+            subtracted = self._inv(previous, self._sc.union(old)) if old else previous
+            new = parent._slice_ms(previous_end + parent.slide_ms, time_ms)
+            return self._reduce(subtracted, self._sc.union(new)) if new else subtracted
+        current = parent._slice_ms(current_begin + parent.slide_ms, time_ms)
+        return self._reduce(None, self._sc.union(current)) if current else None
+
+
+class StateDStream(DStream):
+    """updateStateByKey: the state at ``t`` = ``func(state at t - slide, batch at t)``."""
+
+    def __init__(self, ssc, parent: DStream, func, initial: RDD | None):
+        super().__init__(ssc, [parent])
+        self._func = func
+        self._initial = initial
+        self.must_checkpoint = True
+        self.storage_level = StorageLevel.MEMORY_ONLY
+
+    def compute(self, time_ms: int) -> RDD | None:
+        last = self.get_or_compute(time_ms - self.slide_ms) if time_ms - self.slide_ms > self.zero_time_ms else None
+        if last is None:
+            last = self._ssc._restored_state(self, time_ms - self.slide_ms)
+        rdd = self.dependencies[0].get_or_compute(time_ms)
+        if rdd is None:
+            return last
+        return self._func(last if last is not None else self._initial, rdd)
+
+
+class ForEachDStream(DStream):
+    """An output operation: at every batch, ``func(time, rdd)`` runs as one job."""
+
+    def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any]):
+        super().__init__(ssc, [parent])
+        self._func = func
+        ssc._graph.add_output(self)
+
+    def compute(self, time_ms: int) -> RDD | None:
+        return None
+
+    def generate_job(self, time_ms: int) -> Callable[[], None] | None:
+        rdd = self.dependencies[0].get_or_compute(time_ms)
+        if rdd is None:
+            return None
+        func = self._func
+        return lambda: func(_time(time_ms), rdd)

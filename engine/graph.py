@@ -1,0 +1,64 @@
+"""DStreamGraph: the input and output streams of a context, and the jobs they make per batch."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from .dstream import DStream, ForEachDStream
+
+
+class DStreamGraph:
+    def __init__(self) -> None:
+        self.streams: list[DStream] = []
+        self.inputs: list = []
+        self.outputs: list[ForEachDStream] = []
+        self.zero_time_ms: int | None = None
+        self.remember_ms: int | None = None
+
+    def register(self, stream: DStream) -> None:
+        self.streams.append(stream)
+
+    def add_input(self, stream) -> None:
+        stream.input_id = len(self.inputs)
+        self.inputs.append(stream)
+
+    def add_output(self, stream: ForEachDStream) -> None:
+        self.outputs.append(stream)
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise ValueError("No output operations registered, so nothing to execute")
+
+    def start(self, zero_time_ms: int) -> None:
+        self.zero_time_ms = zero_time_ms
+        for o in self.outputs:
+            o._initialize(zero_time_ms)
+        for o in self.outputs:
+            o._remember(self.remember_ms)
+
+    def generate_jobs(self, time_ms: int) -> list[Callable[[], None]]:
+        jobs = []
+        for o in self.outputs:
+            job = o.generate_job(time_ms)
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def clear_metadata(self, time_ms: int) -> None:
+        for o in self.outputs:
+            o.clear_metadata(time_ms)
+
+    def fingerprint(self) -> str:
+        """A hash of the graph's structure (stream kinds, durations, wiring), not of user code:
+        a checkpoint may only be restored into a graph with the same fingerprint."""
+        return hashlib.sha256(self.describe().encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        index = {id(s): i for i, s in enumerate(self.streams)}
+        parts = []
+        for i, s in enumerate(self.streams):
+            deps = ",".join(str(index[id(d)]) for d in s.dependencies)
+            extra = "".join(f" {k}={getattr(s, k)}" for k in ("window_ms", "directory") if hasattr(s, k))
+            parts.append(f"{i}:{type(s).__name__}(slide={s.slide_ms}{extra})<-[{deps}]")
+        return "; ".join(parts)

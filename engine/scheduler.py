@@ -1,0 +1,196 @@
+"""Batch timing and execution: RecurringTimer, JobGenerator, JobScheduler (reference B.5).
+
+The timer fires at every batch time on the context's clock (a ManualClock makes tests
+deterministic). The generator turns each time into a job set on one event thread, where clearing
+metadata and checkpointing happen too, in order. The scheduler runs a batch's jobs on
+``spark.streaming.concurrentJobs`` threads, each batch under its own Spark job group so that a
+non-graceful stop can cancel it, and reports progress to the listeners.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tracker import BatchInfo
+
+from .listener import (StreamingListenerBatchCompleted, StreamingListenerBatchStarted,
+                       StreamingListenerBatchSubmitted)
+
+if TYPE_CHECKING:
+    from .context import StreamingContext
+
+log = logging.getLogger(__name__)
+
+
+class RecurringTimer:
+    def __init__(self, clock, period_ms: int, callback: Callable[[int], None], name: str):
+        self._clock, self.period_ms, self._callback, self.name = clock, period_ms, callback, name
+        self._next: int | None = None
+        self.last_fired_ms: int | None = None
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start_time(self) -> int:
+        """The next multiple of the period strictly after now."""
+        return (self._clock.now_ms() // self.period_ms + 1) * self.period_ms
+
+    def restart_time(self, zero_ms: int) -> int:
+        now = self._clock.now_ms()
+        return zero_ms + ((now - zero_ms) // self.period_ms + 1) * self.period_ms
+
+    def start(self, first_ms: int) -> None:
+        self._next = first_ms
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            now = self._clock.wait_till_ms(self._next, timeout_s=0.05)
+            if now >= self._next and not self._stopped.is_set():
+                self._callback(self._next)
+                self.last_fired_ms = self._next
+                self._next += self.period_ms
+
+    def stop(self) -> int | None:
+        """Stop after the callback in progress, if any; return the last time fired."""
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        return self.last_fired_ms
+
+
+@dataclass
+class _JobSet:
+    time_ms: int
+    jobs: list[Callable[[], None]]
+    input_infos: dict
+    submission_ms: int
+    start_ms: int | None = None
+    end_ms: int | None = None
+    done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def info(self) -> BatchInfo:
+        return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms)
+
+
+class JobScheduler:
+    def __init__(self, ssc: StreamingContext, concurrent_jobs: int):
+        self._ssc = ssc
+        self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
+        self._pending: dict[int, _JobSet] = {}
+        self._lock = threading.Condition()
+
+    def pending_times(self) -> list[int]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def submit(self, time_ms: int, jobs: list[Callable[[], None]], input_infos: dict) -> None:
+        if not jobs:
+            log.debug("no jobs for batch %d", time_ms)
+            return
+        js = _JobSet(time_ms, jobs, input_infos, self._ssc._clock.now_ms())
+        with self._lock:
+            self._pending[time_ms] = js
+        self._ssc._post("onBatchSubmitted", StreamingListenerBatchSubmitted(js.info()))
+        for job in jobs:
+            self._pool.submit(self._run, js, job)
+
+    def _run(self, js: _JobSet, job: Callable[[], None]) -> None:
+        sc = self._ssc.sparkContext
+        sc.setJobGroup(job_group(js.time_ms), f"streaming batch {js.time_ms}", interruptOnCancel=True)
+        with js.lock:
+            first = js.start_ms is None
+            if first:
+                js.start_ms = self._ssc._clock.now_ms()
+        if first:
+            self._ssc._post("onBatchStarted", StreamingListenerBatchStarted(js.info()))
+        try:
+            job()
+        except BaseException as e:  # noqa: BLE001
+            self._ssc._report_error(e, js.time_ms)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        with js.lock:
+            js.done += 1
+            complete = js.done == len(js.jobs)
+            if complete:
+                js.end_ms = self._ssc._clock.now_ms()
+        if complete:
+            with self._lock:
+                self._pending.pop(js.time_ms, None)
+                self._lock.notify_all()
+            self._ssc._post("onBatchCompleted", StreamingListenerBatchCompleted(js.info()))
+            self._ssc._generator.on_batch_completion(js.time_ms)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no batch is running or queued; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending, timeout_s)
+
+    def cancel_all(self) -> None:
+        for t in self.pending_times():
+            self._ssc.sparkContext.cancelJobGroup(job_group(t))
+
+    def stop(self, wait: bool) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+def job_group(time_ms: int) -> str:
+    return f"sparkwal-streaming-batch-{time_ms}"
+
+
+class JobGenerator:
+    """Turns batch times into job sets; clears metadata and checkpoints, in order."""
+
+    def __init__(self, ssc: StreamingContext):
+        self._ssc = ssc
+        self.timer = RecurringTimer(ssc._clock, ssc._batch_ms, self._on_tick, "JobGenerator")
+        self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")
+        self.last_processed_ms: int | None = None
+        self._processed = threading.Condition()
+
+    def _on_tick(self, time_ms: int) -> None:
+        self._events.submit(self._guard, self.generate_jobs, time_ms)
+
+    def _guard(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001
+            self._ssc._report_error(e, args[0] if args else None)
+
+    def generate_jobs(self, time_ms: int) -> None:
+        ssc = self._ssc
+        try:
+            jobs = ssc._graph.generate_jobs(time_ms)
+        except BaseException as e:  # noqa: BLE001
+            ssc._report_error(e, time_ms)
+            return
+        ssc._scheduler.submit(time_ms, jobs, ssc._input_infos.get_info(time_ms))
+        ssc._do_checkpoint(time_ms, clear_later=False)
+
+    def rerun(self, times_ms: list[int]) -> None:
+        """Regenerate and submit batches of a restarted context, in order."""
+        for t in times_ms:
+            self._events.submit(self._guard, self.generate_jobs, t)
+
+    def on_batch_completion(self, time_ms: int) -> None:
+        self._events.submit(self._guard, self._clear_metadata, time_ms)
+
+    def _clear_metadata(self, time_ms: int) -> None:
+        ssc = self._ssc
+        ssc._graph.clear_metadata(time_ms)
+        ssc._do_checkpoint(time_ms, clear_later=True)
+        ssc._input_infos.cleanup(time_ms - ssc._max_remember_ms())
+        with self._processed:
+            self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
+            self._processed.notify_all()
+
+    def stop(self) -> None:
+        self.timer.stop()
+        self._events.shutdown(wait=True)
