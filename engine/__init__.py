@@ -6,13 +6,13 @@ Porting an app: ``from pyspark.streaming import StreamingContext`` becomes
 
 from tracker import BatchInfo
 
-from .context import StreamingContext, StreamingContextStateError
+from .context import CheckpointMismatchError, StreamingContext, StreamingContextStateError
 from .dstream import DStream
 from .listener import (StreamingListener, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted)
 
 __all__ = [
-    "BatchInfo", "DStream", "StreamingContext", "StreamingContextStateError", "StreamingListener",
+    "BatchInfo", "CheckpointMismatchError", "DStream", "StreamingContext", "StreamingContextStateError", "StreamingListener",
     "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
     "StreamingListenerBatchSubmitted",
 ]

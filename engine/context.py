@@ -6,9 +6,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+import fsspec
 from pyspark import RDD, SparkContext
 
-from checkpoint import Checkpoint, CheckpointWriter
+from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
 from tracker import InputInfoTracker, StreamInputInfo
 from wal import SYSTEM_CLOCK, Clock
 
@@ -25,6 +26,20 @@ INITIALIZED, ACTIVE, STOPPED = "INITIALIZED", "ACTIVE", "STOPPED"
 
 class StreamingContextStateError(RuntimeError):
     """An operation not allowed in the context's current state."""
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint was written by a different graph or batch duration."""
+
+
+def _first_difference(old: str, new: str) -> str:
+    a, b = old.split("; "), new.split("; ")
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"stream {i} was {x!r}, is now {y!r}"
+    if len(a) != len(b):
+        return f"the checkpoint has {len(a)} streams, this program {len(b)}"
+    return "the fingerprint differs"
 
 
 class StreamingContext:
@@ -50,6 +65,10 @@ class StreamingContext:
         self._checkpoint_dir: str | None = None
         self._checkpoint_writer: CheckpointWriter | None = None
         self._state = INITIALIZED
+        self._restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
+        self._snapshots: dict[int, dict[int, str]] = {}  # stream index -> time -> state snapshot
+        self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
+        self._checkpoints_written = 0
         self._terminated = threading.Event()
         self._error: BaseException | None = None
         self._lock = threading.RLock()
@@ -123,10 +142,14 @@ class StreamingContext:
             if active is not None and active._state == ACTIVE:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
-            first = self._generator.timer.start_time()
-            self._graph.start(first - self._batch_ms)
             if self._checkpoint_dir is not None:
-                self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir)
+                self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
+                                                           on_written=self._on_checkpoint_written)
+            if self._restored is None:
+                first = self._generator.timer.start_time()
+                self._graph.start(first - self._batch_ms)
+            else:
+                first = self._restart()
             self._generator.timer.start(first)
             self._state = ACTIVE
             StreamingContext._active = self
@@ -176,6 +199,68 @@ class StreamingContext:
         with StreamingContext._active_lock:
             return StreamingContext._active
 
+    @staticmethod
+    def getOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext]) -> StreamingContext:
+        """Build the context with ``setupFunc`` (always: checkpoints hold data, never code), then,
+        if ``checkpointPath`` holds a checkpoint, restore it: the graph must be the one that wrote
+        it. Unlike pyspark.streaming, changing the program's code is fine; changing its graph is
+        refused with the difference named."""
+        checkpoint = read_checkpoint(checkpointPath)
+        ssc = setupFunc()
+        if not isinstance(ssc, StreamingContext):
+            raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
+        if ssc._checkpoint_dir is None:
+            ssc.checkpoint(checkpointPath)
+        if checkpoint is not None:
+            ssc._restore(checkpoint)
+        return ssc
+
+    @staticmethod
+    def getActiveOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext]
+                          ) -> StreamingContext:
+        return StreamingContext.getActive() or StreamingContext.getOrCreate(checkpointPath, setupFunc)
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        data = checkpoint.data
+        if data.get("batch_ms") != self._batch_ms:
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self._checkpoint_dir} was written with a batch duration of "
+                f"{data.get('batch_ms')} ms, this program uses {self._batch_ms} ms")
+        if data.get("fingerprint") != self._graph.fingerprint():
+            raise CheckpointMismatchError(
+                f"the DStream graph changed since the checkpoint in {self._checkpoint_dir} was "
+                f"written: {_first_difference(data.get('graph', ''), self._graph.describe())}. "
+                "Restore the original graph, or start from a new checkpoint directory")
+        for s in self._graph.inputs:
+            s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
+        self._snapshots = {int(i): {int(t): p for t, p in times.items()}
+                           for i, times in data.get("state", {}).items()}
+        self._restored = checkpoint
+        log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
+                 checkpoint.pending_times_ms)
+
+    def _restart(self) -> int:
+        """Spark's restart rule: re-run the pending batches and every batch time from the
+        checkpoint time up to the restart time; return the first new batch time."""
+        cp = self._restored
+        zero = cp.data["zero_time_ms"]
+        self._graph.start(zero)
+        for index, times in self._snapshots.items():
+            stream = self._graph.streams[index]
+            for t, path in times.items():
+                fs, p = fsspec.core.url_to_fs(path)
+                if not fs.exists(p):
+                    raise CheckpointMismatchError(
+                        f"state snapshot {path} of batch {t}, referenced by the checkpoint of batch "
+                        f"{cp.checkpoint_time_ms}, is missing; the state cannot be restored")
+                stream.generated_rdds[t] = self._sc.pickleFile(path)
+        restart = self._generator.timer.restart_time(zero)
+        down = list(range(cp.checkpoint_time_ms, restart, self._batch_ms))
+        times = sorted({t for t in [*cp.pending_times_ms, *down] if t < restart})
+        log.info("restarting: re-running batches %s, then new batches from %d", times, restart)
+        self._generator.rerun(times)
+        return restart
+
     # ------------------------------------------------------------------ internals
 
     def _post(self, callback: str, event) -> None:
@@ -207,17 +292,53 @@ class StreamingContext:
         else:
             rdd.localCheckpoint()
 
-    def _restored_state(self, stream: DStream, time_ms: int) -> RDD | None:
-        return None
+    def _snapshot_state(self, time_ms: int) -> None:
+        """Save the state RDDs of stateful streams due at ``time_ms`` (data, as pickle files);
+        keep the two newest snapshots of each stream."""
+        if self._checkpoint_dir is None:
+            return
+        for index, stream in enumerate(self._graph.streams):
+            if not stream.must_checkpoint or not stream.checkpoint_ms:
+                continue
+            if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
+                continue
+            rdd = stream.generated_rdds.get(time_ms)
+            times = self._snapshots.setdefault(index, {})
+            if rdd is None or time_ms in times:
+                continue
+            path = f"{self._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            rdd.saveAsPickleFile(path)
+            times[time_ms] = path
+            for old in sorted(times)[:-2]:
+                self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))
+
+    def _on_checkpoint_written(self, time_ms: int) -> None:
+        """Delete retired state snapshots once two newer checkpoints (a main file and its .bk)
+        that no longer reference them are durable."""
+        self._checkpoints_written += 1
+        keep = []
+        for written_then, path in self._retired_snapshots:
+            if self._checkpoints_written >= written_then + 2:
+                try:
+                    fs, p = fsspec.core.url_to_fs(path)
+                    fs.rm(p, recursive=True)
+                except Exception:  # noqa: BLE001
+                    log.warning("could not delete old state snapshot %s", path, exc_info=True)
+            else:
+                keep.append((written_then, path))
+        self._retired_snapshots = keep
 
     def _do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
         if self._checkpoint_writer is None:
             return
+        if clear_later:
+            self._snapshot_state(time_ms)
         data = {
             "fingerprint": self._graph.fingerprint(),
             "graph": self._graph.describe(),
             "batch_ms": self._batch_ms,
             "zero_time_ms": self._graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in self._graph.inputs},
+            "state": {str(i): {str(t): p for t, p in times.items()} for i, times in self._snapshots.items()},
         }
         self._checkpoint_writer.write(Checkpoint(time_ms, self._scheduler.pending_times(), data))

@@ -470,9 +470,8 @@ class StateDStream(DStream):
         self.storage_level = StorageLevel.MEMORY_ONLY
 
     def compute(self, time_ms: int) -> RDD | None:
-        last = self.get_or_compute(time_ms - self.slide_ms) if time_ms - self.slide_ms > self.zero_time_ms else None
-        if last is None:
-            last = self._ssc._restored_state(self, time_ms - self.slide_ms)
+        previous = time_ms - self.slide_ms
+        last = self.get_or_compute(previous) if previous > self.zero_time_ms else None
         rdd = self.dependencies[0].get_or_compute(time_ms)
         if rdd is None:
             return last
