@@ -113,10 +113,12 @@ class StreamingContext:
         rdds = [r if isinstance(r, RDD) else self._sc.parallelize(list(r)) for r in rdds]
         return QueueInputDStream(self, rdds, oneAtATime, default)
 
-    def textFileStream(self, directory: str) -> DStream:
-        """Lines of the text files that appear in ``directory`` (moved in atomically)."""
+    def textFileStream(self, directory: str, newFilesOnly: bool = True) -> DStream:
+        """Lines of the text files that appear in ``directory`` (moved in atomically).
+        ``newFilesOnly=False`` (Scala's fileStream option) also takes files that were there when a
+        fresh context started, so an app killed before its first checkpoint misses nothing."""
         self._check_not_started("Adding new inputs")
-        return FileInputDStream(self, directory)
+        return FileInputDStream(self, directory, newFilesOnly)
 
     def union(self, *dstreams: DStream) -> DStream:
         if not dstreams:

@@ -52,16 +52,19 @@ class QueueInputDStream(InputDStream):
 
 class FileInputDStream(InputDStream):
     """New text files in a directory (Spark's FileInputDStream): a batch at time t takes the files
-    whose modification time is in (max(start, t - remember), t] and that no earlier batch took.
+    whose modification time is in (max(start, t - remember), t] and that no earlier batch took
+    (``start`` is 0 with ``new_files_only=False``: files already there when a fresh context starts
+    are taken too, within the remember window of 60 s).
     Files are expected to appear atomically (written elsewhere, then moved in); names starting with
     "." or "_" are ignored. The files of each batch are recovery data, so a re-run batch after a
     restart reads exactly the same files."""
 
     MIN_REMEMBER_MS = 60_000
 
-    def __init__(self, ssc, directory: str):
+    def __init__(self, ssc, directory: str, new_files_only: bool = True):
         super().__init__(ssc)
         self.directory = directory
+        self.new_files_only = new_files_only
         self.batch_files: dict[int, list[str]] = {}
         self._recent: set[str] = set()
         self._start_threshold_ms: int | None = None
@@ -73,8 +76,8 @@ class FileInputDStream(InputDStream):
 
     def _initialize(self, zero_time_ms: int) -> None:
         super()._initialize(zero_time_ms)
-        if self._start_threshold_ms is None:
-            self._start_threshold_ms = self._ssc._clock.now_ms()  # only files newer than the start
+        if self._start_threshold_ms is None:  # a fresh start (not restored from a checkpoint)
+            self._start_threshold_ms = self._ssc._clock.now_ms() if self.new_files_only else 0
         self.remember_ms = max(self.remember_ms, self.remember_files_ms)
 
     def _find_new_files(self, time_ms: int) -> list[str]:

@@ -134,3 +134,20 @@ def test_get_or_create_without_a_checkpoint_just_builds(spark_context, tmp_path)
     ssc = StreamingContext.getOrCreate(str(tmp_path / "none"), setup)
     assert created == [ssc] and ssc._restored is None
     assert StreamingContext.getActiveOrCreate(str(tmp_path / "none"), setup) is not None
+
+
+@pytest.mark.parametrize("new_files_only", [True, False])
+def test_files_present_at_a_fresh_start(spark_context, tmp_path, new_files_only):
+    indir = tmp_path / "in"
+    indir.mkdir()
+    put_file(indir, "old.txt", "old", 100)  # already there when the context starts at 200
+    clock, done = ManualClock(200), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    seen = []
+    ssc.textFileStream(str(indir), newFilesOnly=new_files_only).foreachRDD(lambda rdd: seen.extend(rdd.collect()))
+    ssc.addStreamingListener(done)
+    ssc.start()
+    clock.advance(300)
+    done.wait_for(500)
+    ssc.stop(stopSparkContext=False)
+    assert seen == ([] if new_files_only else ["old"])

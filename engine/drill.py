@@ -1,0 +1,195 @@
+"""Kill-and-restart drill: the word count app, killed with SIGKILL at random moments, must lose
+nothing and count nothing twice.
+
+    python -m engine.drill [--kills 5] [--files 40] [--batch 1.0] [--seed 1] [--dir DIR]
+
+The drill writes input files at a steady pace (one per batch interval, also while the app is
+down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
+Python driver and its JVM) with SIGKILL after a random 3-10 s, restarts it on the same work
+directory, and after the last kill lets it run until every file is counted. It then checks the
+per-batch outputs against the input: every file counted in exactly one batch, word totals exact.
+Printed: kills, restarts, batches re-run, records lost, duplicates, and recovery time (kill to the
+first newer batch completed) p50/p95. Exit status 1 if anything was lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .wordcount import expected_counts, file_lines, write_input_file
+
+
+class AppRun:
+    """One run of the app; collects (wall time, batch ms) of each completed batch it prints."""
+
+    def __init__(self, workdir: str, batch: float):
+        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
+             "--files", "0", "--seconds", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            start_new_session=True)
+        self.completed: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("batch "):
+                with self.lock:
+                    self.completed.append((time.monotonic(), int(line.split()[1])))
+
+    def batches(self) -> list[tuple[float, int]]:
+        with self.lock:
+            return list(self.completed)
+
+    def kill(self) -> float:
+        killed_at = time.monotonic()
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.reader.join(5)
+        return killed_at
+
+    def terminate(self, timeout: float = 60) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.reader.join(5)
+
+
+def read_outputs(workdir: str) -> list[dict]:
+    out = os.path.join(workdir, "output")
+    return [json.load(open(os.path.join(out, n))) for n in sorted(os.listdir(out)) if n.endswith(".json")]
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print) -> dict:
+    rng = random.Random(seed)
+    input_dir = os.path.join(workdir, "input")
+    os.makedirs(input_dir, exist_ok=True)
+    os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
+    stop = threading.Event()
+
+    def generate() -> None:
+        for i in range(files):
+            if stop.wait(batch):
+                return
+            write_input_file(input_dir, i)
+
+    generator = threading.Thread(target=generate, daemon=True)
+    generator.start()
+    runs: list[AppRun] = []
+    recovery_s: list[float] = []
+    pending_kill: tuple[float, int] | None = None  # (kill time, newest batch done before it)
+    try:
+        for k in range(kills + 1):
+            app = AppRun(workdir, batch)
+            runs.append(app)
+            if pending_kill is not None:
+                killed_at, last_batch = pending_kill
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    newer = [w for w, b in app.batches() if b > last_batch]
+                    if newer:
+                        recovery_s.append(newer[0] - killed_at)
+                        break
+                    if app.proc.poll() is not None:
+                        raise RuntimeError("the app exited during recovery")
+                    time.sleep(0.05)
+            if k < kills:
+                time.sleep(rng.uniform(3, 10))
+                done_before = [b for r in runs for _, b in r.batches()]
+                pending_kill = (app.kill(), max(done_before) if done_before else 0)
+                log(f"kill {k + 1}: SIGKILL to process group {app.proc.pid}")
+            else:
+                generator.join()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    counted = {f for o in read_outputs(workdir) for f in o["files"]}
+                    if len(counted) >= files:
+                        break
+                    time.sleep(0.2)
+                app.terminate()
+    finally:
+        stop.set()
+        for r in runs:
+            if r.proc.poll() is None:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+
+    outputs = read_outputs(workdir)
+    seen: dict[str, int] = {}
+    observed: dict[str, int] = {}
+    for o in outputs:
+        for f in o["files"]:
+            seen[f] = seen.get(f, 0) + 1
+        for w, n in o["counts"].items():
+            observed[w] = observed.get(w, 0) + n
+    expected = expected_counts(range(files))
+    records_expected = sum(len(file_lines(i)) for i in range(files))
+    missing_files = [f"f{i}" for i in range(files) if f"f{i}" not in seen]
+    duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    lost_words = sum(max(0, n - observed.get(w, 0)) for w, n in expected.items())
+    extra_words = sum(max(0, n - expected.get(w, 0)) for w, n in observed.items())
+    completed = [b for r in runs for _, b in r.batches()]
+    result = {
+        "kills": kills, "restarts": len(runs) - 1, "files": files, "records": records_expected,
+        "batches_completed": len(set(completed)),
+        "batches_rerun": len(completed) - len(set(completed)),
+        "records_lost": sum(len(file_lines(int(f[1:]))) for f in missing_files),
+        "files_missing": missing_files, "duplicate_files": duplicates,
+        "words_lost": lost_words, "words_extra": extra_words,
+        "recovery_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
+        "recovery_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
+        "recovery_s": recovery_s,
+    }
+    result["ok"] = not missing_files and not duplicates and not lost_words and not extra_words
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--files", type=int, default=40)
+    ap.add_argument("--batch", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
+    args = ap.parse_args(argv)
+    workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
+    try:
+        r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir))
+    finally:
+        if not args.dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"kills={r['kills']} restarts={r['restarts']} files={r['files']} records={r['records']} "
+          f"batches={r['batches_completed']} batches_rerun={r['batches_rerun']} "
+          f"records_lost={r['records_lost']} duplicates={r['duplicate_files']} "
+          f"words_lost={r['words_lost']} words_extra={r['words_extra']}")
+    if r["recovery_s"]:
+        print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
+              f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")
+    print("OK: nothing lost, nothing counted twice" if r["ok"] else "FAILED")
+    return 0 if r["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

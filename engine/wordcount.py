@@ -1,0 +1,138 @@
+"""The main job: a local Spark streaming word count over files appearing in a directory.
+
+    python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
+
+* ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
+  one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
+  id, so a verifier knows what to expect). Without it, files are expected from elsewhere (the
+  drill writes them).
+* ``WORKDIR/output/batch-<ms>.json``: one file per batch time, ``{"batch_ms", "files",
+  "counts"}``, replaced atomically if the batch runs again after a restart: output is idempotent.
+* ``WORKDIR/checkpoint``: the checkpoint; restarting with the same WORKDIR resumes from it.
+
+One line per completed batch goes to stdout (``batch <ms> files=<n> scheduling=<ms> ...``).
+SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import signal
+import sys
+import threading
+import time
+
+WORDS = ["spark", "stream", "wal", "checkpoint", "batch", "driver", "executor", "record", "block",
+         "offset", "commit", "state", "window", "python", "fsync", "crash"]
+
+
+def file_lines(file_id: int) -> list[str]:
+    """The content of generated file ``file_id``: 3 lines of 3-7 words."""
+    return [" ".join([f"f{file_id}"] + [WORDS[(file_id * 7 + line * 3 + j) % len(WORDS)]
+                                        for j in range(3 + (file_id + line) % 5)])
+            for line in range(3)]
+
+
+def expected_counts(file_ids) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for i in file_ids:
+        for line in file_lines(i):
+            for w in line.split()[1:]:
+                counts[w] = counts.get(w, 0) + 1
+    return counts
+
+
+def write_input_file(input_dir: str, file_id: int) -> None:
+    """Write atomically (temp file, then rename), stamped with the time it appears."""
+    tmp = os.path.join(input_dir, f".f{file_id}.tmp")
+    with open(tmp, "w") as f:
+        f.write("\n".join(file_lines(file_id)) + "\n")
+    now = time.time()
+    os.utime(tmp, (now, now))
+    os.replace(tmp, os.path.join(input_dir, f"f{file_id:06d}.txt"))
+
+
+def build(sc, workdir: str, batch: float):
+    from engine import StreamingContext, StreamingListener
+    from wal import resolve
+
+    input_dir = os.path.join(workdir, "input")
+    out_storage, out_dir = resolve(os.path.join(workdir, "output"))
+    out_storage.makedirs(out_dir)
+
+    class Progress(StreamingListener):
+        def onBatchCompleted(self, batchCompleted):
+            info = batchCompleted.batchInfo()
+            files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
+            print(f"batch {info.batch_time_ms} files={files} scheduling={info.scheduling_delay_ms}ms "
+                  f"processing={info.processing_delay_ms}ms total={info.total_delay_ms}ms", flush=True)
+
+    def setup():
+        ssc = StreamingContext(sc, batch)
+        ssc.checkpoint(os.path.join(workdir, "checkpoint"))
+        lines = ssc.textFileStream(input_dir, newFilesOnly=False).map(str.split).filter(bool)
+
+        def save(t, rdd):
+            batch_ms = int(round(t.timestamp() * 1000))
+            files = sorted(rdd.map(lambda ws: ws[0]).distinct().collect())
+            if not files:
+                return
+            counts = dict(rdd.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
+                          .reduceByKey(operator.add).collect())
+            body = json.dumps({"batch_ms": batch_ms, "files": files, "counts": counts}, sort_keys=True)
+            out_storage.put(out_storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
+
+        lines.foreachRDD(save)
+        ssc.addStreamingListener(Progress())
+        return ssc
+
+    return StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="wordcount-run", help="work directory (input/output/checkpoint)")
+    ap.add_argument("--batch", type=float, default=1.0, help="batch duration in seconds")
+    ap.add_argument("--files", type=int, default=20, help="files the bundled generator writes (0: none)")
+    ap.add_argument("--seconds", type=float, default=25, help="run time (0: until stopped)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    workdir = os.path.abspath(args.dir)
+    os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
+
+    from pyspark import SparkConf, SparkContext
+
+    conf = (SparkConf().setMaster("local[2]").setAppName("sparkwal-wordcount")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1"))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    ssc = build(sc, workdir, args.batch)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def generate() -> None:
+        existing = len([n for n in os.listdir(os.path.join(workdir, "input")) if n.endswith(".txt")])
+        for i in range(existing, args.files):
+            if stop.wait(args.batch):
+                return
+            write_input_file(os.path.join(workdir, "input"), i)
+
+    ssc.start()
+    threading.Thread(target=generate, daemon=True).start()
+    deadline = time.monotonic() + args.seconds if args.seconds else None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        if ssc.awaitTerminationOrTimeout(0.2):
+            break
+    ssc.stop(stopSparkContext=True, stopGraceFully=True)
+    outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
+    print(f"stopped; {len(outputs)} batch outputs in {os.path.join(workdir, 'output')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""The kill-and-restart drill, short: the word count app killed with SIGKILL (driver and JVM)
+at random moments loses no record and counts none twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.drill import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_drill_loses_nothing_and_duplicates_nothing(tmp_path):
+    r = run(kills=2, files=12, batch=1.0, seed=3, workdir=str(tmp_path))
+    assert r["restarts"] == 2
+    assert r["files_missing"] == [] and r["records_lost"] == 0
+    assert r["duplicate_files"] == 0 and r["words_extra"] == 0 and r["words_lost"] == 0
+    assert len(r["recovery_s"]) == 2
