@@ -72,14 +72,20 @@ class WordCountApp:
         return create
 
 
-def test_file_stream_and_state_recover_after_a_stop(spark_context, tmp_path):
+def started_app(sc, tmp_path):
+    """A WordCountApp on tmp_path/in and tmp_path/ckpt, started on a manual clock at 0."""
     indir, ckpt = tmp_path / "in", tmp_path / "ckpt"
     indir.mkdir()
-    app = WordCountApp(spark_context, indir, ckpt)
-
+    app = WordCountApp(sc, indir, ckpt)
     clock, done = ManualClock(0), Completed()
     ssc = StreamingContext.getOrCreate(str(ckpt), app.setup(clock, done))
     ssc.start()
+    return app, ssc, clock, done
+
+
+def test_file_stream_and_state_recover_after_a_stop(spark_context, tmp_path):
+    app, ssc, clock, done = started_app(spark_context, tmp_path)
+    indir, ckpt = app.indir, app.ckpt
     put_file(indir, "a.txt", "x y x", 400)
     clock.advance(500)
     done.wait_for(500)
@@ -103,12 +109,8 @@ def test_file_stream_and_state_recover_after_a_stop(spark_context, tmp_path):
 
 
 def test_a_changed_graph_is_refused_naming_the_difference(spark_context, tmp_path):
-    indir, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    indir.mkdir()
-    app = WordCountApp(spark_context, indir, ckpt)
-    clock, done = ManualClock(0), Completed()
-    ssc = StreamingContext.getOrCreate(str(ckpt), app.setup(clock, done))
-    ssc.start()
+    app, ssc, clock, done = started_app(spark_context, tmp_path)
+    indir, ckpt = app.indir, app.ckpt
     clock.advance(500)
     done.wait_for(500)
     ssc.stop(stopSparkContext=False)
