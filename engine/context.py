@@ -70,6 +70,7 @@ class StreamingContext:
         self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
         self._checkpoints_written = 0
         self._terminated = threading.Event()
+        self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self._error: BaseException | None = None
         self._lock = threading.RLock()
         jobs = concurrentJobs or int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
@@ -175,6 +176,7 @@ class StreamingContext:
         with self._lock:
             if self._state == STOPPED:
                 return
+            self._stopping = True
             if self._state == ACTIVE:
                 self._generator.timer.stop()
                 if stopGraceFully:
@@ -273,6 +275,9 @@ class StreamingContext:
                 log.warning("listener %r failed in %s", listener, callback, exc_info=True)
 
     def _report_error(self, error: BaseException, time_ms: int | None) -> None:
+        if self._stopping:
+            log.info("batch %s ended by stop(): %s", time_ms, error)
+            return
         log.error("error in batch %s: %s", time_ms, error)
         if self._error is None:
             self._error = error

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,9 +134,22 @@ class JobScheduler:
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending, timeout_s)
 
-    def cancel_all(self) -> None:
-        for t in self.pending_times():
-            self._ssc.sparkContext.cancelJobGroup(job_group(t))
+    def cancel_all(self, timeout_s: float = 5.0) -> None:
+        """Cancel the Spark jobs of every pending batch. A job group only cancels jobs already
+        submitted, so keep cancelling until the batches end (a job may start just after)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pending = self.pending_times()
+            if not pending:
+                return
+            for t in pending:
+                self._ssc.sparkContext.cancelJobGroup(job_group(t))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("batches %s still running after cancelling them for %s s", pending, timeout_s)
+                return
+            with self._lock:
+                self._lock.wait_for(lambda: not self._pending, min(0.1, remaining))
 
     def stop(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)

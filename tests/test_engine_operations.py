@@ -350,3 +350,31 @@ def test_context_states(spark_context):
         ssc.start()
     with pytest.raises(ValueError):
         StreamingContext(spark_context, 0)
+
+
+def test_stop_cancels_a_running_batch_without_reporting_an_error(spark_context):
+    import time as _time
+
+    h = Harness(spark_context)
+    started = threading.Event()
+    src = h.ssc.queueStream([[1, 2]])
+
+    def slow(rdd):
+        started.set()
+        rdd.map(lambda x: _time.sleep(60)).collect()
+
+    src.foreachRDD(slow)
+    h.ssc.start()
+    h.clock.advance(500)
+    assert started.wait(60)
+    deadline = _time.monotonic() + 60
+    while not spark_context.statusTracker().getActiveJobsIds():  # the slow Spark job is running
+        assert _time.monotonic() < deadline
+        started.wait(0.05)
+    t0 = _time.monotonic()
+    h.ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    assert _time.monotonic() - t0 < 30  # the Spark job was cancelled, not waited for
+    assert h.ssc.awaitTerminationOrTimeout(1)  # and its cancellation is no error of the app
+    t1 = _time.monotonic()
+    assert spark_context.parallelize([1, 2, 3]).count() == 3  # the SparkContext is fine...
+    assert _time.monotonic() - t1 < 30  # ...and its cores were freed by the cancellation
