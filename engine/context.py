@@ -10,7 +10,7 @@ import fsspec
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
-from tracker import InputInfoTracker, StreamInputInfo
+from tracker import InputInfoTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock
 
 from .dstream import DStream, TransformedDStream, UnionDStream, _ms
@@ -286,7 +286,7 @@ class StreamingContext:
     def _report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:
         try:
             self._input_infos.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
-        except Exception:  # noqa: BLE001  (a re-generated batch reports again)
+        except TrackerError:  # a re-generated batch (after a restart) reports its input again
             pass
 
     def _max_remember_ms(self) -> int:

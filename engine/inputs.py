@@ -18,9 +18,6 @@ class InputDStream(DStream):
         super().__init__(ssc, [], ssc._batch_ms)
         ssc._graph.add_input(self)
 
-    def is_time_valid(self, time_ms: int) -> bool:
-        return super().is_time_valid(time_ms)
-
     def checkpoint_data(self) -> dict:
         """What recovery needs to regenerate this stream's RDDs (msgpack-serialisable)."""
         return {}

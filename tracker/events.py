@@ -25,7 +25,6 @@ from wal import RecordHandle
 
 FORMAT_VERSION = 1
 ADD, ALLOC, CLEAN = 1, 2, 3  #: the event kinds, second element of every record
-_ADD, _ALLOC, _CLEAN = ADD, ALLOC, CLEAN
 _tuple_new = tuple.__new__
 _object_new = object.__new__
 
@@ -76,8 +75,6 @@ def block_from_raw(v: list) -> ReceivedBlockInfo:
     return info
 
 
-_block = block_from_raw
-
 
 @dataclass(frozen=True)
 class BlockAdditionEvent:
@@ -100,12 +97,12 @@ Event = BlockAdditionEvent | BatchAllocationEvent | BatchCleanupEvent
 
 def encode_event(event: Event) -> bytes:
     if isinstance(event, BlockAdditionEvent):
-        body = [FORMAT_VERSION, _ADD, event.block._encode()]
+        body = [FORMAT_VERSION, ADD, event.block._encode()]
     elif isinstance(event, BatchAllocationEvent):
-        body = [FORMAT_VERSION, _ALLOC, event.time_ms,
+        body = [FORMAT_VERSION, ALLOC, event.time_ms,
                 [[sid, [b._encode() for b in blocks]] for sid, blocks in event.blocks.items()]]
     elif isinstance(event, BatchCleanupEvent):
-        body = [FORMAT_VERSION, _CLEAN, list(event.times_ms)]
+        body = [FORMAT_VERSION, CLEAN, list(event.times_ms)]
     else:
         raise TypeError(f"not a tracker event: {event!r}")
     return msgpack.packb(body, use_bin_type=True)
@@ -129,10 +126,10 @@ def decode_raw(data: bytes) -> list:
 def decode_event(data: bytes) -> Event:
     v = decode_raw(data)
     kind = v[1]
-    if kind == _ADD:
-        return BlockAdditionEvent(_block(v[2]))
-    if kind == _ALLOC:
-        return BatchAllocationEvent(v[2], {sid: [_block(b) for b in blocks] for sid, blocks in v[3]})
-    if kind == _CLEAN:
+    if kind == ADD:
+        return BlockAdditionEvent(block_from_raw(v[2]))
+    if kind == ALLOC:
+        return BatchAllocationEvent(v[2], {sid: [block_from_raw(b) for b in blocks] for sid, blocks in v[3]})
+    if kind == CLEAN:
         return BatchCleanupEvent(list(v[2]))
     raise EventFormatError(f"unknown tracker event kind {kind}")
