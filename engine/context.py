@@ -10,7 +10,7 @@ import fsspec
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
-from tracker import InputInfoTracker, StreamInputInfo, TrackerError
+from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock
 
 from .dstream import DStream, TransformedDStream, UnionDStream, _ms
@@ -69,6 +69,9 @@ class StreamingContext:
         self._snapshots: dict[int, dict[int, str]] = {}  # stream index -> time -> state snapshot
         self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
         self._checkpoints_written = 0
+        self._block_tracker: ReceivedBlockTracker | None = None  # made by start()
+        self._cleanup_floors: dict[int, list[int]] = {}  # checkpoint time -> oldest batch it may re-run
+        self._floors_lock = threading.Lock()  # not self._lock: stop() holds that while the writer ends
         self._terminated = threading.Event()
         self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self._error: BaseException | None = None
@@ -82,6 +85,11 @@ class StreamingContext:
     @property
     def sparkContext(self) -> SparkContext:
         return self._sc
+
+    @property
+    def receivedBlockTracker(self) -> ReceivedBlockTracker | None:
+        """The tracker every batch asks for its received blocks first (None before start())."""
+        return self._block_tracker
 
     def _check_not_started(self, what: str) -> None:
         if self._state != INITIALIZED:
@@ -145,6 +153,7 @@ class StreamingContext:
             if active is not None and active._state == ACTIVE:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
+            self._block_tracker = self._make_block_tracker()
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
                                                            on_written=self._on_checkpoint_written)
@@ -190,6 +199,7 @@ class StreamingContext:
                 self._generator.stop()
                 if self._checkpoint_writer is not None:
                     self._checkpoint_writer.stop()
+                self._block_tracker.stop()
             self._state = STOPPED
             with StreamingContext._active_lock:
                 if StreamingContext._active is self:
@@ -267,6 +277,21 @@ class StreamingContext:
 
     # ------------------------------------------------------------------ internals
 
+    def _make_block_tracker(self) -> ReceivedBlockTracker:
+        """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
+        checkpoint directory (recovered on restart) unless
+        ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
+        Spark: an acknowledged block must survive the driver)."""
+        ids = [s.input_id for s in self._graph.inputs if s.receiver_based]
+        enabled = self._sc.getConf().get("spark.streaming.receiver.writeAheadLog.enable", "true")
+        logged = bool(ids) and self._checkpoint_dir is not None and enabled.lower() == "true"
+        return ReceivedBlockTracker(ids, self._checkpoint_dir if logged else None, clock=self._clock,
+                                    recover_from_wal=logged and self._restored is not None)
+
+    def _cleanup_old_blocks(self, thresh_ms: int) -> None:
+        if thresh_ms < self._clock.now_ms():
+            self._block_tracker.cleanup_old_batches(thresh_ms)
+
     def _post(self, callback: str, event) -> None:
         for listener in list(self._listeners):
             try:
@@ -320,8 +345,14 @@ class StreamingContext:
                 self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))
 
     def _on_checkpoint_written(self, time_ms: int) -> None:
-        """Delete retired state snapshots once two newer checkpoints (a main file and its .bk)
-        that no longer reference them are durable."""
+        """Once a checkpoint is durable, forget the block allocations no restart from it can need
+        (older than its pending batches and the remember duration), and delete retired state
+        snapshots once two newer checkpoints (a main file and its .bk) no longer reference them."""
+        with self._floors_lock:
+            floor = self._cleanup_floors[time_ms].pop(0)
+            if not self._cleanup_floors[time_ms]:
+                del self._cleanup_floors[time_ms]
+        self._cleanup_old_blocks(min(floor, time_ms - self._max_remember_ms()))
         self._checkpoints_written += 1
         keep = []
         for written_then, path in self._retired_snapshots:
@@ -348,4 +379,7 @@ class StreamingContext:
             "inputs": {str(s.input_id): s.checkpoint_data() for s in self._graph.inputs},
             "state": {str(i): {str(t): p for t, p in times.items()} for i, times in self._snapshots.items()},
         }
-        self._checkpoint_writer.write(Checkpoint(time_ms, self._scheduler.pending_times(), data))
+        pending = self._scheduler.pending_times()
+        with self._floors_lock:
+            self._cleanup_floors.setdefault(time_ms, []).append(min([time_ms, *pending]))
+        self._checkpoint_writer.write(Checkpoint(time_ms, pending, data))

@@ -14,6 +14,8 @@ from .dstream import DStream
 class InputDStream(DStream):
     """A stream with no parent; its slide is the batch duration."""
 
+    receiver_based = False  # True: its data arrives as blocks tracked by the ReceivedBlockTracker
+
     def __init__(self, ssc):
         super().__init__(ssc, [], ssc._batch_ms)
         ssc._graph.add_input(self)

@@ -181,6 +181,7 @@ class JobGenerator:
     def generate_jobs(self, time_ms: int) -> None:
         ssc = self._ssc
         try:
+            ssc._block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
             jobs = ssc._graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
             ssc._report_error(e, time_ms)
@@ -200,6 +201,8 @@ class JobGenerator:
         ssc = self._ssc
         ssc._graph.clear_metadata(time_ms)
         ssc._do_checkpoint(time_ms, clear_later=True)
+        if ssc._checkpoint_writer is None:  # else once the checkpoint is durable
+            ssc._cleanup_old_blocks(time_ms - ssc._max_remember_ms())
         ssc._input_infos.cleanup(time_ms - ssc._max_remember_ms())
         with self._processed:
             self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)

@@ -10,6 +10,8 @@ import threading
 import pytest
 
 from engine import CheckpointMismatchError, StreamingContext, StreamingListener
+from engine.inputs import InputDStream
+from tracker import ReceivedBlockInfo
 from wal import ManualClock
 
 
@@ -153,3 +155,73 @@ def test_files_present_at_a_fresh_start(spark_context, tmp_path, new_files_only)
     done.wait_for(500)
     ssc.stop(stopSparkContext=False)
     assert seen == ([] if new_files_only else ["old"])
+
+
+class BlockIdsInput(InputDStream):
+    """A receiver-based input as receivers plug in: a batch is the ids of the blocks the
+    context's ReceivedBlockTracker allocated to it."""
+
+    receiver_based = True
+
+    def compute(self, time_ms):
+        blocks = self._ssc.receivedBlockTracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
+        return self._sc.parallelize([b.block_id for b in blocks], 1)
+
+
+def test_batches_take_their_blocks_from_the_tracker_and_keep_them_across_a_restart(spark_context, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    seen, reruns = {}, []
+
+    def setup(clock, done):
+        def create():
+            ssc = StreamingContext(spark_context, 0.5, clock=clock)
+            ssc.checkpoint(str(ckpt))
+
+            def record(t, rdd):
+                ids = sorted(rdd.collect())
+                if ms(t) in seen:
+                    reruns.append((ms(t), ids))
+                seen[ms(t)] = ids
+            BlockIdsInput(ssc).foreachRDD(record)
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(str(ckpt), setup(clock, done))
+    ssc.start()
+    for block in ("b1", "b2"):
+        assert ssc.receivedBlockTracker.add_block(ReceivedBlockInfo(0, 1, block))
+    clock.advance(500)
+    done.wait_for(500)
+    ssc.receivedBlockTracker.add_block(ReceivedBlockInfo(0, 1, "b3"))
+    clock.advance(500)
+    done.wait_for(1000)
+    ssc.receivedBlockTracker.add_block(ReceivedBlockInfo(0, 1, "b4"))  # logged, not yet allocated
+    ssc.stop(stopSparkContext=False)
+    assert (ckpt / "receivedBlockMetadata").is_dir()
+
+    clock2, done2 = ManualClock(1200), Completed()
+    ssc2 = StreamingContext.getOrCreate(str(ckpt), setup(clock2, done2))
+    ssc2.start()  # re-runs 1000 with its logged allocation; b4 goes to the first new batch
+    done2.wait_for(1000)
+    clock2.advance(300)
+    done2.wait_for(1500)
+    ssc2.stop(stopSparkContext=False)
+    assert seen == {500: ["b1", "b2"], 1000: ["b3"], 1500: ["b4"]}
+    assert reruns == [(1000, ["b3"])]
+
+
+def test_without_a_checkpoint_batches_still_allocate_and_old_ones_are_forgotten(spark_context):
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    BlockIdsInput(ssc).foreachRDD(lambda rdd: None)
+    ssc.addStreamingListener(done)
+    ssc.start()
+    for t in range(500, 3001, 500):
+        clock.advance(500)
+        done.wait_for(t)
+    ssc.stop(stopSparkContext=False)
+    times = ssc.receivedBlockTracker.allocated_batch_times()
+    assert ssc.receivedBlockTracker.wal is None
+    assert times[-1] == 3000 and 500 not in times  # allocated every batch, cleaned past remember
