@@ -318,15 +318,17 @@ class StreamingContext:
         return max((s.remember_ms or 0) for s in self._graph.streams) if self._graph.streams else 0
 
     def _checkpoint_rdd(self, stream: DStream, time_ms: int, rdd: RDD) -> None:
-        """Cut the lineage of a stateful stream's RDD (kept by the next job that uses it)."""
-        if self._checkpoint_dir is not None:
-            rdd.checkpoint()
-        else:
+        """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
+        stream's RDD, when the context checkpoints, is cut later by its snapshot instead (see
+        ``_snapshot_state``); others are checkpointed locally (no files to clean up)."""
+        if not (stream.must_checkpoint and self._checkpoint_dir is not None):
             rdd.localCheckpoint()
 
     def _snapshot_state(self, time_ms: int) -> None:
-        """Save the state RDDs of stateful streams due at ``time_ms`` (data, as pickle files);
-        keep the two newest snapshots of each stream."""
+        """Save the state RDDs of stateful streams due at ``time_ms`` as pickle files (data, our
+        own files: referenced by the checkpoint, deleted when retired), then read the state from
+        the snapshot from now on: its lineage ends there, and an executor that loses the cached
+        state recomputes it from the snapshot. Keeps the two newest snapshots of each stream."""
         if self._checkpoint_dir is None:
             return
         for index, stream in enumerate(self._graph.streams):
@@ -339,7 +341,14 @@ class StreamingContext:
             if rdd is None or time_ms in times:
                 continue
             path = f"{self._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            fs, p = fsspec.core.url_to_fs(path)
+            if fs.exists(p):  # written by a run killed before a checkpoint referenced it
+                fs.rm(p, recursive=True)
             rdd.saveAsPickleFile(path)
+            snapshot = self._sc.pickleFile(path)
+            if stream.storage_level is not None:
+                snapshot.persist(stream.storage_level)
+            stream.replace_rdd(time_ms, rdd, snapshot)
             times[time_ms] = path
             for old in sorted(times)[:-2]:
                 self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))

@@ -7,7 +7,9 @@ The drill writes input files at a steady pace (one per batch interval, also whil
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
 Python driver and its JVM) with SIGKILL after a random 3-10 s, restarts it on the same work
 directory, and after the last kill lets it run until every file is counted. It then checks the
-per-batch outputs against the input: every file counted in exactly one batch, word totals exact.
+per-batch outputs against the input: every file counted in exactly one batch, word totals exact,
+and the running totals kept by ``updateStateByKey`` (restored from checkpoints after each kill)
+equal to the sum of the batches' counts at every batch.
 Printed: kills, restarts, batches re-run, records lost, duplicates, and recovery time (kill to the
 first newer batch completed) p50/p95. Exit status 1 if anything was lost or duplicated.
 """
@@ -150,6 +152,13 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     duplicates = sum(n - 1 for n in seen.values() if n > 1)
     lost_words = sum(max(0, n - observed.get(w, 0)) for w, n in expected.items())
     extra_words = sum(max(0, n - expected.get(w, 0)) for w, n in observed.items())
+    running: dict[str, int] = {}
+    state_mismatches = 0  # batches whose running totals (updateStateByKey) disagree with the counts
+    for o in sorted(outputs, key=lambda o: o["batch_ms"]):
+        for w, n in o["counts"].items():
+            running[w] = running.get(w, 0) + n
+        state_mismatches += o["totals"] != running
+    final_totals = max(outputs, key=lambda o: o["batch_ms"])["totals"] if outputs else {}
     completed = [b for r in runs for _, b in r.batches()]
     result = {
         "kills": kills, "restarts": len(runs) - 1, "files": files, "records": records_expected,
@@ -158,11 +167,13 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
         "records_lost": sum(len(file_lines(int(f[1:]))) for f in missing_files),
         "files_missing": missing_files, "duplicate_files": duplicates,
         "words_lost": lost_words, "words_extra": extra_words,
+        "state_mismatches": state_mismatches, "final_totals_exact": final_totals == expected,
         "recovery_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
         "recovery_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
         "recovery_s": recovery_s,
     }
-    result["ok"] = not missing_files and not duplicates and not lost_words and not extra_words
+    result["ok"] = (not missing_files and not duplicates and not lost_words and not extra_words
+                    and not state_mismatches and result["final_totals_exact"])
     return result
 
 
@@ -183,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kills={r['kills']} restarts={r['restarts']} files={r['files']} records={r['records']} "
           f"batches={r['batches_completed']} batches_rerun={r['batches_rerun']} "
           f"records_lost={r['records_lost']} duplicates={r['duplicate_files']} "
-          f"words_lost={r['words_lost']} words_extra={r['words_extra']}")
+          f"words_lost={r['words_lost']} words_extra={r['words_extra']} "
+          f"state_mismatches={r['state_mismatches']} final_totals_exact={r['final_totals_exact']}")
     if r["recovery_s"]:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")

@@ -42,6 +42,7 @@ class DStream:
         self.dependencies = dependencies
         self.slide_ms = slide_ms if slide_ms is not None else dependencies[0].slide_ms
         self.generated_rdds: dict[int, RDD] = {}
+        self._superseded: dict[int, RDD] = {}  # replaced RDDs, maybe still used by running jobs
         self.zero_time_ms: int | None = None
         self.remember_ms: int | None = None
         self.storage_level: StorageLevel | None = None
@@ -101,14 +102,22 @@ class DStream:
                 self.generated_rdds[time_ms] = rdd
             return rdd
 
+    def replace_rdd(self, time_ms: int, old: RDD, new: RDD) -> None:
+        """Serve ``new`` (same contents, e.g. read back from a snapshot) for ``time_ms`` from now
+        on; ``old`` stays cached until the time is forgotten, as jobs may still be using it."""
+        with self._lock:
+            if self.generated_rdds.get(time_ms) is old:
+                self.generated_rdds[time_ms] = new
+                self._superseded[time_ms] = old
+
     def clear_metadata(self, time_ms: int) -> None:
         """Forget RDDs older than ``time_ms - remember``; unpersist them."""
         with self._lock:
-            old = [t for t in self.generated_rdds if t <= time_ms - self.remember_ms]
-            for t in old:
-                rdd = self.generated_rdds.pop(t)
-                if self.storage_level is not None:
-                    rdd.unpersist(blocking=False)
+            for rdds in (self.generated_rdds, self._superseded):
+                for t in [t for t in rdds if t <= time_ms - self.remember_ms]:
+                    rdd = rdds.pop(t)
+                    if self.storage_level is not None:
+                        rdd.unpersist(blocking=False)
         for d in self.dependencies:
             d.clear_metadata(time_ms)
 

@@ -6,8 +6,10 @@
   one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
   id, so a verifier knows what to expect). Without it, files are expected from elsewhere (the
   drill writes them).
-* ``WORKDIR/output/batch-<ms>.json``: one file per batch time, ``{"batch_ms", "files",
-  "counts"}``, replaced atomically if the batch runs again after a restart: output is idempotent.
+* ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
+  "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
+  ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
+  restart: output is idempotent.
 * ``WORKDIR/checkpoint``: the checkpoint; restarting with the same WORKDIR resumes from it.
 
 One line per completed batch goes to stdout (``batch <ms> files=<n> scheduling=<ms> ...``).
@@ -74,18 +76,26 @@ def build(sc, workdir: str, batch: float):
         ssc = StreamingContext(sc, batch)
         ssc.checkpoint(os.path.join(workdir, "checkpoint"))
         lines = ssc.textFileStream(input_dir, newFilesOnly=False).map(str.split).filter(bool)
+        words = lines.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
+        totals = words.updateStateByKey(lambda new, total: sum(new) + (total or 0))
+
+        def tag(batch_lines, batch_totals):
+            """One RDD of ((kind, key), n): lines per file, words counted, running totals."""
+            return (batch_lines.flatMap(lambda ws: [(("file", ws[0]), 1)] + [(("word", w), 1) for w in ws[1:]])
+                    .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
 
         def save(t, rdd):
             batch_ms = int(round(t.timestamp() * 1000))
-            files = sorted(rdd.map(lambda ws: ws[0]).distinct().collect())
-            if not files:
+            out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
+            for (kind, key), n in rdd.reduceByKey(operator.add).collect():
+                out[kind][key] = n
+            if not out["file"]:
                 return
-            counts = dict(rdd.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
-                          .reduceByKey(operator.add).collect())
-            body = json.dumps({"batch_ms": batch_ms, "files": files, "counts": counts}, sort_keys=True)
+            body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "counts": out["word"],
+                               "totals": out["total"]}, sort_keys=True)
             out_storage.put(out_storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
 
-        lines.foreachRDD(save)
+        lines.transformWith(tag, totals).foreachRDD(save)
         ssc.addStreamingListener(Progress())
         return ssc
 

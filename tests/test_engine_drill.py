@@ -1,5 +1,6 @@
 """The kill-and-restart drill, short: the word count app killed with SIGKILL (driver and JVM)
-at random moments loses no record and counts none twice."""
+at random moments loses no record, counts none twice, and its updateStateByKey running totals
+survive every kill."""
 
 from __future__ import annotations
 
@@ -15,4 +16,5 @@ def test_short_drill_loses_nothing_and_duplicates_nothing(tmp_path):
     assert r["restarts"] == 2
     assert r["files_missing"] == [] and r["records_lost"] == 0
     assert r["duplicate_files"] == 0 and r["words_extra"] == 0 and r["words_lost"] == 0
+    assert r["state_mismatches"] == 0 and r["final_totals_exact"]
     assert len(r["recovery_s"]) == 2

@@ -1,0 +1,139 @@
+"""Stateful streams: updateStateByKey and the incremental (inverse) windowed reduce keep a bounded
+lineage over many batches (Spark's SPARK-6847 scenario), and across a restart their state comes
+from the snapshots the checkpoint references, not from re-reading old input."""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import pytest
+
+from engine import CheckpointMismatchError, StreamingContext
+from wal import ManualClock
+
+from test_engine_recovery import Completed, ms, put_file
+
+
+def lineage_depth(rdd) -> int:
+    return rdd.toDebugString().count(b"\n")
+
+
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["snapshots", "local-checkpoints"])
+def test_state_lineage_stays_bounded(spark_context, tmp_path, checkpointing):
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    if checkpointing:
+        ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.queueStream([], default=spark_context.parallelize([("k", 1)], 1))
+    state = stream.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
+    after = state.map(lambda kv: kv)  # a stream after the state (SPARK-6847's shape)
+    depths: dict[int, int] = {}
+    values: dict[int, list] = {}
+
+    def record(t, rdd):
+        depths[ms(t)] = lineage_depth(rdd)
+        values[ms(t)] = rdd.collect()
+
+    after.foreachRDD(record)
+    ssc.addStreamingListener(done)
+    ssc.start()
+    n = 40
+    for i in range(1, n + 1):
+        clock.advance(500)
+        done.wait_for(500 * i)
+    ssc.stop(stopSparkContext=False)
+
+    assert values[500 * n] == [("k", n)]
+    early = max(depths[500 * i] for i in range(5, 15))
+    late = max(depths[500 * i] for i in range(n - 10, n + 1))
+    assert late <= early, f"lineage grew from {early} to {late} lines"
+
+
+class SnapshotApp:
+    """Running totals (updateStateByKey) and an incremental 2.5 s window over a file stream,
+    both snapshotted every second."""
+
+    def __init__(self, sc, tmp_path):
+        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+        self.indir.mkdir()
+        self.totals: dict[int, list] = {}
+        self.windows: dict[int, list] = {}
+
+    def setup(self, clock, done):
+        def create():
+            ssc = StreamingContext(self.sc, 0.5, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            pairs = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
+            totals = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
+            totals.foreachRDD(lambda t, rdd: self.totals.__setitem__(ms(t), sorted(rdd.collect())))
+            windows = pairs.reduceByKeyAndWindow(operator.add, operator.sub, 2.5, 0.5,
+                                                 filterFunc=lambda kv: kv[1] > 0).checkpoint(1.0)
+            windows.foreachRDD(lambda t, rdd: self.windows.__setitem__(ms(t), sorted(rdd.collect())))
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+
+def words_at(t: int) -> str:
+    return " ".join(["a"] * (1 + t // 500 % 3) + ["b"] * (t // 1000 % 2))
+
+
+def expected_window(t: int) -> list:
+    c = Counter()
+    for u in range(max(500, t - 2000), t + 1, 500):
+        c.update(words_at(u).split())
+    return sorted(c.items())
+
+
+def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_context, tmp_path):
+    app = SnapshotApp(spark_context, tmp_path)
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
+    ssc.start()
+    for t in range(500, 4001, 500):
+        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
+        clock.advance(500)
+        done.wait_for(t)
+    ssc.stop(stopSparkContext=False)
+    snapshots = sorted(p.name for p in (app.ckpt / "state").iterdir())
+    assert snapshots and all("-" in n for n in snapshots)
+
+    # The oldest input is gone: only snapshots can restore the state. (Input within a window of
+    # the restart stays: the incremental window subtracts those batches as they leave it.)
+    for t in range(500, 1501, 500):
+        (app.indir / f"{t}.txt").unlink()
+    clock2, done2 = ManualClock(4200), Completed()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2))
+    ssc2.start()  # re-runs 4000
+    done2.wait_for(4000)
+    for t in range(4500, 6001, 500):
+        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
+        clock2.advance(500)
+        done2.wait_for(t)
+    ssc2.stop(stopSparkContext=False)
+    ssc2.awaitTerminationOrTimeout(0)
+
+    expected_totals = Counter()
+    for t in range(500, 6001, 500):
+        expected_totals.update(words_at(t).split())
+        assert app.totals[t] == sorted(expected_totals.items()), f"totals at {t}"
+        assert app.windows[t] == expected_window(t), f"window at {t}"
+
+
+def test_a_missing_snapshot_is_named(spark_context, tmp_path):
+    app = SnapshotApp(spark_context, tmp_path)
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
+    ssc.start()
+    for t in range(500, 2001, 500):
+        clock.advance(500)
+        done.wait_for(t)
+    ssc.stop(stopSparkContext=False)
+    victim = sorted((app.ckpt / "state").iterdir())[0]
+    for f in sorted(victim.rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    victim.rmdir()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()))
+    with pytest.raises(CheckpointMismatchError, match=f"state snapshot .*{victim.name}.* is missing"):
+        ssc2.start()
