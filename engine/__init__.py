@@ -10,9 +10,11 @@ from .context import CheckpointMismatchError, StreamingContext, StreamingContext
 from .dstream import DStream
 from .listener import (StreamingListener, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted)
+from .snapshot import SnapshotError
 
 __all__ = [
-    "BatchInfo", "CheckpointMismatchError", "DStream", "StreamingContext", "StreamingContextStateError", "StreamingListener",
+    "BatchInfo", "CheckpointMismatchError", "DStream", "SnapshotError", "StreamingContext",
+    "StreamingContextStateError", "StreamingListener",
     "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
     "StreamingListenerBatchSubmitted",
 ]

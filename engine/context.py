@@ -6,7 +6,6 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-import fsspec
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
@@ -18,6 +17,7 @@ from .graph import DStreamGraph
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener
 from .scheduler import JobGenerator, JobScheduler
+from .snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class StreamingContext:
         self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self._error: BaseException | None = None
         self._lock = threading.RLock()
-        jobs = concurrentJobs or int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
+        self._conf = sparkContext.getConf()  # a copy, read once: each getConf() is a JVM round trip
+        jobs = concurrentJobs or int(self._conf.get("spark.streaming.concurrentJobs", "1"))
         self._scheduler = JobScheduler(self, jobs)
         self._generator = JobGenerator(self)
 
@@ -157,11 +158,17 @@ class StreamingContext:
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
                                                            on_written=self._on_checkpoint_written)
-            if self._restored is None:
-                first = self._generator.timer.start_time()
-                self._graph.start(first - self._batch_ms)
-            else:
-                first = self._restart()
+            try:
+                if self._restored is None:
+                    first = self._generator.timer.start_time()
+                    self._graph.start(first - self._batch_ms)
+                else:
+                    first = self._restart()
+            except BaseException:
+                if self._checkpoint_writer is not None:
+                    self._checkpoint_writer.stop()
+                self._block_tracker.stop()
+                raise
             self._generator.timer.start(first)
             self._state = ACTIVE
             StreamingContext._active = self
@@ -189,7 +196,7 @@ class StreamingContext:
             if self._state == ACTIVE:
                 self._generator.timer.stop()
                 if stopGraceFully:
-                    timeout = float(self._sc.getConf().get("spark.streaming.gracefulStopTimeout",
+                    timeout = float(self._conf.get("spark.streaming.gracefulStopTimeout",
                                                            str(10 * self._batch_ms / 1000)))
                     if not self._scheduler.wait_idle(timeout):
                         log.warning("graceful stop: batches still running after %s s", timeout)
@@ -259,18 +266,23 @@ class StreamingContext:
         cp = self._restored
         zero = cp.data["zero_time_ms"]
         self._graph.start(zero)
-        for index, times in self._snapshots.items():
-            stream = self._graph.streams[index]
-            for t, path in times.items():
-                fs, p = fsspec.core.url_to_fs(path)
-                if not fs.exists(p):
-                    raise CheckpointMismatchError(
-                        f"state snapshot {path} of batch {t}, referenced by the checkpoint of batch "
-                        f"{cp.checkpoint_time_ms}, is missing; the state cannot be restored")
-                stream.generated_rdds[t] = self._sc.pickleFile(path)
         restart = self._generator.timer.restart_time(zero)
         down = list(range(cp.checkpoint_time_ms, restart, self._batch_ms))
         times = sorted({t for t in [*cp.pending_times_ms, *down] if t < restart})
+        first = times[0] if times else restart
+        for index, snapshots in self._snapshots.items():
+            stream = self._graph.streams[index]
+            # the newest snapshot at or before the first re-run batch suffices (and any newer)
+            base = max((t for t in snapshots if t <= first), default=min(snapshots, default=0))
+            for t in sorted(t for t in snapshots if t >= base):
+                path = snapshots[t]
+                try:
+                    rdd = read_snapshot(self._sc, path)
+                except SnapshotError as e:
+                    raise CheckpointMismatchError(
+                        f"{e}; it holds the state of batch {t}, referenced by the checkpoint of batch "
+                        f"{cp.checkpoint_time_ms}: the state cannot be restored") from None
+                stream.generated_rdds[t] = rdd  # not cached: re-reading a snapshot is cheap
         log.info("restarting: re-running batches %s, then new batches from %d", times, restart)
         self._generator.rerun(times)
         return restart
@@ -283,7 +295,7 @@ class StreamingContext:
         ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
         Spark: an acknowledged block must survive the driver)."""
         ids = [s.input_id for s in self._graph.inputs if s.receiver_based]
-        enabled = self._sc.getConf().get("spark.streaming.receiver.writeAheadLog.enable", "true")
+        enabled = self._conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
         logged = bool(ids) and self._checkpoint_dir is not None and enabled.lower() == "true"
         return ReceivedBlockTracker(ids, self._checkpoint_dir if logged else None, clock=self._clock,
                                     recover_from_wal=logged and self._restored is not None)
@@ -341,14 +353,10 @@ class StreamingContext:
             if rdd is None or time_ms in times:
                 continue
             path = f"{self._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
-            fs, p = fsspec.core.url_to_fs(path)
-            if fs.exists(p):  # written by a run killed before a checkpoint referenced it
-                fs.rm(p, recursive=True)
-            rdd.saveAsPickleFile(path)
-            snapshot = self._sc.pickleFile(path)
-            if stream.storage_level is not None:
-                snapshot.persist(stream.storage_level)
-            stream.replace_rdd(time_ms, rdd, snapshot)
+            write_snapshot(rdd, path)  # replaces one a run killed before its checkpoint left
+            # Not cached: reading a snapshot costs about what caching its records would, and a
+            # cached RDD cannot be pipelined with the Python function of the job that reads it.
+            stream.replace_rdd(time_ms, rdd, read_snapshot(self._sc, path))
             times[time_ms] = path
             for old in sorted(times)[:-2]:
                 self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))
@@ -367,8 +375,7 @@ class StreamingContext:
         for written_then, path in self._retired_snapshots:
             if self._checkpoints_written >= written_then + 2:
                 try:
-                    fs, p = fsspec.core.url_to_fs(path)
-                    fs.rm(p, recursive=True)
+                    delete_snapshot(path)
                 except Exception:  # noqa: BLE001
                     log.warning("could not delete old state snapshot %s", path, exc_info=True)
             else:

@@ -65,8 +65,12 @@ class DStream:
         if self.zero_time_ms is not None and self.zero_time_ms != zero_time_ms:
             raise RuntimeError(f"{self} initialized with two zero times")
         self.zero_time_ms = zero_time_ms
-        if self.must_checkpoint and self.checkpoint_ms is None:
-            self.checkpoint_ms = max(self.slide_ms, (10_000 // self.slide_ms) * self.slide_ms)
+        if self.must_checkpoint and self.checkpoint_ms is None:  # Spark's: >= 10 s, whole slides
+            self.checkpoint_ms = -(-10_000 // self.slide_ms) * self.slide_ms
+        if self.checkpoint_ms is not None and (self.checkpoint_ms < self.slide_ms
+                                               or self.checkpoint_ms % self.slide_ms):
+            raise ValueError(f"the checkpoint interval of {self} ({self.checkpoint_ms} ms) must be a "
+                             f"multiple of its slide duration ({self.slide_ms} ms)")
         minimum = self.slide_ms if self.checkpoint_ms is None else max(self.slide_ms, 2 * self.checkpoint_ms)
         if self.remember_ms is None or self.remember_ms < minimum:
             self.remember_ms = minimum

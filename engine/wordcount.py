@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=25, help="run time (0: until stopped)")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
     workdir = os.path.abspath(args.dir)
     os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
 
 from faulty_fs import FaultyFileSystem  # noqa: E402  (registers the faulty:// protocol)
 

@@ -211,6 +211,15 @@ def test_window_parameters_must_be_multiples_of_the_slide(spark_context):
         s.reduceByKeyAndWindow(operator.add, operator.sub, 0.7)
 
 
+def test_a_checkpoint_interval_must_be_a_multiple_of_the_slide(spark_context):
+    h = Harness(spark_context)
+    src = h.ssc.queueStream([[("a", 1)]])
+    src.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(0.75).foreachRDD(lambda rdd: None)
+    with pytest.raises(ValueError, match=r"checkpoint interval of StateDStream.* \(750 ms\) must be a "
+                                         r"multiple of its slide duration \(500 ms\)"):
+        h.ssc.start()
+
+
 def test_count_by_window_and_reduce_by_window(spark_context):
     inputs = [range(1), range(2), range(3), range(4), range(5), range(6)]
     check(spark_context, inputs, lambda s: s.countByWindow(1.5, .5), [[1], [3], [6], [9], [12], [15], [11], [6]],

@@ -121,19 +121,38 @@ def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_conte
         assert app.windows[t] == expected_window(t), f"window at {t}"
 
 
-def test_a_missing_snapshot_is_named(spark_context, tmp_path):
+def stopped_app_with_snapshots(spark_context, tmp_path) -> SnapshotApp:
     app = SnapshotApp(spark_context, tmp_path)
     clock, done = ManualClock(0), Completed()
     ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
     ssc.start()
     for t in range(500, 2001, 500):
+        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
         clock.advance(500)
         done.wait_for(t)
     ssc.stop(stopSparkContext=False)
-    victim = sorted((app.ckpt / "state").iterdir())[0]
-    for f in sorted(victim.rglob("*"), reverse=True):
-        f.unlink() if f.is_file() else f.rmdir()
-    victim.rmdir()
+    return app
+
+
+def test_a_missing_snapshot_is_named(spark_context, tmp_path):
+    app = stopped_app_with_snapshots(spark_context, tmp_path)
+    victim = sorted((app.ckpt / "state").glob("*.manifest"))[-1]
+    victim.unlink()
     ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()))
-    with pytest.raises(CheckpointMismatchError, match=f"state snapshot .*{victim.name}.* is missing"):
+    with pytest.raises(CheckpointMismatchError,
+                       match=f"state snapshot .* is missing or incomplete \\(no .*{victim.name}\\).*"
+                             "referenced by the checkpoint of batch 2000"):
         ssc2.start()
+
+
+def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp_path):
+    app = stopped_app_with_snapshots(spark_context, tmp_path)
+    part = sorted((app.ckpt / "state").glob("*-2000.part-*"), key=lambda p: p.stat().st_size)[-1]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()))
+    ssc2.start()  # re-runs batch 2000, whose state is that snapshot
+    with pytest.raises(Exception, match=f"state snapshot part .*{part.name} is damaged"):
+        ssc2.awaitTermination(60)
+    ssc2.stop(stopSparkContext=False)
