@@ -77,7 +77,9 @@ def build(sc, workdir: str, batch: float):
         ssc.checkpoint(os.path.join(workdir, "checkpoint"))
         lines = ssc.textFileStream(input_dir, newFilesOnly=False).map(str.split).filter(bool)
         words = lines.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
-        totals = words.updateStateByKey(lambda new, total: sum(new) + (total or 0))
+        # snapshot the state every 2 batches (Spark's default, 10 s, means re-computing up to 10
+        # batches of state after a crash: seconds of Spark jobs)
+        totals = words.updateStateByKey(lambda new, total: sum(new) + (total or 0)).checkpoint(2 * batch)
 
         def tag(batch_lines, batch_totals):
             """One RDD of ((kind, key), n): lines per file, words counted, running totals."""

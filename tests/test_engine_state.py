@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from engine import CheckpointMismatchError, StreamingContext
+from engine import CheckpointMismatchError, SnapshotError, StreamingContext
 from wal import ManualClock
 
 from test_engine_recovery import Completed, ms, put_file
@@ -86,16 +86,22 @@ def expected_window(t: int) -> list:
     return sorted(c.items())
 
 
-def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_context, tmp_path):
+def stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms: int = 2000) -> SnapshotApp:
+    """A SnapshotApp run on a manual clock up to ``last_batch_ms``, one file per batch, stopped."""
     app = SnapshotApp(spark_context, tmp_path)
     clock, done = ManualClock(0), Completed()
     ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
     ssc.start()
-    for t in range(500, 4001, 500):
+    for t in range(500, last_batch_ms + 1, 500):
         put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
         clock.advance(500)
         done.wait_for(t)
     ssc.stop(stopSparkContext=False)
+    return app
+
+
+def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_context, tmp_path):
+    app = stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms=4000)
     snapshots = sorted(p.name for p in (app.ckpt / "state").iterdir())
     assert snapshots and all("-" in n for n in snapshots)
 
@@ -121,19 +127,6 @@ def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_conte
         assert app.windows[t] == expected_window(t), f"window at {t}"
 
 
-def stopped_app_with_snapshots(spark_context, tmp_path) -> SnapshotApp:
-    app = SnapshotApp(spark_context, tmp_path)
-    clock, done = ManualClock(0), Completed()
-    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
-    ssc.start()
-    for t in range(500, 2001, 500):
-        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
-        clock.advance(500)
-        done.wait_for(t)
-    ssc.stop(stopSparkContext=False)
-    return app
-
-
 def test_a_missing_snapshot_is_named(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path)
     victim = sorted((app.ckpt / "state").glob("*.manifest"))[-1]
@@ -156,3 +149,24 @@ def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp
     with pytest.raises(Exception, match=f"state snapshot part .*{part.name} is damaged"):
         ssc2.awaitTermination(60)
     ssc2.stop(stopSparkContext=False)
+
+
+def test_snapshot_round_trip_incomplete_and_delete(spark_context, tmp_path):
+    from engine.snapshot import delete_snapshot, read_snapshot, snapshot_exists, write_snapshot
+
+    records = [(f"k{i}", {"n": i, "tags": ["x"] * (i % 3)}) for i in range(10_000)]
+    rdd = spark_context.parallelize(records, 3).filter(lambda kv: kv[1]["n"] < 9_000 or kv[0] != "k0")
+    url = str(tmp_path / "state" / "2-5000")
+    assert write_snapshot(rdd, url) == 10_000
+    assert snapshot_exists(url)
+    back = read_snapshot(spark_context, url)
+    assert back.getNumPartitions() == 3 and sorted(back.collect()) == sorted(records)
+    assert write_snapshot(spark_context.parallelize([], 2), url) == 0  # replaces the old one
+    assert read_snapshot(spark_context, url).collect() == []
+
+    (tmp_path / "state" / "2-5000.manifest").unlink()  # as if its writer died before the manifest
+    assert not snapshot_exists(url)
+    with pytest.raises(SnapshotError, match=r"2-5000 is missing or incomplete \(no .*2-5000.manifest\)"):
+        read_snapshot(spark_context, url)
+    delete_snapshot(url)
+    assert list((tmp_path / "state").iterdir()) == []
