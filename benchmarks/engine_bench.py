@@ -7,7 +7,8 @@ Rows (each engine on the same local[2] SparkContext, one after the other):
 * ``empty batches``: 0.5 s batches of an empty queue stream with one output operation that runs a
   Spark job (``rdd.count()``); per-batch scheduling + processing delay (the engine's overhead);
 * ``word count``: batches of 100,000 lines (10 words each) from a queue stream, counted with
-  flatMap/map/reduceByKey and collected; records per second of processing time.
+  flatMap/map/reduceByKey and collected, queued faster than they run so they go back to back;
+  words per second end to end (wall clock) and per second of the batches' processing time.
 
 * ``recovery``: a stateful word count (file stream, updateStateByKey over a 50,000-word
   vocabulary, state checkpointed every 2 s) runs 1 s batches on a checkpoint for ~12 s and is
@@ -116,9 +117,12 @@ def empty_batches(sc, engine: str, n: int) -> dict:
 
 
 def word_count(sc, engine: str, n: int, lines_per_batch: int = 100_000) -> dict:
+    """Batches of ``lines_per_batch`` lines queued faster than they run (0.25 s batches), so they
+    go back to back: words/s end to end (wall clock from the 2nd batch's completion to the last's)
+    and words/s of the batches' own processing time."""
     words = " ".join(f"w{i % 1000}" for i in range(10))
     data = [sc.parallelize([words] * lines_per_batch, 4) for _ in range(n)]
-    ssc = _context(sc, engine, 1.0)
+    ssc = _context(sc, engine, 0.25)
     c = _Collector(engine == "pyspark.streaming")
     ssc.addStreamingListener(_listener(c))
     counts = (ssc.queueStream(data).flatMap(str.split).map(lambda w: (w, 1))
@@ -129,7 +133,9 @@ def word_count(sc, engine: str, n: int, lines_per_batch: int = 100_000) -> dict:
     ssc.stop(stopSparkContext=False, stopGraceFully=False)
     rows = c.rows[1:n]  # the first batch warms up the workers
     busy_s = sum(p for _, _, p in rows) / 1000
-    return {"ok": ok, "records_per_s": len(rows) * lines_per_batch * 10 / busy_s}
+    span_s = c.completed_at[n - 1] - c.completed_at[1]
+    return {"ok": ok, "records_per_s": len(rows) * lines_per_batch * 10 / busy_s,
+            "end_to_end_per_s": (n - 2) * lines_per_batch * 10 / span_s}
 
 
 VOCABULARY = 50_000
@@ -215,12 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(r["max_ms"] for r in empty[engine])
         out.append(f"| empty 0.5 s batches, one count() job | {engine} | p50 {p50:.0f} ms per batch "
                    f"(worst {worst:.0f} ms) |")
-    for engine in engines:
-        rate = statistics.median(r["records_per_s"] for r in wc[engine])
-        out.append(f"| word count, 1M words per batch | {engine} | {rate:,.0f} words/s of processing time |")
-    ratio = (statistics.median(r["records_per_s"] for r in wc["sparkwal"])
-             / statistics.median(r["records_per_s"] for r in wc["pyspark.streaming"]))
-    out.append(f"| word count throughput, sparkwal / pyspark.streaming | | {ratio:.2f} (goal >= 1) |")
+    for key, what in (("end_to_end_per_s", "words/s end to end (batches back to back)"),
+                      ("records_per_s", "words/s of processing time")):
+        for engine in engines:
+            rate = statistics.median(r[key] for r in wc[engine])
+            out.append(f"| word count, 1M words per batch | {engine} | {rate:,.0f} {what} |")
+    ratio = (statistics.median(r["end_to_end_per_s"] for r in wc["sparkwal"])
+             / statistics.median(r["end_to_end_per_s"] for r in wc["pyspark.streaming"]))
+    out.append(f"| word count end to end, sparkwal / pyspark.streaming | | {ratio:.2f} (goal >= 1) |")
     for engine in engines:
         r = statistics.median(x["recovery_s"] for x in rec[engine])
         g = statistics.median(x["get_or_create_s"] for x in rec[engine])

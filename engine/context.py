@@ -100,10 +100,14 @@ class StreamingContext:
     # ------------------------------------------------------------------ configuration
 
     def checkpoint(self, directory: str) -> None:
-        """Write checkpoints (data only) to ``directory`` and checkpoint RDDs under it."""
+        """Write checkpoints (data only) and state snapshots to ``directory``, a path or any fsspec
+        URL that both the driver and Spark's tasks can reach."""
         self._check_not_started("Setting a checkpoint directory")
         self._checkpoint_dir = directory
-        self._sc.setCheckpointDir(f"{directory.rstrip('/')}/rdds")
+        if "://" not in directory or directory.startswith("file://"):
+            # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine itself
+            # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know memory:// etc.
+            self._sc.setCheckpointDir(f"{directory.rstrip('/')}/rdds")
 
     def remember(self, duration: float) -> None:
         """Keep each stream's RDDs for at least ``duration`` seconds."""
@@ -154,6 +158,7 @@ class StreamingContext:
             if active is not None and active._state == ACTIVE:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
+            self._check_snapshot_dir()
             self._block_tracker = self._make_block_tracker()
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
@@ -288,6 +293,16 @@ class StreamingContext:
         return restart
 
     # ------------------------------------------------------------------ internals
+
+    def _check_snapshot_dir(self) -> None:
+        """State snapshots are written and read by Spark's tasks, in other processes: a
+        ``memory://`` filesystem (private to each process) cannot hold them."""
+        stateful = [s for s in self._graph.streams if s.must_checkpoint]
+        if stateful and self._checkpoint_dir is not None and self._checkpoint_dir.startswith("memory://"):
+            raise ValueError(
+                f"checkpoint directory {self._checkpoint_dir}: {stateful[0]} snapshots its state "
+                "from Spark's tasks, which cannot see this process's memory:// filesystem; use a "
+                "local or shared directory")
 
     def _make_block_tracker(self) -> ReceivedBlockTracker:
         """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the

@@ -170,3 +170,11 @@ def test_snapshot_round_trip_incomplete_and_delete(spark_context, tmp_path):
         read_snapshot(spark_context, url)
     delete_snapshot(url)
     assert list((tmp_path / "state").iterdir()) == []
+
+
+def test_a_memory_checkpoint_directory_is_refused_for_state(spark_context, memory_url):
+    ssc = StreamingContext(spark_context, 0.5, clock=ManualClock(0))
+    ssc.checkpoint(memory_url)
+    ssc.queueStream([[("a", 1)]]).updateStateByKey(lambda vs, s: sum(vs)).foreachRDD(lambda rdd: None)
+    with pytest.raises(ValueError, match=r"memory://.*StateDStream.*snapshots its state from Spark's tasks"):
+        ssc.start()
