@@ -68,22 +68,17 @@ class _Collector:
 
 
 def _listener(collector: _Collector):
+    """The same listener code for both engines: only the import differs."""
     if collector.pyspark_engine:
         from pyspark.streaming.listener import StreamingListener
+    else:
+        from engine import StreamingListener
 
-        class L(StreamingListener):
-            def onBatchCompleted(self, batchCompleted):
-                info = batchCompleted.batchInfo()
-                collector.add(info.batchTime().milliseconds(), info.schedulingDelay(),
-                              info.processingDelay())
-        return L()
-    from engine import StreamingListener
-
-    class M(StreamingListener):
+    class Listener(StreamingListener):
         def onBatchCompleted(self, batchCompleted):
             info = batchCompleted.batchInfo()
-            collector.add(info.batch_time_ms, info.scheduling_delay_ms, info.processing_delay_ms)
-    return M()
+            collector.add(info.batchTime().milliseconds(), info.schedulingDelay(), info.processingDelay())
+    return Listener()
 
 
 def _run_job(action):

@@ -8,13 +8,16 @@ from tracker import BatchInfo
 
 from .context import CheckpointMismatchError, StreamingContext, StreamingContextStateError
 from .dstream import DStream
-from .listener import (StreamingListener, StreamingListenerBatchCompleted,
-                       StreamingListenerBatchStarted, StreamingListenerBatchSubmitted)
+from .listener import (OutputOperationInfo, StreamingListener, StreamingListenerBatchCompleted,
+                       StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
+                       StreamingListenerOutputOperationCompleted,
+                       StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
 from .snapshot import SnapshotError
 
 __all__ = [
     "BatchInfo", "CheckpointMismatchError", "DStream", "SnapshotError", "StreamingContext",
     "StreamingContextStateError", "StreamingListener",
-    "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
-    "StreamingListenerBatchSubmitted",
+    "OutputOperationInfo", "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
+    "StreamingListenerBatchSubmitted", "StreamingListenerOutputOperationCompleted",
+    "StreamingListenerOutputOperationStarted", "StreamingListenerStreamingStarted",
 ]

@@ -15,7 +15,7 @@ from wal import SYSTEM_CLOCK, Clock
 from .dstream import DStream, TransformedDStream, UnionDStream, _ms
 from .graph import DStreamGraph
 from .inputs import FileInputDStream, QueueInputDStream
-from .listener import StreamingListener
+from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .scheduler import JobGenerator, JobScheduler
 from .snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
 
@@ -134,6 +134,13 @@ class StreamingContext:
         self._check_not_started("Adding new inputs")
         return FileInputDStream(self, directory, newFilesOnly)
 
+    def binaryRecordsStream(self, directory: str, recordLength: int) -> DStream:
+        """Fixed-length binary records (``bytes``) of the files that appear in ``directory``."""
+        self._check_not_started("Adding new inputs")
+        if not isinstance(recordLength, int) or recordLength <= 0:
+            raise ValueError(f"recordLength must be a positive integer, got {recordLength!r}")
+        return FileInputDStream(self, directory, True, record_length=recordLength)
+
     def union(self, *dstreams: DStream) -> DStream:
         if not dstreams:
             raise ValueError("should have at least one DStream to union")
@@ -177,6 +184,7 @@ class StreamingContext:
             self._generator.timer.start(first)
             self._state = ACTIVE
             StreamingContext._active = self
+        self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops; an error raised in a batch is raised here."""

@@ -12,7 +12,7 @@ import operator
 import threading
 from datetime import datetime
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
@@ -33,6 +33,14 @@ def _time(ms: int) -> datetime:
 def _arity(func: Callable) -> int:
     code = getattr(func, "__code__", None)
     return code.co_argcount - (1 if hasattr(func, "__self__") else 0) if code else 1
+
+
+class Job(NamedTuple):
+    """One output operation's work for one batch."""
+
+    output_op_id: int
+    op_name: str
+    run: Callable[[], None]
 
 
 class DStream:
@@ -288,7 +296,7 @@ class DStream:
                 print("...")
             print("")
 
-        self.foreachRDD(take_and_print)
+        ForEachDStream(self._ssc, self, take_and_print, "pprint")
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
         """Each batch to ``<prefix>-<time ms>[.<suffix>]``; a batch already saved (a re-run after
@@ -302,7 +310,7 @@ class DStream:
                 if "FileAlreadyExistsException" not in str(e) and "already exists" not in str(e):
                     raise
 
-        self.foreachRDD(save)
+        ForEachDStream(self._ssc, self, save, "saveAsTextFiles")
 
     def slice(self, begin: datetime | float, end: datetime | float) -> list[RDD]:
         """The RDDs of this stream from ``begin`` to ``end`` (datetimes or epoch seconds)."""
@@ -494,17 +502,18 @@ class StateDStream(DStream):
 class ForEachDStream(DStream):
     """An output operation: at every batch, ``func(time, rdd)`` runs as one job."""
 
-    def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any]):
+    def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any], op_name: str = "foreachRDD"):
         super().__init__(ssc, [parent])
         self._func = func
-        ssc._graph.add_output(self)
+        self.op_name = op_name
+        self.output_op_id = ssc._graph.add_output(self)
 
     def compute(self, time_ms: int) -> RDD | None:
         return None
 
-    def generate_job(self, time_ms: int) -> Callable[[], None] | None:
+    def generate_job(self, time_ms: int) -> Job | None:
         rdd = self.dependencies[0].get_or_compute(time_ms)
         if rdd is None:
             return None
         func = self._func
-        return lambda: func(_time(time_ms), rdd)
+        return Job(self.output_op_id, self.op_name, lambda: func(_time(time_ms), rdd))

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-
-from .dstream import DStream, ForEachDStream
+from .dstream import DStream, ForEachDStream, Job
 
 
 class DStreamGraph:
@@ -23,8 +21,10 @@ class DStreamGraph:
         stream.input_id = len(self.inputs)
         self.inputs.append(stream)
 
-    def add_output(self, stream: ForEachDStream) -> None:
+    def add_output(self, stream: ForEachDStream) -> int:
+        """Register an output operation; return its id (its index)."""
         self.outputs.append(stream)
+        return len(self.outputs) - 1
 
     def validate(self) -> None:
         if not self.outputs:
@@ -37,7 +37,7 @@ class DStreamGraph:
         for o in self.outputs:
             o._remember(self.remember_ms)
 
-    def generate_jobs(self, time_ms: int) -> list[Callable[[], None]]:
+    def generate_jobs(self, time_ms: int) -> list[Job]:
         jobs = []
         for o in self.outputs:
             job = o.generate_job(time_ms)
@@ -59,6 +59,7 @@ class DStreamGraph:
         parts = []
         for i, s in enumerate(self.streams):
             deps = ",".join(str(index[id(d)]) for d in s.dependencies)
-            extra = "".join(f" {k}={getattr(s, k)}" for k in ("window_ms", "directory") if hasattr(s, k))
+            extra = "".join(f" {k}={getattr(s, k)}" for k in ("window_ms", "directory", "record_length")
+                            if getattr(s, k, None) is not None)
             parts.append(f"{i}:{type(s).__name__}(slide={s.slide_ms}{extra})<-[{deps}]")
         return "; ".join(parts)

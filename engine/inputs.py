@@ -50,7 +50,7 @@ class QueueInputDStream(InputDStream):
 
 
 class FileInputDStream(InputDStream):
-    """New text files in a directory (Spark's FileInputDStream): a batch at time t takes the files
+    """New files in a directory, as lines of text or fixed-length binary records (Spark's FileInputDStream): a batch at time t takes the files
     whose modification time is in (max(start, t - remember), t] and that no earlier batch took
     (``start`` is 0 with ``new_files_only=False``: files already there when a fresh context starts
     are taken too, within the remember window of 60 s).
@@ -60,10 +60,11 @@ class FileInputDStream(InputDStream):
 
     MIN_REMEMBER_MS = 60_000
 
-    def __init__(self, ssc, directory: str, new_files_only: bool = True):
+    def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None):
         super().__init__(ssc)
         self.directory = directory
         self.new_files_only = new_files_only
+        self.record_length = record_length  # None: lines of text; else fixed-length binary records
         self.batch_files: dict[int, list[str]] = {}
         self._recent: set[str] = set()
         self._start_threshold_ms: int | None = None
@@ -105,6 +106,8 @@ class FileInputDStream(InputDStream):
         self._ssc._report_input(time_ms, self, 0, {"files": files})
         if not files:
             return self._sc.emptyRDD()
+        if self.record_length is not None:
+            return self._sc.binaryRecords(",".join(files), self.record_length)
         return self._sc.textFile(",".join(files))
 
     def clear_metadata(self, time_ms: int) -> None:

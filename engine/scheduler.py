@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING
 
 from tracker import BatchInfo
 
-from .listener import (StreamingListenerBatchCompleted, StreamingListenerBatchStarted,
-                       StreamingListenerBatchSubmitted)
+from .dstream import Job
+from .listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
+                       StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
+                       StreamingListenerOutputOperationCompleted,
+                       StreamingListenerOutputOperationStarted)
 
 if TYPE_CHECKING:
     from .context import StreamingContext
@@ -68,7 +71,7 @@ class RecurringTimer:
 @dataclass
 class _JobSet:
     time_ms: int
-    jobs: list[Callable[[], None]]
+    jobs: list[Job]
     input_infos: dict
     submission_ms: int
     start_ms: int | None = None
@@ -91,7 +94,7 @@ class JobScheduler:
         with self._lock:
             return sorted(self._pending)
 
-    def submit(self, time_ms: int, jobs: list[Callable[[], None]], input_infos: dict) -> None:
+    def submit(self, time_ms: int, jobs: list[Job], input_infos: dict) -> None:
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
             return
@@ -102,21 +105,28 @@ class JobScheduler:
         for job in jobs:
             self._pool.submit(self._run, js, job)
 
-    def _run(self, js: _JobSet, job: Callable[[], None]) -> None:
-        sc = self._ssc.sparkContext
+    def _run(self, js: _JobSet, job: Job) -> None:
+        ssc, sc = self._ssc, self._ssc.sparkContext
         sc.setJobGroup(job_group(js.time_ms), f"streaming batch {js.time_ms}", interruptOnCancel=True)
+        now = ssc._clock.now_ms()
         with js.lock:
             first = js.start_ms is None
             if first:
-                js.start_ms = self._ssc._clock.now_ms()
+                js.start_ms = now
         if first:
-            self._ssc._post("onBatchStarted", StreamingListenerBatchStarted(js.info()))
+            ssc._post("onBatchStarted", StreamingListenerBatchStarted(js.info()))
+        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
+        ssc._post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
+        failure = None
         try:
-            job()
+            job.run()
         except BaseException as e:  # noqa: BLE001
-            self._ssc._report_error(e, js.time_ms)
+            failure = f"{type(e).__name__}: {e}"
+            ssc._report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
+        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, ssc._clock.now_ms(), failure)
+        ssc._post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
         with js.lock:
             js.done += 1
             complete = js.done == len(js.jobs)

@@ -323,6 +323,53 @@ def test_listener_sees_batch_timing(spark_context):
     assert all(i.processing_delay_ms is not None and i.total_delay_ms >= 0 for i in infos)
 
 
+class PortedListener(StreamingListener):
+    """Written against pyspark.streaming's listener API (accessor methods only)."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def onStreamingStarted(self, streamingStarted):
+        self.events.append(("started", streamingStarted.time() >= 0))
+
+    def onBatchCompleted(self, batchCompleted):
+        info = batchCompleted.batchInfo()
+        self.events.append(("batch", info.batchTime().milliseconds(), info.numRecords(),
+                            info.totalDelay() == info.schedulingDelay() + info.processingDelay() >= 0))
+
+    def onOutputOperationCompleted(self, outputOperationCompleted):
+        op = outputOperationCompleted.outputOperationInfo()
+        reason = op.failureReason()
+        self.events.append(("op", op.batchTime().milliseconds(), op.id(), op.name(),
+                            reason.split(":")[0] if reason else None, op.duration() >= 0))
+
+
+def test_a_listener_ported_from_pyspark_streaming_sees_batches_and_output_operations(spark_context, capsys):
+    h = Harness(spark_context)
+    ported = PortedListener()
+    h.ssc.addStreamingListener(ported)
+    src = h.ssc.queueStream([[1], [2]])
+    src.pprint()
+
+    def fails_in_second_batch(t, rdd):
+        if int(t.timestamp() * 1000) == 1000:
+            raise ZeroDivisionError("second batch")
+
+    src.foreachRDD(fails_in_second_batch)
+    h.ssc.start()
+    for t in (500, 1000):
+        h.clock.advance(500)
+        h.batches.wait_for(t)
+    h.ssc.stop(stopSparkContext=False)
+    with pytest.raises(ZeroDivisionError, match="second batch"):
+        h.ssc.awaitTerminationOrTimeout(0)
+    assert ported.events[0] == ("started", True)
+    assert sorted(e for e in ported.events if e[0] == "op") == [
+        ("op", 500, 0, "pprint", None, True), ("op", 500, 1, "foreachRDD", None, True),
+        ("op", 1000, 0, "pprint", None, True), ("op", 1000, 1, "foreachRDD", "ZeroDivisionError", True)]
+    assert [e for e in ported.events if e[0] == "batch"] == [("batch", 500, 0, True), ("batch", 1000, 0, True)]
+
+
 def test_an_error_in_a_batch_reaches_await_termination(spark_context):
     h = Harness(spark_context)
     src = h.ssc.queueStream([[1, 2, 3]])

@@ -225,3 +225,25 @@ def test_without_a_checkpoint_batches_still_allocate_and_old_ones_are_forgotten(
     times = ssc.receivedBlockTracker.allocated_batch_times()
     assert ssc.receivedBlockTracker.wal is None
     assert times[-1] == 3000 and 500 not in times  # allocated every batch, cleaned past remember
+
+
+def test_binary_records_stream(spark_context, tmp_path):
+    indir = tmp_path / "in"
+    indir.mkdir()
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    with pytest.raises(ValueError, match="recordLength must be a positive integer"):
+        ssc.binaryRecordsStream(str(indir), 0)
+    seen: dict[int, list] = {}
+    ssc.binaryRecordsStream(str(indir), 4).foreachRDD(
+        lambda t, rdd: seen.__setitem__(ms(t), sorted(rdd.collect())))
+    ssc.addStreamingListener(done)
+    ssc.start()
+    tmp = indir / ".r.tmp"
+    tmp.write_bytes(b"abcd" + b"efgh" + b"\x00\x01\x02\x03")
+    os.utime(tmp, (0.4, 0.4))
+    os.replace(tmp, indir / "records.bin")
+    clock.advance(500)
+    done.wait_for(500)
+    ssc.stop(stopSparkContext=False)
+    assert seen[500] == [b"\x00\x01\x02\x03", b"abcd", b"efgh"]

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class TrackerError(Exception):
     """Misuse of a tracker (e.g. reporting a batch's input twice)."""
+
+
+class Time(NamedTuple):
+    """A batch time, with the accessor of pyspark.streaming's (JVM) ``Time``."""
+
+    ms: int
+
+    def milliseconds(self) -> int:
+        return self.ms
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,13 @@ class StreamInputInfo:
     def __post_init__(self) -> None:
         if self.num_records < 0:
             raise ValueError(f"num_records must be >= 0, got {self.num_records}")
+
+    # pyspark.streaming's accessors, so ported listeners run unchanged
+    def inputStreamId(self) -> int:
+        return self.input_stream_id
+
+    def numRecords(self) -> int:
+        return self.num_records
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,39 @@ class BatchInfo:
     @property
     def num_records(self) -> int:
         return sum(i.num_records for i in self.stream_id_to_input_info.values())
+
+    # pyspark.streaming's accessors (its JavaBatchInfo: times in ms, -1 when not known yet), so
+    # listeners ported from pyspark.streaming run unchanged
+    def batchTime(self) -> Time:
+        return Time(self.batch_time_ms)
+
+    def submissionTime(self) -> int:
+        return self.submission_time_ms
+
+    def processingStartTime(self) -> int:
+        return _or_unknown(self.processing_start_time_ms)
+
+    def processingEndTime(self) -> int:
+        return _or_unknown(self.processing_end_time_ms)
+
+    def schedulingDelay(self) -> int:
+        return _or_unknown(self.scheduling_delay_ms)
+
+    def processingDelay(self) -> int:
+        return _or_unknown(self.processing_delay_ms)
+
+    def totalDelay(self) -> int:
+        return _or_unknown(self.total_delay_ms)
+
+    def numRecords(self) -> int:
+        return self.num_records
+
+    def streamIdToInputInfo(self) -> dict[int, StreamInputInfo]:
+        return dict(self.stream_id_to_input_info)
+
+
+def _or_unknown(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 class InputInfoTracker:
