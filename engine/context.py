@@ -392,7 +392,10 @@ class StreamingContext:
             floor = self._cleanup_floors[time_ms].pop(0)
             if not self._cleanup_floors[time_ms]:
                 del self._cleanup_floors[time_ms]
-        self._cleanup_old_blocks(min(floor, time_ms - self._max_remember_ms()))
+        try:  # runs on the checkpoint writer's thread, which must not die of it
+            self._cleanup_old_blocks(min(floor, time_ms - self._max_remember_ms()))
+        except Exception:  # noqa: BLE001
+            log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
         self._checkpoints_written += 1
         keep = []
         for written_then, path in self._retired_snapshots:

@@ -502,7 +502,8 @@ class StateDStream(DStream):
 class ForEachDStream(DStream):
     """An output operation: at every batch, ``func(time, rdd)`` runs as one job."""
 
-    def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any], op_name: str = "foreachRDD"):
+    def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any],
+                 op_name: str = "foreachRDD"):
         super().__init__(ssc, [parent])
         self._func = func
         self.op_name = op_name

@@ -83,7 +83,9 @@ def build(sc, workdir: str, batch: float):
 
         def tag(batch_lines, batch_totals):
             """One RDD of ((kind, key), n): lines per file, words counted, running totals."""
-            return (batch_lines.flatMap(lambda ws: [(("file", ws[0]), 1)] + [(("word", w), 1) for w in ws[1:]])
+            def tagged(ws):
+                return [(("file", ws[0]), 1)] + [(("word", w), 1) for w in ws[1:]]
+            return (batch_lines.flatMap(tagged)
                     .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
 
         def save(t, rdd):

@@ -367,7 +367,8 @@ def test_a_listener_ported_from_pyspark_streaming_sees_batches_and_output_operat
     assert sorted(e for e in ported.events if e[0] == "op") == [
         ("op", 500, 0, "pprint", None, True), ("op", 500, 1, "foreachRDD", None, True),
         ("op", 1000, 0, "pprint", None, True), ("op", 1000, 1, "foreachRDD", "ZeroDivisionError", True)]
-    assert [e for e in ported.events if e[0] == "batch"] == [("batch", 500, 0, True), ("batch", 1000, 0, True)]
+    batches = [e for e in ported.events if e[0] == "batch"]
+    assert batches == [("batch", 500, 0, True), ("batch", 1000, 0, True)]
 
 
 def test_an_error_in_a_batch_reaches_await_termination(spark_context):
