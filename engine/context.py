@@ -63,6 +63,7 @@ class StreamingContext:
         self._listeners: list[StreamingListener] = []
         self._input_infos = InputInfoTracker()
         self._checkpoint_dir: str | None = None
+        self._storage_options: dict | None = None  # fsspec options of the checkpoint directory
         self._checkpoint_writer: CheckpointWriter | None = None
         self._state = INITIALIZED
         self._restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
@@ -99,11 +100,13 @@ class StreamingContext:
 
     # ------------------------------------------------------------------ configuration
 
-    def checkpoint(self, directory: str) -> None:
+    def checkpoint(self, directory: str, *, storage_options: dict | None = None) -> None:
         """Write checkpoints (data only) and state snapshots to ``directory``, a path or any fsspec
-        URL that both the driver and Spark's tasks can reach."""
+        URL that both the driver and Spark's tasks can reach (``storage_options`` are that
+        filesystem's options, e.g. an S3 endpoint; tasks receive them too)."""
         self._check_not_started("Setting a checkpoint directory")
         self._checkpoint_dir = directory
+        self._storage_options = storage_options
         if "://" not in directory or directory.startswith("file://"):
             # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine itself
             # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know memory:// etc.
@@ -169,6 +172,7 @@ class StreamingContext:
             self._block_tracker = self._make_block_tracker()
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
+                                                           storage_options=self._storage_options,
                                                            on_written=self._on_checkpoint_written)
             try:
                 if self._restored is None:
@@ -234,17 +238,18 @@ class StreamingContext:
             return StreamingContext._active
 
     @staticmethod
-    def getOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext]) -> StreamingContext:
+    def getOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext], *,
+                    storage_options: dict | None = None) -> StreamingContext:
         """Build the context with ``setupFunc`` (always: checkpoints hold data, never code), then,
         if ``checkpointPath`` holds a checkpoint, restore it: the graph must be the one that wrote
         it. Unlike pyspark.streaming, changing the program's code is fine; changing its graph is
         refused with the difference named."""
-        checkpoint = read_checkpoint(checkpointPath)
+        checkpoint = read_checkpoint(checkpointPath, storage_options=storage_options)
         ssc = setupFunc()
         if not isinstance(ssc, StreamingContext):
             raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
         if ssc._checkpoint_dir is None:
-            ssc.checkpoint(checkpointPath)
+            ssc.checkpoint(checkpointPath, storage_options=storage_options)
         if checkpoint is not None:
             ssc._restore(checkpoint)
         return ssc
@@ -290,7 +295,7 @@ class StreamingContext:
             for t in sorted(t for t in snapshots if t >= base):
                 path = snapshots[t]
                 try:
-                    rdd = read_snapshot(self._sc, path)
+                    rdd = read_snapshot(self._sc, path, self._storage_options)
                 except SnapshotError as e:
                     raise CheckpointMismatchError(
                         f"{e}; it holds the state of batch {t}, referenced by the checkpoint of batch "
@@ -321,6 +326,7 @@ class StreamingContext:
         enabled = self._conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
         logged = bool(ids) and self._checkpoint_dir is not None and enabled.lower() == "true"
         return ReceivedBlockTracker(ids, self._checkpoint_dir if logged else None, clock=self._clock,
+                                    storage_options=self._storage_options if logged else None,
                                     recover_from_wal=logged and self._restored is not None)
 
     def _cleanup_old_blocks(self, thresh_ms: int) -> None:
@@ -376,10 +382,10 @@ class StreamingContext:
             if rdd is None or time_ms in times:
                 continue
             path = f"{self._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
-            write_snapshot(rdd, path)  # replaces one a run killed before its checkpoint left
+            write_snapshot(rdd, path, self._storage_options)  # replaces one a killed run left
             # Not cached: reading a snapshot costs about what caching its records would, and a
             # cached RDD cannot be pipelined with the Python function of the job that reads it.
-            stream.replace_rdd(time_ms, rdd, read_snapshot(self._sc, path))
+            stream.replace_rdd(time_ms, rdd, read_snapshot(self._sc, path, self._storage_options))
             times[time_ms] = path
             for old in sorted(times)[:-2]:
                 self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))
@@ -401,7 +407,7 @@ class StreamingContext:
         for written_then, path in self._retired_snapshots:
             if self._checkpoints_written >= written_then + 2:
                 try:
-                    delete_snapshot(path)
+                    delete_snapshot(path, self._storage_options)
                 except Exception:  # noqa: BLE001
                     log.warning("could not delete old state snapshot %s", path, exc_info=True)
             else:

@@ -52,9 +52,9 @@ class QueueInputDStream(InputDStream):
 class FileInputDStream(InputDStream):
     """New files in a directory, as lines of text or fixed-length binary records (Spark's
     FileInputDStream): a batch at time t takes the files whose modification time is in
-    (max(start, t - remember), t] and that no earlier batch took (``start`` is 0 with ``new_files_only=False``: files already there when a fresh context starts
-    are taken too, within the remember window of 60 s).
-    Files are expected to appear atomically (written elsewhere, then moved in); names starting with
+    (max(start, t - remember), t] and that no earlier batch took (``start`` is 0 with
+    ``new_files_only=False``: files already there when a fresh context starts are taken too,
+    within the remember window of 60 s). Files are expected to appear atomically (written elsewhere, then moved in); names starting with
     "." or "_" are ignored. The files of each batch are recovery data, so a re-run batch after a
     restart reads exactly the same files."""
 

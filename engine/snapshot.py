@@ -39,14 +39,15 @@ def _part(name: str, i: int) -> str:
     return f"{name}.part-{i:05d}"
 
 
-def write_snapshot(rdd: RDD, url: str) -> int:
-    """Write ``rdd`` as snapshot ``url`` (replacing any incomplete one); return its record count."""
-    storage, path = resolve(url)
+def write_snapshot(rdd: RDD, url: str, storage_options: dict | None = None) -> int:
+    """Write ``rdd`` as snapshot ``url`` (replacing any incomplete one); return its record count.
+    ``storage_options`` go to the tasks too."""
+    storage, path = resolve(url, storage_options)
     storage.makedirs(path.rpartition("/")[0])
-    delete_snapshot(url)
+    delete_snapshot(url, storage_options)
 
     def write_part(index, records):
-        st, p = resolve(url)
+        st, p = resolve(url, storage_options)
         buf, chunk, n = io.BytesIO(), [], 0
         for r in records:
             chunk.append(r)
@@ -66,8 +67,8 @@ def write_snapshot(rdd: RDD, url: str) -> int:
     return sum(n for _, n, _, _ in parts)
 
 
-def _manifest(url: str) -> dict:
-    storage, path = resolve(url)
+def _manifest(url: str, storage_options: dict | None) -> dict:
+    storage, path = resolve(url, storage_options)
     try:
         manifest = json.loads(storage.read_file(f"{path}.manifest"))
     except FileNotFoundError:
@@ -81,20 +82,21 @@ def _manifest(url: str) -> dict:
     return manifest
 
 
-def snapshot_exists(url: str) -> bool:
+def snapshot_exists(url: str, storage_options: dict | None = None) -> bool:
     """True if the snapshot is complete (its manifest was written)."""
-    storage, path = resolve(url)
+    storage, path = resolve(url, storage_options)
     return storage.exists(f"{path}.manifest")
 
 
-def read_snapshot(sc: SparkContext, url: str) -> RDD:
+def read_snapshot(sc: SparkContext, url: str, storage_options: dict | None = None) -> RDD:
     """The snapshot's records as an RDD with one partition per written partition. The manifest is
     read now (a missing snapshot fails here); the parts are read and checked by the tasks."""
-    parts = [(i, n, size, crc) for i, (n, size, crc) in enumerate(_manifest(url)["parts"])]
+    manifest = _manifest(url, storage_options)
+    parts = [(i, n, size, crc) for i, (n, size, crc) in enumerate(manifest["parts"])]
 
     def read_part(part):
         i, n, size, crc = part
-        st, p = resolve(url)
+        st, p = resolve(url, storage_options)
         name = _part(p, i)
         try:
             data = st.read_file(name)
@@ -116,8 +118,8 @@ def read_snapshot(sc: SparkContext, url: str) -> RDD:
     return sc.parallelize(parts, len(parts)).flatMap(read_part)
 
 
-def _files(url: str) -> list[str]:
-    storage, path = resolve(url)
+def _files(url: str, storage_options: dict | None) -> list[str]:
+    storage, path = resolve(url, storage_options)
     directory, _, base = path.rpartition("/")
     try:
         infos = storage.list_files(directory)
@@ -126,9 +128,9 @@ def _files(url: str) -> list[str]:
     return [i.path for i in infos if i.name.startswith(f"{base}.")]
 
 
-def delete_snapshot(url: str) -> None:
+def delete_snapshot(url: str, storage_options: dict | None = None) -> None:
     """Delete the manifest first (the snapshot stops being complete), then the parts."""
-    storage, _ = resolve(url)
-    files = _files(url)
+    storage, _ = resolve(url, storage_options)
+    files = _files(url, storage_options)
     for f in sorted(files, key=lambda f: not f.endswith(".manifest")):
         storage.delete(f)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 
+import fsspec
 import pytest
 
 from engine import CheckpointMismatchError, SnapshotError, StreamingContext
@@ -54,8 +55,10 @@ class SnapshotApp:
     """Running totals (updateStateByKey) and an incremental 2.5 s window over a file stream,
     both snapshotted every second."""
 
-    def __init__(self, sc, tmp_path):
-        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+    def __init__(self, sc, tmp_path, ckpt=None, storage_options=None):
+        self.sc, self.indir = sc, tmp_path / "in"
+        self.ckpt = ckpt or tmp_path / "ckpt"
+        self.options = storage_options
         self.indir.mkdir()
         self.totals: dict[int, list] = {}
         self.windows: dict[int, list] = {}
@@ -63,7 +66,7 @@ class SnapshotApp:
     def setup(self, clock, done):
         def create():
             ssc = StreamingContext(self.sc, 0.5, clock=clock)
-            ssc.checkpoint(str(self.ckpt))
+            ssc.checkpoint(str(self.ckpt), storage_options=self.options)
             pairs = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
             totals = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
             totals.foreachRDD(lambda t, rdd: self.totals.__setitem__(ms(t), sorted(rdd.collect())))
@@ -178,3 +181,35 @@ def test_a_memory_checkpoint_directory_is_refused_for_state(spark_context, memor
     ssc.queueStream([[("a", 1)]]).updateStateByKey(lambda vs, s: sum(vs)).foreachRDD(lambda rdd: None)
     with pytest.raises(ValueError, match=r"memory://.*StateDStream.*snapshots its state from Spark's tasks"):
         ssc.start()
+
+
+@pytest.mark.s3
+def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url):
+    base, options = s3_url
+    app = SnapshotApp(spark_context, tmp_path, ckpt=f"{base}/ckpt", storage_options=options)
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(app.ckpt, app.setup(clock, done), storage_options=options)
+    ssc.start()
+    for t in range(500, 2001, 500):
+        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
+        clock.advance(500)
+        done.wait_for(t)
+    ssc.stop(stopSparkContext=False)
+    fs = fsspec.filesystem("s3", **options)
+    assert any(p.endswith(".manifest") for p in fs.ls(f"{base}/ckpt/state"))
+
+    for t in range(500, 1001, 500):  # only the snapshots can restore the state now
+        (app.indir / f"{t}.txt").unlink()
+    clock2, done2 = ManualClock(2200), Completed()
+    ssc2 = StreamingContext.getOrCreate(app.ckpt, app.setup(clock2, done2), storage_options=options)
+    ssc2.start()
+    done2.wait_for(2000)
+    put_file(app.indir, "2500.txt", words_at(2500), 2400)
+    clock2.advance(300)
+    done2.wait_for(2500)
+    ssc2.stop(stopSparkContext=False)
+    ssc2.awaitTerminationOrTimeout(0)
+    expected = Counter()
+    for t in range(500, 2501, 500):
+        expected.update(words_at(t).split())
+    assert app.totals[2500] == sorted(expected.items())
