@@ -89,12 +89,17 @@ def _run_job(action):
     return output
 
 
-def _context(sc, engine: str, batch: float):
+def _context_class(engine: str):
+    """The engine's StreamingContext: the one import a port changes."""
     if engine == "pyspark.streaming":
         from pyspark.streaming import StreamingContext
     else:
         from engine import StreamingContext
-    return StreamingContext(sc, batch)
+    return StreamingContext
+
+
+def _context(sc, engine: str, batch: float):
+    return _context_class(engine)(sc, batch)
 
 
 def empty_batches(sc, engine: str, n: int) -> dict:
@@ -146,10 +151,7 @@ def _write_words_file(directory: str, i: int, rng: random.Random, lines: int = 2
 
 def recovery(sc, engine: str, warm_batches: int = 12) -> dict:
     """Seconds from getOrCreate on an existing checkpoint to the first completed batch."""
-    if engine == "pyspark.streaming":
-        from pyspark.streaming import StreamingContext
-    else:
-        from engine import StreamingContext
+    StreamingContext = _context_class(engine)  # noqa: N806
     workdir = tempfile.mkdtemp(prefix="sparkwal-recovery-bench-")
     indir, ckpt = os.path.join(workdir, "in"), os.path.join(workdir, "ckpt")
     os.makedirs(indir)
