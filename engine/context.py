@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -40,6 +41,25 @@ def _first_difference(old: str, new: str) -> str:
     if len(a) != len(b):
         return f"the checkpoint has {len(a)} streams, this program {len(b)}"
     return "the fingerprint differs"
+
+
+def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:
+    """``value`` as a path string (None stays None), or a TypeError naming the parameter."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if isinstance(path, str) and path:
+            return path
+    raise TypeError(f"{name} must be a non-empty path or URL string (or None for no checkpoint), "
+                    f"got {value!r} of type {type(value).__name__}")
+
+
+def _check_setup_func(setupFunc) -> None:
+    if setupFunc is None:
+        raise ValueError("setupFunc cannot be None")
+    if not callable(setupFunc):
+        raise TypeError(f"setupFunc must be callable, got {type(setupFunc).__name__}")
 
 
 class StreamingContext:
@@ -100,13 +120,18 @@ class StreamingContext:
 
     # ------------------------------------------------------------------ configuration
 
-    def checkpoint(self, directory: str, *, storage_options: dict | None = None) -> None:
+    def checkpoint(self, directory: str | os.PathLike | None, *,
+                   storage_options: dict | None = None) -> None:
         """Write checkpoints (data only) and state snapshots to ``directory``, a path or any fsspec
         URL that both the driver and Spark's tasks can reach (``storage_options`` are that
-        filesystem's options, e.g. an S3 endpoint; tasks receive them too)."""
+        filesystem's options, e.g. an S3 endpoint; tasks receive them too). None turns
+        checkpointing off, as in Spark."""
         self._check_not_started("Setting a checkpoint directory")
+        directory = _checkpoint_path(directory, "directory")
         self._checkpoint_dir = directory
-        self._storage_options = storage_options
+        self._storage_options = storage_options if directory is not None else None
+        if directory is None:
+            return
         if "://" not in directory or directory.startswith("file://"):
             # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine itself
             # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know memory:// etc.
@@ -238,26 +263,35 @@ class StreamingContext:
             return StreamingContext._active
 
     @staticmethod
-    def getOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext], *,
-                    storage_options: dict | None = None) -> StreamingContext:
+    def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
+                    *, storage_options: dict | None = None) -> StreamingContext:
         """Build the context with ``setupFunc`` (always: checkpoints hold data, never code), then,
         if ``checkpointPath`` holds a checkpoint, restore it: the graph must be the one that wrote
         it. Unlike pyspark.streaming, changing the program's code is fine; changing its graph is
-        refused with the difference named."""
-        checkpoint = read_checkpoint(checkpointPath, storage_options=storage_options)
+        refused with the difference named. ``checkpointPath=None`` (as pyspark accepts) reads and
+        sets no checkpoint: the context is ``setupFunc()``'s, as it made it."""
+        path = _checkpoint_path(checkpointPath)
+        _check_setup_func(setupFunc)
+        checkpoint = None if path is None else read_checkpoint(path, storage_options=storage_options)
         ssc = setupFunc()
         if not isinstance(ssc, StreamingContext):
             raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
-        if ssc._checkpoint_dir is None:
-            ssc.checkpoint(checkpointPath, storage_options=storage_options)
+        if path is not None and ssc._checkpoint_dir is None:
+            ssc.checkpoint(path, storage_options=storage_options)
         if checkpoint is not None:
             ssc._restore(checkpoint)
         return ssc
 
     @staticmethod
-    def getActiveOrCreate(checkpointPath: str, setupFunc: Callable[[], StreamingContext]
-                          ) -> StreamingContext:
-        return StreamingContext.getActive() or StreamingContext.getOrCreate(checkpointPath, setupFunc)
+    def getActiveOrCreate(checkpointPath: str | os.PathLike | None,
+                          setupFunc: Callable[[], StreamingContext], *,
+                          storage_options: dict | None = None) -> StreamingContext:
+        """The active context if there is one, else :meth:`getOrCreate`'s (``checkpointPath``
+        may be None, as in pyspark)."""
+        _checkpoint_path(checkpointPath)
+        _check_setup_func(setupFunc)
+        return StreamingContext.getActive() or StreamingContext.getOrCreate(
+            checkpointPath, setupFunc, storage_options=storage_options)
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         data = checkpoint.data

@@ -49,16 +49,46 @@ class QueueInputDStream(InputDStream):
         return self._default if self._default is not None else self._sc.emptyRDD()
 
 
+def _list_files(directory: str) -> list[tuple[str, int]]:
+    """(path, modification time in whole ms) of the candidate files in ``directory``: regular
+    files whose names do not start with "." or "_" (files being written). A missing directory
+    has none."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    found = []
+    for e in entries:
+        if e.name.startswith((".", "_")):
+            continue
+        try:
+            if e.is_file():
+                found.append((e.path, e.stat().st_mtime_ns // 1_000_000))
+        except FileNotFoundError:  # moved away between the listing and the stat
+            continue
+    return found
+
+
 class FileInputDStream(InputDStream):
     """New files in a directory, as lines of text or fixed-length binary records (Spark's
-    FileInputDStream): a batch at time t takes the files whose modification time is in
-    (max(start, t - remember), t] and that no earlier batch took (``start`` is 0 with
-    ``new_files_only=False``: files already there when a fresh context starts are taken too,
-    within the remember window of 60 s). Files are expected to appear atomically (written elsewhere, then moved in); names starting with
-    "." or "_" are ignored. The files of each batch are recovery data, so a re-run batch after a
-    restart reads exactly the same files."""
+    FileInputDStream). Files are expected to appear atomically (written elsewhere, then moved
+    in); names starting with "." or "_" are ignored. A batch at time t takes the files whose
+    modification time is in (threshold, t] and that no earlier batch took, where threshold is
+    max(start, t - remember) and remember is 60 s rounded up to whole batches.
+
+    ``start`` is taken when the stream is created, as Spark does, not when the context starts,
+    so a file that appears at any moment after the stream exists is read. A filesystem stamps
+    files from a coarse clock that can lag this process's clock (a jiffy on Linux, a second on
+    object stores, two on FAT), so ``start`` is the creation time less ``MTIME_SLACK_MS``, and
+    the files already there at creation with a modification time inside that slack are
+    remembered by (path, mtime) and skipped: old files are ignored exactly, new ones never
+    lost. With ``new_files_only=False`` start is 0: files already there when a fresh context
+    starts are taken too, within the remember window. A file is never taken twice: each batch's
+    files are remembered until they fall out of the remember window, and the files of each
+    batch are recovery data, so a re-run batch after a restart reads exactly the same files."""
 
     MIN_REMEMBER_MS = 60_000
+    MTIME_SLACK_MS = 2_000
 
     def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None):
         super().__init__(ssc)
@@ -67,8 +97,13 @@ class FileInputDStream(InputDStream):
         self.record_length = record_length  # None: lines of text; else fixed-length binary records
         self.batch_files: dict[int, list[str]] = {}
         self._recent: set[str] = set()
-        self._start_threshold_ms: int | None = None
         self._files_lock = threading.Lock()
+        self._start_threshold_ms = 0
+        self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
+        if new_files_only:
+            self._start_threshold_ms = ssc._clock.now_ms() - self.MTIME_SLACK_MS
+            self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory)
+                                      if mtime > self._start_threshold_ms}
 
     @property
     def remember_files_ms(self) -> int:
@@ -76,24 +111,13 @@ class FileInputDStream(InputDStream):
 
     def _initialize(self, zero_time_ms: int) -> None:
         super()._initialize(zero_time_ms)
-        if self._start_threshold_ms is None:  # a fresh start (not restored from a checkpoint)
-            self._start_threshold_ms = self._ssc._clock.now_ms() if self.new_files_only else 0
         self.remember_ms = max(self.remember_ms, self.remember_files_ms)
 
     def _find_new_files(self, time_ms: int) -> list[str]:
         threshold = max(self._start_threshold_ms, time_ms - self.remember_files_ms)
-        found = []
-        try:
-            entries = list(os.scandir(self.directory))
-        except FileNotFoundError:
-            return []
-        for e in entries:
-            if e.name.startswith((".", "_")) or not e.is_file():
-                continue
-            mtime = int(e.stat().st_mtime * 1000)
-            if threshold < mtime <= time_ms and e.path not in self._recent:
-                found.append(e.path)
-        return sorted(found)
+        return sorted(path for path, mtime in _list_files(self.directory)
+                      if threshold < mtime <= time_ms and path not in self._recent
+                      and (path, mtime) not in self._present_at_start)
 
     def compute(self, time_ms: int) -> RDD | None:
         with self._files_lock:
@@ -113,16 +137,20 @@ class FileInputDStream(InputDStream):
     def clear_metadata(self, time_ms: int) -> None:
         super().clear_metadata(time_ms)
         with self._files_lock:
-            for t in [t for t in self.batch_files if t <= time_ms - self.remember_files_ms]:
+            forget = time_ms - self.remember_files_ms
+            for t in [t for t in self.batch_files if t <= forget]:
                 self._recent.difference_update(self.batch_files.pop(t))
+            self._present_at_start = {(p, m) for p, m in self._present_at_start if m > forget}
 
     def checkpoint_data(self) -> dict:
         with self._files_lock:
             return {"batch_files": {str(t): list(f) for t, f in self.batch_files.items()},
-                    "start_threshold_ms": self._start_threshold_ms}
+                    "start_threshold_ms": self._start_threshold_ms,
+                    "present_at_start": sorted([p, m] for p, m in self._present_at_start)}
 
     def restore(self, data: dict) -> None:
         with self._files_lock:
             self.batch_files = {int(t): list(f) for t, f in data.get("batch_files", {}).items()}
             self._recent = {f for files in self.batch_files.values() for f in files}
-            self._start_threshold_ms = data.get("start_threshold_ms")
+            self._start_threshold_ms = data.get("start_threshold_ms") or 0
+            self._present_at_start = {(p, m) for p, m in data.get("present_at_start", [])}
