@@ -64,10 +64,10 @@ def write_events(root: str, n_events: int) -> int:
             if allocations % 100 == 0:
                 batch.append(encode_event(BatchCleanupEvent([t - 60_000 + k * 500 for k in range(100)])))
         if len(batch) >= 10_000:
-            log.write_batch(batch, t)
+            log.write_many(batch, t)
             written, batch = written + len(batch), []
     if batch:
-        log.write_batch(batch, t)
+        log.write_many(batch, t)
         written += len(batch)
     log.close()
     return written

@@ -35,7 +35,7 @@ def test_group_commit(backend):
     url, options, object_store = backend
     log = BatchedWriteAheadLog(FileBasedWriteAheadLog(
         url, storage_options=options, close_file_after_write=object_store))
-    handles = log.wrapped.write_batch([b"a", b"b", b"c"], 5)
+    handles = log.wrapped.write_many([b"a", b"b", b"c"], 5)
     assert [log.read(h) for h in handles] == [b"a", b"b", b"c"]
     assert log.statistics().syncs == 1
     log.close()

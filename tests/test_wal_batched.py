@@ -22,13 +22,13 @@ class GatedLog(WriteAheadLog):
         self.closed = False
 
     def write(self, data, time_ms):
-        return self.write_batch([data], time_ms)[0]
+        return self.write_many([data], time_ms)[0]
 
-    def write_batch(self, records, time_ms):
+    def write_many(self, records, time_ms):
         self.calls.append((list(records), time_ms))
         self.entered.set()
         self.gate.wait()
-        return self.inner.write_batch(records, time_ms)
+        return self.inner.write_many(records, time_ms)
 
     def read(self, handle):
         return self.inner.read(handle)

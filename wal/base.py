@@ -70,9 +70,14 @@ class WriteAheadLog(ABC):
     @abstractmethod
     def write(self, data: bytes, time_ms: int) -> RecordHandle: ...
 
-    def write_batch(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
-        """Write several records; implementations make them durable with one barrier."""
+    def write_many(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
+        """Write several records, each keeping its own handle (same order); implementations make
+        them durable with one write and one barrier."""
         return [self.write(r, time_ms) for r in records]
+
+    def write_batch(self, records: Sequence[bytes], time_ms: int) -> list[RecordHandle]:
+        """The earlier name of :meth:`write_many` (an alias: override ``write_many``)."""
+        return self.write_many(records, time_ms)
 
     # Group-commit hooks: BatchedWriteAheadLog calls ``prepare`` on each writer's own thread
     # (while it would otherwise just wait) and hands the prepared records of one group to
@@ -82,7 +87,7 @@ class WriteAheadLog(ABC):
         return data
 
     def write_prepared(self, prepared: list, time_ms: int) -> list[RecordHandle]:
-        return self.write_batch(prepared, time_ms)
+        return self.write_many(prepared, time_ms)
 
     @abstractmethod
     def read(self, handle: RecordHandle) -> bytes: ...

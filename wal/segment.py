@@ -43,7 +43,7 @@ HEADER = struct.pack(">4sHH", MAGIC, FORMAT_VERSION, 8)
 HEADER_LEN = len(HEADER)
 FRAME_HEADER = struct.Struct(">III")
 FRAME_HEADER_LEN = FRAME_HEADER.size
-_LEN_CRC = struct.Struct(">II")
+LEN_CRC = struct.Struct(">II")
 MAX_RECORD = 0xFFFF_FFFF
 READ_CHUNK = 4 << 20
 
@@ -71,7 +71,7 @@ def frame_header(payload: bytes) -> bytes:
     n = len(payload)
     if n > MAX_RECORD:
         raise WalError(f"record of {n} bytes exceeds the {MAX_RECORD}-byte limit")
-    head = _LEN_CRC.pack(n, crc32c(payload))
+    head = LEN_CRC.pack(n, crc32c(payload))
     return head + crc32c(head).to_bytes(4, "big")
 
 

@@ -86,9 +86,18 @@ class AppendFile(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def fileno(self) -> int | None:
+        """The OS descriptor appends may go to directly (``os.write``, then ``size`` updated by
+        the caller), or None when appends must go through :meth:`append`."""
+        return None
+
 
 class Lock(ABC):
     """A held single-writer lock."""
+
+    #: False when the lock cannot be lost while held (an OS lock), so writers need not call
+    #: :meth:`check` before each write.
+    needs_check: bool = True
 
     @abstractmethod
     def check(self) -> None:
@@ -210,6 +219,9 @@ class _LocalAppendFile(AppendFile):
     def sync(self) -> None:
         os.fdatasync(self._fd)
 
+    def fileno(self) -> int | None:
+        return self._fd
+
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
         os.fdatasync(self._fd)
@@ -222,6 +234,8 @@ class _LocalAppendFile(AppendFile):
 
 
 class _LocalLock(Lock):
+    needs_check = False
+
     def __init__(self, fd: int):
         self._fd = fd
 
