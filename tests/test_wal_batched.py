@@ -155,12 +155,32 @@ def test_fail_everything_in_queue_during_shutdown(tmp_path):
 
 
 def test_timeout_waiting_for_a_group_is_reported(tmp_path):
+    """A writer waiting for another writer's group gives up after the batching timeout; its
+    record, still queued, is withdrawn (never written). The leader itself is inside the wrapped
+    write, as a caller of an unbatched log would be."""
     gated = GatedLog(tmp_path)
     log = BatchedWriteAheadLog(gated, batching_timeout_s=0.2)
     gated.gate.clear()
-    with pytest.raises(WalError, match="not confirmed within 0.2 s"):
-        log.write(b"slow", 1)
+    leader, result = in_thread(log.write, b"first", 1)
+    assert gated.entered.wait(10)
+    with pytest.raises(WalError, match="not confirmed within 0.2 s .withdrawn"):
+        log.write(b"slow", 2)
+    assert log.statistics().queued_records == 0
     gated.gate.set()
+    leader.join()
+    assert "error" not in result
+    log.close()
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert list(reader.read_all()) == [b"first"]
+
+
+def test_write_many_goes_into_one_group_with_a_handle_per_record(tmp_path):
+    gated = GatedLog(tmp_path)
+    log = BatchedWriteAheadLog(gated)
+    handles = log.write_many([b"a", b"bb", b"ccc"], 7)
+    assert gated.calls == [([b"a", b"bb", b"ccc"], 7)]
+    assert [log.read(h) for h in handles] == [b"a", b"bb", b"ccc"]
+    assert log.write_many([], 8) == []
     log.close()
 
 
