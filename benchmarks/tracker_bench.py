@@ -24,7 +24,7 @@ from tracker import (WAL_DIR, BatchAllocationEvent, BatchCleanupEvent, BlockAddi
                      ReceivedBlockInfo, ReceivedBlockTracker, encode_event)
 from wal import FileBasedWriteAheadLog, RecordHandle
 
-from .wal_bench import run_writers
+from .baselines import run_writers
 
 
 def add_blocks(root: str, threads: int, per_thread: int) -> dict:

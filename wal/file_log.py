@@ -54,6 +54,7 @@ _PARALLEL_READS = 8
 _WRITEV_MIN = 4096
 # hot-path names bound once (a global or attribute lookup per record is measurable here)
 _FRAME_HEADER_PACK = FRAME_HEADER.pack
+_FRAME_HEADER_UNPACK = FRAME_HEADER.unpack_from
 _LEN_CRC_PACK = LEN_CRC.pack
 _os_write, _os_writev, _os_fdatasync = os.write, os.writev, os.fdatasync
 _new_handle = tuple.__new__  # RecordHandle(...) without the NamedTuple's Python-level __new__
@@ -189,7 +190,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         if not records:
             return []
         frames, offsets = encode_frames(records)
-        return self._write(frames, offsets, [len(r) for r in records], time_ms)
+        return self._write(frames, offsets, list(map(len, records)), time_ms)
 
     def prepare(self, data: bytes) -> bytes:
         """The record's whole frame (header + payload), built on the caller's thread."""
@@ -223,7 +224,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 s.records_written += len(lengths)
                 s.bytes_written += sum(lengths)
                 s.writes += 1
-                return [RecordHandle(path, base + o, n) for o, n in zip(offsets, lengths, strict=True)]
+                return [_new_handle(RecordHandle, (path, base + o, n))
+                        for o, n in zip(offsets, lengths, strict=True)]
         raise AssertionError("unreachable")
 
     def _write_failed(self, exc: Exception, attempt: int, records: int, time_ms: int) -> None:
@@ -348,15 +350,22 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     # ---------------------------------------------------------------- reading
 
     def read(self, handle: RecordHandle) -> bytes:
+        """The record at ``handle``: one ``pread`` of its frame, both CRCs checked."""
         if self._closed:
             raise WalError(f"{self.log_dir}: read after close()")
         path, offset, length = handle
         try:
-            head, payload = self._storage.read_frame(path, offset, FRAME_HEADER_LEN, length)
+            buf = self._storage.read_range(path, offset, FRAME_HEADER_LEN + length)
         except FileNotFoundError:
             raise WalError(f"cannot read {handle}: segment {path} does not exist "
                            "(cleaned, or written elsewhere)") from None
-        return decode_frame(head, payload, path, offset, length)
+        if len(buf) == FRAME_HEADER_LEN + length:
+            n, pcrc, hcrc = _FRAME_HEADER_UNPACK(buf, 0)
+            payload = buf[FRAME_HEADER_LEN:]  # the one copy: it is also what the CRC checks
+            if n == length and crc32c(buf[:8]) == hcrc and crc32c(payload) == pcrc:
+                return payload
+        # something failed: decode_frame names it (file, offset, what)
+        return decode_frame(buf[:FRAME_HEADER_LEN], buf[FRAME_HEADER_LEN:], path, offset, length)
 
     def read_all(self) -> Iterator[bytes]:
         """Every record in the log, oldest segment first. Lazy; safe to run while writing."""

@@ -75,16 +75,23 @@ def frame_header(payload: bytes) -> bytes:
     return head + crc32c(head).to_bytes(4, "big")
 
 
-def encode_frames(payloads: list[bytes]) -> tuple[bytes, list[int]]:
-    """All frames for ``payloads`` as one buffer, and each frame's offset within it."""
+def encode_frames(payloads) -> tuple[bytes, list[int]]:
+    """All frames for ``payloads`` as one buffer, and each frame's offset within it (one loop
+    with the framing inlined: this is ``write_many``'s per-record cost)."""
     parts: list[bytes] = []
     offsets: list[int] = []
+    add_part, add_offset = parts.append, offsets.append
+    pack3, pack2 = FRAME_HEADER.pack, LEN_CRC.pack
     pos = 0
     for p in payloads:
-        offsets.append(pos)
-        parts.append(frame_header(p))
-        parts.append(p)
-        pos += FRAME_HEADER_LEN + len(p)
+        n = len(p)
+        if n > MAX_RECORD:
+            raise WalError(f"record of {n} bytes exceeds the {MAX_RECORD}-byte limit")
+        pcrc = crc32c(p)
+        add_offset(pos)
+        add_part(pack3(n, pcrc, crc32c(pack2(n, pcrc))))
+        add_part(p)
+        pos += FRAME_HEADER_LEN + n
     return b"".join(parts), offsets
 
 

@@ -153,11 +153,6 @@ class Storage(ABC):
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer at end of file)."""
 
-    def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
-        """``head`` bytes at ``offset`` and the ``length`` bytes after them (a record's header and
-        payload); backends override it to avoid copying the payload."""
-        buf = self.read_range(path, offset, head + length)
-        return buf[:head], buf[head:]
 
     @abstractmethod
     def open_read(self, path: str) -> BinaryIO:
@@ -249,13 +244,17 @@ class _LocalLock(Lock):
 
 
 class _ReadFd:
-    """A cached read descriptor; closed once evicted (``retired``) and no reader uses it, so a
-    reader can never ``pread`` a descriptor number the OS has already handed to another file."""
+    """A cached read descriptor, closed once evicted (``retired``) and no reader uses it, so a
+    reader can never ``pread`` a descriptor number the OS has already handed to another file.
 
-    __slots__ = ("fd", "users", "retired")
+    ``users`` is a list used as a counter: ``append``/``pop`` are atomic under the GIL, so a
+    reader registers without taking a lock (a reader appends, then checks ``retired``; a retirer
+    sets ``retired``, then checks ``users``: one of the two always sees the other)."""
+
+    __slots__ = ("fd", "users", "retired", "closed")
 
     def __init__(self, fd: int):
-        self.fd, self.users, self.retired = fd, 0, False
+        self.fd, self.users, self.retired, self.closed = fd, [], False, False
 
 
 class LocalStorage(Storage):
@@ -355,6 +354,12 @@ class LocalStorage(Storage):
         return open(path, "rb", buffering=0)
 
     def _acquire_fd(self, path: str) -> _ReadFd:
+        entry = self._read_fds.get(path)  # the hot path: no lock (see _ReadFd)
+        if entry is not None:
+            entry.users.append(None)
+            if not entry.retired:
+                return entry
+            self._release_fd(entry)  # evicted meanwhile: back out, open it anew
         with self._fd_lock:
             entry = self._read_fds.get(path)
             if entry is None:
@@ -362,21 +367,26 @@ class LocalStorage(Storage):
                 self._read_fds[path] = entry
                 if len(self._read_fds) > self._MAX_READ_FDS:  # evict the oldest opened
                     self._retire(self._read_fds.popitem(last=False)[1])
-            entry.users += 1
+            entry.users.append(None)
             return entry
 
     def _release_fd(self, entry: _ReadFd) -> None:
-        with self._fd_lock:
-            entry.users -= 1
-            if entry.retired and entry.users == 0:
-                os.close(entry.fd)
+        entry.users.pop()
+        if entry.retired:
+            with self._fd_lock:
+                self._close_if_unused(entry)
 
     @staticmethod
-    def _retire(entry: _ReadFd) -> None:
+    def _close_if_unused(entry: _ReadFd) -> None:
+        """Call with ``_fd_lock`` held."""
+        if not entry.users and not entry.closed:
+            entry.closed = True
+            os.close(entry.fd)
+
+    def _retire(self, entry: _ReadFd) -> None:
         """Call with ``_fd_lock`` held."""
         entry.retired = True
-        if entry.users == 0:
-            os.close(entry.fd)
+        self._close_if_unused(entry)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         entry = self._acquire_fd(path)
@@ -384,30 +394,6 @@ class LocalStorage(Storage):
             return os.pread(entry.fd, length, offset)
         finally:
             self._release_fd(entry)
-
-    def read_frame(self, path: str, offset: int, head: int, length: int) -> tuple[bytes, bytes]:
-        # _acquire_fd/_release_fd inlined: this is the random-read hot path
-        lock = self._fd_lock
-        with lock:
-            entry = self._read_fds.get(path)
-            if entry is None:
-                lock.release()
-                try:
-                    entry = self._acquire_fd(path)
-                finally:
-                    lock.acquire()
-            else:
-                entry.users += 1
-        try:
-            if length < 4096:  # one syscall; slicing a small payload costs less than a second one
-                buf = os.pread(entry.fd, head + length, offset)
-                return buf[:head], buf[head:]
-            return os.pread(entry.fd, head, offset), os.pread(entry.fd, length, offset + head)
-        finally:
-            with lock:
-                entry.users -= 1
-                if entry.retired and entry.users == 0:
-                    os.close(entry.fd)
 
     def _forget_fd(self, path: str) -> None:
         with self._fd_lock:
