@@ -96,3 +96,59 @@ def test_batched_log_surfaces_the_wrapped_failure(faulty, memory_url):
     assert "injected write failure" in str(err.value.__cause__)
     assert log.read(log.write(b"y", 2)) == b"y"
     log.close()
+
+
+def _local_records(directory) -> list[bytes]:
+    """Every record of a local log, each segment read as a sealed one (garbage would raise)."""
+    out = []
+    for path in sorted(directory.iterdir(), key=lambda p: parse_segment_name(p.name) or (0, 0)):
+        if parse_segment_name(path.name):
+            with open(path, "rb") as f:
+                out += list(iter_segment(f, str(path), newest=False))
+    return out
+
+
+class _Injected:
+    """Makes the local fast path's next system call fail as told, once."""
+
+    def __init__(self, real, how: str):
+        self.real, self.how, self.fired = real, how, False
+
+    def __call__(self, fd, data=None):
+        if self.fired:
+            return self.real(fd) if data is None else self.real(fd, data)
+        self.fired = True
+        if self.how == "short":  # the kernel took only part of the frame
+            if isinstance(data, bytes):
+                return self.real(fd, data[:5])
+            return self.real(fd, [b"".join(data)[:5]])
+        raise OSError(5, "Input/output error (injected)")
+
+
+@pytest.mark.parametrize("call,how,size", [("_os_write", "short", 100), ("_os_write", "eio", 100),
+                                           ("_os_writev", "short", 8000), ("_os_writev", "eio", 8000),
+                                           ("_os_fdatasync", "eio", 100)])
+def test_the_local_fast_path_cuts_a_failed_write_and_retries(tmp_path, monkeypatch, call, how, size):
+    import wal.file_log as file_log
+
+    log = FileBasedWriteAheadLog(str(tmp_path), durability="fsync")
+    acked = [log.write(bytes([i]) * size, 1000 + i) for i in range(3)]  # opens the fast path
+    monkeypatch.setattr(file_log, call, _Injected(getattr(file_log, call), how))
+    survivor = log.write(b"s" * size, 1003)
+    assert getattr(file_log, call).fired
+    assert log.read(survivor) == b"s" * size and survivor.path != acked[0].path
+    assert log.statistics().write_failures == 1
+    log.write(b"after", 1004)
+    log.close()
+    assert _local_records(tmp_path) == [bytes([i]) * size for i in range(3)] + [b"s" * size, b"after"]
+
+
+def test_write_many_is_one_write_and_one_sync_with_a_handle_per_record(tmp_path):
+    log = FileBasedWriteAheadLog(str(tmp_path))
+    records = [b"x" * n for n in (0, 1, 200, 5000)]
+    handles = log.write_many(records, 1)
+    assert [log.read(h) for h in handles] == records
+    stats = log.statistics()
+    assert (stats.writes, stats.syncs, stats.records_written) == (1, 1, 4)
+    assert log.write_batch([b"alias"], 2)[0].length == 5  # the earlier name still works
+    log.close()
