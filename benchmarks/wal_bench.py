@@ -170,13 +170,14 @@ class Bench:
             return row("raw 64/write+fsync", 1, "fsync", write, raw_file, raw_close, batch)
 
         def sparkwal(impl, durability, threads=1, batched=False, many=False):
+            label = "OS (process crash; mmap)" if durability == "flush" else durability
             def open_log(d):
                 log = FileBasedWriteAheadLog(d, durability=durability)
                 return BatchedWriteAheadLog(log) if batched else log
 
             def run() -> Row:
                 write = (lambda log: log.write_many) if many else (lambda log: log.write)
-                return row(impl, threads, durability, write, open_log, log_close,
+                return row(impl, threads, label, write, open_log, log_close,
                            batch if many else payload)
             return run
 
@@ -337,10 +338,13 @@ def targets(rows: list[Row], wake_us: float) -> list[tuple[str, str, bool | None
         fsync = find(rows, "write", "raw fsync/record", size)
         for threads, goal in ((8, 0.35), (64, 0.5)):
             bound = ""
-            if raw_many and fsync:  # W writers share at most W records per sync; each costs a wake-up
-                per_sync = threads / (1e6 / fsync.rate)  # records/µs at W records per fsync
-                limit = min(per_sync * 1e6, 1e6 / wake_us if wake_us else float("inf"))
-                bound = f"; bound {limit / raw_many.rate:.2f} ({threads} per fsync, {wake_us:.0f} µs wake-up)"
+            if raw_many and fsync:
+                # W writers share at most W records per sync, and every record costs one thread
+                # wake-up, of which the machine's cores run at most one each at a time
+                cores = os.cpu_count() or 1
+                limit = min(threads * fsync.rate, cores * 1e6 / wake_us if wake_us else float("inf"))
+                bound = (f"; bound {limit / raw_many.rate:.2f} ({threads} per fsync, {cores} cores "
+                         f"x 1 wake-up per {wake_us:.0f} µs)")
             ratio(f"group commit {threads} writers vs raw 64/write+fsync loop, {size} B",
                   find(rows, "write", "sparkwal batched", size, threads), raw_many, goal, bound=bound)
     for size in SIZES:

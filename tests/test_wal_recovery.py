@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from wal import CorruptRecordError, FileBasedWriteAheadLog, WalError
-from wal.segment import FRAME_HEADER_LEN, HEADER_LEN, parse_segment_name
+from wal.segment import FRAME_HEADER_LEN, HEADER_LEN, iter_segment, parse_segment_name
 
 RECORDS = [bytes([i]) * (10 + 7 * i) for i in range(6)]
 
@@ -207,3 +207,26 @@ def test_records_are_never_older_than_their_segment_end(tmp_path):
 
 def test_header_and_frame_sizes_are_as_documented():
     assert HEADER_LEN == 8 and FRAME_HEADER_LEN == 12
+
+
+def test_a_flush_mode_segment_is_mapped_read_live_and_cut_to_size_when_sealed(tmp_path):
+    """Durability "flush" copies records into a memory map of space reserved ahead: a reader
+    sees every record while the writer runs (the reserved zeros read as the end), and sealing
+    cuts the file to its records, so no sealed segment ends in zeros."""
+    log = FileBasedWriteAheadLog(str(tmp_path), durability="flush", rolling_interval_s=1)
+    records = [b"r%d" % i * 50 for i in range(100)]
+    handles = [log.write(r, 10) for r in records]
+    live = handles[0].path
+    assert os.path.getsize(live) > handles[-1].offset + 12 + handles[-1].length  # reserved ahead
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert list(reader.read_all()) == records
+        assert reader.read(handles[42]) == records[42]
+    log.write(b"next segment", 5000)  # rolls: the first segment is sealed
+    assert os.path.getsize(live) == handles[-1].offset + 12 + handles[-1].length
+    log.close()
+    with open(live, "rb") as f:
+        assert list(iter_segment(f, live, newest=False)) == records
+    with FileBasedWriteAheadLog(str(tmp_path)) as again:
+        again.write(b"more", 6000)
+        assert again.statistics().torn_tails_truncated == 0
+        assert list(again.read_all()) == records + [b"next segment", b"more"]

@@ -1,8 +1,9 @@
 """Writer subprocess for crash tests: writes records forever, printing each one it got acknowledged.
 
-usage: python wal_writer_proc.py LOG_DIR TAG THREADS [hold]
+usage: python wal_writer_proc.py LOG_DIR TAG THREADS [hold|flush]
 Each acknowledged record ``TAG:thread:i`` is printed (and flushed) only after ``write`` returned.
-With ``hold`` it writes one record, prints ``ready`` and then blocks (a lock holder to be killed).
+With ``hold`` it writes one record, prints ``ready`` and then blocks (a lock holder to be killed);
+with ``flush`` the log's durability is "flush" (records copied into a memory-mapped segment).
 """
 
 import sys
@@ -12,8 +13,10 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog  # noqa: E402
 
 log_dir, tag, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-hold = len(sys.argv) > 4 and sys.argv[4] == "hold"
-log = FileBasedWriteAheadLog(log_dir, rolling_interval_s=0.05)
+mode = sys.argv[4] if len(sys.argv) > 4 else ""
+hold = mode == "hold"
+log = FileBasedWriteAheadLog(log_dir, rolling_interval_s=0.05,
+                             durability="flush" if mode == "flush" else "fsync")
 if threads > 1:
     log = BatchedWriteAheadLog(log)
 out_lock = threading.Lock()
