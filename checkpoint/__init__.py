@@ -3,6 +3,7 @@
 Built on the storage seam of :mod:`wal.storage` (atomic create-if-absent, atomic replace).
 """
 
+from .code import read_code, write_code
 from .dstream import Checkpoint, CheckpointWriter, CheckpointWriterStatistics, read_checkpoint
 from .errors import (BatchRangeError, CheckpointError, MalformedLogError, RestartError,
                      UnsupportedLogVersionError)
@@ -15,5 +16,5 @@ __all__ = [
     "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog",
     "OffsetMap", "OffsetSeq", "OffsetSeqLog", "OffsetSeqMetadata", "RepairPlan", "RestartError",
     "RestartPoint", "UnsupportedLogVersionError", "parse_version", "plan_repair", "read_checkpoint",
-    "repair", "resolve_restart", "verify_batch_ids",
+    "read_code", "repair", "resolve_restart", "verify_batch_ids", "write_code",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
-from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
+from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint, write_code
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock
 
@@ -17,6 +17,7 @@ from .dstream import DStream, TransformedDStream, UnionDStream, _ms
 from .graph import DStreamGraph
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
+from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
 from .snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
 
@@ -62,6 +63,13 @@ def _check_setup_func(setupFunc) -> None:
         raise TypeError(f"setupFunc must be callable, got {type(setupFunc).__name__}")
 
 
+def _setup(setupFunc) -> StreamingContext:
+    ssc = setupFunc()
+    if not isinstance(ssc, StreamingContext):
+        raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
+    return ssc
+
+
 class StreamingContext:
     """Runs a graph of DStreams on ``sparkContext`` every ``batchDuration`` seconds.
 
@@ -87,6 +95,11 @@ class StreamingContext:
         self._checkpoint_writer: CheckpointWriter | None = None
         self._state = INITIALIZED
         self._restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
+        #: How this context came to be: "new" (built by the program), "checkpoint" (rebuilt from
+        #: a checkpoint, code included) or "upgrade" (the program's graph, the checkpoint's data).
+        self.recovery = "new"
+        self._code_name: str | None = None  # the checkpoint's code part (written by start())
+        self._conf_pairs: list[list[str]] = []
         self._snapshots: dict[int, dict[int, str]] = {}  # stream index -> time -> state snapshot
         self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
         self._checkpoints_written = 0
@@ -194,6 +207,10 @@ class StreamingContext:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
             self._check_snapshot_dir()
+            if self._checkpoint_dir is not None:  # the code part first: it may refuse the graph
+                self._code_name = write_code(self._checkpoint_dir, serialize_program(self),
+                                             self._storage_options)
+                self._conf_pairs = checkpoint_conf(self._sc)
             self._block_tracker = self._make_block_tracker()
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
@@ -264,34 +281,51 @@ class StreamingContext:
 
     @staticmethod
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
-                    *, storage_options: dict | None = None) -> StreamingContext:
-        """Build the context with ``setupFunc`` (always: checkpoints hold data, never code), then,
-        if ``checkpointPath`` holds a checkpoint, restore it: the graph must be the one that wrote
-        it. Unlike pyspark.streaming, changing the program's code is fine; changing its graph is
-        refused with the difference named. ``checkpointPath=None`` (as pyspark accepts) reads and
-        sets no checkpoint: the context is ``setupFunc()``'s, as it made it."""
+                    *, upgrade: bool = False, storage_options: dict | None = None) -> StreamingContext:
+        """pyspark's contract: ``setupFunc()`` makes the context only when ``checkpointPath``
+        holds no valid checkpoint (the context is then checkpointed there); otherwise the context
+        is rebuilt from the checkpoint: its graph with every function, its inputs, state and
+        pending batches, on the active SparkContext or on one made from the checkpointed conf.
+        ``checkpointPath=None`` (as pyspark accepts) just calls ``setupFunc``.
+
+        ``upgrade=True`` is for a new version of the program: ``setupFunc`` runs, its graph must
+        be the checkpoint's (else :class:`CheckpointMismatchError` names the first difference),
+        and the checkpoint's data (inputs, state, pending batches) is applied to the new code,
+        which never runs the old code. It also recovers checkpoints written before they held
+        the program's code. Recovering without it runs the code stored in the checkpoint
+        directory: trust that directory like the program itself."""
         path = _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
-        checkpoint = None if path is None else read_checkpoint(path, storage_options=storage_options)
-        ssc = setupFunc()
-        if not isinstance(ssc, StreamingContext):
-            raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
-        if path is not None and ssc._checkpoint_dir is None:
+        if path is None:
+            return _setup(setupFunc)
+        checkpoint = read_checkpoint(path, storage_options=storage_options)
+        if checkpoint is not None and not upgrade:
+            if not checkpoint.data.get("code"):
+                raise CheckpointMismatchError(
+                    f"the checkpoint in {path} holds no program code (it was written by an earlier "
+                    "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
+                    "applies its data to the graph that setupFunc builds")
+            ssc = recover(StreamingContext, checkpoint, path, storage_options)
+            ssc.recovery = "checkpoint"
+            return ssc
+        ssc = _setup(setupFunc)
+        if ssc._checkpoint_dir is None:
             ssc.checkpoint(path, storage_options=storage_options)
         if checkpoint is not None:
             ssc._restore(checkpoint)
+            ssc.recovery = "upgrade"
         return ssc
 
     @staticmethod
     def getActiveOrCreate(checkpointPath: str | os.PathLike | None,
-                          setupFunc: Callable[[], StreamingContext], *,
+                          setupFunc: Callable[[], StreamingContext], *, upgrade: bool = False,
                           storage_options: dict | None = None) -> StreamingContext:
         """The active context if there is one, else :meth:`getOrCreate`'s (``checkpointPath``
         may be None, as in pyspark)."""
         _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
-            checkpointPath, setupFunc, storage_options=storage_options)
+            checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options)
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         data = checkpoint.data
@@ -460,6 +494,8 @@ class StreamingContext:
             "zero_time_ms": self._graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in self._graph.inputs},
             "state": {str(i): {str(t): p for t, p in times.items()} for i, times in self._snapshots.items()},
+            "code": self._code_name,
+            "conf": self._conf_pairs,
         }
         pending = self._scheduler.pending_times()
         with self._floors_lock:

@@ -1,7 +1,7 @@
 """Kill-and-restart drill: the word count app, killed with SIGKILL at random moments, must lose
 nothing and count nothing twice.
 
-    python -m engine.drill [--kills 5] [--files 40] [--batch 1.0] [--seed 1] [--dir DIR]
+    python -m engine.drill [--kills 5] [--files 40] [--batch 1.0] [--seed 1] [--dir DIR] [--upgrade]
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
@@ -34,12 +34,13 @@ from .wordcount import expected_counts, file_lines, write_input_file
 class AppRun:
     """One run of the app; collects (wall time, batch ms) of each completed batch it prints."""
 
-    def __init__(self, workdir: str, batch: float):
+    def __init__(self, workdir: str, batch: float, upgrade: bool = False):
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
         self.started = time.monotonic()
+        self.recovery: str | None = None  # the path the app's restart took
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
-             "--files", "0", "--seconds", "0"],
+             "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else [])],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             start_new_session=True)
         self.completed: list[tuple[float, int]] = []
@@ -49,9 +50,17 @@ class AppRun:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            if line.startswith("batch "):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not an event (anything else the app prints)
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == "context":
+                self.recovery = event.get("recovery")
+            elif event.get("event") == "batch_completed":
                 with self.lock:
-                    self.completed.append((time.monotonic(), int(line.split()[1])))
+                    self.completed.append((time.monotonic(), int(event["batch_ms"])))
 
     def batches(self) -> list[tuple[float, int]]:
         with self.lock:
@@ -84,7 +93,10 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
-def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print) -> dict:
+def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print,
+        upgrade: bool = False) -> dict:
+    """``upgrade``: every restart recovers code-free (``getOrCreate(..., upgrade=True)``);
+    otherwise from the checkpoint's program, as pyspark does."""
     rng = random.Random(seed)
     input_dir = os.path.join(workdir, "input")
     os.makedirs(input_dir, exist_ok=True)
@@ -104,7 +116,7 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     pending_kill: tuple[float, int] | None = None  # (kill time, newest batch done before it)
     try:
         for k in range(kills + 1):
-            app = AppRun(workdir, batch)
+            app = AppRun(workdir, batch, upgrade)
             runs.append(app)
             if pending_kill is not None:
                 killed_at, last_batch = pending_kill
@@ -160,7 +172,9 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
         state_mismatches += o["totals"] != running
     final_totals = max(outputs, key=lambda o: o["batch_ms"])["totals"] if outputs else {}
     completed = [b for r in runs for _, b in r.batches()]
+    expected_path = "upgrade" if upgrade else "checkpoint"
     result = {
+        "recovery_paths": [r.recovery for r in runs],
         "kills": kills, "restarts": len(runs) - 1, "files": files, "records": records_expected,
         "batches_completed": len(set(completed)),
         "batches_rerun": len(completed) - len(set(completed)),
@@ -173,7 +187,8 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
         "recovery_s": recovery_s,
     }
     result["ok"] = (not missing_files and not duplicates and not lost_words and not extra_words
-                    and not state_mismatches and result["final_totals_exact"])
+                    and not state_mismatches and result["final_totals_exact"]
+                    and all(p == expected_path for p in result["recovery_paths"][1:]))
     return result
 
 
@@ -184,10 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
+    ap.add_argument("--upgrade", action="store_true",
+                    help="restarts recover code-free (getOrCreate(..., upgrade=True))")
     args = ap.parse_args(argv)
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
     try:
-        r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir))
+        r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
+                upgrade=args.upgrade)
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -195,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
           f"batches={r['batches_completed']} batches_rerun={r['batches_rerun']} "
           f"records_lost={r['records_lost']} duplicates={r['duplicate_files']} "
           f"words_lost={r['words_lost']} words_extra={r['words_extra']} "
-          f"state_mismatches={r['state_mismatches']} final_totals_exact={r['final_totals_exact']}")
+          f"state_mismatches={r['state_mismatches']} final_totals_exact={r['final_totals_exact']} "
+          f"recovery_paths={','.join(str(p) for p in r['recovery_paths'])}")
     if r["recovery_s"]:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")

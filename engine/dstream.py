@@ -18,6 +18,8 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
+from .graph import creation_site
+
 if TYPE_CHECKING:
     from .context import StreamingContext
 
@@ -57,7 +59,30 @@ class DStream:
         self.checkpoint_ms: int | None = None
         self.must_checkpoint = False
         self._lock = threading.RLock()
+        self.creation_site = creation_site()  # "map at app.py:12": names it in errors
         ssc._graph.register(self)
+
+    # ------------------------------------------------------------------ pickling (the code part)
+
+    #: What a pickled stream leaves out: its context and what lives only in a running driver.
+    _transient = ("_ssc", "_sc", "generated_rdds", "_superseded", "_lock")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in self._transient:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in self._transient:
+            setattr(self, name, None)
+        self.generated_rdds, self._superseded = {}, {}
+        self._lock = threading.RLock()
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        """Bind an unpickled stream to the context that recovers it."""
+        self._ssc, self._sc = ssc, ssc.sparkContext
 
     # ------------------------------------------------------------------ machinery
 
@@ -482,6 +507,8 @@ class ReducedWindowedDStream(DStream):
 
 class StateDStream(DStream):
     """updateStateByKey: the state at ``t`` = ``func(state at t - slide, batch at t)``."""
+
+    _transient = (*DStream._transient, "_initial")  # a restart restores the state instead
 
     def __init__(self, ssc, parent: DStream, func, initial: RDD | None):
         super().__init__(ssc, [parent])

@@ -3,7 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-from .dstream import DStream, ForEachDStream, Job
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .dstream import DStream, ForEachDStream, Job
+
+_ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: The modules whose public functions are DStream operations (the main job's module is not one).
+_API_FILES = {os.path.join(_ENGINE_DIR, name) for name in ("dstream.py", "context.py", "inputs.py")}
+
+
+def creation_site() -> str:
+    """``"<operation> at <file>:<line>"``: the public engine call that is creating a stream, and
+    where the program called it (for errors that must name a DStream operation)."""
+    frame, op = sys._getframe(1), "?"
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _API_FILES:
+        if not frame.f_code.co_name.startswith("_"):
+            op = frame.f_code.co_name
+        frame = frame.f_back
+    if frame is None:
+        return op
+    return f"{op} at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 class DStreamGraph:

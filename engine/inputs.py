@@ -31,6 +31,14 @@ class InputDStream(DStream):
 class QueueInputDStream(InputDStream):
     """pyspark's ``queueStream``: one queued RDD per batch (or all of them), else ``default``."""
 
+    #: The queued RDDs live in the driver that queued them: a recovered queue stream starts
+    #: empty (Spark refuses to checkpoint queue streams at all).
+    _transient = (*InputDStream._transient, "_queue", "_default", "_queue_lock")
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._queue, self._queue_lock = deque(), threading.Lock()
+
     def __init__(self, ssc, rdds: list[RDD], one_at_a_time: bool, default: RDD | None):
         super().__init__(ssc)
         self._queue = deque(rdds)
@@ -89,6 +97,11 @@ class FileInputDStream(InputDStream):
 
     MIN_REMEMBER_MS = 60_000
     MTIME_SLACK_MS = 2_000
+    _transient = (*InputDStream._transient, "_files_lock")
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._files_lock = threading.Lock()
 
     def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None):
         super().__init__(ssc)

@@ -86,6 +86,7 @@ class _JobSet:
 class JobScheduler:
     def __init__(self, ssc: StreamingContext, concurrent_jobs: int):
         self._ssc = ssc
+        self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
         self._pending: dict[int, _JobSet] = {}
         self._lock = threading.Condition()

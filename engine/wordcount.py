@@ -1,6 +1,7 @@
 """The main job: a local Spark streaming word count over files appearing in a directory.
 
     python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
+                               [--upgrade] [--json]
 
 * ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
   one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
@@ -12,8 +13,13 @@
   restart: output is idempotent.
 * ``WORKDIR/checkpoint``: the checkpoint; restarting with the same WORKDIR resumes from it.
 
-One line per completed batch goes to stdout (``batch <ms> files=<n> scheduling=<ms> ...``).
-SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until stopped).
+On restart the context comes back from the checkpoint, program included (pyspark's
+``getOrCreate`` contract); ``--upgrade`` instead applies the checkpoint's data to this program's
+graph (code-free recovery, for a new version of the program). A line says which path was taken,
+then one line per completed batch (``batch <ms> files=<n> scheduling=<ms> ...``); with ``--json``
+these are JSON events instead (``context`` with ``recovery``, ``batch_completed``, ``stopped``),
+which is what tools read. SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until
+stopped).
 """
 
 from __future__ import annotations
@@ -57,20 +63,46 @@ def write_input_file(input_dir: str, file_id: int) -> None:
     os.replace(tmp, os.path.join(input_dir, f"f{file_id:06d}.txt"))
 
 
-def build(sc, workdir: str, batch: float):
+def _save_batch(out_url: str, t, rdd) -> None:
+    """The output operation: one JSON file per batch time that read files, replaced atomically."""
+    from wal import resolve
+
+    storage, out_dir = resolve(out_url)
+    batch_ms = int(round(t.timestamp() * 1000))
+    out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
+    for (kind, key), n in rdd.reduceByKey(operator.add).collect():
+        out[kind][key] = n
+    if not out["file"]:
+        return
+    body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "counts": out["word"],
+                       "totals": out["total"]}, sort_keys=True)
+    storage.put(storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
+
+
+def _emit(event: dict, json_events: bool, text: str) -> None:
+    print(json.dumps(event, sort_keys=True) if json_events else text, flush=True)
+
+
+def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False):
+    """The app's context: made by ``setup`` on a fresh work directory, else recovered from its
+    checkpoint (code included; with ``upgrade``, this program's graph with the checkpoint's data)."""
     from engine import StreamingContext, StreamingListener
     from wal import resolve
 
     input_dir = os.path.join(workdir, "input")
-    out_storage, out_dir = resolve(os.path.join(workdir, "output"))
+    out_url = os.path.join(workdir, "output")
+    out_storage, out_dir = resolve(out_url)
     out_storage.makedirs(out_dir)
 
     class Progress(StreamingListener):
         def onBatchCompleted(self, batchCompleted):
             info = batchCompleted.batchInfo()
             files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
-            print(f"batch {info.batch_time_ms} files={files} scheduling={info.scheduling_delay_ms}ms "
-                  f"processing={info.processing_delay_ms}ms total={info.total_delay_ms}ms", flush=True)
+            _emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
+                   "scheduling_ms": info.scheduling_delay_ms, "processing_ms": info.processing_delay_ms},
+                  json_events,
+                  f"batch {info.batch_time_ms} files={files} scheduling={info.scheduling_delay_ms}ms "
+                  f"processing={info.processing_delay_ms}ms total={info.total_delay_ms}ms")
 
     def setup():
         ssc = StreamingContext(sc, batch)
@@ -88,22 +120,17 @@ def build(sc, workdir: str, batch: float):
             return (batch_lines.flatMap(tagged)
                     .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
 
-        def save(t, rdd):
-            batch_ms = int(round(t.timestamp() * 1000))
-            out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
-            for (kind, key), n in rdd.reduceByKey(operator.add).collect():
-                out[kind][key] = n
-            if not out["file"]:
-                return
-            body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "counts": out["word"],
-                               "totals": out["total"]}, sort_keys=True)
-            out_storage.put(out_storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
-
-        lines.transformWith(tag, totals).foreachRDD(save)
-        ssc.addStreamingListener(Progress())
+        lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: _save_batch(out_url, t, rdd))
         return ssc
 
-    return StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup)
+    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup, upgrade=upgrade)
+    ssc.addStreamingListener(Progress())  # listeners are not part of a checkpoint (as in pyspark)
+    described = {"new": "a new context (no checkpoint)",
+                 "checkpoint": "recovered from the checkpoint (program and state)",
+                 "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
+    _emit({"event": "context", "recovery": ssc.recovery}, json_events,
+          f"context: {described[ssc.recovery]}")
+    return ssc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=float, default=1.0, help="batch duration in seconds")
     ap.add_argument("--files", type=int, default=20, help="files the bundled generator writes (0: none)")
     ap.add_argument("--seconds", type=float, default=25, help="run time (0: until stopped)")
+    ap.add_argument("--upgrade", action="store_true",
+                    help="recover this program's graph with the checkpoint's data (code-free)")
+    ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
@@ -126,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             .set("spark.driver.bindAddress", "127.0.0.1"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
-    ssc = build(sc, workdir, args.batch)
+    ssc = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -145,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    print(f"stopped; {len(outputs)} batch outputs in {os.path.join(workdir, 'output')}", flush=True)
+    _emit({"event": "stopped", "outputs": len(outputs)}, args.json,
+          f"stopped; {len(outputs)} batch outputs in {os.path.join(workdir, 'output')}")
     return 0
 
 

@@ -1,5 +1,9 @@
 """Driver recovery: getOrCreate restores file-stream inputs and updateStateByKey state from the
-checkpoint; a re-run batch reproduces its output; a changed graph is refused clearly."""
+checkpoint; a re-run batch reproduces its output; a changed graph is refused clearly.
+
+These apps record their outputs into this process's objects and run on manual clocks, so they
+recover with ``upgrade=True`` (the program's own graph and functions, the checkpoint's data);
+recovery of the program itself from the checkpoint is tested in test_engine_program.py."""
 
 from __future__ import annotations
 
@@ -60,15 +64,17 @@ class WordCountApp:
                 lines = lines.map(str.lower)
             counts = lines.flatMap(str.split).map(lambda w: (w, 1)).reduceByKey(operator.add)
 
+            seen, reruns, running = self.counts, self.reruns, self.totals  # not self: it holds sc
+
             def record_counts(t, rdd):
                 result = sorted(rdd.collect())
-                if ms(t) in self.counts:
-                    self.reruns.append((ms(t), result))
-                self.counts[ms(t)] = result
+                if ms(t) in seen:
+                    reruns.append((ms(t), result))
+                seen[ms(t)] = result
 
             counts.foreachRDD(record_counts)
             totals = counts.updateStateByKey(lambda vs, s: sum(vs) + (s or 0))
-            totals.foreachRDD(lambda t, rdd: self.totals.__setitem__(ms(t), sorted(rdd.collect())))
+            totals.foreachRDD(lambda t, rdd: running.__setitem__(ms(t), sorted(rdd.collect())))
             ssc.addStreamingListener(listener)
             return ssc
         return create
@@ -98,7 +104,7 @@ def test_file_stream_and_state_recover_after_a_stop(spark_context, tmp_path):
 
     put_file(indir, "c.txt", "z x", 1300)  # arrives while the driver is down
     clock2, done2 = ManualClock(1200), Completed()
-    ssc2 = StreamingContext.getOrCreate(str(ckpt), app.setup(clock2, done2))
+    ssc2 = StreamingContext.getOrCreate(str(ckpt), app.setup(clock2, done2), upgrade=True)
     ssc2.start()  # re-runs batch 1000 (the checkpoint's), then runs 1500
     done2.wait_for(1000)
     clock2.advance(300)
@@ -120,10 +126,10 @@ def test_a_changed_graph_is_refused_naming_the_difference(spark_context, tmp_pat
     changed = WordCountApp(spark_context, indir, ckpt, extra_map=True)
     with pytest.raises(CheckpointMismatchError,
                        match=r"graph changed since the checkpoint .* stream \d+ was '.*', is now '.*'"):
-        StreamingContext.getOrCreate(str(ckpt), changed.setup(ManualClock(600), Completed()))
+        StreamingContext.getOrCreate(str(ckpt), changed.setup(ManualClock(600), Completed()), upgrade=True)
     slower = WordCountApp(spark_context, indir, ckpt, batch=1.0)
     with pytest.raises(CheckpointMismatchError, match="batch duration of 500 ms, this program uses 1000 ms"):
-        StreamingContext.getOrCreate(str(ckpt), slower.setup(ManualClock(600), Completed()))
+        StreamingContext.getOrCreate(str(ckpt), slower.setup(ManualClock(600), Completed()), upgrade=True)
 
 
 def test_get_or_create_without_a_checkpoint_just_builds(spark_context, tmp_path):
@@ -202,7 +208,7 @@ def test_batches_take_their_blocks_from_the_tracker_and_keep_them_across_a_resta
     assert (ckpt / "receivedBlockMetadata").is_dir()
 
     clock2, done2 = ManualClock(1200), Completed()
-    ssc2 = StreamingContext.getOrCreate(str(ckpt), setup(clock2, done2))
+    ssc2 = StreamingContext.getOrCreate(str(ckpt), setup(clock2, done2), upgrade=True)
     ssc2.start()  # re-runs 1000 with its logged allocation; b4 goes to the first new batch
     done2.wait_for(1000)
     clock2.advance(300)

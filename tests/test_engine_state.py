@@ -69,10 +69,11 @@ class SnapshotApp:
             ssc.checkpoint(str(self.ckpt), storage_options=self.options)
             pairs = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
             totals = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
-            totals.foreachRDD(lambda t, rdd: self.totals.__setitem__(ms(t), sorted(rdd.collect())))
+            running, windowed = self.totals, self.windows  # not self: it holds the SparkContext
+            totals.foreachRDD(lambda t, rdd: running.__setitem__(ms(t), sorted(rdd.collect())))
             windows = pairs.reduceByKeyAndWindow(operator.add, operator.sub, 2.5, 0.5,
                                                  filterFunc=lambda kv: kv[1] > 0).checkpoint(1.0)
-            windows.foreachRDD(lambda t, rdd: self.windows.__setitem__(ms(t), sorted(rdd.collect())))
+            windows.foreachRDD(lambda t, rdd: windowed.__setitem__(ms(t), sorted(rdd.collect())))
             ssc.addStreamingListener(done)
             return ssc
         return create
@@ -113,7 +114,7 @@ def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_conte
     for t in range(500, 1501, 500):
         (app.indir / f"{t}.txt").unlink()
     clock2, done2 = ManualClock(4200), Completed()
-    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2))
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2), upgrade=True)
     ssc2.start()  # re-runs 4000
     done2.wait_for(4000)
     for t in range(4500, 6001, 500):
@@ -134,7 +135,8 @@ def test_a_missing_snapshot_is_named(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path)
     victim = sorted((app.ckpt / "state").glob("*.manifest"))[-1]
     victim.unlink()
-    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()))
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()),
+                                       upgrade=True)
     with pytest.raises(CheckpointMismatchError,
                        match=f"state snapshot .* is missing or incomplete \\(no .*{victim.name}\\).*"
                              "referenced by the checkpoint of batch 2000"):
@@ -147,7 +149,8 @@ def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))
-    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()))
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()),
+                                       upgrade=True)
     ssc2.start()  # re-runs batch 2000, whose state is that snapshot
     with pytest.raises(Exception, match=f"state snapshot part .*{part.name} is damaged"):
         ssc2.awaitTermination(60)
@@ -201,7 +204,8 @@ def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url)
     for t in range(500, 1001, 500):  # only the snapshots can restore the state now
         (app.indir / f"{t}.txt").unlink()
     clock2, done2 = ManualClock(2200), Completed()
-    ssc2 = StreamingContext.getOrCreate(app.ckpt, app.setup(clock2, done2), storage_options=options)
+    ssc2 = StreamingContext.getOrCreate(app.ckpt, app.setup(clock2, done2), upgrade=True,
+                                       storage_options=options)
     ssc2.start()
     done2.wait_for(2000)
     put_file(app.indir, "2500.txt", words_at(2500), 2400)

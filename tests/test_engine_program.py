@@ -1,0 +1,293 @@
+"""pyspark's getOrCreate contract: the setup function runs only when there is no checkpoint, and the
+context, functions included, comes back from it; ``upgrade=True`` is the code-free path for a new
+version of the program."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
+from engine import CheckpointMismatchError, StreamingContext, StreamingListener
+from engine.program import CheckpointSerializationError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def save_totals(directory: str, t, rdd) -> None:
+    """An output function that closes over nothing but a path (as a recoverable one must)."""
+    totals = dict(rdd.collect())
+    tmp = os.path.join(directory, ".totals.tmp")
+    with open(tmp, "w") as f:
+        json.dump(totals, f)
+    os.replace(tmp, os.path.join(directory, "totals.json"))
+
+
+def running_totals(sc, indir, outdir, calls: list, tag: str = "v1", extra_map: bool = False):
+    def setup():
+        calls.append(tag)
+        ssc = StreamingContext(sc, 0.2)
+        words = ssc.textFileStream(str(indir)).flatMap(str.split)
+        if extra_map:
+            words = words.map(str.lower)
+        totals = words.map(lambda w: (w, 1)).updateStateByKey(
+            lambda new, old: sum(new) + (old or 0)).checkpoint(0.4)
+        if tag == "v1":
+            totals.foreachRDD(lambda t, rdd: save_totals(str(outdir), t, rdd))
+        else:  # new code, same graph: the totals are written with the tag in every key
+            totals.foreachRDD(lambda t, rdd: save_totals(
+                str(outdir), t, rdd.map(lambda kv: (f"{kv[0]}@{tag}", kv[1]))))
+        return ssc
+    return setup
+
+
+class Batches(StreamingListener):
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.done = 0
+
+    def onBatchCompleted(self, batchCompleted):
+        with self.cond:
+            self.done += 1
+            self.cond.notify_all()
+
+    def wait_until(self, predicate, timeout: float = 60) -> None:
+        with self.cond:
+            assert self.cond.wait_for(predicate, timeout), "condition not reached"
+
+
+def read_totals(outdir) -> dict:
+    try:
+        with open(outdir / "totals.json") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def feed_and_wait(ssc, indir, outdir, name: str, text: str, expected: dict) -> None:
+    """Move a file in; wait until a batch's totals are ``expected``."""
+    batches = Batches()
+    ssc.addStreamingListener(batches)
+    tmp = indir / f".{name}"
+    tmp.write_text(text)
+    os.replace(tmp, indir / name)
+    batches.wait_until(lambda: read_totals(outdir) == expected)
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    indir, outdir = tmp_path / "in", tmp_path / "out"
+    indir.mkdir()
+    outdir.mkdir()
+    return indir, outdir, str(tmp_path / "ckpt")
+
+
+def test_setup_runs_only_without_a_checkpoint_and_recovery_uses_the_active_context(spark_context, dirs):
+    indir, outdir, ckpt = dirs
+    calls: list = []
+    ssc = StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls))
+    assert calls == ["v1"] and ssc.recovery == "new"
+    ssc.start()
+    feed_and_wait(ssc, indir, outdir, "a.txt", "x y x", {"x": 2, "y": 1})
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+
+    again = StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls))
+    assert calls == ["v1"], "setupFunc ran although the directory holds a checkpoint"
+    assert again.recovery == "checkpoint" and again.sparkContext is spark_context
+    assert StreamingContext.getActiveOrCreate(ckpt, lambda: calls.append("x")) is not again
+    assert calls == ["v1"]
+    again.start()
+    assert StreamingContext.getActiveOrCreate(ckpt, lambda: calls.append("x")) is again
+    feed_and_wait(again, indir, outdir, "b.txt", "y z", {"x": 2, "y": 2, "z": 1})  # state carried over
+    again.stop(stopSparkContext=False)
+    assert calls == ["v1"]
+
+
+def test_upgrade_runs_the_new_code_on_the_checkpointed_state(spark_context, dirs):
+    indir, outdir, ckpt = dirs
+    calls: list = []
+    ssc = StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls))
+    ssc.start()
+    feed_and_wait(ssc, indir, outdir, "a.txt", "x y x", {"x": 2, "y": 1})
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+
+    v2 = running_totals(spark_context, indir, outdir, calls, tag="v2")
+    upgraded = StreamingContext.getOrCreate(ckpt, v2, upgrade=True)
+    assert calls == ["v1", "v2"] and upgraded.recovery == "upgrade"
+    upgraded.start()
+    feed_and_wait(upgraded, indir, outdir, "b.txt", "y", {"x@v2": 2, "y@v2": 2})
+    upgraded.stop(stopSparkContext=False, stopGraceFully=True)
+
+    changed = running_totals(spark_context, indir, outdir, calls, tag="v3", extra_map=True)
+    with pytest.raises(CheckpointMismatchError, match="graph changed since the checkpoint"):
+        StreamingContext.getOrCreate(ckpt, changed, upgrade=True)
+    # the upgraded run wrote its own program: recovering without upgrade runs v2's code
+    recovered = StreamingContext.getOrCreate(ckpt, changed)
+    assert recovered.recovery == "checkpoint" and calls == ["v1", "v2", "v3"]
+    recovered.start()
+    feed_and_wait(recovered, indir, outdir, "c.txt", "z", {"x@v2": 2, "y@v2": 2, "z@v2": 1})
+    recovered.stop(stopSparkContext=False)
+
+
+def test_a_checkpoint_without_code_recovers_only_with_upgrade(spark_context, dirs):
+    """A checkpoint written before checkpoints held the program (today's format before this
+    change): without upgrade=True the error says what to do; with it, the data applies."""
+    indir, outdir, ckpt = dirs
+    calls: list = []
+    ssc = StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls))
+    ssc.start()
+    feed_and_wait(ssc, indir, outdir, "a.txt", "x", {"x": 1})
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+    newest = read_checkpoint(ckpt)
+    old_format = {k: v for k, v in newest.data.items() if k not in ("code", "conf")}
+    writer = CheckpointWriter(ckpt)
+    writer.write(Checkpoint(newest.checkpoint_time_ms + 1000, newest.pending_times_ms, old_format))
+    writer.stop()
+
+    with pytest.raises(CheckpointMismatchError, match="holds no program code.*upgrade=True"):
+        StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls))
+    assert calls == ["v1"]
+    upgraded = StreamingContext.getOrCreate(ckpt, running_totals(spark_context, indir, outdir, calls),
+                                            upgrade=True)
+    assert upgraded.recovery == "upgrade"
+    upgraded.start()
+    feed_and_wait(upgraded, indir, outdir, "b.txt", "x", {"x": 2})
+    upgraded.stop(stopSparkContext=False)
+
+
+def test_a_function_that_cannot_be_serialised_fails_at_start_naming_the_operation(spark_context, dirs):
+    indir, _outdir, ckpt = dirs
+    sc = spark_context
+
+    def uses_the_spark_context():
+        ssc = StreamingContext(sc, 0.5)
+        ssc.textFileStream(str(indir)).foreachRDD(lambda t, rdd: sc.parallelize([1]).count())
+        return ssc
+
+    ssc = StreamingContext.getOrCreate(ckpt, uses_the_spark_context)
+    with pytest.raises(CheckpointSerializationError) as err:
+        ssc.start()
+    message = str(err.value)
+    assert "It appears that you are attempting to reference SparkContext" in message  # pyspark's
+    assert "foreachRDD at test_engine_program.py" in message
+    assert read_checkpoint(ckpt) is None  # nothing was checkpointed
+
+    lock = threading.Lock()
+
+    def holds_a_lock():
+        ssc = StreamingContext(sc, 0.5)
+        ssc.checkpoint(ckpt)
+        ssc.textFileStream(str(indir)).map(lambda line: (lock, line)).pprint()
+        return ssc
+
+    with pytest.raises(CheckpointSerializationError, match=r"DStream 1 .*made by map at test_engine_program"):
+        holds_a_lock().start()
+    ssc2 = StreamingContext(sc, 0.5)  # without a checkpoint nothing is pickled: pyspark's rule too
+    ssc2.textFileStream(str(indir)).map(lambda line: (lock, line)).pprint()
+    ssc2.start()
+    ssc2.stop(stopSparkContext=False)
+
+
+def start_app(workdir, *extra):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "recoverable_app.py"), str(workdir), *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+
+
+def events_until(proc, predicate) -> list[dict]:
+    seen = []
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        seen.append(event)
+        if predicate(event, seen):
+            return seen
+    raise AssertionError(f"the app ended first; events: {seen}")
+
+
+def move_in(directory, name: str, text: str) -> None:
+    tmp = directory / f".{name}"
+    tmp.write_text(text)
+    os.replace(tmp, directory / name)
+
+
+def test_spark_example_pattern_survives_a_sigkill_of_the_driver(tmp_path):
+    """recoverable_network_wordcount's shape: the setup function deletes the output file. After
+    a SIGKILL of the driver's process group the restart recovers from the checkpoint without
+    calling it: the output accumulated before the kill is intact and the counts continue."""
+    (tmp_path / "in").mkdir()
+    first = start_app(tmp_path)
+    events = events_until(first, lambda e, _: e["event"] == "batch")
+    assert [e["event"] for e in events[:2]] == ["setup", "context"] and events[1]["recovery"] == "new"
+    move_in(tmp_path / "in", "1.txt", "spark wal spark")
+    events_until(first, lambda e, _: e["event"] == "batch" and (tmp_path / "totals.json").exists())
+    events_until(first, lambda e, seen: e["event"] == "batch" and len(seen) > 3)  # a checkpoint or two
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    before = (tmp_path / "out.txt").read_text()
+    assert json.loads(before.splitlines()[0])["counts"] == [["spark", 2], ["wal", 1]]
+
+    second = start_app(tmp_path)
+    try:
+        events = events_until(second, lambda e, _: e["event"] == "context")
+        assert [e["event"] for e in events] == ["context"], "setupFunc ran on recovery"
+        assert events[0]["recovery"] == "checkpoint"
+        move_in(tmp_path / "in", "2.txt", "wal")
+        events_until(second, lambda e, _: e["event"] == "batch" and json.loads(
+            (tmp_path / "totals.json").read_text())["totals"] == {"spark": 2, "wal": 2})
+    finally:
+        second.stdin.close()
+        second.wait(60)
+    after = (tmp_path / "out.txt").read_text()
+    assert after.startswith(before)  # the output file was not deleted
+    assert [json.loads(line)["counts"] for line in after.splitlines()] == [
+        [["spark", 2], ["wal", 1]], [["wal", 1]]]
+
+
+def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, dirs):
+    """Windows (plain and incremental), state, transform/transformWith, union, joins, queue and
+    file streams and every output kind come back from the code part as the same graph."""
+    indir, outdir, ckpt = dirs
+    sc = spark_context
+
+    def setup():
+        ssc = StreamingContext(sc, 0.5)
+        queued = ssc.queueStream([[("a", 1)]], default=[("q", 1)])
+        words = ssc.textFileStream(str(indir)).flatMap(str.split).map(lambda w: (w, 1))
+        both = words.union(queued)
+        both.window(1.5, 0.5).count().pprint()
+        both.reduceByKeyAndWindow(lambda a, b: a + b, lambda a, b: a - b, 3.0, 0.5).pprint()
+        both.countByValueAndWindow(1.5, 0.5).pprint()
+        both.transform(lambda rdd: rdd.distinct()).join(queued).pprint()
+        both.transformWith(lambda t, a, b: a.union(b), words).saveAsTextFiles(str(outdir / "out"))
+        both.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0).foreachRDD(
+            lambda rdd: None)
+        return ssc
+
+    first = StreamingContext.getOrCreate(ckpt, setup)
+    described = first._graph.describe()
+    first.start()
+    batches = Batches()
+    first.addStreamingListener(batches)
+    batches.wait_until(lambda: batches.done >= 3)
+    first.stop(stopSparkContext=False, stopGraceFully=True)
+
+    again = StreamingContext.getOrCreate(ckpt, lambda: pytest.fail("setupFunc ran"))
+    assert again.recovery == "checkpoint" and again._graph.describe() == described
+    assert [s.creation_site.split(" at ")[0] for s in again._graph.streams[:3]] == [
+        "queueStream", "textFileStream", "flatMap"]
+    again.start()
+    batches = Batches()
+    again.addStreamingListener(batches)
+    move_in(indir, "w.txt", "x y")
+    batches.wait_until(lambda: batches.done >= 3)
+    again.stop(stopSparkContext=False)
+    assert again._error is None
