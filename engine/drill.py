@@ -112,10 +112,15 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     generator = threading.Thread(target=generate, daemon=True)
     generator.start()
     runs: list[AppRun] = []
+    expected_paths: list[str] = []  # "new" where a kill came before the first checkpoint
     recovery_s: list[float] = []
     pending_kill: tuple[float, int] | None = None  # (kill time, newest batch done before it)
     try:
         for k in range(kills + 1):
+            checkpoint_dir = os.path.join(workdir, "checkpoint")
+            had_checkpoint = os.path.isdir(checkpoint_dir) and any(
+                n.startswith("checkpoint-") for n in os.listdir(checkpoint_dir))
+            expected_paths.append(("upgrade" if upgrade else "checkpoint") if had_checkpoint else "new")
             app = AppRun(workdir, batch, upgrade)
             runs.append(app)
             if pending_kill is not None:
@@ -172,9 +177,8 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
         state_mismatches += o["totals"] != running
     final_totals = max(outputs, key=lambda o: o["batch_ms"])["totals"] if outputs else {}
     completed = [b for r in runs for _, b in r.batches()]
-    expected_path = "upgrade" if upgrade else "checkpoint"
     result = {
-        "recovery_paths": [r.recovery for r in runs],
+        "recovery_paths": [r.recovery for r in runs], "recovery_paths_expected": expected_paths,
         "kills": kills, "restarts": len(runs) - 1, "files": files, "records": records_expected,
         "batches_completed": len(set(completed)),
         "batches_rerun": len(completed) - len(set(completed)),
@@ -188,7 +192,7 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     }
     result["ok"] = (not missing_files and not duplicates and not lost_words and not extra_words
                     and not state_mismatches and result["final_totals_exact"]
-                    and all(p == expected_path for p in result["recovery_paths"][1:]))
+                    and result["recovery_paths"] == expected_paths)
     return result
 
 
