@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracker import BatchInfo
-from tracker.input_info import Time
+from tracker.input_info import OutputOperationInfo, Time
 
 
 @dataclass(frozen=True)
@@ -34,43 +34,6 @@ class StreamingListenerStreamingStarted:
 
     def time(self) -> int:  # pyspark's accessor
         return self.time_ms
-
-
-@dataclass(frozen=True)
-class OutputOperationInfo:
-    """One output operation (e.g. a foreachRDD) of one batch; times in ms, -1 while unknown."""
-
-    batch_time_ms: int
-    output_op_id: int
-    op_name: str
-    start_time_ms: int = -1
-    end_time_ms: int = -1
-    failure: str | None = None
-
-    # pyspark.streaming's accessors
-    def batchTime(self) -> Time:
-        return Time(self.batch_time_ms)
-
-    def id(self) -> int:
-        return self.output_op_id
-
-    def name(self) -> str:
-        return self.op_name
-
-    def description(self) -> str:
-        return self.op_name
-
-    def startTime(self) -> int:
-        return self.start_time_ms
-
-    def endTime(self) -> int:
-        return self.end_time_ms
-
-    def failureReason(self) -> str | None:
-        return self.failure
-
-    def duration(self) -> int:
-        return -1 if self.end_time_ms < 0 else self.end_time_ms - self.start_time_ms
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,17 @@ class _JobSet:
     end_ms: int | None = None
     done: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    ops: dict[int, OutputOperationInfo] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ops = {j.output_op_id: OutputOperationInfo(self.time_ms, j.output_op_id, j.op_name)
+                    for j in self.jobs}
 
     def info(self) -> BatchInfo:
-        return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms)
+        with self.lock:
+            ops = dict(self.ops)
+        return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms,
+                         ops)
 
 
 class JobScheduler:
@@ -117,6 +125,8 @@ class JobScheduler:
         if first:
             ssc._post("onBatchStarted", StreamingListenerBatchStarted(js.info()))
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
+        with js.lock:
+            js.ops[job.output_op_id] = op
         ssc._post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
         failure = None
         try:
@@ -129,6 +139,7 @@ class JobScheduler:
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, ssc._clock.now_ms(), failure)
         ssc._post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
         with js.lock:
+            js.ops[job.output_op_id] = op
             js.done += 1
             complete = js.done == len(js.jobs)
             if complete:

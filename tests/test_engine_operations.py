@@ -332,10 +332,20 @@ class PortedListener(StreamingListener):
     def onStreamingStarted(self, streamingStarted):
         self.events.append(("started", streamingStarted.time() >= 0))
 
+    def onBatchSubmitted(self, batchSubmitted):
+        info = batchSubmitted.batchInfo()
+        ops = info.outputOperationInfos()
+        self.events.append(("submitted", info.batchTime().milliseconds(), sorted(ops),
+                            {(o.name(), o.startTime(), o.endTime()) for o in ops.values()}))
+
     def onBatchCompleted(self, batchCompleted):
         info = batchCompleted.batchInfo()
         self.events.append(("batch", info.batchTime().milliseconds(), info.numRecords(),
                             info.totalDelay() == info.schedulingDelay() + info.processingDelay() >= 0))
+        self.events.append(("batch ops", info.batchTime().milliseconds(),
+                            sorted((i, o.name(), o.startTime() >= 0 and o.endTime() >= o.startTime(),
+                                    (o.failureReason() or "").split(":")[0])
+                                   for i, o in info.outputOperationInfos().items())))
 
     def onOutputOperationCompleted(self, outputOperationCompleted):
         op = outputOperationCompleted.outputOperationInfo()
@@ -369,6 +379,13 @@ def test_a_listener_ported_from_pyspark_streaming_sees_batches_and_output_operat
         ("op", 1000, 0, "pprint", None, True), ("op", 1000, 1, "foreachRDD", "ZeroDivisionError", True)]
     batches = [e for e in ported.events if e[0] == "batch"]
     assert batches == [("batch", 500, 0, True), ("batch", 1000, 0, True)]
+    # a batch's outputOperationInfos(), as pyspark's BatchInfo: not started when submitted, done after
+    submitted = [e for e in ported.events if e[0] == "submitted"]
+    assert submitted == [("submitted", t, [0, 1], {("pprint", -1, -1), ("foreachRDD", -1, -1)})
+                         for t in (500, 1000)]
+    assert [e for e in ported.events if e[0] == "batch ops"] == [
+        ("batch ops", 500, [(0, "pprint", True, ""), (1, "foreachRDD", True, "")]),
+        ("batch ops", 1000, [(0, "pprint", True, ""), (1, "foreachRDD", True, "ZeroDivisionError")])]
 
 
 def test_an_error_in_a_batch_reaches_await_termination(spark_context):

@@ -43,12 +43,51 @@ class StreamInputInfo:
 
 
 @dataclass(frozen=True)
+class OutputOperationInfo:
+    """One output operation (e.g. a foreachRDD) of one batch; times in ms, -1 while unknown."""
+
+    batch_time_ms: int
+    output_op_id: int
+    op_name: str
+    start_time_ms: int = -1
+    end_time_ms: int = -1
+    failure: str | None = None
+
+    # pyspark.streaming's accessors
+    def batchTime(self) -> Time:
+        return Time(self.batch_time_ms)
+
+    def id(self) -> int:
+        return self.output_op_id
+
+    def name(self) -> str:
+        return self.op_name
+
+    def description(self) -> str:
+        return self.op_name
+
+    def startTime(self) -> int:
+        return self.start_time_ms
+
+    def endTime(self) -> int:
+        return self.end_time_ms
+
+    def failureReason(self) -> str | None:
+        return self.failure
+
+    def duration(self) -> int:
+        return -1 if self.end_time_ms < 0 else self.end_time_ms - self.start_time_ms
+
+
+@dataclass(frozen=True)
 class BatchInfo:
     batch_time_ms: int
     stream_id_to_input_info: dict[int, StreamInputInfo]
     submission_time_ms: int
     processing_start_time_ms: int | None = None
     processing_end_time_ms: int | None = None
+    #: output operation id -> its OutputOperationInfo in this batch (as Spark's BatchInfo)
+    output_operation_infos: dict[int, OutputOperationInfo] = field(default_factory=dict)
 
     @property
     def scheduling_delay_ms(self) -> int | None:
@@ -98,6 +137,9 @@ class BatchInfo:
 
     def streamIdToInputInfo(self) -> dict[int, StreamInputInfo]:
         return dict(self.stream_id_to_input_info)
+
+    def outputOperationInfos(self) -> dict[int, OutputOperationInfo]:
+        return dict(self.output_operation_infos)
 
 
 def _or_unknown(value: int | None) -> int:
