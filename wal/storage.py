@@ -66,6 +66,18 @@ class FileInfo:
     size: int
 
 
+@dataclass(frozen=True)
+class WriterInfo:
+    """A directory's single-writer lock as an inspector sees it. ``held``: True or False when
+    that can be told without taking the lock (a lease's expiry; the kernel's lock table), else
+    None."""
+
+    kind: str  # "lock" (an OS lock) or "lease" (an object-store lease)
+    holder: str
+    held: bool | None
+    expires_ms: int | None = None
+
+
 class AppendFile(ABC):
     """An exclusively created file that grows by appends; ``size`` is the next write's offset."""
 
@@ -129,6 +141,10 @@ class Storage(ABC):
     def list_files(self, directory: str) -> list[FileInfo]:
         """Regular files directly in ``directory`` (no dirs); ``[]`` if it does not exist."""
 
+    def list_dirs(self, directory: str) -> list[str]:
+        """Names of the sub-directories of ``directory`` (FileNotFoundError if it is missing)."""
+        raise NotImplementedError
+
     @abstractmethod
     def makedirs(self, directory: str) -> None: ...
 
@@ -175,6 +191,11 @@ class Storage(ABC):
     @abstractmethod
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
         """Take the single-writer lock of ``directory`` or raise :class:`LogLockedError` at once."""
+
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        """Who holds (or last held) ``directory``'s single-writer lock, found without taking it
+        (inspectors never lock); None when no writer ever locked it."""
+        return None
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release cached resources (open read handles); nothing to release by default."""
@@ -365,6 +386,10 @@ class LocalStorage(Storage):
                     continue
         return out
 
+    def list_dirs(self, directory: str) -> list[str]:
+        with os.scandir(directory) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+
     def makedirs(self, directory: str) -> None:
         if not os.path.isdir(directory):
             os.makedirs(directory, exist_ok=True)
@@ -510,11 +535,34 @@ class LocalStorage(Storage):
         os.pwrite(fd, _holder_description().encode(), 0)
         return _LocalLock(fd)
 
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        path = os.path.join(directory, LOCK_FILE)
+        try:
+            with open(path, "rb") as f:
+                holder = f.read(256).decode("utf-8", "replace").strip()
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return WriterInfo("lock", holder, _flock_held(st.st_dev, st.st_ino))
+
     def close(self) -> None:
         with self._fd_lock:
             for entry in self._read_fds.values():
                 self._retire(entry)
             self._read_fds.clear()
+
+
+def _flock_held(dev: int, inode: int) -> bool | None:
+    """Whether the file (``dev``, ``inode``) is flock'ed, from Linux's lock table (no lock is
+    taken); None where there is no such table."""
+    try:
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return None
+    key = f"{os.major(dev):02x}:{os.minor(dev):02x}:{inode}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key
+               for fields in (line.split() for line in table.splitlines()))
 
 
 def _unlink_quietly(path: str) -> None:
@@ -626,6 +674,11 @@ class FsspecStorage(Storage):
             out.append(FileInfo(name, self.join(directory, name), int(e.get("size") or 0)))
         return out
 
+    def list_dirs(self, directory: str) -> list[str]:
+        self.fs.invalidate_cache(directory)
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(directory, detail=True)
+                if e.get("type") == "directory"]
+
     def makedirs(self, directory: str) -> None:
         if self._is_memory or isinstance(self.fs, LocalFileSystem):
             self.fs.makedirs(directory, exist_ok=True)
@@ -705,6 +758,13 @@ class FsspecStorage(Storage):
             return None
         except ValueError:
             return {"owner": "?", "holder": "unreadable lease", "expires_ms": 0}
+
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        lease = self._read_lease(self.join(directory, LEASE_FILE))
+        if lease is None:
+            return None
+        expires = int(lease.get("expires_ms", 0))
+        return WriterInfo("lease", str(lease.get("holder", "")), expires > clock.now_ms(), expires)
 
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
         self.makedirs(directory)

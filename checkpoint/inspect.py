@@ -1,0 +1,120 @@
+"""Looking into a checkpoint directory without writing to it (and without running its code).
+
+Understands a sparkwal app's directory (``checkpoint-<ms>`` data files, ``code-<sha>`` parts,
+``offsets/`` and ``commits/``, ``receivedBlockMetadata/``, ``state/``) and a Structured Streaming
+checkpoint written by Spark itself (``metadata``, ``offsets/``, ``commits/``, ``sources/``): which
+checkpoint a restart would use, the last planned and last committed batch, where a restart would
+resume (``resolve_restart``), and every file that fails its checks, by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from wal.storage import resolve
+
+from .code import CODE_FILE, read_code
+from .dstream import CHECKPOINT_FILE, Checkpoint
+from .errors import CheckpointError
+from .offsets import CommitLog, OffsetSeqLog
+from .restart import RestartPoint, resolve_restart
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    """An ``offsets/`` or ``commits/`` log: its batch ids and the files that fail to parse."""
+
+    ids: list[int]
+    problems: list[str]
+
+    @property
+    def latest(self) -> int | None:
+        return self.ids[-1] if self.ids else None
+
+
+@dataclass
+class CheckpointReport:
+    url: str
+    kind: str  # "sparkwal", "structured streaming" or "empty"
+    newest: Checkpoint | None = None  # the DStream checkpoint a restart would use
+    newest_file: str | None = None
+    files: list[str] = field(default_factory=list)  # DStream checkpoint files, oldest first
+    code_parts: list[str] = field(default_factory=list)
+    offsets: LogSummary | None = None
+    commits: LogSummary | None = None
+    restart: RestartPoint | None = None
+    restart_problem: str | None = None
+    metadata: dict | None = None  # Structured Streaming's ``metadata`` file (query id)
+    sources: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # sub-directories known to sparkwal
+    problems: list[str] = field(default_factory=list)
+
+
+def _log_summary(log) -> LogSummary:
+    ids, problems = [], []
+    for batch_id in log.batch_ids():
+        try:
+            log.get(batch_id)
+            ids.append(batch_id)
+        except (CheckpointError, ValueError) as e:
+            problems.append(str(e))
+    return LogSummary(ids, problems)
+
+
+def inspect_checkpoint(url: str, storage_options: dict | None = None) -> CheckpointReport:
+    storage, root = resolve(url, storage_options)
+    entries = storage.list_files(root)
+    names = {e.name: e for e in entries}
+    report = CheckpointReport(storage.url(root), "empty")
+    try:
+        subdirs = set(storage.list_dirs(root))
+    except FileNotFoundError:
+        report.problems.append(f"{report.url}: no such directory")
+        return report
+
+    dstream_files = sorted((int(m.group(1)), m.group(2) is None, e.path)
+                           for e in entries if (m := CHECKPOINT_FILE.fullmatch(e.name)))
+    report.files = [storage.url(p) for _t, _main, p in dstream_files]
+    for _t, _main, path in reversed(dstream_files):  # newest main, its .bk, older ones
+        try:
+            checkpoint = Checkpoint.decode(storage.read_file(path), storage.url(path))
+        except CheckpointError as e:
+            report.problems.append(str(e))
+            continue
+        if report.newest is None:
+            report.newest, report.newest_file = checkpoint, storage.url(path)
+    report.code_parts = sorted(n for n in names if CODE_FILE.fullmatch(n))
+    for name in report.code_parts:
+        try:
+            read_code(url, name, storage_options)
+        except CheckpointError as e:
+            report.problems.append(str(e))
+    code = report.newest.data.get("code") if report.newest is not None else None
+    if code and code not in report.code_parts:
+        report.problems.append(f"{report.newest_file} names code part {code}, which is missing")
+
+    if "metadata" in names:
+        try:
+            report.metadata = json.loads(storage.read_file(names["metadata"].path))
+        except ValueError as e:
+            report.problems.append(f"{storage.url(names['metadata'].path)}: not JSON ({e})")
+    if "offsets" in subdirs or "commits" in subdirs:
+        offsets = OffsetSeqLog(storage.join(report.url, "offsets"), storage_options)
+        commits = CommitLog(storage.join(report.url, "commits"), storage_options)
+        report.offsets, report.commits = _log_summary(offsets), _log_summary(commits)
+        report.problems += report.offsets.problems + report.commits.problems
+        try:
+            report.restart = resolve_restart(offsets, commits)
+        except (CheckpointError, ValueError) as e:
+            report.restart_problem = str(e)
+            report.problems.append(str(e))
+    if "sources" in subdirs:
+        report.sources = sorted(storage.list_dirs(storage.join(root, "sources")))
+    report.other = sorted(d for d in subdirs if d in ("receivedBlockMetadata", "state", "rdds"))
+    if report.newest is not None or report.code_parts or report.files:
+        report.kind = "sparkwal"
+    elif report.metadata is not None or report.offsets is not None:
+        report.kind = "structured streaming"
+    return report
+
