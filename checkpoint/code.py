@@ -29,6 +29,7 @@ from crc32c import crc32c
 
 from wal.storage import resolve
 
+from .envelope import open_envelope
 from .errors import CheckpointError
 
 MAGIC = b"SWCODE"
@@ -48,18 +49,9 @@ def encode_code(body: bytes) -> bytes:
 
 def decode_code(blob: bytes, path: str = "<bytes>") -> bytes:
     """The body of a code part, verified; CheckpointError says what is wrong with the file."""
-    if len(blob) < _HEADER.size:
-        raise CheckpointError(f"{path}: truncated ({len(blob)} bytes, header needs {_HEADER.size})")
-    magic, version, length, crc, sha = _HEADER.unpack_from(blob)
-    if magic != MAGIC:
-        raise CheckpointError(f"{path}: not a sparkwal code part (magic {magic!r})")
-    if version > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: code part format version {version} is newer than this "
-                              f"sparkwal reads ({FORMAT_VERSION}); upgrade sparkwal")
-    body = blob[_HEADER.size:]
-    if len(body) != length:
-        raise CheckpointError(f"{path}: truncated body ({len(body)} of {length} bytes)")
-    if crc32c(body) != crc or hashlib.sha256(body).digest() != sha:
+    fields, body = open_envelope(blob, path, _HEADER, MAGIC, FORMAT_VERSION, "code part",
+                                 length_at=2, crc_at=3)
+    if hashlib.sha256(body).digest() != fields[4]:
         raise CheckpointError(f"{path}: checksum mismatch")
     return body
 

@@ -34,6 +34,7 @@ from crc32c import crc32c
 
 from wal.storage import Storage, resolve
 
+from .envelope import open_envelope
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -59,19 +60,8 @@ class Checkpoint:
     @classmethod
     def decode(cls, blob: bytes, path: str = "<bytes>") -> Checkpoint:
         """Parse and verify a checkpoint file; CheckpointError says what is wrong with it."""
-        if len(blob) < _HEADER.size:
-            raise CheckpointError(f"{path}: truncated ({len(blob)} bytes, header needs {_HEADER.size})")
-        magic, version, _flags, length, crc = _HEADER.unpack_from(blob)
-        if magic != MAGIC:
-            raise CheckpointError(f"{path}: not a sparkwal checkpoint (magic {magic!r})")
-        if version > FORMAT_VERSION:
-            raise CheckpointError(f"{path}: checkpoint format version {version} is newer than this "
-                                  f"sparkwal reads ({FORMAT_VERSION}); upgrade sparkwal")
-        body = blob[_HEADER.size:]
-        if len(body) != length:
-            raise CheckpointError(f"{path}: truncated body ({len(body)} of {length} bytes)")
-        if crc32c(body) != crc:
-            raise CheckpointError(f"{path}: checksum mismatch")
+        _fields, body = open_envelope(blob, path, _HEADER, MAGIC, FORMAT_VERSION, "checkpoint",
+                                      length_at=3, crc_at=4)
         try:
             obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
             return cls(int(obj["checkpoint_time_ms"]), [int(t) for t in obj["pending_times_ms"]],
