@@ -99,6 +99,9 @@ class StreamingContext:
         #: a checkpoint, code included) or "upgrade" (the program's graph, the checkpoint's data).
         self.recovery = "new"
         self._code_name: str | None = None  # the checkpoint's code part (written by start())
+        #: The batch times a restart re-runs (pending when the driver died, or due while it was
+        #: down), set by start() on a recovered context.
+        self.rerun_batch_times: list[int] = []
         self._conf_pairs: list[list[str]] = []
         self._snapshots: dict[int, dict[int, str]] = {}  # stream index -> time -> state snapshot
         self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
@@ -370,6 +373,7 @@ class StreamingContext:
                         f"{cp.checkpoint_time_ms}: the state cannot be restored") from None
                 stream.generated_rdds[t] = rdd  # not cached: re-reading a snapshot is cheap
         log.info("restarting: re-running batches %s, then new batches from %d", times, restart)
+        self.rerun_batch_times = list(times)
         self._generator.rerun(times)
         return restart
 

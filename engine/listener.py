@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracker import BatchInfo
-from tracker.input_info import OutputOperationInfo, Time
+from tracker.input_info import OutputOperationInfo
 
 
 @dataclass(frozen=True)

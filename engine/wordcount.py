@@ -16,9 +16,11 @@
 On restart the context comes back from the checkpoint, program included (pyspark's
 ``getOrCreate`` contract); ``--upgrade`` instead applies the checkpoint's data to this program's
 graph (code-free recovery, for a new version of the program). A line says which path was taken,
-then one line per completed batch (``batch <ms> files=<n> scheduling=<ms> ...``); with ``--json``
-these are JSON events instead (``context`` with ``recovery``, ``batch_completed``, ``stopped``),
-which is what tools read. SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until
+then one line per completed batch, as Spark's UI would show it (``batch 12:03:04: 1 files, 3
+records (3/s) | scheduling 12 ms, processing 340 ms``), and a summary when it stops (with the
+batches a restart re-ran); with ``--json`` these are JSON events instead (``context`` with
+``recovery``, ``batch_completed``, ``stopped``), which is what tools read. Spark's start-up WARN
+lines are left out unless ``--verbose``. SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until
 stopped).
 """
 
@@ -63,6 +65,11 @@ def write_input_file(input_dir: str, file_id: int) -> None:
     os.replace(tmp, os.path.join(input_dir, f"f{file_id:06d}.txt"))
 
 
+#: batch time -> lines the batch counted, for the progress line (the output operation runs in the
+#: driver before the batch completes; a file stream reports no record counts, as in Spark)
+_BATCH_RECORDS: dict[int, int] = {}
+
+
 def _save_batch(out_url: str, t, rdd) -> None:
     """The output operation: one JSON file per batch time that read files, replaced atomically."""
     from wal import resolve
@@ -72,6 +79,7 @@ def _save_batch(out_url: str, t, rdd) -> None:
     out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
     for (kind, key), n in rdd.reduceByKey(operator.add).collect():
         out[kind][key] = n
+    _BATCH_RECORDS[batch_ms] = sum(out["file"].values())
     if not out["file"]:
         return
     body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "counts": out["word"],
@@ -87,6 +95,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     """The app's context: made by ``setup`` on a fresh work directory, else recovered from its
     checkpoint (code included; with ``upgrade``, this program's graph with the checkpoint's data)."""
     from engine import StreamingContext, StreamingListener
+    from engine import wordcount as app  # this module by its importable name (see setup)
     from wal import resolve
 
     input_dir = os.path.join(workdir, "input")
@@ -95,14 +104,25 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     out_storage.makedirs(out_dir)
 
     class Progress(StreamingListener):
+        """One line per batch, as Spark's UI would show it; totals for the summary."""
+
+        def __init__(self):
+            self.batches = self.records = self.files = 0
+            self.processing_ms: list[int] = []
+
         def onBatchCompleted(self, batchCompleted):
             info = batchCompleted.batchInfo()
             files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
+            records = app._BATCH_RECORDS.pop(info.batch_time_ms, 0)
+            self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
+            self.processing_ms.append(info.processing_delay_ms or 0)
             _emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
-                   "scheduling_ms": info.scheduling_delay_ms, "processing_ms": info.processing_delay_ms},
+                   "records": records, "scheduling_ms": info.scheduling_delay_ms,
+                   "processing_ms": info.processing_delay_ms},
                   json_events,
-                  f"batch {info.batch_time_ms} files={files} scheduling={info.scheduling_delay_ms}ms "
-                  f"processing={info.processing_delay_ms}ms total={info.total_delay_ms}ms")
+                  f"batch {_clock(info.batch_time_ms)}: {files} files, {records} records "
+                  f"({records / batch:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
+                  f"processing {info.processing_delay_ms} ms")
 
     def setup():
         ssc = StreamingContext(sc, batch)
@@ -120,17 +140,37 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
             return (batch_lines.flatMap(tagged)
                     .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
 
-        lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: _save_batch(out_url, t, rdd))
+        # through the importable module, not __main__: cloudpickle pickles a function of __main__
+        # by value, and a recovered one would count into a copy of _BATCH_RECORDS
+        lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: app._save_batch(out_url, t, rdd))
         return ssc
 
     ssc = StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup, upgrade=upgrade)
-    ssc.addStreamingListener(Progress())  # listeners are not part of a checkpoint (as in pyspark)
+    ssc.progress = Progress()
+    ssc.addStreamingListener(ssc.progress)  # listeners are not part of a checkpoint (as in pyspark)
     described = {"new": "a new context (no checkpoint)",
                  "checkpoint": "recovered from the checkpoint (program and state)",
                  "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
     _emit({"event": "context", "recovery": ssc.recovery}, json_events,
           f"context: {described[ssc.recovery]}")
     return ssc
+
+
+def _clock(ms: int) -> str:
+    """A batch time as the wall-clock time Spark's UI shows."""
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def _summary(ssc, json_events: bool, outputs: int, out_dir: str) -> None:
+    p = ssc.progress
+    reran = ssc.rerun_batch_times
+    p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
+    _emit({"event": "stopped", "outputs": outputs, "batches": p.batches, "records": p.records,
+           "files": p.files, "rerun_batches": reran, "processing_p50_ms": p50}, json_events,
+          f"stopped after {p.batches} batches: {p.files} files, {p.records} records, processing "
+          f"p50 {p50} ms" + (f"; the restart re-ran {len(reran)} batches "
+                             f"({', '.join(_clock(t) for t in reran)})" if reran else "")
+          + f"; {outputs} batch outputs in {out_dir}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upgrade", action="store_true",
                     help="recover this program's graph with the checkpoint's data (code-free)")
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
+    ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
@@ -154,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
+    if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
+        quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
     sc = SparkContext.getOrCreate(conf)
-    sc.setLogLevel("ERROR")
+    sc.setLogLevel("WARN" if args.verbose else "ERROR")
     ssc = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -175,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    _emit({"event": "stopped", "outputs": len(outputs)}, args.json,
-          f"stopped; {len(outputs)} batch outputs in {os.path.join(workdir, 'output')}")
+    _summary(ssc, args.json, len(outputs), os.path.join(workdir, "output"))
     return 0
 
 

@@ -24,3 +24,28 @@ def test_short_drill_loses_nothing_and_duplicates_nothing(tmp_path, upgrade):
     assert r["duplicate_files"] == 0 and r["words_extra"] == 0 and r["words_lost"] == 0
     assert r["state_mismatches"] == 0 and r["final_totals_exact"]
     assert len(r["recovery_s"]) == 2
+
+
+def events_of(workdir, *args) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--json",
+                          *map(str, args)], capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def test_the_main_job_reports_its_batches_and_what_a_restart_recovered(tmp_path):
+    first = events_of(tmp_path, "--files", 2, "--seconds", 4)
+    assert first[0] == {"event": "context", "recovery": "new"}
+    assert sum(e["records"] for e in first if e["event"] == "batch_completed") == 6  # 3 lines a file
+    assert first[-1]["event"] == "stopped" and first[-1]["records"] == 6 and first[-1]["rerun_batches"] == []
+    again = events_of(tmp_path, "--files", 3, "--seconds", 4)
+    assert again[0] == {"event": "context", "recovery": "checkpoint"}
+    stopped = again[-1]
+    assert stopped["rerun_batches"], "the batches due while the app was down are re-run"
+    assert stopped["records"] == 3 and stopped["outputs"] == 3  # the third file, counted once
