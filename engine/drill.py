@@ -1,7 +1,8 @@
 """Kill-and-restart drill: the word count app, killed with SIGKILL at random moments, must lose
 nothing and count nothing twice.
 
-    python -m engine.drill [--kills 5] [--files 40] [--batch 1.0] [--seed 1] [--dir DIR] [--upgrade]
+    python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
+                           [--dir DIR] [--upgrade] [--report REPORT.json]
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
@@ -93,21 +94,28 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
-def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print,
-        upgrade: bool = False) -> dict:
-    """``upgrade``: every restart recovers code-free (``getOrCreate(..., upgrade=True)``);
+def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
+        upgrade: bool = False, duration_s: float | None = None) -> dict:
+    """Kill the app ``kills`` times, or for ``duration_s`` seconds (with both, whichever ends
+    first), while the input grows by one file per batch interval (at most ``files``).
+    ``upgrade``: every restart recovers code-free (``getOrCreate(..., upgrade=True)``);
     otherwise from the checkpoint's program, as pyspark does."""
     rng = random.Random(seed)
+    began = time.monotonic()
+    until = began + duration_s if duration_s else None
+    kills = kills if kills is not None else (1 << 30 if until else 5)
     input_dir = os.path.join(workdir, "input")
     os.makedirs(input_dir, exist_ok=True)
     os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
-    stop = threading.Event()
+    stop, stop_input = threading.Event(), threading.Event()
+    generated = [0]
 
     def generate() -> None:
         for i in range(files):
-            if stop.wait(batch):
+            if stop.wait(batch) or stop_input.is_set():
                 return
             write_input_file(input_dir, i)
+            generated[0] = i + 1
 
     generator = threading.Thread(target=generate, daemon=True)
     generator.start()
@@ -116,7 +124,8 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     recovery_s: list[float] = []
     pending_kill: tuple[float, int] | None = None  # (kill time, newest batch done before it)
     try:
-        for k in range(kills + 1):
+        k = 0
+        while True:
             checkpoint_dir = os.path.join(workdir, "checkpoint")
             had_checkpoint = os.path.isdir(checkpoint_dir) and any(
                 n.startswith("checkpoint-") for n in os.listdir(checkpoint_dir))
@@ -134,20 +143,24 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
                     if app.proc.poll() is not None:
                         raise RuntimeError("the app exited during recovery")
                     time.sleep(0.05)
-            if k < kills:
+            if k < kills and (until is None or time.monotonic() < until):
                 time.sleep(rng.uniform(3, 10))
                 done_before = [b for r in runs for _, b in r.batches()]
                 pending_kill = (app.kill(), max(done_before) if done_before else 0)
-                log(f"kill {k + 1}: SIGKILL to process group {app.proc.pid}")
+                k += 1
+                log(f"kill {k}: SIGKILL to process group {app.proc.pid}")
             else:
+                if until is not None:  # a timed drill's input ends with it
+                    stop_input.set()
                 generator.join()
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
                     counted = {f for o in read_outputs(workdir) for f in o["files"]}
-                    if len(counted) >= files:
+                    if len(counted) >= generated[0]:
                         break
                     time.sleep(0.2)
                 app.terminate()
+                break
     finally:
         stop.set()
         for r in runs:
@@ -163,6 +176,7 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
             seen[f] = seen.get(f, 0) + 1
         for w, n in o["counts"].items():
             observed[w] = observed.get(w, 0) + n
+    files = generated[0]
     expected = expected_counts(range(files))
     records_expected = sum(len(file_lines(i)) for i in range(files))
     missing_files = [f"f{i}" for i in range(files) if f"f{i}" not in seen]
@@ -178,8 +192,10 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
     final_totals = max(outputs, key=lambda o: o["batch_ms"])["totals"] if outputs else {}
     completed = [b for r in runs for _, b in r.batches()]
     result = {
+        "mode": "file stream, " + ("upgrade" if upgrade else "from checkpoint"),
+        "seconds": round(time.monotonic() - began, 1),
         "recovery_paths": [r.recovery for r in runs], "recovery_paths_expected": expected_paths,
-        "kills": kills, "restarts": len(runs) - 1, "files": files, "records": records_expected,
+        "kills": k, "restarts": len(runs) - 1, "files": files, "records": records_expected,
         "batches_completed": len(set(completed)),
         "batches_rerun": len(completed) - len(set(completed)),
         "records_lost": sum(len(file_lines(int(f[1:]))) for f in missing_files),
@@ -198,8 +214,11 @@ def run(kills: int, files: int, batch: float, seed: int, workdir: str, log=print
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kills", type=int, default=5)
-    ap.add_argument("--files", type=int, default=40)
+    ap.add_argument("--kills", type=int, default=None,
+                    help="kills to make (default 5; with --duration: until it ends)")
+    ap.add_argument("--duration", type=float, default=None, help="drill for this many seconds")
+    ap.add_argument("--files", type=int, default=40, help="input files at most (one per batch)")
+    ap.add_argument("--report", help="write the report (JSON) here")
     ap.add_argument("--batch", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
@@ -209,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
     try:
         r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
-                upgrade=args.upgrade)
+                upgrade=args.upgrade, duration_s=args.duration)
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -223,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")
     print("OK: nothing lost, nothing counted twice" if r["ok"] else "FAILED")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(r, f, indent=1)
     return 0 if r["ok"] else 1
 
 
