@@ -13,10 +13,10 @@ File layout, format version 1 (integers big-endian)::
 ``body`` is opaque here (the engine pickles it with pyspark's cloudpickle and unpickles it only to
 recover); this module never unpickles. Created with the storage seam's atomic create-if-absent, so
 a reader sees the whole file or none; the CRC and the SHA-256 (which the name also carries) make
-a damaged or substituted file detectable. Code parts are kept (one small file per program version
-that ran on the directory), since a restart may fall back to an older checkpoint. Like a pickle,
-recovering from a code part runs the code in it: a checkpoint directory must be trusted like the
-program itself.
+a damaged or substituted file detectable. A run deletes the code parts of earlier runs once every
+checkpoint file that could name them is gone (:func:`delete_code_parts_except`), since a restart
+may fall back to an older checkpoint until then. Like a pickle, recovering from a code part runs
+the code in it: a checkpoint directory must be trusted like the program itself.
 """
 
 from __future__ import annotations
@@ -82,3 +82,13 @@ def read_code(directory: str, name: str, storage_options: dict | None = None) ->
         raise CheckpointError(f"{storage.url(path)}: its content does not match its name")
     return body
 
+
+def delete_code_parts_except(directory: str, name: str, storage_options: dict | None = None) -> list[str]:
+    """Delete every code part of ``directory`` but ``name``; returns the names deleted."""
+    storage, root = resolve(directory, storage_options)
+    deleted = []
+    for info in storage.list_files(root):
+        if CODE_FILE.fullmatch(info.name) and info.name != name:
+            storage.delete(info.path)
+            deleted.append(info.name)
+    return deleted

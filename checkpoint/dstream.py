@@ -130,6 +130,7 @@ class CheckpointWriter:
         self.directory = directory
         self._storage, self._dir = resolve(directory, storage_options)
         self._keep = keep
+        self.keep = keep  #: checkpoint files kept (mains and .bk together)
         self._max_attempts = max_attempts
         self._put_timeout = put_timeout_s
         self._on_written = on_written

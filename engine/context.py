@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint, write_code
+from checkpoint.code import delete_code_parts_except
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock
 
@@ -475,6 +476,13 @@ class StreamingContext:
         except Exception:  # noqa: BLE001
             log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
         self._checkpoints_written += 1
+        if self._code_name and self._checkpoints_written == self._checkpoint_writer.keep + 2:
+            # every checkpoint file left was written by this run (the +2 covers a .bk of an
+            # earlier run's last checkpoint under the same name): earlier code parts are unused
+            try:
+                delete_code_parts_except(self._checkpoint_dir, self._code_name, self._storage_options)
+            except Exception:  # noqa: BLE001
+                log.warning("could not delete old code parts in %s", self._checkpoint_dir, exc_info=True)
         keep = []
         for written_then, path in self._retired_snapshots:
             if self._checkpoints_written >= written_then + 2:

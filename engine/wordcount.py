@@ -92,8 +92,9 @@ def _emit(event: dict, json_events: bool, text: str) -> None:
 
 
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False):
-    """The app's context: made by ``setup`` on a fresh work directory, else recovered from its
-    checkpoint (code included; with ``upgrade``, this program's graph with the checkpoint's data)."""
+    """The app's context and its progress listener: the context made by ``setup`` on a fresh work
+    directory, else recovered from its checkpoint (code included; with ``upgrade``, this
+    program's graph with the checkpoint's data)."""
     from engine import StreamingContext, StreamingListener
     from engine import wordcount as app  # this module by its importable name (see setup)
     from wal import resolve
@@ -146,14 +147,14 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         return ssc
 
     ssc = StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup, upgrade=upgrade)
-    ssc.progress = Progress()
-    ssc.addStreamingListener(ssc.progress)  # listeners are not part of a checkpoint (as in pyspark)
+    progress = Progress()
+    ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
     described = {"new": "a new context (no checkpoint)",
                  "checkpoint": "recovered from the checkpoint (program and state)",
                  "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
     _emit({"event": "context", "recovery": ssc.recovery}, json_events,
           f"context: {described[ssc.recovery]}")
-    return ssc
+    return ssc, progress
 
 
 def _clock(ms: int) -> str:
@@ -161,8 +162,7 @@ def _clock(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
 
 
-def _summary(ssc, json_events: bool, outputs: int, out_dir: str) -> None:
-    p = ssc.progress
+def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str) -> None:
     reran = ssc.rerun_batch_times
     p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
     _emit({"event": "stopped", "outputs": outputs, "batches": p.batches, "records": p.records,
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("WARN" if args.verbose else "ERROR")
-    ssc = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json)
+    ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    _summary(ssc, args.json, len(outputs), os.path.join(workdir, "output"))
+    _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"))
     return 0
 
 

@@ -291,3 +291,36 @@ def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, 
     batches.wait_until(lambda: batches.done >= 2)
     again.stop(stopSparkContext=False)
     assert again._error is None
+
+
+def test_earlier_runs_code_parts_are_deleted_once_no_checkpoint_names_them(spark_context, tmp_path):
+    from wal import ManualClock
+
+    ckpt = str(tmp_path / "ckpt")
+
+    def run(tag: str, start_ms: int, batches: int, **kw):
+        clock, done = ManualClock(start_ms), Batches()
+
+        def setup():
+            ssc = StreamingContext(spark_context, 0.5, clock=clock)
+            ssc.queueStream([], default=[1]).map(lambda x: (tag, x)).foreachRDD(lambda rdd: None)
+            return ssc
+
+        ssc = StreamingContext.getOrCreate(ckpt, setup, **kw)
+        ssc.addStreamingListener(done)
+        ssc.start()
+        for i in range(1, batches + 1):
+            clock.advance(500)
+            done.wait_until(lambda i=i: done.done >= i)
+        ssc.stop(stopSparkContext=False, stopGraceFully=True)
+
+    def code_parts():
+        return sorted(n for n in os.listdir(ckpt) if n.startswith("code-"))
+
+    run("v1", 0, 1)
+    first = code_parts()
+    run("v2", 600, 2, upgrade=True)  # a new program: its code part beside the old one, still needed
+    assert len(code_parts()) == 2 and first[0] in code_parts()
+    run("v2", 1700, 12, upgrade=True)  # every checkpoint the old code part could serve is gone
+    assert len(code_parts()) == 1 and first[0] not in code_parts()
+    assert read_checkpoint(ckpt).data["code"] == code_parts()[0]
