@@ -128,7 +128,8 @@ class _Injected:
 @pytest.mark.parametrize("call,how,size", [("_os_write", "short", 100), ("_os_write", "eio", 100),
                                            ("_os_writev", "short", 8000), ("_os_writev", "eio", 8000),
                                            ("_os_fdatasync", "eio", 100)])
-def test_the_local_fast_path_cuts_a_failed_write_and_retries(tmp_path, monkeypatch, call, how, size):
+def test_the_local_fast_path_cuts_a_failed_write_and_retries(tmp_path, monkeypatch, caplog, call, how,
+                                                             size):
     import wal.file_log as file_log
 
     log = FileBasedWriteAheadLog(str(tmp_path), durability="fsync")
@@ -138,6 +139,7 @@ def test_the_local_fast_path_cuts_a_failed_write_and_retries(tmp_path, monkeypat
     assert getattr(file_log, call).fired
     assert log.read(survivor) == b"s" * size and survivor.path != acked[0].path
     assert log.statistics().write_failures == 1
+    assert ("Input/output error (injected)" if how == "eio" else "short write") in caplog.text
     log.write(b"after", 1004)
     log.close()
     assert _local_records(tmp_path) == [bytes([i]) * size for i in range(3)] + [b"s" * size, b"after"]

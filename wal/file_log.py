@@ -175,13 +175,14 @@ class FileBasedWriteAheadLog(WriteAheadLog):
             # write, another store) goes through the general path with its retries.
             if fd is not None and time_ms <= self._writer_end:
                 offset = self._writer.size
+                error: OSError | None = None
                 try:
                     if n < _WRITEV_MIN:
                         written = _os_write(fd, head + data)
                     else:  # no copy of a large payload into a joined frame
                         written = _os_writev(fd, (head, data))
-                except OSError:
-                    written = -1
+                except OSError as exc:
+                    written, error = -1, exc
                 if written == n + FRAME_HEADER_LEN:
                     self._writer.size = offset + written
                     if self._fsync:
@@ -196,9 +197,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                     return _new_handle(RecordHandle, (self._writer.path, offset, n))
                 # a short or failed write: cut it off, then the general path retries
                 self._abandon_writer(offset)
-                self._write_failed(OSError(f"short write ({written} of {n + FRAME_HEADER_LEN} "
-                                           "bytes)") if written >= 0 else OSError("write failed"),
-                                   1, 1, time_ms)
+                self._write_failed(error or OSError(f"short write ({written} of "
+                                                    f"{n + FRAME_HEADER_LEN} bytes)"), 1, 1, time_ms)
                 return self._write(head + data, [0], [n], time_ms, first_attempt=2)[0]
         return self._write(head + data, [0], [n], time_ms)[0]
 
