@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from itertools import accumulate
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 
 from crc32c import crc32c
 
@@ -29,12 +29,12 @@ from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptRecordError, LogLockedError, WalError
 from .segment import (
-    LEN_CRC,
     FRAME_HEADER,
     FRAME_HEADER_LEN,
-    MAX_RECORD,
     HEADER,
     HEADER_LEN,
+    LEN_CRC,
+    MAX_RECORD,
     ScanResult,
     SegmentName,
     decode_frame,

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 from .clock import SYSTEM_CLOCK
 from .errors import CorruptRecordError
-from .segment import FRAME_HEADER_LEN, HEADER, HEADER_LEN, ScanResult, iter_segment, parse_segment_name
+from .segment import (
+    FRAME_HEADER_LEN,
+    HEADER,
+    HEADER_LEN,
+    ScanResult,
+    iter_segment,
+    parse_segment_name,
+)
 from .storage import Storage, WriterInfo, resolve
 
 

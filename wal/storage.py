@@ -32,10 +32,9 @@ renewed by the holder and taken over by another writer only once it has expired.
 
 from __future__ import annotations
 
-import io
 import fcntl
+import io
 import json
-import mmap
 import logging
 import os
 import socket
@@ -44,12 +43,20 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from .append_files import (
+    CAN_MAP,
+    AppendFile,
+    FsspecAppendFile,
+    LocalAppendFile,
+    MappedAppendFile,
+    fsync_dir,
+)
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import LogLockedError, WalError
 
@@ -76,37 +83,6 @@ class WriterInfo:
     holder: str
     held: bool | None
     expires_ms: int | None = None
-
-
-class AppendFile(ABC):
-    """An exclusively created file that grows by appends; ``size`` is the next write's offset."""
-
-    path: str
-    size: int
-    #: A shared memory map of the file when appends may be stored into it directly: bytes
-    #: ``[size, capacity)`` are reserved (then ``size`` is updated by the caller); else None.
-    map = None
-    capacity = 0
-
-    @abstractmethod
-    def append(self, data: bytes) -> int:
-        """Write ``data`` at the end (the OS has it on return); return the offset it starts at."""
-
-    @abstractmethod
-    def sync(self) -> None:
-        """Make everything appended so far durable (fsync on a local filesystem)."""
-
-    @abstractmethod
-    def truncate(self, size: int) -> None:
-        """Cut the file back to ``size`` bytes (used to drop a partially failed write)."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    def fileno(self) -> int | None:
-        """The OS descriptor appends may go to directly (``os.write``, then ``size`` updated by
-        the caller), or None when appends must go through :meth:`append`."""
-        return None
 
 
 class Lock(ABC):
@@ -158,7 +134,7 @@ class Storage(ABC):
     def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
         """Create ``path`` exclusively (FileExistsError if present) for appending; its directory
         entry is durable on return. ``mapped``: appends may be copied into a shared memory map
-        of space reserved ahead (see ``_MappedAppendFile``); backends without one ignore it."""
+        of space reserved ahead (see ``MappedAppendFile``); backends without one ignore it."""
 
     @abstractmethod
     def put_if_absent(self, path: str, data: bytes) -> bool:
@@ -208,123 +184,6 @@ def _holder_description() -> str:
 # --------------------------------------------------------------------------------------------
 # Local filesystem
 # --------------------------------------------------------------------------------------------
-
-
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _LocalAppendFile(AppendFile):
-    def __init__(self, path: str, fd: int):
-        self.path = path
-        self._fd = fd
-        self.size = 0
-
-    def append(self, data: bytes) -> int:
-        offset = self.size
-        written = os.write(self._fd, data)
-        if written != len(data):  # a short write: finish it (a failure leaves size at the cut)
-            view = memoryview(data)
-            try:
-                while written < len(view):
-                    written += os.write(self._fd, view[written:])
-            finally:
-                self.size += written
-            return offset
-        self.size += written
-        return offset
-
-    def sync(self) -> None:
-        os.fdatasync(self._fd)
-
-    def fileno(self) -> int | None:
-        return self._fd
-
-    def truncate(self, size: int) -> None:
-        os.ftruncate(self._fd, size)
-        os.fdatasync(self._fd)
-        self.size = size
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            os.close(fd)
-
-
-#: Mapped appends need space that is really allocated (``posix_fallocate``): a store into a
-#: mapped hole on a full disk kills the process with SIGBUS, an allocation fails with ENOSPC.
-_CAN_MAP = hasattr(os, "posix_fallocate")
-
-
-class _MappedAppendFile(AppendFile):
-    """Appends copied into a shared memory map of the file (``mmap``), for logs whose writes only
-    need the OS to have the bytes (``Durability.FLUSH``): the bytes are in the page cache, where
-    they survive the process (even ``kill -9``), as soon as the copy ends, as after ``write(2)``,
-    without a system call per record.
-
-    Space is reserved ahead in steps of ``STEP`` bytes with ``posix_fallocate`` (so a full disk
-    fails an append with ENOSPC instead of a later SIGBUS), so until the file is closed it is
-    longer than its records: zeros follow them. Readers treat the zeros of the newest segment as
-    a torn tail, and a writer that opens the log after a crash cuts them off; ``close`` cuts the
-    file to its size and syncs that, so a sealed segment never ends in zeros."""
-
-    STEP = 8 << 20
-
-    def __init__(self, path: str, fd: int):
-        self.path = path
-        self._fd = fd
-        self.size = 0
-        self.capacity = 0
-        self.map: mmap.mmap | None = None
-
-    def reserve(self, n: int) -> None:
-        """Make room for ``n`` more bytes."""
-        need = self.size + n
-        if need <= self.capacity:
-            return
-        new = max(need, self.capacity + self.STEP)
-        new = -(-new // mmap.PAGESIZE) * mmap.PAGESIZE
-        os.posix_fallocate(self._fd, self.capacity, new - self.capacity)
-        if self.map is None:
-            self.map = mmap.mmap(self._fd, new)
-        else:
-            self.map.resize(new)
-        self.capacity = new
-
-    def append(self, data: bytes) -> int:
-        offset = self.size
-        self.reserve(len(data))
-        end = offset + len(data)
-        self.map[offset:end] = data
-        self.size = end
-        return offset
-
-    def sync(self) -> None:
-        if self.map is not None:
-            self.map.flush()
-        os.fdatasync(self._fd)
-
-    def truncate(self, size: int) -> None:
-        """Forget the bytes past ``size`` (cut off on ``close``, which follows: the writer
-        abandons a file after a failed append)."""
-        self.size = size
-
-    def close(self) -> None:
-        if self._fd < 0:
-            return
-        fd, self._fd = self._fd, -1
-        try:
-            if self.map is not None:
-                self.map.close()
-                self.map = None
-            os.ftruncate(fd, self.size)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
 
 
 class _LocalLock(Lock):
@@ -402,7 +261,7 @@ class LocalStorage(Storage):
         return os.stat(path).st_size
 
     def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
-        mapped = mapped and _CAN_MAP
+        mapped = mapped and CAN_MAP
         flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (os.O_RDWR if mapped else os.O_WRONLY | os.O_APPEND)
         fd = os.open(path, flags, 0o644)
         try:
@@ -410,7 +269,7 @@ class LocalStorage(Storage):
         except BaseException:
             os.close(fd)
             raise
-        return _MappedAppendFile(path, fd) if mapped else _LocalAppendFile(path, fd)
+        return MappedAppendFile(path, fd) if mapped else LocalAppendFile(path, fd)
 
     def _write_temp(self, path: str, data: bytes) -> str:
         directory = os.path.dirname(path)
@@ -580,36 +439,6 @@ _memory_lock = threading.Lock()
 _warned_non_atomic: set[str] = set()
 
 
-class _FsspecAppendFile(AppendFile):
-    def __init__(self, path: str, f: Any):
-        self.path = path
-        self._f = f
-        self.size = 0
-
-    def append(self, data: bytes) -> int:
-        offset = self.size
-        self._f.write(data)
-        self.size += len(data)
-        return offset
-
-    def sync(self) -> None:
-        self._f.flush()
-        fileno = getattr(self._f, "fileno", None)
-        if fileno is not None:
-            try:
-                os.fsync(fileno())
-            except (OSError, ValueError, AttributeError, NotImplementedError, TypeError):
-                pass  # in-memory or remote file objects have no descriptor to sync
-
-    def truncate(self, size: int) -> None:
-        self._f.truncate(size)
-        self._f.seek(size)
-        self.size = size
-
-    def close(self) -> None:
-        self._f.close()
-
-
 class _Lease(Lock):
     """An object-store lease: ``{"owner", "holder", "expires_ms"}`` renewed by ``check``."""
 
@@ -699,7 +528,7 @@ class FsspecStorage(Storage):
             if self.fs.exists(path):
                 raise FileExistsError(path)
             f = self.fs.open(path, "ab")
-        return _FsspecAppendFile(path, f)
+        return FsspecAppendFile(path, f)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         if self._is_memory:
