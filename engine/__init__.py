@@ -8,14 +8,18 @@ from tracker import BatchInfo
 
 from .context import CheckpointMismatchError, StreamingContext, StreamingContextStateError
 from .dstream import DStream
-from .listener import (OutputOperationInfo, StreamingListener, StreamingListenerBatchCompleted,
+from .listener import (OutputOperationInfo, ReceiverInfo, StreamingListenerReceiverError,
+                       StreamingListenerReceiverStarted, StreamingListenerReceiverStopped, StreamingListener, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
+from .receiver import BlockReadError, Receiver, SocketReceiver
 from .snapshot import SnapshotError
 
 __all__ = [
-    "BatchInfo", "CheckpointMismatchError", "DStream", "SnapshotError", "StreamingContext",
+    "BatchInfo", "BlockReadError", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
+    "SocketReceiver", "StreamingListenerReceiverError", "StreamingListenerReceiverStarted",
+    "StreamingListenerReceiverStopped", "DStream", "SnapshotError", "StreamingContext",
     "StreamingContextStateError", "StreamingListener",
     "OutputOperationInfo", "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
     "StreamingListenerBatchSubmitted", "StreamingListenerOutputOperationCompleted",

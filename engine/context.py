@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
@@ -108,6 +109,7 @@ class StreamingContext:
         self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
         self._checkpoints_written = 0
         self._block_tracker: ReceivedBlockTracker | None = None  # made by start()
+        self._receiver_tracker = None  # made by start() when there are receiver inputs
         self._cleanup_floors: dict[int, list[int]] = {}  # checkpoint time -> oldest batch it may re-run
         self._floors_lock = threading.Lock()  # not self._lock: stop() holds that while the writer ends
         self._terminated = threading.Event()
@@ -186,6 +188,20 @@ class StreamingContext:
             raise ValueError(f"recordLength must be a positive integer, got {recordLength!r}")
         return FileInputDStream(self, directory, True, record_length=recordLength)
 
+    def receiverStream(self, receiver) -> DStream:
+        """The stream of what ``receiver`` (an :class:`engine.Receiver`) stores; it runs on an
+        executor, occupying one core, from ``start()`` to ``stop()``."""
+        self._check_not_started("Adding new inputs")
+        from .receiver.input import ReceiverInputDStream
+
+        return ReceiverInputDStream(self, receiver)
+
+    def socketTextStream(self, hostname: str, port: int, storageLevel=None) -> DStream:
+        """UTF-8 lines read from ``hostname:port`` over TCP (reconnecting when it drops)."""
+        from .receiver import SocketReceiver
+
+        return self.receiverStream(SocketReceiver(hostname, port, storageLevel))
+
     def union(self, *dstreams: DStream) -> DStream:
         if not dstreams:
             raise ValueError("should have at least one DStream to union")
@@ -231,6 +247,7 @@ class StreamingContext:
                     self._checkpoint_writer.stop()
                 self._block_tracker.stop()
                 raise
+            self._start_receivers()
             self._generator.timer.start(first)
             self._state = ACTIVE
             StreamingContext._active = self
@@ -257,6 +274,7 @@ class StreamingContext:
                 return
             self._stopping = True
             if self._state == ACTIVE:
+                self._stop_receivers(stopGraceFully)
                 self._generator.timer.stop()
                 if stopGraceFully:
                     timeout = float(self._conf.get("spark.streaming.gracefulStopTimeout",
@@ -402,9 +420,35 @@ class StreamingContext:
                                     storage_options=self._storage_options if logged else None,
                                     recover_from_wal=logged and self._restored is not None)
 
+    def _start_receivers(self) -> None:
+        receivers = [s for s in self._graph.inputs if s.receiver_based]
+        if receivers:
+            from .receiver.tracker import ReceiverTracker
+
+            self._receiver_tracker = ReceiverTracker(self, receivers)
+            self._receiver_tracker.start()
+
+    def _stop_receivers(self, graceful: bool) -> None:
+        """Spark's first stop step: receivers stop (each pushing its last block); a graceful stop
+        then waits until every received block is in a batch, before the timer stops."""
+        if self._receiver_tracker is None:
+            return
+        timeout = float(self._conf.get("spark.streaming.gracefulStopTimeout", str(10 * self._batch_ms / 1000)))
+        self._receiver_tracker.stop(graceful, timeout)
+        if graceful:
+            deadline = time.monotonic() + timeout
+            while self._block_tracker.has_unallocated_blocks() and time.monotonic() < deadline:
+                self._terminated.wait(0.05)  # the timer allocates them to the next batches
+
+    def _on_batch_done(self, time_ms: int, info) -> None:
+        if self._receiver_tracker is not None:
+            self._receiver_tracker.on_batch_completed(time_ms, info)
+
     def _cleanup_old_blocks(self, thresh_ms: int) -> None:
         if thresh_ms < self._clock.now_ms():
             self._block_tracker.cleanup_old_batches(thresh_ms)
+            if self._receiver_tracker is not None:
+                self._receiver_tracker.cleanup_old_blocks(thresh_ms)
 
     def _post(self, callback: str, event) -> None:
         for listener in list(self._listeners):

@@ -73,7 +73,7 @@ class StreamingListener:
     def onOutputOperationCompleted(self, outputOperationCompleted) -> None:
         pass
 
-    # Receiver callbacks (pyspark.streaming's names): not called until receiver inputs exist.
+    # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:
         pass
 
@@ -82,3 +82,61 @@ class StreamingListener:
 
     def onReceiverStopped(self, receiverStopped) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class ReceiverInfo:
+    """A receiver as the driver sees it (pyspark.streaming's ``ReceiverInfo`` accessors)."""
+
+    stream_id: int
+    name_: str
+    active_: bool
+    location_: str
+    executor_id_: str
+    last_error_message: str = ""
+    last_error: str = ""
+    last_error_time_ms: int = -1
+
+    def streamId(self) -> int:
+        return self.stream_id
+
+    def name(self) -> str:
+        return self.name_
+
+    def active(self) -> bool:
+        return self.active_
+
+    def location(self) -> str:
+        return self.location_
+
+    def executorId(self) -> str:
+        return self.executor_id_
+
+    def lastErrorMessage(self) -> str:
+        return self.last_error_message
+
+    def lastError(self) -> str:
+        return self.last_error
+
+    def lastErrorTime(self) -> int:
+        return self.last_error_time_ms
+
+
+@dataclass(frozen=True)
+class _ReceiverEvent:
+    receiver_info: ReceiverInfo
+
+    def receiverInfo(self) -> ReceiverInfo:  # pyspark's accessor
+        return self.receiver_info
+
+
+class StreamingListenerReceiverStarted(_ReceiverEvent):
+    pass
+
+
+class StreamingListenerReceiverError(_ReceiverEvent):
+    pass
+
+
+class StreamingListenerReceiverStopped(_ReceiverEvent):
+    pass

@@ -106,6 +106,7 @@ class JobScheduler:
     def submit(self, time_ms: int, jobs: list[Job], input_infos: dict) -> None:
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
+            self._ssc._on_batch_done(time_ms, None)
             return
         js = _JobSet(time_ms, jobs, input_infos, self._ssc._clock.now_ms())
         with self._lock:
@@ -148,7 +149,9 @@ class JobScheduler:
             with self._lock:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
-            self._ssc._post("onBatchCompleted", StreamingListenerBatchCompleted(js.info()))
+            info = js.info()
+            self._ssc._on_batch_done(js.time_ms, info)
+            self._ssc._post("onBatchCompleted", StreamingListenerBatchCompleted(info))
             self._ssc._generator.on_batch_completion(js.time_ms)
 
     def wait_idle(self, timeout_s: float) -> bool:

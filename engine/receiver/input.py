@@ -1,0 +1,76 @@
+"""ReceiverInputDStream: each batch's RDD is the blocks its receiver stored (one partition per
+block), read back from wherever they live (reference B.4)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from pyspark import RDD
+
+from ..inputs import InputDStream
+from .blocks import read_local_block, read_wal_block, receiver_wal_dir
+from .placement import location_string, rdd_with_locations
+from .receiver import Receiver
+
+log = logging.getLogger(__name__)
+
+
+def _read_wal_blocks(wal_dir, storage_options, stream_id, item):
+    block_id, handle = item
+    return read_wal_block(wal_dir, storage_options, stream_id, block_id, handle)
+
+
+def _read_local_blocks(app_id, stream_id, block_id):
+    return read_local_block(app_id, stream_id, block_id)
+
+
+class ReceiverInputDStream(InputDStream):
+    """The stream of what ``receiver`` stores (``ssc.receiverStream``)."""
+
+    receiver_based = True
+
+    def __init__(self, ssc, receiver: Receiver):
+        if not isinstance(receiver, Receiver):
+            raise TypeError(f"receiverStream takes an engine.Receiver, got {type(receiver).__name__}")
+        super().__init__(ssc)
+        self.receiver = receiver
+        receiver._stream_id = self.input_id
+
+    def compute(self, time_ms: int) -> RDD | None:
+        ssc = self._ssc
+        blocks = ssc._block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
+        ssc._report_input(time_ms, self, sum(b.num_records or 0 for b in blocks),
+                          {"blocks": len(blocks)})
+        if not blocks:
+            return self._sc.emptyRDD()
+        logged = [b for b in blocks if b.wal_handle is not None]
+        if len(logged) == len(blocks):
+            wal_dir = receiver_wal_dir(ssc._checkpoint_dir, self.input_id)
+            items = [(b.block_id, list(b.wal_handle)) for b in blocks]
+            return self._sc.parallelize(items, len(items)).flatMap(
+                partial(_read_wal_blocks, wal_dir, ssc._storage_options, self.input_id))
+        if logged:
+            log.error("stream %d batch %d mixes blocks in the WAL and on executors", self.input_id, time_ms)
+        return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
+
+    def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:
+        """WAL off: blocks on the executors that received them; those whose executor is gone
+        are dropped with a warning (Spark's behaviour)."""
+        tracker = self._ssc._receiver_tracker
+        live = tracker.live_executor_ids() if tracker is not None else None
+        ids, locations = [], []
+        for b in blocks:
+            where = tracker.block_location(b.block_id) if tracker is not None else None
+            if where is None or (live is not None and where.executor_id not in live):
+                log.warning("batch %d: block %s of stream %d is lost (%s); enable "
+                            "spark.streaming.receiver.writeAheadLog.enable to survive executor loss",
+                            time_ms, b.block_id, self.input_id,
+                            "its executor is gone" if where is not None else "not received by this driver")
+                continue
+            ids.append(b.block_id)
+            locations.append([location_string(where)])
+        if not ids:
+            return self._sc.emptyRDD()
+        return rdd_with_locations(self._sc, ids, locations).flatMap(
+            partial(_read_local_blocks, self._sc.applicationId, self.input_id))

@@ -1,0 +1,87 @@
+"""The Receiver API users subclass (Spark's names, Python calling style)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .supervisor import ReceiverSupervisor
+
+
+class ReceiverNotStartedError(RuntimeError):
+    """A receiver method that needs its supervisor was called outside a running receiver."""
+
+
+class Receiver:
+    """Receives data on an executor. Subclass it: ``onStart()`` starts threads that receive data
+    and call ``store``/``storeBlock`` (it must not block), ``onStop()`` stops them.
+
+    ``store(record)`` buffers one record into the current block (blocks are cut every
+    ``spark.streaming.blockInterval``); it blocks when the bounded buffer is full, so a source
+    feels back-pressure. ``storeBlock(records, metadata)`` stores one block and returns only once
+    it is durable in the receiver WAL (when on) and the driver has recorded it: acknowledge the
+    source after it returns and the receiver is *reliable* (nothing acknowledged is lost).
+
+    The object is pickled into the receiver's Spark task, so keep connections and threads out of
+    ``__init__`` (open them in ``onStart``).
+    """
+
+    def __init__(self, storageLevel: Any = None):
+        self.storageLevel = storageLevel
+        self._stream_id: int | None = None
+        self._supervisor: ReceiverSupervisor | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_supervisor"] = None
+        return state
+
+    # ---------------------------------------------------------------- to override
+
+    def onStart(self) -> None:
+        raise NotImplementedError("a Receiver must implement onStart()")
+
+    def onStop(self) -> None:
+        raise NotImplementedError("a Receiver must implement onStop()")
+
+    def preferredLocation(self) -> str | None:
+        """A host to run on, or None (anywhere)."""
+        return None
+
+    # ---------------------------------------------------------------- to call
+
+    @property
+    def streamId(self) -> int:
+        if self._stream_id is None:
+            raise ReceiverNotStartedError("the receiver has no stream id until ssc.receiverStream() takes it")
+        return self._stream_id
+
+    def _sup(self) -> ReceiverSupervisor:
+        if self._supervisor is None:
+            raise ReceiverNotStartedError(
+                f"{type(self).__name__} is not running: store/restart/stop work only on an executor, "
+                "between onStart() and onStop()")
+        return self._supervisor
+
+    def store(self, record: Any) -> None:
+        self._sup().push_single(record)
+
+    def storeBlock(self, records: Iterable[Any], metadata: Any = None) -> None:
+        self._sup().push_block(list(records), metadata)
+
+    def restart(self, message: str, error: BaseException | None = None,
+                millisecondsDelay: int | None = None) -> None:
+        self._sup().restart_receiver(message, error, millisecondsDelay)
+
+    def stop(self, message: str, error: BaseException | None = None) -> None:
+        self._sup().stop(message, error)
+
+    def reportError(self, message: str, error: BaseException | None) -> None:
+        self._sup().report_error(message, error)
+
+    def isStarted(self) -> bool:
+        return self._supervisor is not None and self._supervisor.receiver_started
+
+    def isStopped(self) -> bool:
+        return self._supervisor is None or self._supervisor.stopped

@@ -1,0 +1,306 @@
+"""The executor side of a receiver: its supervisor, running inside a long-lived Spark task.
+
+``run_receiver_task`` is the task's body. The supervisor registers with the driver's endpoint,
+starts the user's receiver, and turns what it stores into blocks: ``store()`` goes through the
+:class:`BlockGenerator` (rate-limited, cut every block interval, bounded), ``storeBlock()``
+directly; each block is stored by a block handler (the receiver WAL, or the executor's local
+directory) and then reported to the driver with ``AddBlock``. It stops when the driver says so,
+when the receiver calls ``stop()``, or when the driver is unreachable (nobody would record its
+blocks). A retried task attempt exits at once, as in Spark: the driver restarts receivers itself,
+wherever its scheduling policy says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+
+from tracker import RateLimiter, ReceivedBlockInfo
+from wal import SYSTEM_CLOCK, Clock
+
+from . import wire
+from .blocks import LocalBlockHandler, WalBlockHandler, serialize_block
+from .client import DriverConnection, DriverUnreachableError
+from .placement import this_executor
+from .receiver import Receiver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """Everything a receiver's task needs, made by the driver (it travels with the task). The
+    secret is the application's own, generated per run: it dies with the application."""
+
+    stream_id: int
+    endpoint: tuple[str, int]
+    secret: bytes
+    app_id: str
+    driver_host: str
+    checkpoint_dir: str | None  #: None: the receiver WAL is off
+    storage_options: dict | None
+    block_interval_ms: int = 200
+    block_queue_size: int = 10
+    max_buffered_records: int = 100_000  #: store() blocks beyond this many records not yet in a block
+    max_rate: float | None = None
+    initial_rate: float | None = None
+    restart_delay_ms: int = 2000
+    store_timeout_s: float = 30.0
+    wal_rolling_interval_s: float = 60
+
+
+class BlockGenerator:
+    """Spark's BlockGenerator, with memory bounded: records buffer until the next block
+    interval, a full block waits in a queue of ``queue_size`` for the pusher thread, and
+    ``add`` blocks while the buffer holds ``max_buffered`` records (Spark's buffer is unbounded:
+    a fast source fills the heap)."""
+
+    def __init__(self, push, *, interval_ms: int, queue_size: int, max_buffered: int,
+                 rate_limiter: RateLimiter, clock: Clock, on_error, new_block_id):
+        if interval_ms <= 0:
+            raise ValueError(f"spark.streaming.blockInterval must be positive, got {interval_ms} ms")
+        self._push, self._on_error, self._new_block_id = push, on_error, new_block_id
+        self._interval, self._max = interval_ms, max_buffered
+        self.rate_limiter, self._clock = rate_limiter, clock
+        self._queue: queue.Queue = queue.Queue(queue_size)
+        self._buffer: list = []
+        self._cond = threading.Condition()
+        self._adding = True
+        self._generating = threading.Event()  # set: stop cutting blocks
+        self._timer = threading.Thread(target=self._timer_loop, name="block-generator", daemon=True)
+        self._pusher = threading.Thread(target=self._push_loop, name="block-pusher", daemon=True)
+
+    def start(self) -> None:
+        self._timer.start()
+        self._pusher.start()
+
+    def add(self, record) -> None:
+        self.rate_limiter.wait_to_push()
+        with self._cond:
+            while len(self._buffer) >= self._max and self._adding:
+                self._cond.wait(0.1)
+            if not self._adding:
+                raise RuntimeError("cannot add data: the block generator has stopped")
+            self._buffer.append(record)
+
+    def _cut(self) -> None:
+        with self._cond:
+            records, self._buffer = self._buffer, []
+            self._cond.notify_all()
+        if records:
+            self._queue.put((self._new_block_id(), records))  # blocks while the queue is full
+
+    def _timer_loop(self) -> None:
+        next_ms = (self._clock.now_ms() // self._interval + 1) * self._interval
+        while not self._generating.is_set():
+            now = self._clock.wait_till_ms(next_ms, timeout_s=0.05)
+            if now >= next_ms:
+                self._cut()
+                next_ms += self._interval
+        self._cut()  # the final block: what was added before stop()
+
+    def _push_loop(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._generating.is_set() and not self._timer.is_alive():
+                    return
+                continue
+            try:
+                self._push(*item)
+            except Exception as e:  # noqa: BLE001
+                self._on_error(f"Error in block pushing thread: {len(item[1])} records of block "
+                               f"{item[0]} were not stored", e)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._adding = False
+            self._cond.notify_all()
+        self._generating.set()
+        for t in (self._timer, self._pusher):
+            if t.is_alive() and t is not threading.current_thread():
+                t.join()
+
+
+class ReceiverSupervisor:
+    def __init__(self, config: SupervisorConfig, receiver: Receiver, *, clock: Clock | None = None):
+        self.config, self.receiver = config, receiver
+        self._clock = clock or SYSTEM_CLOCK
+        self.location = this_executor(config.driver_host)
+        self._stop_event = threading.Event()
+        self._lock = threading.RLock()
+        self.receiver_started = False
+        self._last_block_ms = 0
+        self._suffix = os.urandom(3).hex()
+        self.stop_message = ""
+        self.stop_error: str | None = None
+        self._conn: DriverConnection | None = None
+        self._handler = None
+        self._generator: BlockGenerator | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop_event.is_set()
+
+    def _new_block_id(self) -> str:
+        with self._lock:
+            ms = max(self._clock.now_ms(), self._last_block_ms + 1)
+            self._last_block_ms = ms
+        return f"input-{self.config.stream_id}-{ms}-{self._suffix}"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def run(self) -> str:
+        """Receive until stopped; return why it stopped."""
+        c = self.config
+        self._conn = DriverConnection(c.endpoint, c.secret, on_message=self._on_driver_message,
+                                      on_close=self._on_driver_gone)
+        ok, message = self._conn.request(wire.REGISTER, [c.stream_id, type(self.receiver).__name__,
+                                                         self.location.host, self.location.executor_id])
+        if not ok:
+            self._conn.close()
+            return f"registration refused by the driver: {message}"
+        try:
+            if c.checkpoint_dir is not None:
+                self._handler = WalBlockHandler(c.checkpoint_dir, c.stream_id, storage_options=c.storage_options,
+                                                rolling_interval_s=c.wal_rolling_interval_s,
+                                                stopped=self._stop_event)
+            else:
+                self._handler = LocalBlockHandler(c.app_id, c.stream_id)
+            self._generator = BlockGenerator(
+                self._store_and_report, interval_ms=c.block_interval_ms, queue_size=c.block_queue_size,
+                max_buffered=c.max_buffered_records, clock=self._clock, on_error=self.report_error,
+                rate_limiter=RateLimiter(c.max_rate, c.initial_rate, clock=self._clock),
+                new_block_id=self._new_block_id)
+            self._generator.start()
+            self.receiver._stream_id = c.stream_id
+            self.receiver._supervisor = self
+            self._start_receiver()
+            self._stop_event.wait()
+        finally:
+            self._shutdown()
+        return self.stop_message
+
+    def _start_receiver(self) -> None:
+        try:
+            self.receiver.onStart()
+            self.receiver_started = True
+        except Exception as e:  # noqa: BLE001
+            self.stop("Error starting receiver", e)
+
+    def _stop_receiver(self) -> None:
+        with self._lock:
+            started, self.receiver_started = self.receiver_started, False
+        if started:
+            try:
+                self.receiver.onStop()
+            except Exception as e:  # noqa: BLE001
+                log.warning("receiver %s: onStop failed: %s", self.config.stream_id, e)
+
+    def _shutdown(self) -> None:
+        self._stop_receiver()
+        if self._generator is not None:
+            self._generator.stop()  # pushes the last block while the driver is still there
+        if self._handler is not None:
+            self._handler.close()
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                conn.request(wire.DEREGISTER, [self.config.stream_id, self.stop_message, self.stop_error],
+                             timeout_s=10)
+            except (DriverUnreachableError, TimeoutError):
+                pass
+            conn.close()
+
+    def stop(self, message: str, error: BaseException | None = None) -> None:
+        if not self._stop_event.is_set():
+            self.stop_message = message
+            self.stop_error = _describe(error)
+            log.info("stopping receiver %d: %s", self.config.stream_id, message)
+        self._stop_event.set()
+
+    def restart_receiver(self, message: str, error: BaseException | None = None,
+                         delay_ms: int | None = None) -> None:
+        """Spark's restart: onStop, a delay, onStart, on a thread of its own (the caller may be one
+        of the receiver's threads that onStop ends)."""
+        delay = self.config.restart_delay_ms if delay_ms is None else delay_ms
+
+        def go() -> None:
+            log.warning("restarting receiver %d in %d ms: %s", self.config.stream_id, delay, message)
+            self.report_error(f"Restarting receiver with delay {delay} ms: {message}", error)
+            self._stop_receiver()
+            if self._stop_event.wait(delay / 1000):
+                return
+            self._start_receiver()
+
+        threading.Thread(target=go, name=f"receiver-{self.config.stream_id}-restart", daemon=True).start()
+
+    # ---------------------------------------------------------------- data
+
+    def push_single(self, record) -> None:
+        if self.stopped:
+            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+        self._generator.add(record)
+
+    def push_block(self, records: list, metadata) -> None:
+        if self.stopped:
+            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+        self._store_and_report(self._new_block_id(), records, metadata)
+
+    def _store_and_report(self, block_id: str, records: list, metadata=None) -> None:
+        """Durable in the handler, then recorded by the driver; raises if either fails."""
+        data = serialize_block(records)
+        handle = self._handler.store(block_id, data)
+        info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
+        ok, message = self._conn.request(
+            wire.ADD_BLOCK, [info._encode(), self.location.host, self.location.executor_id, len(data)],
+            timeout_s=None)
+        if not ok:
+            raise RuntimeError(f"the driver did not record block {block_id}: {message}")
+
+    # ---------------------------------------------------------------- driver
+
+    def report_error(self, message: str, error: BaseException | None) -> None:
+        log.warning("receiver %d: %s: %s", self.config.stream_id, message, error)
+        try:
+            if self._conn is not None:
+                self._conn.tell(wire.REPORT_ERROR, [self.config.stream_id, message, _describe(error)])
+        except DriverUnreachableError:
+            pass
+
+    def _on_driver_message(self, kind: int, args: list) -> None:
+        if kind == wire.STOP_RECEIVER:
+            self.stop("Stopped by driver")
+        elif kind == wire.CLEANUP_OLD_BLOCKS:
+            if self._handler is not None:
+                self._handler.cleanup_old_blocks(args[0])
+        elif kind == wire.UPDATE_RATE_LIMIT:
+            if self._generator is not None:
+                self._generator.rate_limiter.update_rate(float(args[0]))
+
+    def _on_driver_gone(self) -> None:
+        if not self._stop_event.is_set():
+            self.stop("the driver is unreachable (it stopped or died)")
+
+
+def _describe(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
+
+
+def run_receiver_task(config: SupervisorConfig, receiver: Receiver) -> list[str]:
+    """The body of a receiver's Spark task: supervise until stopped. A retried attempt returns at
+    once (the driver restarts receivers through its scheduling policy, as Spark does)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.attemptNumber() > 0:
+        return [f"attempt {ctx.attemptNumber()} of a receiver task: exiting, the driver reschedules"]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return [ReceiverSupervisor(config, receiver).run()]

@@ -1,0 +1,387 @@
+"""The driver side of receivers: Spark's ReceiverTracker (reference B.6).
+
+It owns the endpoint receivers connect to, runs every receiver as a one-partition Spark job
+placed by :class:`tracker.ReceiverSchedulingPolicy`, and starts it again (as a new job, wherever
+the policy and the scheduler allow) whenever that job ends while the context runs: local mode
+does not retry failed tasks, and a retried attempt exits at once anyway. It records reported
+blocks in the context's ReceivedBlockTracker (the driver's WAL), publishes rate limits
+(backpressure), tells receivers to clean old blocks, and bounds the data received but not yet
+processed: an ``AddBlock`` that would take a stream past
+``spark.streaming.receiver.maxUnprocessedBytes`` is answered only once batches have processed
+enough, so the receiver's bounded queue fills and ``store()`` blocks the source.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+from tracker import (BatchInfo, ExecutorLocation, RateController, ReceivedBlockInfo,
+                     ReceiverSchedulingPolicy, ReceiverState, ReceiverTrackingInfo,
+                     create_rate_estimator)
+from tracker.events import EventFormatError, block_from_raw
+
+from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
+                        StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
+from . import wire
+from .blocks import block_time_ms, remove_local_blocks
+from .endpoint import Connection, ReceiverEndpoint
+from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
+                        rdd_with_locations, this_executor)
+from .supervisor import SupervisorConfig, run_receiver_task
+
+if TYPE_CHECKING:
+    from ..context import StreamingContext
+    from .input import ReceiverInputDStream
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_UNPROCESSED_BYTES = 256 << 20
+
+
+def _bool(conf, key: str, default: str) -> bool:
+    return str(conf.get(key, default)).lower() == "true"
+
+
+def _ms_conf(value: str) -> int:
+    """A Spark time setting ("200ms", "1s", "200") in ms."""
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|min)?\s*", str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r}")
+    n, unit = int(m.group(1)), m.group(2) or "ms"
+    return n * {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000}[unit]
+
+
+def total_cores(master: str, default_parallelism: int) -> int:
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
+    if m:
+        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return default_parallelism
+
+
+def _receiver_partition(config: SupervisorConfig, receiver, _rows):
+    return run_receiver_task(config, receiver)
+
+
+class ReceiverTracker:
+    def __init__(self, ssc: StreamingContext, inputs: list[ReceiverInputDStream]):
+        self._ssc, self._sc = ssc, ssc.sparkContext
+        conf = ssc._conf
+        self._inputs = {s.input_id: s for s in inputs}
+        self._secret = wire.new_secret()
+        self.wal_enabled = (ssc._checkpoint_dir is not None
+                            and _bool(conf, "spark.streaming.receiver.writeAheadLog.enable", "true"))
+        self._driver_host = conf.get("spark.driver.host", "127.0.0.1")
+        self._max_unprocessed = int(conf.get("spark.streaming.receiver.maxUnprocessedBytes",
+                                             str(DEFAULT_MAX_UNPROCESSED_BYTES)))
+        self._policy = ReceiverSchedulingPolicy()
+        self._lock = threading.Condition()
+        self._tracking: dict[int, ReceiverTrackingInfo] = {
+            sid: ReceiverTrackingInfo(sid, ReceiverState.INACTIVE) for sid in self._inputs}
+        self._infos: dict[int, ReceiverInfo] = {}
+        self._conns: dict[int, Connection] = {}
+        self._conn_stream: dict[Connection, int] = {}
+        self._known_executors: dict[str, ExecutorLocation] = {}
+        self._block_locations: dict[str, ExecutorLocation] = {}  # WAL off: where each block is
+        self._block_sizes: dict[str, tuple[int, int]] = {}  # block id -> (stream, bytes) unprocessed
+        self._unprocessed = dict.fromkeys(self._inputs, 0)
+        self._active = False
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.endpoint: ReceiverEndpoint | None = None
+        self._rate_controllers: dict[int, RateController] = {}
+        if _bool(conf, "spark.streaming.backpressure.enabled", "false"):
+            conf_map = dict(conf.getAll())
+            for sid in self._inputs:
+                self._rate_controllers[sid] = RateController(
+                    sid, create_rate_estimator(ssc._batch_ms, conf_map), partial(self.update_rate_limit, sid))
+        self._base_config = dict(
+            app_id=self._sc.applicationId, driver_host=self._driver_host,
+            checkpoint_dir=ssc._checkpoint_dir if self.wal_enabled else None,
+            storage_options=ssc._storage_options if self.wal_enabled else None,
+            block_interval_ms=_ms_conf(conf.get("spark.streaming.blockInterval", "200ms")),
+            block_queue_size=int(conf.get("spark.streaming.blockQueueSize", "10")),
+            max_buffered_records=int(conf.get("spark.streaming.receiver.maxBufferedRecords", "100000")),
+            max_rate=float(conf.get("spark.streaming.receiver.maxRate", "0")) or None,
+            initial_rate=float(conf.get("spark.streaming.backpressure.initialRate", "0")) or None,
+            restart_delay_ms=_ms_conf(conf.get("spark.streaming.receiverRestartDelay", "2000")),
+            wal_rolling_interval_s=float(conf.get(
+                "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")))
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.endpoint = ReceiverEndpoint(self, self._secret, self._driver_host)
+        cores = total_cores(self._sc.master, self._sc.defaultParallelism)
+        if len(self._inputs) >= cores:
+            log.warning("%d receiver(s) will occupy all %d core(s) of %s: no core is left to process "
+                        "batches, which will queue forever. Give the application more cores than "
+                        "receivers (e.g. local[%d])", len(self._inputs), cores, self._sc.master,
+                        len(self._inputs) + 1)
+        self._active = True
+        executors = self._executors()
+        receivers = [_Placement(sid, s.receiver.preferredLocation()) for sid, s in self._inputs.items()]
+        schedule = self._policy.schedule_receivers(receivers, executors)
+        for sid in self._inputs:
+            with self._lock:
+                self._tracking[sid] = ReceiverTrackingInfo(sid, ReceiverState.SCHEDULED,
+                                                           tuple(schedule.get(sid, ())))
+            t = threading.Thread(target=self._receiver_loop, args=(sid,), daemon=True,
+                                 name=f"receiver-launcher-{sid}")
+            self._threads.append(t)
+            t.start()
+
+    def _executors(self) -> list[ExecutorLocation]:
+        """Live executors: in local mode the driver; else those Spark lists, with the hosts the
+        receivers and a probe job reported."""
+        live = live_executor_ids(self._sc)
+        if live is None:
+            return [ExecutorLocation(self._driver_host, DRIVER_EXECUTOR_ID)]
+        unknown = live - set(self._known_executors)
+        if unknown:
+            host = self._driver_host
+            n = max(2 * len(live), 2)
+            try:
+                found = self._sc.parallelize(range(n), n).map(lambda _: this_executor(host)).distinct().collect()
+            except Exception:  # noqa: BLE001
+                log.warning("could not probe executors", exc_info=True)
+                found = []
+            for e in found:
+                self._known_executors[e.executor_id] = e
+        return [e for eid, e in sorted(self._known_executors.items()) if eid in live]
+
+    def _receiver_loop(self, sid: int) -> None:
+        stream = self._inputs[sid]
+        backoff = 0.1
+        first = True
+        while self._active:
+            locations = self._next_locations(sid, first)
+            first = False
+            config = SupervisorConfig(stream_id=sid, endpoint=tuple(self.endpoint.address),
+                                      secret=self._secret, **self._base_config)
+            rdd = rdd_with_locations(self._sc, [str(sid)], [[location_string(x) for x in locations]])
+            self._sc.setJobGroup(f"sparkwal-receiver-{sid}", f"receiver of stream {sid}",
+                                 interruptOnCancel=True)
+            started = time.monotonic()
+            try:
+                outcome = self._sc.runJob(rdd, partial(_receiver_partition, config, stream.receiver))
+                log.info("receiver job of stream %d ended: %s", sid, outcome)
+            except Exception as e:  # noqa: BLE001
+                if self._active:
+                    log.warning("receiver job of stream %d failed: %s", sid, str(e).splitlines()[0])
+            if not self._active:
+                break
+            backoff = 0.1 if time.monotonic() - started > 10 else min(backoff * 2, 5.0)
+            log.info("restarting the receiver of stream %d in %.1f s", sid, backoff)
+            if self._stopped.wait(backoff):
+                break
+
+    def _next_locations(self, sid: int, first: bool):
+        with self._lock:
+            info = self._tracking[sid]
+        if first and info.scheduled_locations:
+            return list(info.scheduled_locations)
+        executors = self._executors()
+        with self._lock:
+            scheduled = [x for x in (info.scheduled_locations or ())
+                         if not isinstance(x, ExecutorLocation) or x in executors]
+            if not scheduled or info.state is not ReceiverState.SCHEDULED:
+                scheduled = self._policy.reschedule_receiver(
+                    sid, self._inputs[sid].receiver.preferredLocation(), self._tracking, executors)
+            self._tracking[sid] = ReceiverTrackingInfo(sid, ReceiverState.SCHEDULED, tuple(scheduled))
+        return scheduled
+
+    def stop(self, graceful: bool, timeout_s: float = 10.0) -> None:
+        """Stop every receiver (each pushes its last block first), wait for their jobs to end
+        (cancelling them after ``timeout_s``), then close the endpoint."""
+        self._active = False
+        self._stopped.set()
+        with self._lock:
+            conns = list(self._conns.values())
+            self._lock.notify_all()
+        for c in conns:
+            c.send(wire.STOP_RECEIVER)
+        deadline = time.monotonic() + (timeout_s if graceful else 2.0)
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            for sid in self._inputs:
+                self._sc.cancelJobGroup(f"sparkwal-receiver-{sid}")
+            for t in self._threads:
+                t.join(5)
+        if self.endpoint is not None:
+            self.endpoint.stop()
+        for c in self._rate_controllers.values():
+            c.stop()
+        if not self.wal_enabled and self._sc.master.startswith("local["):
+            remove_local_blocks(self._sc.applicationId,
+                                self._ssc._conf.get("spark.local.dir", tempfile.gettempdir()).split(",")[0])
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return bool(self._conns)
+
+    def receiver_infos(self) -> dict[int, ReceiverInfo]:
+        with self._lock:
+            return dict(self._infos)
+
+    # ---------------------------------------------------------------- endpoint handler
+
+    def on_register(self, conn: Connection, stream_id: int, typ: str, host: str,
+                    executor_id: str) -> tuple[bool, str]:
+        with self._lock:
+            if not self._active:
+                return False, "the receiver tracker is stopping"
+            if stream_id not in self._inputs:
+                return False, f"no receiver input has stream id {stream_id}"
+            other = self._conns.get(stream_id)
+            if other is not None and not other.closed:
+                return False, f"stream {stream_id} already has a running receiver ({other.peer})"
+            if conn in self._conn_stream:
+                return False, "this connection already registered a receiver"
+            location = ExecutorLocation(host, executor_id)
+            self._known_executors.setdefault(executor_id, location)
+            self._conns[stream_id] = conn
+            self._conn_stream[conn] = stream_id
+            self._tracking[stream_id] = ReceiverTrackingInfo(stream_id, ReceiverState.ACTIVE, None, location)
+            info = self._infos[stream_id] = ReceiverInfo(stream_id, typ, True, host, executor_id)
+        log.info("registered receiver for stream %d on executor %s (%s)", stream_id, executor_id, host)
+        self._ssc._post("onReceiverStarted", StreamingListenerReceiverStarted(info))
+        return True, ""
+
+    def on_add_block(self, conn: Connection, block: list, host: str, executor_id: str,
+                     size: int) -> tuple[bool, str]:
+        with self._lock:
+            sid = self._conn_stream.get(conn)
+        if sid is None:
+            raise wire.ProtocolError("AddBlock before RegisterReceiver")
+        info = _block(block)
+        if info.stream_id != sid or not info.block_id.startswith(f"input-{sid}-"):
+            return False, f"block {info.block_id!r} is not a block of stream {sid}"
+        if size < 0:
+            raise wire.ProtocolError(f"negative block size {size}")
+        with self._lock:  # bound the data received but not yet processed
+            while (self._active and not self._stopped.is_set() and self._unprocessed[sid] > 0
+                   and self._unprocessed[sid] + size > self._max_unprocessed):
+                self._lock.wait(0.5)
+        if not self._ssc._block_tracker.add_block(info):
+            return False, f"block {info.block_id} could not be logged in the driver's WAL"
+        with self._lock:
+            self._unprocessed[sid] += size
+            self._block_sizes[info.block_id] = (sid, size)
+            if info.wal_handle is None:
+                self._block_locations[info.block_id] = ExecutorLocation(host, executor_id)
+        return True, ""
+
+    def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
+        with self._lock:
+            if self._conn_stream.get(conn) != stream_id:
+                log.warning("dropped an error report for stream %d from %s (not its receiver)", stream_id, conn)
+                return
+            old = self._infos[stream_id]
+            info = self._infos[stream_id] = ReceiverInfo(
+                stream_id, old.name_, old.active_, old.location_, old.executor_id_, message, error or "",
+                self._ssc._clock.now_ms())
+        log.warning("receiver of stream %d reported: %s %s", stream_id, message, error or "")
+        self._ssc._post("onReceiverError", StreamingListenerReceiverError(info))
+
+    def on_deregister(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
+        if self._conn_stream.get(conn) == stream_id:
+            self._deactivate(conn, message, error)
+
+    def on_disconnect(self, conn: Connection) -> None:
+        self._deactivate(conn, "the receiver's connection was lost (its executor or worker died?)",
+                         "connection lost")
+
+    def _deactivate(self, conn: Connection, message: str, error: str | None) -> None:
+        with self._lock:
+            sid = self._conn_stream.pop(conn, None)
+            if sid is None:
+                return
+            if self._conns.get(sid) is conn:
+                del self._conns[sid]
+            self._tracking[sid] = ReceiverTrackingInfo(sid, ReceiverState.INACTIVE)
+            old = self._infos[sid]
+            info = self._infos[sid] = ReceiverInfo(
+                sid, old.name_, False, old.location_, old.executor_id_,
+                message if error else old.last_error_message, error or old.last_error,
+                self._ssc._clock.now_ms() if error else old.last_error_time_ms)
+        log.info("receiver of stream %d stopped: %s", sid, message)
+        self._ssc._post("onReceiverStopped", StreamingListenerReceiverStopped(info))
+
+    # ---------------------------------------------------------------- from the engine
+
+    def block_location(self, block_id: str) -> ExecutorLocation | None:
+        with self._lock:
+            return self._block_locations.get(block_id)
+
+    def live_executor_ids(self) -> set[str] | None:
+        return live_executor_ids(self._sc)
+
+    def on_batch_completed(self, time_ms: int, batch: BatchInfo | None) -> None:
+        """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers."""
+        blocks = self._ssc._block_tracker.get_blocks_of_batch(time_ms)
+        with self._lock:
+            for infos in blocks.values():
+                for b in infos:
+                    entry = self._block_sizes.pop(b.block_id, None)
+                    if entry is not None:
+                        self._unprocessed[entry[0]] -= entry[1]
+            self._lock.notify_all()
+        if batch is not None:
+            for c in self._rate_controllers.values():
+                c.on_batch_completed(batch)
+
+    def update_rate_limit(self, stream_id: int, rate: float) -> None:
+        with self._lock:
+            conn = self._conns.get(stream_id)
+        log.info("rate limit of stream %d: %.0f records/s", stream_id, rate)
+        if conn is not None:
+            conn.send(wire.UPDATE_RATE_LIMIT, [float(rate)])
+
+    def cleanup_old_blocks(self, thresh_ms: int) -> None:
+        with self._lock:
+            conns = list(self._conns.values())
+            for bid in [b for b in self._block_locations if block_time_ms(b) < thresh_ms]:
+                del self._block_locations[bid]
+        for c in conns:
+            c.send(wire.CLEANUP_OLD_BLOCKS, [int(thresh_ms)])
+
+
+class _Placement:
+    def __init__(self, stream_id: int, preferred: str | None):
+        self.stream_id, self.preferred_location = stream_id, preferred
+
+
+def _block(raw: list) -> ReceivedBlockInfo:
+    """A reported block, checked field by field (a malformed one drops the connection)."""
+    if len(raw) != 5:
+        raise wire.ProtocolError(f"a block has 5 fields, got {len(raw)}")
+    sid, n, bid, handle, _meta = raw
+    if not isinstance(sid, int) or isinstance(sid, bool) or not (n is None or isinstance(n, int)):
+        raise wire.ProtocolError(f"bad block stream id or record count: {sid!r}, {n!r}")
+    if not isinstance(bid, str) or not 0 < len(bid) <= 200:
+        raise wire.ProtocolError(f"bad block id {bid!r}")
+    if handle is not None and not (isinstance(handle, list) and len(handle) == 3
+                                   and isinstance(handle[0], str)
+                                   and all(isinstance(x, int) and x >= 0 for x in handle[1:])):
+        raise wire.ProtocolError(f"bad WAL handle {handle!r} in block {bid}")
+    try:
+        block_time_ms(bid)
+        info = block_from_raw(raw)
+        info.__post_init__()
+    except (ValueError, IndexError, EventFormatError) as e:
+        raise wire.ProtocolError(f"bad block {bid!r}: {e}") from None
+    return info
