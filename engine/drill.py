@@ -3,6 +3,10 @@ nothing and count nothing twice.
 
     python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
+                           [--mode files|receiver] [--master local[2]] [--kinds driver,executor,worker]
+
+``--mode receiver`` drills a reliable receiver instead (engine/receiver/drill.py): the drill
+hosts its source, and kills the driver, the receiver's executor JVM or its Python worker.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
@@ -35,16 +39,19 @@ from .wordcount import expected_counts, file_lines, write_input_file
 class AppRun:
     """One run of the app; collects (wall time, batch ms) of each completed batch it prints."""
 
-    def __init__(self, workdir: str, batch: float, upgrade: bool = False):
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+    def __init__(self, workdir: str, batch: float, upgrade: bool = False, extra_args=(),
+                 env: dict | None = None):
+        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1", **(env or {}))
         self.started = time.monotonic()
         self.recovery: str | None = None  # the path the app's restart took
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
-             "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else [])],
+             "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
+             *extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             start_new_session=True)
         self.completed: list[tuple[float, int]] = []
+        self.receivers: list[tuple[float, dict]] = []  # (wall time, receiver_started event)
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -59,6 +66,9 @@ class AppRun:
                 continue
             if event.get("event") == "context":
                 self.recovery = event.get("recovery")
+            elif event.get("event") == "receiver_started":
+                with self.lock:
+                    self.receivers.append((time.monotonic(), event))
             elif event.get("event") == "batch_completed":
                 with self.lock:
                     self.completed.append((time.monotonic(), int(event["batch_ms"])))
@@ -224,8 +234,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
     ap.add_argument("--upgrade", action="store_true",
                     help="restarts recover code-free (getOrCreate(..., upgrade=True))")
+    ap.add_argument("--mode", choices=["files", "receiver"], default="files")
+    ap.add_argument("--master", default="local[2]", help="receiver mode: the app's Spark master")
+    ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
     args = ap.parse_args(argv)
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
+    if args.mode == "receiver":
+        from .receiver import drill as receiver_drill
+
+        try:
+            r = receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
+                                   args.seed, os.path.abspath(workdir), master=args.master,
+                                   kinds=tuple(args.kinds.split(",")) if args.kinds else None,
+                                   duration_s=args.duration)
+        finally:
+            if not args.dir:
+                shutil.rmtree(workdir, ignore_errors=True)
+        print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_offered", "lines_acked",
+                                               "records_lost", "duplicates", "lines_resent",
+                                               "words_exact", "state_mismatches")))
+        for kind, e in r["kills_by_kind"].items():
+            rec = sorted(e["recovery_s"])
+            print(f"{kind}: {e['kills']} kills, recovery p50="
+                  f"{pct(rec, 0.5) if rec else float('nan'):.1f}s" if rec else f"{kind}: {e['kills']} kills")
+        print("OK: every acknowledged line counted, duplicates only of re-sent lines" if r["ok"] else "FAILED")
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump(r, f, indent=1)
+        return 0 if r["ok"] else 1
     try:
         r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
                 upgrade=args.upgrade, duration_s=args.duration)

@@ -96,6 +96,7 @@ class ReceiverInfo:
     last_error_message: str = ""
     last_error: str = ""
     last_error_time_ms: int = -1
+    worker_pid: int = -1  #: the receiver's Python worker process (on its executor's machine)
 
     def streamId(self) -> int:
         return self.stream_id

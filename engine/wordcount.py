@@ -1,12 +1,17 @@
 """The main job: a local Spark streaming word count over files appearing in a directory.
 
     python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
-                               [--upgrade] [--json]
+                               [--master local[2]] [--source files|receiver] [--upgrade] [--json]
 
 * ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
   one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
   id, so a verifier knows what to expect). Without it, files are expected from elsewhere (the
   drill writes them).
+* ``--source receiver``: the input is lines ``r<id> <word> ...`` from a reliable receiver
+  (:class:`engine.receiver.acked_lines.AckedLineReceiver`, receiver WAL on). With ``--source-port``
+  it connects to an :class:`AckedLineSource` there (the drill's; the secret in the environment
+  variable named by ``--source-secret-env``); without it the job runs its own source, fed with
+  ``--files`` x 3 lines.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
   "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
   ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
@@ -82,19 +87,35 @@ def _save_batch(out_url: str, t, rdd) -> None:
     _BATCH_RECORDS[batch_ms] = sum(out["file"].values())
     if not out["file"]:
         return
-    body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "counts": out["word"],
-                       "totals": out["total"]}, sort_keys=True)
+    body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "file_counts": out["file"],
+                       "counts": out["word"], "totals": out["total"]}, sort_keys=True)
     storage.put(storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
+
+
+def receiver_line(line_id: int) -> str:
+    """Line ``line_id`` of the receiver input: ``r<id>`` and 3-6 words decided by the id."""
+    return " ".join([f"r{line_id}"] + [WORDS[(line_id * 5 + j * 3) % len(WORDS)]
+                                       for j in range(3 + line_id % 4)])
+
+
+def expected_line_counts(line_ids) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for i in line_ids:
+        for w in receiver_line(i).split()[1:]:
+            counts[w] = counts.get(w, 0) + 1
+    return counts
 
 
 def _emit(event: dict, json_events: bool, text: str) -> None:
     print(json.dumps(event, sort_keys=True) if json_events else text, flush=True)
 
 
-def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False):
+def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
+          receiver: tuple[str, int, str] | None = None):
     """The app's context and its progress listener: the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
-    program's graph with the checkpoint's data)."""
+    program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
+    an AckedLineSource to read instead of files."""
     from engine import StreamingContext, StreamingListener
     from engine import wordcount as app  # this module by its importable name (see setup)
     from wal import resolve
@@ -111,24 +132,47 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
             self.batches = self.records = self.files = 0
             self.processing_ms: list[int] = []
 
+        def onReceiverStarted(self, started):
+            r = started.receiverInfo()
+            _emit({"event": "receiver_started", "stream_id": r.streamId(), "executor_id": r.executorId(),
+                   "host": r.location(), "worker_pid": r.worker_pid}, json_events,
+                  f"receiver {r.streamId()} ({r.name()}) started on executor {r.executorId()} ({r.location()})")
+
+        def onReceiverStopped(self, stopped):
+            r = stopped.receiverInfo()
+            _emit({"event": "receiver_stopped", "stream_id": r.streamId(), "executor_id": r.executorId(),
+                   "error": r.lastError()}, json_events,
+                  f"receiver {r.streamId()} stopped on executor {r.executorId()}"
+                  + (f": {r.lastErrorMessage()}" if r.lastError() else ""))
+
         def onBatchCompleted(self, batchCompleted):
             info = batchCompleted.batchInfo()
             files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
             records = app._BATCH_RECORDS.pop(info.batch_time_ms, 0)
+            if receiver is not None:  # a receiver input reports its records, as in Spark
+                records = info.num_records
             self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
             self.processing_ms.append(info.processing_delay_ms or 0)
             _emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
                    "records": records, "scheduling_ms": info.scheduling_delay_ms,
                    "processing_ms": info.processing_delay_ms},
                   json_events,
-                  f"batch {_clock(info.batch_time_ms)}: {files} files, {records} records "
+                  f"batch {_clock(info.batch_time_ms)}: " + (f"{files} files, " if receiver is None else "")
+                  + f"{records} records "
                   f"({records / batch:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
                   f"processing {info.processing_delay_ms} ms")
 
     def setup():
         ssc = StreamingContext(sc, batch)
         ssc.checkpoint(os.path.join(workdir, "checkpoint"))
-        lines = ssc.textFileStream(input_dir, newFilesOnly=False).map(str.split).filter(bool)
+        if receiver is None:
+            source = ssc.textFileStream(input_dir, newFilesOnly=False)
+        else:
+            from engine.receiver.acked_lines import AckedLineReceiver
+
+            host, port, secret_env = receiver
+            source = ssc.receiverStream(AckedLineReceiver(host, port, secret_env=secret_env))
+        lines = source.map(str.split).filter(bool)
         words = lines.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
         # snapshot the state every 2 batches (Spark's default, 10 s, means re-computing up to 10
         # batches of state after a crash: seconds of Spark jobs)
@@ -181,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=25, help="run time (0: until stopped)")
     ap.add_argument("--upgrade", action="store_true",
                     help="recover this program's graph with the checkpoint's data (code-free)")
+    ap.add_argument("--master", default="local[2]",
+                    help="Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
+    ap.add_argument("--source", choices=["files", "receiver"], default="files", help="input mode")
+    ap.add_argument("--source-port", type=int, help="receiver mode: the AckedLineSource's port")
+    ap.add_argument("--source-secret-env", default="SPARKWAL_SOURCE_SECRET",
+                    help="receiver mode: the environment variable holding the source's secret")
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
     args = ap.parse_args(argv)
@@ -191,20 +241,48 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark import SparkConf, SparkContext
 
-    conf = (SparkConf().setMaster("local[2]").setAppName("sparkwal-wordcount")
+    receiver = source = None
+    if args.source == "receiver":
+        port = args.source_port
+        if port is None:  # a demo: the job feeds its own source
+            from engine.receiver.acked_lines import AckedLineSource
+
+            os.environ.setdefault(args.source_secret_env, os.urandom(16).hex())
+            port_file = os.path.join(workdir, "source-port")  # a recovered receiver reconnects here
+            port = int(open(port_file).read()) if os.path.exists(port_file) else 0
+            source = AckedLineSource(os.environ[args.source_secret_env], port=port)
+            port = source.address[1]
+            with open(port_file, "w") as f:
+                f.write(str(port))
+        if not os.environ.get(args.source_secret_env):
+            ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
+        receiver = ("127.0.0.1", port, args.source_secret_env)
+
+    conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount")
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
+    if receiver is not None:  # executors' receivers read the source's secret from their environment
+        conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("WARN" if args.verbose else "ERROR")
-    ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json)
+    ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
+                          receiver=receiver)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def generate() -> None:
+        if source is not None:
+            for i in range(args.files):
+                if stop.wait(args.batch):
+                    return
+                source.offer(receiver_line(3 * i + j) for j in range(3))
+            return
+        if receiver is not None:
+            return
         existing = len([n for n in os.listdir(os.path.join(workdir, "input")) if n.endswith(".txt")])
         for i in range(existing, args.files):
             if stop.wait(args.batch):

@@ -161,7 +161,8 @@ class ReceiverSupervisor:
         self._conn = DriverConnection(c.endpoint, c.secret, on_message=self._on_driver_message,
                                       on_close=self._on_driver_gone)
         ok, message = self._conn.request(wire.REGISTER, [c.stream_id, type(self.receiver).__name__,
-                                                         self.location.host, self.location.executor_id])
+                                                         self.location.host, self.location.executor_id,
+                                                         os.getpid()])
         if not ok:
             self._conn.close()
             return f"registration refused by the driver: {message}"
@@ -302,5 +303,5 @@ def run_receiver_task(config: SupervisorConfig, receiver: Receiver) -> list[str]
     ctx = TaskContext.get()
     if ctx is not None and ctx.attemptNumber() > 0:
         return [f"attempt {ctx.attemptNumber()} of a receiver task: exiting, the driver reschedules"]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return [ReceiverSupervisor(config, receiver).run()]

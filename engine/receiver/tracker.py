@@ -240,7 +240,7 @@ class ReceiverTracker:
     # ---------------------------------------------------------------- endpoint handler
 
     def on_register(self, conn: Connection, stream_id: int, typ: str, host: str,
-                    executor_id: str) -> tuple[bool, str]:
+                    executor_id: str, worker_pid: int) -> tuple[bool, str]:
         with self._lock:
             if not self._active:
                 return False, "the receiver tracker is stopping"
@@ -256,7 +256,8 @@ class ReceiverTracker:
             self._conns[stream_id] = conn
             self._conn_stream[conn] = stream_id
             self._tracking[stream_id] = ReceiverTrackingInfo(stream_id, ReceiverState.ACTIVE, None, location)
-            info = self._infos[stream_id] = ReceiverInfo(stream_id, typ, True, host, executor_id)
+            info = self._infos[stream_id] = ReceiverInfo(stream_id, typ, True, host, executor_id,
+                                                         worker_pid=worker_pid)
         log.info("registered receiver for stream %d on executor %s (%s)", stream_id, executor_id, host)
         self._ssc._post("onReceiverStarted", StreamingListenerReceiverStarted(info))
         return True, ""
@@ -293,7 +294,7 @@ class ReceiverTracker:
             old = self._infos[stream_id]
             info = self._infos[stream_id] = ReceiverInfo(
                 stream_id, old.name_, old.active_, old.location_, old.executor_id_, message, error or "",
-                self._ssc._clock.now_ms())
+                self._ssc._clock.now_ms(), old.worker_pid)
         log.warning("receiver of stream %d reported: %s %s", stream_id, message, error or "")
         self._ssc._post("onReceiverError", StreamingListenerReceiverError(info))
 
@@ -317,7 +318,7 @@ class ReceiverTracker:
             info = self._infos[sid] = ReceiverInfo(
                 sid, old.name_, False, old.location_, old.executor_id_,
                 message if error else old.last_error_message, error or old.last_error,
-                self._ssc._clock.now_ms() if error else old.last_error_time_ms)
+                self._ssc._clock.now_ms() if error else old.last_error_time_ms, old.worker_pid)
         log.info("receiver of stream %d stopped: %s", sid, message)
         self._ssc._post("onReceiverStopped", StreamingListenerReceiverStopped(info))
 

@@ -41,7 +41,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 _LEN = struct.Struct(">I")
 
 # receiver -> driver
-REGISTER = 1  # [stream_id, type_name, host, executor_id] -> REPLY [ok, message]
+REGISTER = 1  # [stream_id, type_name, host, executor_id, worker_pid] -> REPLY [ok, message]
 ADD_BLOCK = 2  # [block, host, executor_id, size_bytes] -> REPLY; block as in tracker/events.py
 REPORT_ERROR = 3  # [stream_id, message, error] (one-way)
 DEREGISTER = 4  # [stream_id, message, error] -> REPLY [ok, message]
@@ -55,7 +55,7 @@ _int, _str, _bool, _num = (int,), (str,), (bool,), (int, float)
 _opt_str = (str, type(None))
 #: the types of each kind's arguments (bool is an int in Python: checked first where it matters)
 SCHEMAS: dict[int, tuple] = {
-    REGISTER: (_int, _str, _str, _str),
+    REGISTER: (_int, _str, _str, _str, _int),
     ADD_BLOCK: ((list,), _str, _str, _int),
     REPORT_ERROR: (_int, _str, _opt_str),
     DEREGISTER: (_int, _str, _opt_str),
