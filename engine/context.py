@@ -132,6 +132,12 @@ class StreamingContext:
         """The tracker every batch asks for its received blocks first (None before start())."""
         return self._block_tracker
 
+    @property
+    def receiverTracker(self):
+        """The driver side of the receivers (endpoint, placement, statistics), made by start()
+        when the graph has receiver inputs; else None."""
+        return self._receiver_tracker
+
     def _check_not_started(self, what: str) -> None:
         if self._state != INITIALIZED:
             raise StreamingContextStateError(

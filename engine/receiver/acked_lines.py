@@ -171,6 +171,10 @@ class AckedLineSource:
 
     def close(self) -> None:
         self._closed = True
+        try:  # wakes the thread blocked in accept() (close() alone does not, on Linux)
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._server.close()
         with self._cond:
             conn, self._conn = self._conn, None

@@ -50,7 +50,8 @@ def _wait_for_receiver(app: AppRun, timeout_s: float = 120) -> None:
 
 def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master: str = "local[2]",
         kinds: tuple[str, ...] | None = None, lines_per_s: float = 30.0, duration_s: float | None = None,
-        log=print, min_gap_s: float = 3.0, max_gap_s: float = 10.0) -> dict:
+        log=print, min_gap_s: float = 3.0, max_gap_s: float = 10.0, cycle: bool = False) -> dict:
+    """``cycle``: kill each of ``kinds`` in turn instead of at random."""
     rng = random.Random(seed)
     cluster = not master.startswith("local[") and master != "local"
     kinds = kinds or (("driver", "executor", "worker") if cluster else ("driver", "worker"))
@@ -85,7 +86,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
         while k < kills and (until is None or time.monotonic() < until):
             _wait_for_receiver(app)  # kill a running app, not one still starting its JVMs
             time.sleep(rng.uniform(min_gap_s, max_gap_s))
-            kind = rng.choice(kinds)
+            kind = kinds[k % len(kinds)] if cycle else rng.choice(kinds)
             with app.lock:
                 started = [e for _, e in app.receivers]
             if kind != "driver" and not started:

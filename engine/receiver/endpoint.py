@@ -174,6 +174,10 @@ class ReceiverEndpoint:
 
     def stop(self) -> None:
         self._stopped = True
+        try:  # wakes the thread blocked in accept() (close() alone does not, on Linux)
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._server.close()
         with self._lock:
             conns = list(self._conns)
