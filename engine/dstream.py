@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import types
 from datetime import datetime
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
@@ -82,6 +83,9 @@ class DStream:
 
     def _attach(self, ssc: StreamingContext) -> None:
         """Bind an unpickled stream to the context that recovers it."""
+
+    def __class_getitem__(cls, item):  # DStream[T] in annotations, as pyspark's Generic DStream
+        return types.GenericAlias(cls, item)
         self._ssc, self._sc = ssc, ssc.sparkContext
 
     # ------------------------------------------------------------------ machinery

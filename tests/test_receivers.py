@@ -286,3 +286,35 @@ def test_total_cores_of_each_master():
     assert total_cores("local", 8) == 1
     assert total_cores("local-cluster[2,1,1024]", 8) == 2
     assert total_cores("spark://h:7077", 6) == 6
+
+
+def test_garbage_at_the_running_apps_endpoint_changes_nothing(spark_context, tmp_path):
+    lines = [f"g{i}" for i in range(2000)]
+    server = LineServer(lines)
+    ssc = StreamingContext(spark_context, 0.5)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    got: list[str] = []
+    collect_into(ssc.socketTextStream("127.0.0.1", server.port), got)
+    ssc.start()
+    try:
+        endpoint = ssc.receiverTracker.endpoint
+        for garbage in [b"\x00" * 10_000, b"SWRP\x01" + os.urandom(64), b"\xff\xff\xff\xff" * 4, b"SW"]:
+            s = socket.create_connection(endpoint.address)
+            s.recv(64)
+            try:
+                s.sendall(garbage)
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(10)
+                s.recv(64)
+            except OSError:
+                pass
+            s.close()
+        wait_until(lambda: len(got) >= len(lines), what="every line")
+        wait_until(lambda: endpoint.statistics().authentication_failures == 4, what="4 drops")
+        stats = ssc.receiverTracker.statistics()
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=True)
+        server.close()
+    assert sorted(got) == sorted(lines)  # the app kept running and counted exactly its own data
+    assert stats.blocks_refused == 0
+    assert endpoint.statistics().protocol_errors == 0 and endpoint.statistics().messages > 0

@@ -55,9 +55,10 @@ class SupervisorConfig:
 
 class BlockGenerator:
     """Spark's BlockGenerator, with memory bounded: records buffer until the next block
-    interval, a full block waits in a queue of ``queue_size`` for the pusher thread, and
-    ``add`` blocks while the buffer holds ``max_buffered`` records (Spark's buffer is unbounded:
-    a fast source fills the heap)."""
+    interval (or until ``max_buffered`` records, which cut a block early), blocks wait in a queue
+    of ``queue_size`` for the pusher thread, and ``add`` blocks while the buffer is full and the
+    queue has no room: at most ``max_buffered * (queue_size + 2)`` records are in memory (Spark's
+    buffer is unbounded: a fast source fills the heap)."""
 
     def __init__(self, push, *, interval_ms: int, queue_size: int, max_buffered: int,
                  rate_limiter: RateLimiter, clock: Clock, on_error, new_block_id):
@@ -82,7 +83,12 @@ class BlockGenerator:
         self.rate_limiter.wait_to_push()
         with self._cond:
             while len(self._buffer) >= self._max and self._adding:
-                self._cond.wait(0.1)
+                try:  # a full buffer becomes a block at once while the queue has room
+                    self._queue.put_nowait((self._new_block_id(), self._buffer))
+                    self._buffer = []
+                    break
+                except queue.Full:
+                    self._cond.wait(0.1)
             if not self._adding:
                 raise RuntimeError("cannot add data: the block generator has stopped")
             self._buffer.append(record)

@@ -19,6 +19,7 @@ import re
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,16 @@ def total_cores(master: str, default_parallelism: int) -> int:
     return default_parallelism
 
 
+@dataclass(frozen=True)
+class ReceiverTrackerStatistics:
+    receiver_jobs_launched: int  #: one per receiver start; more than the receivers means restarts
+    blocks_added: int
+    blocks_refused: int  #: AddBlock answered False (not its stream, or the driver WAL failed)
+    unprocessed_bytes: int  #: received and recorded, not yet in a completed batch (all streams)
+    max_unprocessed_bytes: int  #: the most ever (bounded by maxUnprocessedBytes + one block)
+    add_block_waits: int  #: AddBlocks held back until batches caught up
+
+
 def _receiver_partition(config: SupervisorConfig, receiver, _rows):
     return run_receiver_task(config, receiver)
 
@@ -96,6 +107,8 @@ class ReceiverTracker:
         self._block_locations: dict[str, ExecutorLocation] = {}  # WAL off: where each block is
         self._block_sizes: dict[str, tuple[int, int]] = {}  # block id -> (stream, bytes) unprocessed
         self._unprocessed = dict.fromkeys(self._inputs, 0)
+        self._counts = dict(receiver_jobs_launched=0, blocks_added=0, blocks_refused=0,
+                            max_unprocessed_bytes=0, add_block_waits=0)
         self._active = False
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -174,6 +187,8 @@ class ReceiverTracker:
             self._sc.setJobGroup(f"sparkwal-receiver-{sid}", f"receiver of stream {sid}",
                                  interruptOnCancel=True)
             started = time.monotonic()
+            with self._lock:
+                self._counts["receiver_jobs_launched"] += 1
             try:
                 outcome = self._sc.runJob(rdd, partial(_receiver_partition, config, stream.receiver))
                 log.info("receiver job of stream %d ended: %s", sid, outcome)
@@ -233,6 +248,10 @@ class ReceiverTracker:
         with self._lock:
             return bool(self._conns)
 
+    def statistics(self) -> ReceiverTrackerStatistics:
+        with self._lock:
+            return ReceiverTrackerStatistics(unprocessed_bytes=sum(self._unprocessed.values()), **self._counts)
+
     def receiver_infos(self) -> dict[int, ReceiverInfo]:
         with self._lock:
             return dict(self._infos)
@@ -269,18 +288,30 @@ class ReceiverTracker:
         if sid is None:
             raise wire.ProtocolError("AddBlock before RegisterReceiver")
         info = _block(block)
-        if info.stream_id != sid or not info.block_id.startswith(f"input-{sid}-"):
-            return False, f"block {info.block_id!r} is not a block of stream {sid}"
         if size < 0:
             raise wire.ProtocolError(f"negative block size {size}")
+        if info.stream_id != sid or not info.block_id.startswith(f"input-{sid}-"):
+            with self._lock:
+                self._counts["blocks_refused"] += 1
+            log.warning("refused block %r from %s: not a block of its stream %d", info.block_id, conn, sid)
+            return False, f"block {info.block_id!r} is not a block of stream {sid}"
         with self._lock:  # bound the data received but not yet processed
+            waited = False
             while (self._active and not self._stopped.is_set() and self._unprocessed[sid] > 0
                    and self._unprocessed[sid] + size > self._max_unprocessed):
+                waited = True
                 self._lock.wait(0.5)
+            self._counts["add_block_waits"] += waited
         if not self._ssc._block_tracker.add_block(info):
+            with self._lock:
+                self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
         with self._lock:
+            self._counts["blocks_added"] += 1
             self._unprocessed[sid] += size
+            if self._active:  # a stop lets the receivers' last blocks in regardless
+                total = sum(self._unprocessed.values())
+                self._counts["max_unprocessed_bytes"] = max(self._counts["max_unprocessed_bytes"], total)
             self._block_sizes[info.block_id] = (sid, size)
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = ExecutorLocation(host, executor_id)
@@ -335,12 +366,16 @@ class ReceiverTracker:
         """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers."""
         blocks = self._ssc._block_tracker.get_blocks_of_batch(time_ms)
         with self._lock:
+            freed = 0
             for infos in blocks.values():
                 for b in infos:
                     entry = self._block_sizes.pop(b.block_id, None)
                     if entry is not None:
                         self._unprocessed[entry[0]] -= entry[1]
+                        freed += entry[1]
             self._lock.notify_all()
+        log.debug("batch %d done: %d bytes of %d blocks no longer unprocessed", time_ms, freed,
+                  sum(map(len, blocks.values())))
         if batch is not None:
             for c in self._rate_controllers.values():
                 c.on_batch_completed(batch)
