@@ -83,7 +83,10 @@ def app(args) -> None:
             print(json.dumps(event), flush=True)
 
     ssc.addStreamingListener(Emit())
-    ssc.socketTextStream("127.0.0.1", args.port).map(_slow).foreachRDD(lambda rdd: rdd.count())
+    def count(rdd) -> None:  # pyspark.streaming's foreachRDD wants None back
+        rdd.count()
+
+    ssc.socketTextStream("127.0.0.1", args.port).map(_slow).foreachRDD(count)
     ssc.start()
     ssc.awaitTerminationOrTimeout(args.seconds)
     ssc.stop(stopSparkContext=True, stopGraceFully=False)

@@ -48,13 +48,20 @@ class AppRun:
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
              *extra_args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            stdout=subprocess.PIPE, stderr=self._log_file(workdir), text=True, env=env,
             start_new_session=True)
         self.completed: list[tuple[float, int]] = []
         self.receivers: list[tuple[float, dict]] = []  # (wall time, receiver_started event)
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+
+    @staticmethod
+    def _log_file(workdir: str):
+        """The app's stderr, kept per run for post-mortems: ``WORKDIR/logs/app-<n>.log``."""
+        logs = os.path.join(workdir, "logs")
+        os.makedirs(logs, exist_ok=True)
+        return open(os.path.join(logs, f"app-{len(os.listdir(logs))}.log"), "w")
 
     def _read(self) -> None:
         for line in self.proc.stdout:

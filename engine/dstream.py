@@ -83,10 +83,10 @@ class DStream:
 
     def _attach(self, ssc: StreamingContext) -> None:
         """Bind an unpickled stream to the context that recovers it."""
+        self._ssc, self._sc = ssc, ssc.sparkContext
 
     def __class_getitem__(cls, item):  # DStream[T] in annotations, as pyspark's Generic DStream
         return types.GenericAlias(cls, item)
-        self._ssc, self._sc = ssc, ssc.sparkContext
 
     # ------------------------------------------------------------------ machinery
 
