@@ -31,7 +31,6 @@ import threading
 import time
 
 LINE = b"the quick brown fox jumps over the lazy dog 0123456789\n"
-CHUNK = LINE * (1 << 20 // len(LINE))
 
 
 def _slow(line: str) -> str:
@@ -97,7 +96,9 @@ def app(args) -> None:
 class FastSource:
     """Sends lines to whoever connects, as fast as they are taken."""
 
-    def __init__(self):
+    def __init__(self, line: bytes = LINE):
+        self.chunk = line * ((1 << 20) // len(line))
+        self.line_len = len(line)
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.bytes_sent = 0
@@ -115,8 +116,8 @@ class FastSource:
     def _send(self, conn):
         try:
             while not self.stopped.is_set():
-                conn.sendall(CHUNK)
-                self.bytes_sent += len(CHUNK)
+                conn.sendall(self.chunk)
+                self.bytes_sent += len(self.chunk)
         except OSError:
             pass
         conn.close()

@@ -427,7 +427,8 @@ class StreamingContext:
                                     recover_from_wal=logged and self._restored is not None)
 
     def _start_receivers(self) -> None:
-        receivers = [s for s in self._graph.inputs if s.receiver_based]
+        # receiver-based inputs with a receiver to run (others get their blocks from elsewhere)
+        receivers = [s for s in self._graph.inputs if getattr(s, "receiver", None) is not None]
         if receivers:
             from .receiver.tracker import ReceiverTracker
 

@@ -1,0 +1,55 @@
+"""Where blocks live: the receiver WAL (read back by handle anywhere) and executor-local files."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.receiver.blocks import (BlockReadError, LocalBlockHandler, WalBlockHandler, read_local_block,
+                                    read_wal_block, receiver_wal_dir, serialize_block)
+from wal import ManualClock
+
+
+def test_a_block_in_the_receiver_wal_is_read_back_by_handle(tmp_path):
+    clock = ManualClock(10_000)
+    handler = WalBlockHandler(str(tmp_path), 3, clock=clock, rolling_interval_s=1)
+    handles = []
+    for i in range(4):
+        handles.append(handler.store(f"input-3-{clock.now_ms()}-x", serialize_block([i, "é", (i, i)])))
+        clock.advance(2_000)
+    wal_dir = receiver_wal_dir(str(tmp_path), 3)
+    assert read_wal_block(wal_dir, None, 3, "b2", list(handles[2])) == [2, "é", (2, 2)]
+    handler.cleanup_old_blocks(14_000)  # the segments of the first two blocks end before it
+    handler.close()
+    assert read_wal_block(wal_dir, None, 3, "b3", list(handles[3])) == [3, "é", (3, 3)]
+    with pytest.raises(BlockReadError, match=r"block b0 of stream 3 .*write-ahead log record"):
+        read_wal_block(wal_dir, None, 3, "b0", list(handles[0]))
+
+
+def test_a_damaged_wal_block_is_an_error_naming_block_stream_and_record(tmp_path):
+    handler = WalBlockHandler(str(tmp_path), 0)
+    handle = handler.store("input-0-1-x", serialize_block(list(range(100))))
+    handler.close()
+    with open(handle.path, "r+b") as f:
+        f.seek(handle.offset + 20)
+        f.write(b"\xff")
+    with pytest.raises(BlockReadError, match=r"block input-0-1-x of stream 0 .*" + str(handle.offset)):
+        read_wal_block(receiver_wal_dir(str(tmp_path), 0), None, 0, "input-0-1-x", list(handle))
+
+
+def test_local_blocks_are_stored_cleaned_and_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    handler = LocalBlockHandler("app-1", 2)
+    handler.store("input-2-1000-a", serialize_block(["x"]))
+    handler.store("input-2-3000-a", serialize_block(["y"]))
+    assert read_local_block("app-1", 2, "input-2-1000-a") == ["x"]
+    handler.cleanup_old_blocks(2000)
+    with pytest.raises(BlockReadError, match="input-2-1000-a of stream 2 is not on this executor.*writeAheadLog"):
+        read_local_block("app-1", 2, "input-2-1000-a")
+    path = os.path.join(handler.directory, "input-2-3000-a")
+    with open(path, "r+b") as f:
+        f.seek(9)
+        f.write(b"\x00")
+    with pytest.raises(BlockReadError, match="damaged"):
+        read_local_block("app-1", 2, "input-2-3000-a")
