@@ -7,7 +7,11 @@ For each workload and engine, a fresh app (subprocess, local[2], 1 s batches, ch
 in this process that sends 10-word lines as fast as they are taken:
 
 * ``receive``: the receiver alone, batches with no job (records/s is what the receiver stored);
-* ``wordcount``: flatMap/map/reduceByKey per batch, counted.
+* ``wordcount``: flatMap/map/reduceByKey per batch, counted, with backpressure on in both engines
+  (``spark.streaming.backpressure.enabled``, initial rate 100,000 lines/s): processing is slower
+  than the source, so each engine's PID estimator converges to what it can process per batch, and
+  records/s is that rate. (Without a rate, pyspark.streaming's driver runs out of heap within
+  ~10 s here; see ``receiver_flow``.)
 
 Each app first runs ``--warmup`` seconds (JVM JIT, Python workers, the first jobs), discarded; then
 the batches whose time falls in the next ``--seconds`` are measured, alike for both engines: records/s
@@ -45,6 +49,9 @@ def app(args) -> None:
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
             .set("spark.streaming.receiver.writeAheadLog.enable", "true"))
+    if args.workload == "wordcount":  # both engines converge to what a batch can process
+        conf.set("spark.streaming.backpressure.enabled", "true")
+        conf.set("spark.streaming.backpressure.initialRate", "100000")
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     if args.engine == "sparkwal":

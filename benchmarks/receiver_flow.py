@@ -14,7 +14,8 @@ receiver tracker's bytes received but not yet processed).
 sparkwal bounds that data (``spark.streaming.receiver.maxUnprocessedBytes``, 256 MiB by default)
 by answering a receiver's ``AddBlock`` only once batches catch up, so the receiver's bounded
 queue fills, ``store()`` blocks and TCP pushes back on the source. ``--backpressure`` turns on
-``spark.streaming.backpressure.enabled`` (PID rate estimator) in both engines.
+``spark.streaming.backpressure.enabled`` (PID rate estimator) in both engines, ``--initial-rate``
+its ``initialRate`` (without one the first batches take whatever arrived while the app started).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def app(args) -> None:
             .set("spark.streaming.backpressure.enabled", str(args.backpressure).lower()))
     if args.max_unprocessed:
         conf.set("spark.streaming.receiver.maxUnprocessedBytes", str(args.max_unprocessed))
+    if args.initial_rate:
+        conf.set("spark.streaming.backpressure.initialRate", str(args.initial_rate))
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     if os.environ.get("RECEIVER_FLOW_DEBUG"):
@@ -146,7 +149,8 @@ def group_rss_bytes(pgid: int) -> int:
     return total
 
 
-def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: int | None) -> dict:
+def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: int | None,
+            initial_rate: int | None = None) -> dict:
     source = FastSource()
     workdir = tempfile.mkdtemp(prefix=f"receiver-flow-{engine}-")
     cmd = [sys.executable, "-m", "benchmarks.receiver_flow", "app", "--engine", engine, "--port",
@@ -155,6 +159,8 @@ def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: in
         cmd.append("--backpressure")
     if max_unprocessed:
         cmd += ["--max-unprocessed", str(max_unprocessed)]
+    if initial_rate:
+        cmd += ["--initial-rate", str(initial_rate)]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                             start_new_session=True)
@@ -186,6 +192,8 @@ def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: in
         "rss_max_last_third_mib": round(max(r for _, r in rss[-third:]) / mib) if rss else None,
         "rss_max_mib": round(max(r for _, r in rss) / mib) if rss else None,
         "last_batches_records": [b["records"] for b in last],
+        "batches_records": [b["records"] for b in batches],
+        "batches_scheduling_ms": [b["scheduling_ms"] for b in batches],
         "last_batches_processing_ms": [b["processing_ms"] for b in last],
         "last_batches_scheduling_ms": [b["scheduling_ms"] for b in last],
         "max_unprocessed_mib": round(max((b.get("max_unprocessed_bytes", 0) for b in batches), default=0) / mib, 1),
@@ -203,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--workdir", required=True)
         ap.add_argument("--backpressure", action="store_true")
         ap.add_argument("--max-unprocessed", type=int)
+        ap.add_argument("--initial-rate", type=int)
         app(ap.parse_args(argv[1:]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="sparkwal,pyspark")
     ap.add_argument("--backpressure", action="store_true")
     ap.add_argument("--max-unprocessed", type=int)
+    ap.add_argument("--initial-rate", type=int, help="spark.streaming.backpressure.initialRate")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     for engine in args.engine.split(","):
-        r = measure(engine, args.seconds, args.backpressure, args.max_unprocessed)
+        r = measure(engine, args.seconds, args.backpressure, args.max_unprocessed, args.initial_rate)
         print(json.dumps(r) if args.json else
               f"{engine:9} bp={args.backpressure!s:5} exit={r['exit_code']} batches={r['batches']} "
               f"source {r['source_lines_per_s']:,} lines/s, processed {r['processed_records_per_s']:,} "

@@ -43,17 +43,18 @@ class RateLimiter:
             with self._lock:
                 self._set_rate(min(rate, self.max_rate))
 
-    def wait_to_push(self) -> None:
-        """Take one permit, waiting (on the clock) until it is due."""
+    def wait_to_push(self, permits: int = 1) -> None:
+        """Take ``permits`` permits (one per record), waiting (on the clock) until they are due
+        (Guava's ``acquire(n)``: the wait is paid by the next caller)."""
         if self._rate == math.inf:
             return
         with self._lock:
             now = self._clock.now_ms()
             self._resync(now)
             ready_at = self._next_free
-            from_stored = min(1.0, self._stored)
+            from_stored = min(float(permits), self._stored)
             self._stored -= from_stored
-            self._next_free += (1.0 - from_stored) * 1000.0 / self._rate
+            self._next_free += (permits - from_stored) * 1000.0 / self._rate
         if ready_at > now:
             self._clock.wait_till_ms(math.ceil(ready_at))
 

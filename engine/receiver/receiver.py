@@ -67,6 +67,11 @@ class Receiver:
     def store(self, record: Any) -> None:
         self._sup().push_single(record)
 
+    def storeMany(self, records: Iterable[Any]) -> None:
+        """Like ``store`` for each record (rate-limited per record, cut into blocks with the
+        rest), with one call: the fast path for a receiver that reads records in chunks."""
+        self._sup().push_many(records if isinstance(records, list) else list(records))
+
     def storeBlock(self, records: Iterable[Any], metadata: Any = None) -> None:
         self._sup().push_block(list(records), metadata)
 

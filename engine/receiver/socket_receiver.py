@@ -15,6 +15,8 @@ from .receiver import Receiver
 
 log = logging.getLogger(__name__)
 
+CHUNK = 256 * 1024
+
 
 class SocketReceiver(Receiver):
     def __init__(self, host: str, port: int, storageLevel=None):
@@ -47,6 +49,30 @@ class SocketReceiver(Receiver):
                 pass
             sock.close()
 
+    def _read_lines(self, sock: socket.socket) -> None:
+        """Read in large chunks; store whole lines only (decoded as UTF-8, invalid bytes replaced),
+        many at a time: one call per chunk instead of one per line."""
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        pending = b""
+        while self._running:
+            n = sock.recv_into(view)
+            if n == 0:
+                if pending and self._running:
+                    self.store(pending.decode("utf-8", errors="replace").rstrip("\r"))
+                return
+            data = pending + view[:n] if pending else bytes(view[:n])
+            end = data.rfind(b"\n")
+            if end < 0:
+                pending = data
+                continue
+            pending = data[end + 1:]
+            text = data[:end].decode("utf-8", errors="replace")
+            lines = text.split("\n")
+            if "\r" in text:
+                lines = [line.rstrip("\r") for line in lines]
+            self.storeMany(lines)
+
     def _receive(self) -> None:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=30)
@@ -57,11 +83,7 @@ class SocketReceiver(Receiver):
             self.restart(f"Error connecting to {self.host}:{self.port}", e)
             return
         try:
-            with sock.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
-                for line in lines:
-                    if not self._running:
-                        return
-                    self.store(line.rstrip("\n").rstrip("\r"))
+            self._read_lines(sock)
             if self._running:
                 self.restart("Socket data stream had no more data")
         except (OSError, ValueError) as e:

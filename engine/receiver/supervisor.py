@@ -93,6 +93,24 @@ class BlockGenerator:
                 raise RuntimeError("cannot add data: the block generator has stopped")
             self._buffer.append(record)
 
+    def add_many(self, records: list) -> None:
+        """Add records in one go (one lock per ``max_buffered`` records, one permit each)."""
+        step = self._max
+        for i in range(0, len(records), step):
+            part = records[i:i + step]
+            self.rate_limiter.wait_to_push(len(part))
+            with self._cond:
+                while len(self._buffer) >= self._max and self._adding:
+                    try:
+                        self._queue.put_nowait((self._new_block_id(), self._buffer))
+                        self._buffer = []
+                        break
+                    except queue.Full:
+                        self._cond.wait(0.1)
+                if not self._adding:
+                    raise RuntimeError("cannot add data: the block generator has stopped")
+                self._buffer.extend(part)
+
     def _cut(self) -> None:
         with self._cond:
             records, self._buffer = self._buffer, []
@@ -253,6 +271,11 @@ class ReceiverSupervisor:
         if self.stopped:
             raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
         self._generator.add(record)
+
+    def push_many(self, records: list) -> None:
+        if self.stopped:
+            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+        self._generator.add_many(records)
 
     def push_block(self, records: list, metadata) -> None:
         if self.stopped:
