@@ -113,6 +113,15 @@ def measure(engine: str, workload: str, warmup: float, seconds: float) -> dict:
     started = next((e["started_ms"] for e in events if "started_ms" in e), None)
     batches = [e for e in events if "batch_ms" in e and started is not None
                and started + warmup * 1000 < e["batch_ms"] <= started + (warmup + seconds) * 1000]
+    note = ""
+    if not batches and proc.returncode not in (0, None):
+        # the app died before the window (pyspark.streaming's driver runs out of heap here when
+        # nothing limits the source): report the rate of the batches it did complete, and when
+        done = [e for e in events if "batch_ms" in e and e["records"]]
+        if done and started is not None:
+            batches = done
+            seconds = (done[-1]["batch_ms"] - done[0]["batch_ms"]) / 1000 + 1
+            note = f"died (exit {proc.returncode}) {round((done[-1]['batch_ms'] - started) / 1000)} s after start; rate before"
     records = sum(b["records"] for b in batches)
     durable = [b["durable"] for b in batches if b["durable"] is not None]
     proc_ms = [b["processing_ms"] for b in batches if b["processing_ms"] is not None]
@@ -126,6 +135,7 @@ def measure(engine: str, workload: str, warmup: float, seconds: float) -> dict:
         "scheduling_max_ms": max(sched_ms, default=None),
         "fsynced_fraction": round(sum(durable) / records, 3) if durable and records else (0.0 if engine == "pyspark" else None),
         "durability": "fsync per block before it is reported" if engine == "sparkwal" else "hflush, never fsync",
+        "note": note,
     }
 
 
@@ -153,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for engine in ("sparkwal", "pyspark"):
             r = measure(engine, workload, args.warmup, args.seconds)
             rows.append(r)
-            print(f"| {workload} | {engine} | {r['records_per_s']:,} | {r['processing_p50_ms']} / "
+            print(f"| {workload} | {engine}{' (' + r['note'] + ')' if r['note'] else ''} | {r['records_per_s']:,} | {r['processing_p50_ms']} / "
                   f"{r['processing_max_ms']} | {r['scheduling_p50_ms']} / {r['scheduling_max_ms']} | "
                   f"{r['fsynced_fraction']} | {r['durability']} |", flush=True)
         a, b = rows[-2], rows[-1]

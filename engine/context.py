@@ -545,6 +545,19 @@ class StreamingContext:
                 keep.append((written_then, path))
         self._retired_snapshots = keep
 
+    def _state_floor(self, floor: int) -> int:
+        """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
+        a stateful stream restarts from its newest snapshot at or before ``floor`` and recomputes
+        the batches after it from their inputs, so those batches' blocks must not be cleaned
+        (the snapshot may lag the batches by more than the remember duration)."""
+        for index, stream in enumerate(self._graph.streams):
+            if not stream.must_checkpoint:
+                continue
+            times = self._snapshots.get(index, {})
+            base = max((t for t in times if t <= floor), default=None)
+            floor = min(floor, base if base is not None else (self._graph.zero_time_ms or 0))
+        return floor
+
     def _do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
         if self._checkpoint_writer is None:
             return
@@ -561,6 +574,7 @@ class StreamingContext:
             "conf": self._conf_pairs,
         }
         pending = self._scheduler.pending_times()
+        floor = self._state_floor(min([time_ms, *pending]))
         with self._floors_lock:
-            self._cleanup_floors.setdefault(time_ms, []).append(min([time_ms, *pending]))
+            self._cleanup_floors.setdefault(time_ms, []).append(floor)
         self._checkpoint_writer.write(Checkpoint(time_ms, pending, data))
