@@ -80,18 +80,7 @@ class BlockGenerator:
         self._pusher.start()
 
     def add(self, record) -> None:
-        self.rate_limiter.wait_to_push()
-        with self._cond:
-            while len(self._buffer) >= self._max and self._adding:
-                try:  # a full buffer becomes a block at once while the queue has room
-                    self._queue.put_nowait((self._new_block_id(), self._buffer))
-                    self._buffer = []
-                    break
-                except queue.Full:
-                    self._cond.wait(0.1)
-            if not self._adding:
-                raise RuntimeError("cannot add data: the block generator has stopped")
-            self._buffer.append(record)
+        self.add_many([record])
 
     def add_many(self, records: list) -> None:
         """Add records in one go (one lock per ``max_buffered`` records, one permit each)."""
