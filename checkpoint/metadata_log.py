@@ -63,8 +63,11 @@ class MetadataLog(Generic[T]):
 
     max_version = 1
 
-    def __init__(self, path: str, storage_options: dict | None = None):
+    def __init__(self, path: str, storage_options: dict | None = None, *, sync: bool = True):
+        """``sync=False``: entries are not fsync'd (still atomic; a machine crash may lose the
+        newest ones, never a process crash)."""
         self.path = path
+        self.sync = sync
         self._storage: Storage
         self._storage, self._dir = resolve(path, storage_options)
         self._storage.makedirs(self._dir)
@@ -90,7 +93,8 @@ class MetadataLog(Generic[T]):
     def add(self, batch_id: int, value: T) -> bool:
         """Write ``value`` as batch ``batch_id``; False (nothing touched) if that batch exists."""
         _check_id(batch_id)
-        return self._storage.put_if_absent(self.file_path(batch_id), self.serialize(value))
+        return self._storage.put_if_absent(self.file_path(batch_id), self.serialize(value),
+                                           sync=self.sync)
 
     def get(self, batch_id: int) -> T | None:
         _check_id(batch_id)

@@ -42,6 +42,9 @@ class RestartPoint:
     metadata: OffsetSeqMetadata | None  #: when re-running: the logged timestamp/watermark/conf
     watermark_ms: int  #: the event-time watermark to resume with
     warnings: tuple[str, ...] = ()
+    #: every logged but uncommitted batch, oldest first: a restart re-runs all of them with their
+    #: logged offsets, in order (Spark re-runs only the last, ``batch_id``, and warns)
+    rerun_batches: tuple[int, ...] = ()
 
 
 def _offsets_of(value: OffsetSeq | OffsetMap | None) -> list | dict | None:
@@ -86,13 +89,21 @@ def resolve_restart(offsets: OffsetSeqLog, commits: CommitLog) -> RestartPoint:
                 f"{_span(commit_ids) if commit_ids else 'nothing'}. Run checkpoint.plan_repair()/"
                 "repair() to drop the unusable offsets files and re-plan from the last committed batch.")
     warnings: tuple[str, ...] = ()
+    first = 0 if c is None else c + 1
     if c is not None and c < n - 1:
         msg = (f"Batch completion log latest batch id is {c}, which is not trailing batchid {n} "
-               "by one")
+               f"by one: batches {first}..{n} are re-run, in order")
         log.warning(msg)
         warnings = (msg,)
+    missing = [i for i in range(first, n) if i not in set(offset_ids)]
+    if missing:
+        raise RestartError(
+            f"batches {_span(missing)} have no offsets file ({offsets.file_url(missing[0])} is "
+            f"missing) but batch {n} is logged and the last commit is "
+            f"{'none' if c is None else c}: they cannot be re-run. Run checkpoint.plan_repair()/"
+            "repair() to re-plan from the last committed batch.")
     return RestartPoint(n, True, _offsets_of(previous), _offsets_of(latest), metadata, watermark,
-                        warnings)
+                        warnings, tuple(range(first, n + 1)))
 
 
 @dataclass(frozen=True)

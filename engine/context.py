@@ -21,7 +21,8 @@ from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
-from .snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
+from .sources.batch_log import BatchLog
+from .state import StateSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,13 @@ class StreamingContext:
         #: The batch times a restart re-runs (pending when the driver died, or due while it was
         #: down), set by start() on a recovered context.
         self.rerun_batch_times: list[int] = []
+        #: The committed batch times a restart found among those to re-run: their outputs do
+        #: not run again (their RDDs are recomputed only if later state needs them).
+        self.skipped_batch_times: list[int] = []
         self._conf_pairs: list[list[str]] = []
-        self._snapshots: dict[int, dict[int, str]] = {}  # stream index -> time -> state snapshot
-        self._retired_snapshots: list[tuple[int, str]] = []  # (checkpoints written then, path)
+        self._snapshots = StateSnapshots(self)
         self._checkpoints_written = 0
+        self._batch_log: BatchLog | None = None  # made by start() when checkpointing
         self._block_tracker: ReceivedBlockTracker | None = None  # made by start()
         self._receiver_tracker = None  # made by start() when there are receiver inputs
         self._cleanup_floors: dict[int, list[int]] = {}  # checkpoint time -> oldest batch it may re-run
@@ -137,6 +141,12 @@ class StreamingContext:
         """The driver side of the receivers (endpoint, placement, statistics), made by start()
         when the graph has receiver inputs; else None."""
         return self._receiver_tracker
+
+    @property
+    def batchLog(self) -> BatchLog | None:
+        """The offsets/commits logs that number and commit the batches (None before start() or
+        without a checkpoint); see :mod:`engine.sources.batch_log`."""
+        return self._batch_log
 
     def _check_not_started(self, what: str) -> None:
         if self._state != INITIALIZED:
@@ -208,6 +218,19 @@ class StreamingContext:
 
         return self.receiverStream(SocketReceiver(hostname, port, storageLevel))
 
+    def directStream(self, source, fromOffsets: dict | None = None, *,
+                     failOnDataLoss: bool = True) -> DStream:
+        """The records of ``source`` (an :class:`engine.sources.ReplayableSource`), read by tasks
+        straight from it: each batch is a range of offsets per partition, logged before the batch
+        runs and committed after its outputs, so that a restart re-runs exactly the uncommitted
+        batches. Each batch's RDD answers ``offsetRanges()``. ``fromOffsets`` ({(topic, partition):
+        offset}) is where a stream without a checkpoint starts (else the source's initial offsets);
+        a checkpoint's offset log takes precedence."""
+        self._check_not_started("Adding new inputs")
+        from .sources.direct import DirectInputDStream
+
+        return DirectInputDStream(self, source, fromOffsets, failOnDataLoss)
+
     def union(self, *dstreams: DStream) -> DStream:
         if not dstreams:
             raise ValueError("should have at least one DStream to union")
@@ -232,7 +255,7 @@ class StreamingContext:
             if active is not None and active._state == ACTIVE:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
-            self._check_snapshot_dir()
+            self._snapshots.check_directory()
             if self._checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 self._code_name = write_code(self._checkpoint_dir, serialize_program(self),
                                              self._storage_options)
@@ -243,9 +266,9 @@ class StreamingContext:
                                                            storage_options=self._storage_options,
                                                            on_written=self._on_checkpoint_written)
             try:
+                self._start_batch_log()
                 if self._restored is None:
-                    first = self._generator.timer.start_time()
-                    self._graph.start(first - self._batch_ms)
+                    first = self._fresh_start()
                 else:
                     first = self._restart()
             except BaseException:
@@ -294,6 +317,8 @@ class StreamingContext:
                 if self._checkpoint_writer is not None:
                     self._checkpoint_writer.stop()
                 self._block_tracker.stop()
+                for s in self._direct_inputs():
+                    s.stop()
             self._state = STOPPED
             with StreamingContext._active_lock:
                 if StreamingContext._active is self:
@@ -368,51 +393,102 @@ class StreamingContext:
                 "Restore the original graph, or start from a new checkpoint directory")
         for s in self._graph.inputs:
             s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
-        self._snapshots = {int(i): {int(t): p for t, p in times.items()}
-                           for i, times in data.get("state", {}).items()}
+        self._snapshots.restore(data.get("state", {}))
         self._restored = checkpoint
         log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
                  checkpoint.pending_times_ms)
 
     def _restart(self) -> int:
         """Spark's restart rule: re-run the pending batches and every batch time from the
-        checkpoint time up to the restart time; return the first new batch time."""
+        checkpoint time up to the restart time, plus every logged uncommitted batch; return the
+        first new batch time. Committed batches among them do not run their outputs again."""
         cp = self._restored
         zero = cp.data["zero_time_ms"]
+        self._check_batch_log_agrees(cp, zero)
         self._graph.start(zero)
         restart = self._generator.timer.restart_time(zero)
         down = list(range(cp.checkpoint_time_ms, restart, self._batch_ms))
-        times = sorted({t for t in [*cp.pending_times_ms, *down] if t < restart})
-        first = times[0] if times else restart
-        for index, snapshots in self._snapshots.items():
-            stream = self._graph.streams[index]
-            # the newest snapshot at or before the first re-run batch suffices (and any newer)
-            base = max((t for t in snapshots if t <= first), default=min(snapshots, default=0))
-            for t in sorted(t for t in snapshots if t >= base):
-                path = snapshots[t]
-                try:
-                    rdd = read_snapshot(self._sc, path, self._storage_options)
-                except SnapshotError as e:
-                    raise CheckpointMismatchError(
-                        f"{e}; it holds the state of batch {t}, referenced by the checkpoint of batch "
-                        f"{cp.checkpoint_time_ms}: the state cannot be restored") from None
-                stream.generated_rdds[t] = rdd  # not cached: re-reading a snapshot is cheap
-        log.info("restarting: re-running batches %s, then new batches from %d", times, restart)
-        self.rerun_batch_times = list(times)
+        logged = self._batch_log.rerun_times if self._batch_log is not None else []
+        times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if t < restart})
+        self._snapshots.load_for_restart(times[0] if times else restart, cp.checkpoint_time_ms)
+        return self._rerun(times, restart)
+
+    def _fresh_start(self) -> int:
+        """A context made by the program. If the checkpoint directory's offset log has batches
+        (a driver killed before its first DStream checkpoint), the logged uncommitted ones re-run
+        with their logged ranges and times, and batch ids continue."""
+        first = self._generator.timer.start_time()
+        blog = self._batch_log
+        if blog is None or blog.latest_logged_id() < 0:
+            self._graph.start(first - self._batch_ms)
+            return first
+        anchor = (blog.rerun_times or blog.logged_times()[-1:])[0]
+        zero = anchor - self._batch_ms
+        self._graph.start(zero)
+        return self._rerun(list(blog.rerun_times), self._generator.timer.restart_time(zero))
+
+    def _rerun(self, times: list[int], restart: int) -> int:
+        blog = self._batch_log
+        self.skipped_batch_times = [t for t in times if blog is not None and blog.is_committed(t)]
+        self.rerun_batch_times = [t for t in times if t not in set(self.skipped_batch_times)]
+        log.info("restarting: re-running batches %s (committed, outputs not re-run: %s), then new "
+                 "batches from %d", self.rerun_batch_times, self.skipped_batch_times, restart)
         self._generator.rerun(times)
         return restart
 
+    def _check_batch_log_agrees(self, cp: Checkpoint, zero: int) -> None:
+        blog = self._batch_log
+        if blog is None:
+            return
+        expected = cp.data.get("batch_log_latest", -1)
+        if blog.latest_logged_id() < expected:
+            raise CheckpointMismatchError(
+                f"the checkpoint of batch {cp.checkpoint_time_ms} in {self._checkpoint_dir} was "
+                f"written after batch id {expected} was logged, but {blog.offsets.path} ends at "
+                f"{blog.latest_logged_id()}: the offset log was lost or restored from an older "
+                "copy; restore it (or start from a new checkpoint directory)")
+        for t in blog.logged_times():
+            if (t - zero) % self._batch_ms:
+                raise CheckpointMismatchError(
+                    f"{blog.offsets.file_url(blog.batch_id(t))} logs batch time {t}, which is not "
+                    f"on this checkpoint's batch grid (zero time {zero}, {self._batch_ms} ms)")
+
     # ------------------------------------------------------------------ internals
 
-    def _check_snapshot_dir(self) -> None:
-        """State snapshots are written and read by Spark's tasks, in other processes: a
-        ``memory://`` filesystem (private to each process) cannot hold them."""
-        stateful = [s for s in self._graph.streams if s.must_checkpoint]
-        if stateful and self._checkpoint_dir is not None and self._checkpoint_dir.startswith("memory://"):
-            raise ValueError(
-                f"checkpoint directory {self._checkpoint_dir}: {stateful[0]} snapshots its state "
-                "from Spark's tasks, which cannot see this process's memory:// filesystem; use a "
-                "local or shared directory")
+    def _direct_inputs(self) -> list:
+        from .sources.direct import DirectInputDStream
+
+        return [s for s in self._graph.inputs if isinstance(s, DirectInputDStream)]
+
+    def _start_batch_log(self) -> None:
+        """The offsets/commits logs (with a checkpoint), read back; then the direct inputs learn
+        where they resume."""
+        if self._checkpoint_dir is not None:
+            sync = self._conf.get("spark.sparkwal.batchLog.fsync", "true").lower() != "false"
+            retain = int(self._conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+            self._batch_log = BatchLog(self._checkpoint_dir, self._direct_inputs(),
+                                       storage_options=self._storage_options, sync=sync,
+                                       retain=retain, on_commit=self._on_batch_committed)
+            self._batch_log.recover()
+        for s in self._direct_inputs():
+            s.start_planning(self._batch_log, self._conf, self._batch_ms)
+
+    def _plan_batch(self, time_ms: int) -> bool:
+        """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
+        blog = self._batch_log
+        if blog is not None and blog.is_committed(time_ms):
+            log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
+                     blog.batch_id(time_ms))
+            return False
+        ends = [s.plan(time_ms) for s in self._direct_inputs()]
+        if blog is not None:
+            blog.log_batch(time_ms, ends, {})
+        return True
+
+    def _on_batch_committed(self, batch_id: int, time_ms: int) -> None:
+        from .listener import StreamingListenerBatchCommitted
+
+        self._post("onBatchCommitted", StreamingListenerBatchCommitted(batch_id, time_ms))
 
     def _make_block_tracker(self) -> ReceivedBlockTracker:
         """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
@@ -448,6 +524,11 @@ class StreamingContext:
                 self._terminated.wait(0.05)  # the timer allocates them to the next batches
 
     def _on_batch_done(self, time_ms: int, info) -> None:
+        if self._batch_log is not None:
+            ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
+            self._batch_log.batch_done(time_ms, ok)
+        for s in self._direct_inputs():
+            s.on_batch_completed(info)
         if self._receiver_tracker is not None:
             self._receiver_tracker.on_batch_completed(time_ms, info)
 
@@ -489,31 +570,6 @@ class StreamingContext:
         if not (stream.must_checkpoint and self._checkpoint_dir is not None):
             rdd.localCheckpoint()
 
-    def _snapshot_state(self, time_ms: int) -> None:
-        """Save the state RDDs of stateful streams due at ``time_ms`` as pickle files (data, our
-        own files: referenced by the checkpoint, deleted when retired), then read the state from
-        the snapshot from now on: its lineage ends there, and an executor that loses the cached
-        state recomputes it from the snapshot. Keeps the two newest snapshots of each stream."""
-        if self._checkpoint_dir is None:
-            return
-        for index, stream in enumerate(self._graph.streams):
-            if not stream.must_checkpoint or not stream.checkpoint_ms:
-                continue
-            if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
-                continue
-            rdd = stream.generated_rdds.get(time_ms)
-            times = self._snapshots.setdefault(index, {})
-            if rdd is None or time_ms in times:
-                continue
-            path = f"{self._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
-            write_snapshot(rdd, path, self._storage_options)  # replaces one a killed run left
-            # Not cached: reading a snapshot costs about what caching its records would, and a
-            # cached RDD cannot be pipelined with the Python function of the job that reads it.
-            stream.replace_rdd(time_ms, rdd, read_snapshot(self._sc, path, self._storage_options))
-            times[time_ms] = path
-            for old in sorted(times)[:-2]:
-                self._retired_snapshots.append((self._checkpoints_written, times.pop(old)))
-
     def _on_checkpoint_written(self, time_ms: int) -> None:
         """Once a checkpoint is durable, forget the block allocations no restart from it can need
         (older than its pending batches and the remember duration), and delete retired state
@@ -522,10 +578,13 @@ class StreamingContext:
             floor = self._cleanup_floors[time_ms].pop(0)
             if not self._cleanup_floors[time_ms]:
                 del self._cleanup_floors[time_ms]
+        floor = min(floor, time_ms - self._max_remember_ms())
         try:  # runs on the checkpoint writer's thread, which must not die of it
-            self._cleanup_old_blocks(min(floor, time_ms - self._max_remember_ms()))
+            self._cleanup_old_blocks(floor)
         except Exception:  # noqa: BLE001
             log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
+        if self._batch_log is not None:  # step 5 of the batch protocol may follow
+            self._batch_log.checkpoint_durable(time_ms, floor)
         self._checkpoints_written += 1
         if self._code_name and self._checkpoints_written == self._checkpoint_writer.keep + 2:
             # every checkpoint file left was written by this run (the +2 covers a .bk of an
@@ -534,47 +593,26 @@ class StreamingContext:
                 delete_code_parts_except(self._checkpoint_dir, self._code_name, self._storage_options)
             except Exception:  # noqa: BLE001
                 log.warning("could not delete old code parts in %s", self._checkpoint_dir, exc_info=True)
-        keep = []
-        for written_then, path in self._retired_snapshots:
-            if self._checkpoints_written >= written_then + 2:
-                try:
-                    delete_snapshot(path, self._storage_options)
-                except Exception:  # noqa: BLE001
-                    log.warning("could not delete old state snapshot %s", path, exc_info=True)
-            else:
-                keep.append((written_then, path))
-        self._retired_snapshots = keep
-
-    def _state_floor(self, floor: int) -> int:
-        """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
-        a stateful stream restarts from its newest snapshot at or before ``floor`` and recomputes
-        the batches after it from their inputs, so those batches' blocks must not be cleaned
-        (the snapshot may lag the batches by more than the remember duration)."""
-        for index, stream in enumerate(self._graph.streams):
-            if not stream.must_checkpoint:
-                continue
-            times = self._snapshots.get(index, {})
-            base = max((t for t in times if t <= floor), default=None)
-            floor = min(floor, base if base is not None else (self._graph.zero_time_ms or 0))
-        return floor
+        self._snapshots.on_checkpoint_written()
 
     def _do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
         if self._checkpoint_writer is None:
             return
         if clear_later:
-            self._snapshot_state(time_ms)
+            self._snapshots.snapshot_due(time_ms)
         data = {
             "fingerprint": self._graph.fingerprint(),
             "graph": self._graph.describe(),
             "batch_ms": self._batch_ms,
             "zero_time_ms": self._graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in self._graph.inputs},
-            "state": {str(i): {str(t): p for t, p in times.items()} for i, times in self._snapshots.items()},
+            "state": self._snapshots.checkpoint_data(),
+            "batch_log_latest": self._batch_log.latest_logged_id() if self._batch_log is not None else -1,
             "code": self._code_name,
             "conf": self._conf_pairs,
         }
         pending = self._scheduler.pending_times()
-        floor = self._state_floor(min([time_ms, *pending]))
+        floor = self._snapshots.floor(min([time_ms, *pending]))
         with self._floors_lock:
             self._cleanup_floors.setdefault(time_ms, []).append(floor)
         self._checkpoint_writer.write(Checkpoint(time_ms, pending, data))

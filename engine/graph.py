@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: The modules whose public functions are DStream operations (the main job's module is not one).
-_API_FILES = {os.path.join(_ENGINE_DIR, name) for name in ("dstream.py", "context.py", "inputs.py")}
+_API_FILES = {os.path.join(_ENGINE_DIR, name) for name in ("dstream.py", "context.py", "inputs.py",
+                                                                 os.path.join("sources", "direct.py"))}
 
 
 def creation_site() -> str:
@@ -81,7 +82,8 @@ class DStreamGraph:
         parts = []
         for i, s in enumerate(self.streams):
             deps = ",".join(str(index[id(d)]) for d in s.dependencies)
-            extra = "".join(f" {k}={getattr(s, k)}" for k in ("window_ms", "directory", "record_length")
+            extra = "".join(f" {k}={getattr(s, k)}" for k in ("window_ms", "directory", "record_length",
+                                                          "source_desc")
                             if getattr(s, k, None) is not None)
             parts.append(f"{i}:{type(s).__name__}(slide={s.slide_ms}{extra})<-[{deps}]")
         return "; ".join(parts)

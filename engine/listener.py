@@ -52,6 +52,21 @@ class StreamingListenerOutputOperationCompleted(_OutputOperationEvent):
     pass
 
 
+@dataclass(frozen=True)
+class StreamingListenerBatchCommitted:
+    """sparkwal's event: ``commits/<batchId>`` is durable (every output of the batch succeeded,
+    and every earlier batch is committed); a restart never runs this batch's outputs again."""
+
+    batch_id: int
+    batch_time_ms: int
+
+    def batchId(self) -> int:
+        return self.batch_id
+
+    def batchTime(self) -> int:
+        return self.batch_time_ms
+
+
 class StreamingListener:
     """Override the callbacks you need; they run on the scheduler's threads, so keep them short."""
 
@@ -72,6 +87,9 @@ class StreamingListener:
 
     def onOutputOperationCompleted(self, outputOperationCompleted) -> None:
         pass
+
+    def onBatchCommitted(self, batchCommitted: StreamingListenerBatchCommitted) -> None:
+        """sparkwal's: a batch's commit is durable (contexts with a checkpoint)."""
 
     # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:

@@ -207,6 +207,8 @@ class JobGenerator:
         ssc = self._ssc
         try:
             ssc._block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
+            if not ssc._plan_batch(time_ms):  # ranges planned and logged, unless committed
+                return
             jobs = ssc._graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
             ssc._report_error(e, time_ms)

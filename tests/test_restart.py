@@ -48,19 +48,22 @@ def test_uncommitted_latest_batch_reruns_with_identical_offsets(tmp_path):
     assert (p.batch_id, p.rerun) == (2, True)
     assert p.start_offsets == seq(1).offsets and p.end_offsets == seq(2).offsets
     assert p.metadata == seq(2).metadata and p.watermark_ms == 20 and not p.warnings
+    assert p.rerun_batches == (2,)
 
 
 def test_no_commit_log_reruns_the_latest_batch(tmp_path):
     """(checkpoint-version-2.3.1-without-commit-log-metadata)"""
     p = resolve_restart(*logs(tmp_path, offsets=[0, 1]))
     assert (p.batch_id, p.rerun, p.start_offsets) == (1, True, seq(0).offsets)
+    assert p.rerun_batches == (0, 1)
 
 
 def test_commit_trailing_by_more_than_one_reruns_with_sparks_warning(tmp_path, caplog):
     p = resolve_restart(*logs(tmp_path, offsets=[0, 1, 2, 3], commits=[0]))
     assert (p.batch_id, p.rerun) == (3, True)
     assert p.warnings == ("Batch completion log latest batch id is 0, which is not trailing "
-                          "batchid 3 by one",)
+                          "batchid 3 by one: batches 1..3 are re-run, in order",)
+    assert p.rerun_batches == (1, 2, 3)  # every uncommitted batch, not only the last (Spark's)
     assert "not trailing batchid 3" in caplog.text
 
 

@@ -137,8 +137,11 @@ class Storage(ABC):
         of space reserved ahead (see ``MappedAppendFile``); backends without one ignore it."""
 
     @abstractmethod
-    def put_if_absent(self, path: str, data: bytes) -> bool:
-        """Atomically create ``path`` holding ``data``; False (nothing touched) if it exists."""
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        """Atomically create ``path`` holding ``data``; False (nothing touched) if it exists.
+        ``sync=False`` skips the fsyncs where the backend has them (the file still appears
+        whole or not at all, but a machine crash may lose it: for measurements and metadata
+        a caller can afford to re-create)."""
 
     @abstractmethod
     def put(self, path: str, data: bytes) -> None:
@@ -271,7 +274,7 @@ class LocalStorage(Storage):
             raise
         return MappedAppendFile(path, fd) if mapped else LocalAppendFile(path, fd)
 
-    def _write_temp(self, path: str, data: bytes) -> str:
+    def _write_temp(self, path: str, data: bytes, sync: bool = True) -> str:
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -280,7 +283,8 @@ class LocalStorage(Storage):
             written = 0
             while written < len(view):
                 written += os.write(fd, view[written:])
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             _unlink_quietly(tmp)
@@ -288,17 +292,18 @@ class LocalStorage(Storage):
         os.close(fd)
         return tmp
 
-    def put_if_absent(self, path: str, data: bytes) -> bool:
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
         if os.path.lexists(path):
             return False
-        tmp = self._write_temp(path, data)
+        tmp = self._write_temp(path, data, sync)
         try:
             os.link(tmp, path)  # atomic, and refuses to replace an existing name
         except FileExistsError:
             return False
         finally:
             _unlink_quietly(tmp)
-        fsync_dir(os.path.dirname(path))
+        if sync:
+            fsync_dir(os.path.dirname(path))
         return True
 
     def put(self, path: str, data: bytes) -> None:
@@ -530,7 +535,7 @@ class FsspecStorage(Storage):
             f = self.fs.open(path, "ab")
         return FsspecAppendFile(path, f)
 
-    def put_if_absent(self, path: str, data: bytes) -> bool:
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
         if self._is_memory:
             with _memory_lock:
                 if self.fs.exists(path):

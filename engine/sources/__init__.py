@@ -1,0 +1,11 @@
+"""Direct (receiver-less) sources: replayable by offset range, read by tasks, exactly once with
+the batch protocol of :mod:`engine.sources.batch_log`."""
+
+from .batch_log import BatchLog, BatchLogStatistics
+from .direct import DirectInputDStream
+from .filelog import FileLogSource
+from .protocol import (DataLossError, OffsetRange, ReplayableSource, SourceError,
+                       TopicPartition)
+
+__all__ = ["BatchLog", "BatchLogStatistics", "DataLossError", "DirectInputDStream", "FileLogSource",
+           "OffsetRange", "ReplayableSource", "SourceError", "TopicPartition"]

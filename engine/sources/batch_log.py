@@ -1,0 +1,275 @@
+"""The batch protocol: Spark's offset and commit logs drive the engine's batches.
+
+Every batch of a context with a checkpoint gets a batch id (0, 1, 2, ... in batch-time order,
+continued across restarts) and goes through these steps, in this order:
+
+1. **plan**: each direct input plans its ranges (:meth:`DirectInputDStream.plan`);
+2. **offsets/<id>** is written durably (atomic create-if-absent, fsync'd unless
+   ``spark.sparkwal.batchLog.fsync`` is false) before any of the batch's jobs exist;
+3. **jobs** run: the batch's output operations;
+4. the **DStream checkpoint** of a time at or after the batch's is durable (the one queued when
+   the batch was generated: it lists the batch as pending, with the state snapshots a restart
+   needs). Written concurrently with 3;
+5. **commits/<id>**, once 3 succeeded for every output and 4 holds, and only after
+   ``commits/<id-1>``: the commit log is always a prefix of the offset log;
+6. old entries are purged: both logs keep ``spark.sql.streaming.minBatchesToRetain`` (100)
+   batches, and never one a restart from the latest checkpoint could re-run or recompute.
+
+A restart (any crash point above) resumes from what the files say: every logged batch without
+a commit re-runs, in order, with exactly its logged ranges and original batch time (Spark
+re-runs only the last); a committed batch never runs its outputs again (its RDDs are still
+recomputed from the logged ranges when later state needs them); new batches start where the last
+logged one ended, with the next id. Step 4 before 5 means a commit never outruns the DStream
+checkpoint, so the state of a committed batch is always recoverable; with no DStream checkpoint
+at all there is no commit, and every logged batch re-runs on fresh state.
+
+On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
+
+* ``offsets/<id>``: :class:`checkpoint.OffsetSeq` version 1: the metadata line
+  ``{"batchWatermarkMs":0,"batchTimestampMs":<batch time ms>,"conf":{...}}``, then one line per
+  direct input (input order): the batch's END offset of every partition the input knows, as
+  Spark's Kafka source writes them: ``{"<topic>":{"<partition>":<offset>,...}}``. A batch's
+  range of a partition starts at the previous entry's offset, else at the input's initial offset,
+  else (a partition that appeared later) at the source's earliest offset.
+* ``sources/<input id>/0``: ``v1`` and the same JSON: where the input started (Spark's Kafka
+  source keeps its initial offsets there too).
+* ``commits/<id>``: :class:`checkpoint.CommitMetadata` version 1, ``{"nextBatchWatermarkMs":0}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+from checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from checkpoint.restart import resolve_restart
+
+from .protocol import OffsetRange, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+def offsets_json(ends: dict[TopicPartition, int]) -> str:
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(ends, key=lambda tp: (tp.topic, str(tp.partition))):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(ends[tp])
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_offsets_json(text: str | None, source, where: str) -> dict[TopicPartition, int]:
+    if text is None:
+        return {}
+    try:
+        obj = json.loads(text)
+        return {TopicPartition(topic, source.parse_partition(p)): int(o)
+                for topic, parts in obj.items() for p, o in parts.items()}
+    except (ValueError, AttributeError, TypeError) as e:
+        raise ValueError(f"{where}: offsets {text[:120]!r} are not {{topic: {{partition: offset}}}} "
+                         f"JSON ({e})") from None
+
+
+@dataclass(frozen=True)
+class BatchLogStatistics:
+    latest_batch_id: int  #: -1: none yet
+    latest_committed: int  #: -1: none yet
+    offsets_written: int
+    commits_written: int
+    purged: int
+
+
+class _InitialLog(MetadataLog[str]):
+    def serialize(self, value: str) -> bytes:
+        return f"v1\n{value}".encode()
+
+    def parse(self, version: int, lines: list[str], path: str) -> str:
+        return "\n".join(lines)
+
+
+class BatchLog:
+    """The offsets/commits pair of one context (see the module docstring for the protocol)."""
+
+    def __init__(self, directory: str, inputs: list, *, storage_options: dict | None = None,
+                 sync: bool = True, retain: int = 100, on_commit=None):
+        if retain < 1:
+            raise ValueError(f"minBatchesToRetain must be >= 1, got {retain}")
+        base = directory.rstrip("/")
+        self.directory = directory
+        self.offsets = OffsetSeqLog(f"{base}/offsets", storage_options, sync=sync)
+        self.commits = CommitLog(f"{base}/commits", storage_options, sync=sync)
+        self._base, self._options, self._sync = base, storage_options, sync
+        self.inputs = list(inputs)  # the direct inputs, in input order
+        self.retain = retain
+        self._on_commit = on_commit  # (batch_id, time_ms) after each commit file
+        self._lock = threading.Lock()
+        self._ids: dict[int, int] = {}  # batch time -> id, of logged batches
+        self._times: dict[int, int] = {}  # id -> batch time
+        self._ends: dict[int, list[dict]] = {}  # id -> end offsets per input (parsed lazily)
+        self._raw: dict[int, OffsetSeq] = {}
+        self._next_id = 0
+        self._committed = -1  # the highest id of the commit log's prefix
+        self._done: dict[int, bool] = {}  # id -> outputs succeeded, awaiting its commit
+        self._durable_ms = -1  # the latest DStream checkpoint time known durable
+        self._protect_ms: int | None = None  # never purge batches at or after this time
+        self._offsets_written = self._commits_written = self._purged = 0
+        self.rerun_times: list[int] = []  # logged, uncommitted: a restart re-runs them
+
+    # ------------------------------------------------------------------ restart
+
+    def recover(self) -> None:
+        """Read the logs: ids and times of the logged batches, the last commit, what re-runs."""
+        point = resolve_restart(self.offsets, self.commits)
+        for i in self.offsets.batch_ids():
+            entry = self.offsets.get(i)
+            if entry is None:
+                continue
+            if not isinstance(entry, OffsetSeq) or entry.metadata is None:
+                raise ValueError(f"{self.offsets.file_url(i)} is not a DStream batch (OffsetSeq v1 "
+                                 "with metadata); this checkpoint belongs to another kind of query")
+            if len(entry.offsets) != len(self.inputs):
+                raise ValueError(
+                    f"{self.offsets.file_url(i)} has offsets of {len(entry.offsets)} direct inputs, "
+                    f"this graph has {len(self.inputs)}: the graph changed since it was written")
+            t = entry.metadata.batch_timestamp_ms
+            self._ids[t], self._times[i], self._raw[i] = i, t, entry
+        ids = sorted(self._times)
+        self._next_id = ids[-1] + 1 if ids else 0
+        commit_ids = self.commits.batch_ids()
+        self._committed = commit_ids[-1] if commit_ids else -1
+        self.rerun_times = [self._times[i] for i in point.rerun_batches]
+        if ids:
+            log.info("batch log: batches %d..%d logged, committed up to %d, re-running %s",
+                     ids[0], ids[-1], self._committed, point.rerun_batches)
+
+    def latest_logged_id(self) -> int:
+        return self._next_id - 1
+
+    def logged_times(self) -> list[int]:
+        return sorted(self._ids)
+
+    def is_committed(self, time_ms: int) -> bool:
+        i = self._ids.get(time_ms)
+        return i is not None and i <= self._committed
+
+    def batch_id(self, time_ms: int) -> int | None:
+        return self._ids.get(time_ms)
+
+    def _input_ends(self, batch_id: int, stream) -> dict[TopicPartition, int]:
+        ends = self._ends.get(batch_id)
+        if ends is None:
+            entry = self._raw[batch_id]
+            url = self.offsets.file_url(batch_id)
+            ends = [parse_offsets_json(text, s.source, url) for text, s in zip(entry.offsets, self.inputs)]
+            self._ends[batch_id] = ends
+        return ends[self.inputs.index(stream)]
+
+    def latest_ends(self, stream) -> dict[TopicPartition, int] | None:
+        """Where ``stream`` resumes planning: the end offsets of the last logged batch."""
+        if self._next_id == 0:
+            return None
+        return self._input_ends(self._next_id - 1, stream)
+
+    def logged_ranges(self, stream, time_ms: int):
+        """(ranges, ends) of ``stream`` in the logged batch at ``time_ms``; None if not logged."""
+        i = self._ids.get(time_ms)
+        if i is None:
+            return None
+        ends = self._input_ends(i, stream)
+        if i - 1 in self._times:
+            starts = self._input_ends(i - 1, stream)
+        elif i == 0 or self.initial_offsets(stream) is not None:
+            starts = self.initial_offsets(stream) or {}
+        else:
+            raise ValueError(f"batch {i} (time {time_ms}) cannot be recomputed: "
+                             f"{self.offsets.file_url(i - 1)} (its start offsets) was purged")
+        missing = [tp for tp in ends if tp not in starts]
+        if missing:
+            starts = {**starts, **stream.source.earliest_offsets(missing)}
+        ranges = [OffsetRange(tp.topic, tp.partition, starts.get(tp, 0), end)
+                  for tp, end in sorted(ends.items(), key=lambda kv: (kv[0].topic, str(kv[0].partition)))]
+        return ranges, ends
+
+    def _initial_log(self, stream) -> _InitialLog:
+        return _InitialLog(f"{self._base}/sources/{stream.input_id}", self._options, sync=self._sync)
+
+    def initial_offsets(self, stream) -> dict[TopicPartition, int] | None:
+        log_ = self._initial_log(stream)
+        text = log_.get(0)
+        return None if text is None else parse_offsets_json(text, stream.source, log_.file_url(0))
+
+    def write_initial_offsets(self, stream, offsets: dict[TopicPartition, int]) -> None:
+        self._initial_log(stream).add(0, offsets_json(offsets))
+
+    # ------------------------------------------------------------------ running
+
+    def log_batch(self, time_ms: int, ends: list[dict[TopicPartition, int]], conf: dict[str, str]) -> int:
+        """Step 2: the batch's id, its offsets durable on return (a logged batch keeps its id)."""
+        with self._lock:
+            if time_ms in self._ids:
+                return self._ids[time_ms]
+            i = self._next_id
+            entry = OffsetSeq([offsets_json(e) for e in ends], OffsetSeqMetadata(0, time_ms, conf))
+            if not self.offsets.add(i, entry):
+                raise RuntimeError(
+                    f"Concurrent update to the log: {self.offsets.file_url(i)} exists. Multiple "
+                    f"streaming contexts are writing batch {i} of {self.directory}")
+            self._ids[time_ms], self._times[i], self._raw[i] = i, time_ms, entry
+            self._ends[i] = [dict(e) for e in ends]
+            self._next_id = i + 1
+            self._offsets_written += 1
+            return i
+
+    def batch_done(self, time_ms: int, succeeded: bool) -> None:
+        """Step 3 ended (every output succeeded, or not: a failed batch is never committed)."""
+        with self._lock:
+            i = self._ids.get(time_ms)
+            if i is None or i <= self._committed:
+                return
+            self._done[i] = succeeded
+            self._flush()
+
+    def checkpoint_durable(self, time_ms: int, protect_from_ms: int | None = None) -> None:
+        """Step 4: the DStream checkpoint of ``time_ms`` is durable; a restart from it may need
+        batches from ``protect_from_ms`` on (they are kept whatever ``retain`` says)."""
+        with self._lock:
+            self._durable_ms = max(self._durable_ms, time_ms)
+            if protect_from_ms is not None:
+                self._protect_ms = protect_from_ms
+            self._flush()
+
+    def _flush(self) -> None:
+        committed = []
+        while self._done.get(self._committed + 1) and self._times[self._committed + 1] <= self._durable_ms:
+            i = self._committed + 1
+            del self._done[i]
+            self.commits.add(i, CommitMetadata(0))  # False: a re-run of a committed batch
+            self._committed = i
+            self._commits_written += 1
+            committed.append(i)
+        if committed:
+            self._purge()
+            if self._on_commit is not None:
+                for i in committed:
+                    self._on_commit(i, self._times[i])
+
+    def _purge(self) -> None:
+        threshold = self._committed - self.retain + 1
+        if self._protect_ms is not None:
+            protected = [i for i, t in self._times.items() if t >= self._protect_ms]
+            if protected:
+                threshold = min(threshold, min(protected) - 1)  # keep the start offsets too
+        if threshold <= 0 or min(self._times, default=threshold) >= threshold:
+            return
+        for i in [i for i in self._times if i < threshold]:
+            t = self._times.pop(i)
+            self._ids.pop(t, None)
+            self._ends.pop(i, None)
+            self._raw.pop(i, None)
+        self._purged += len(self.offsets.purge(threshold))
+        self.commits.purge(threshold)
+
+    def statistics(self) -> BatchLogStatistics:
+        with self._lock:
+            return BatchLogStatistics(self._next_id - 1, self._committed, self._offsets_written,
+                                      self._commits_written, self._purged)

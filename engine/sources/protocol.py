@@ -1,0 +1,92 @@
+"""The direct-source protocol: partitions with offsets that can be read again by range.
+
+A :class:`ReplayableSource` is asked on the driver which partitions exist and how far each one
+goes; a batch is then a planned ``[from, until)`` range per partition, written ahead to the offset
+log (:mod:`engine.sources.batch_log`), and read by a task straight from the source. Reading the
+same range twice gives the same records: that is what makes a re-run batch after a driver crash
+identical to the first run.
+
+Offsets are non-negative integers that only grow (Kafka offsets, line numbers). A partition is a
+``(topic, partition)`` pair: Kafka's, or for a :class:`~engine.sources.FileLogSource` its
+directory's name and a file name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import NamedTuple
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int | str
+
+
+class OffsetRange(NamedTuple):
+    """One partition's range in one batch (the names of Spark's ``OffsetRange``)."""
+
+    topic: str
+    partition: int | str
+    fromOffset: int
+    untilOffset: int
+
+    def count(self) -> int:
+        return self.untilOffset - self.fromOffset
+
+    def topicPartition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class SourceError(RuntimeError):
+    """A source cannot serve what a batch needs (the message names the partition and offsets)."""
+
+
+class DataLossError(SourceError):
+    """Records a batch planned or a source once offered are gone: a partition removed with
+    unread records, offsets that went backwards, or a range no longer readable in full."""
+
+
+class ReplayableSource(ABC):
+    """A partitioned, replayable source. The object is pickled into tasks: keep driver-only
+    resources (clients, connections) out of its pickled state and open them lazily."""
+
+    @abstractmethod
+    def partitions(self) -> list[TopicPartition]:
+        """The partitions that exist now (driver side)."""
+
+    @abstractmethod
+    def latest_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offset after the last available record of each partition (driver side). A
+        partition that disappeared meanwhile is left out."""
+
+    def earliest_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still available in each partition: where a partition that appears
+        after the stream started is read from."""
+        return {tp: 0 for tp in partitions}
+
+    def initial_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where a stream with no checkpoint and no ``fromOffsets`` starts (default: earliest)."""
+        return self.earliest_offsets(partitions)
+
+    @abstractmethod
+    def read(self, partition: TopicPartition, from_offset: int, until_offset: int,
+             hint=None) -> Iterable:
+        """The records of ``[from_offset, until_offset)`` of ``partition``, inside a task. Raise
+        :class:`DataLossError` if the range cannot be read in full. ``hint`` is what
+        :meth:`read_hint` returned on the driver for this range (None if it had none)."""
+
+    def read_hint(self, partition: TopicPartition, from_offset: int, until_offset: int):
+        """Optional driver-side knowledge that speeds up :meth:`read` (e.g. a byte position)."""
+        return None
+
+    def parse_partition(self, key: str) -> int | str:
+        """A partition from its key in the offset log's JSON (integers by default, as Kafka's)."""
+        return int(key)
+
+    def describe(self) -> str:
+        """A short name of the source for logs and the graph's fingerprint."""
+        return type(self).__name__
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release driver-side resources (called when the context stops)."""
