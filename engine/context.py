@@ -461,9 +461,16 @@ class StreamingContext:
         return [s for s in self._graph.inputs if isinstance(s, DirectInputDStream)]
 
     def _start_batch_log(self) -> None:
-        """The offsets/commits logs (with a checkpoint), read back; then the direct inputs learn
-        where they resume."""
-        if self._checkpoint_dir is not None:
+        """The offsets/commits logs, read back; then the direct inputs learn where they resume.
+        With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
+        the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
+        never re-run after a restart, whatever its inputs), ``false`` never (direct inputs then
+        re-plan from their initial offsets: at-least-once at best)."""
+        mode = self._conf.get("spark.sparkwal.batchLog.enabled", "auto").lower()
+        if mode not in ("auto", "true", "false"):
+            raise ValueError(f"spark.sparkwal.batchLog.enabled must be auto, true or false, got {mode!r}")
+        wanted = mode == "true" or (mode == "auto" and bool(self._direct_inputs()))
+        if self._checkpoint_dir is not None and wanted:
             sync = self._conf.get("spark.sparkwal.batchLog.fsync", "true").lower() != "false"
             retain = int(self._conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
             self._batch_log = BatchLog(self._checkpoint_dir, self._direct_inputs(),

@@ -3,10 +3,13 @@ nothing and count nothing twice.
 
     python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
-                           [--mode files|receiver] [--master local[2]] [--kinds driver,executor,worker]
+                           [--mode files|receiver|direct] [--master local[2]]
+                           [--kinds driver,executor,worker]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/receiver/drill.py): the drill
 hosts its source, and kills the driver, the receiver's executor JVM or its Python worker.
+``--mode direct`` drills exactly-once output (engine/direct_drill.py): a direct stream over
+append-only files into SQLite, killed at least 20 times by default.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
@@ -241,11 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
     ap.add_argument("--upgrade", action="store_true",
                     help="restarts recover code-free (getOrCreate(..., upgrade=True))")
-    ap.add_argument("--mode", choices=["files", "receiver"], default="files")
+    ap.add_argument("--mode", choices=["files", "receiver", "direct"], default="files")
     ap.add_argument("--master", default="local[2]", help="receiver mode: the app's Spark master")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
     args = ap.parse_args(argv)
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
+    if args.mode == "direct":
+        from . import direct_drill
+
+        try:
+            r = direct_drill.run(args.kills, args.batch, args.seed, os.path.abspath(workdir),
+                                 duration_s=args.duration, master=args.master)
+        finally:
+            if not args.dir:
+                shutil.rmtree(workdir, ignore_errors=True)
+        print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_appended", "lines_counted",
+                                               "records_lost", "duplicates", "words_exact",
+                                               "batches_rerun", "seconds")))
+        print("OK: every appended line counted exactly once" if r["ok"] else "FAILED")
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump(r, f, indent=1)
+        return 0 if r["ok"] else 1
     if args.mode == "receiver":
         from .receiver import drill as receiver_drill
 

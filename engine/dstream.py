@@ -328,16 +328,13 @@ class DStream:
         ForEachDStream(self._ssc, self, take_and_print, "pprint")
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
-        """Each batch to ``<prefix>-<time ms>[.<suffix>]``; a batch already saved (a re-run after
-        recovery) is left as it is, so the output is idempotent per batch time."""
+        """Each batch to ``<prefix>-<time ms>[.<suffix>]``, idempotently: the batch is written
+        under a hidden temporary name and renamed into place when complete, replacing what an
+        earlier run of the same batch left, so a reader sees a whole batch or none."""
 
         def save(time: datetime, rdd: RDD) -> None:
             path = f"{prefix}-{int(round(time.timestamp() * 1000))}" + (f".{suffix}" if suffix else "")
-            try:
-                rdd.saveAsTextFile(path)
-            except Exception as e:  # noqa: BLE001
-                if "FileAlreadyExistsException" not in str(e) and "already exists" not in str(e):
-                    raise
+            _save_text_atomically(rdd, path)
 
         ForEachDStream(self._ssc, self, save, "saveAsTextFiles")
 
@@ -549,3 +546,28 @@ class ForEachDStream(DStream):
             return None
         func = self._func
         return Job(self.output_op_id, self.op_name, lambda: func(_time(time_ms), rdd))
+
+
+def _save_text_atomically(rdd: RDD, path: str) -> None:
+    """``rdd.saveAsTextFile`` into a hidden sibling, then renamed to ``path`` through Hadoop's
+    FileSystem (any URL Spark writes to); a previous ``path`` is moved aside first, then deleted."""
+    import uuid
+
+    sc = rdd.context
+    jvm = sc._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    final = hadoop_path(path)
+    fs = final.getFileSystem(sc._jsc.hadoopConfiguration())
+    parent, name = final.getParent(), final.getName()
+    tag = uuid.uuid4().hex[:12]
+    tmp = hadoop_path(parent, f".{name}.tmp-{tag}")
+    rdd.saveAsTextFile(tmp.toString())
+    old = None
+    if fs.exists(final):
+        old = hadoop_path(parent, f".{name}.old-{tag}")
+        if not fs.rename(final, old):
+            raise OSError(f"cannot move the earlier output {path} aside to {old.toString()}")
+    if not fs.rename(tmp, final):
+        raise OSError(f"cannot rename {tmp.toString()} to {path}")
+    if old is not None:
+        fs.delete(old, True)

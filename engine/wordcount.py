@@ -1,7 +1,8 @@
 """The main job: a local Spark streaming word count over files appearing in a directory.
 
     python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
-                               [--master local[2]] [--source files|receiver] [--upgrade] [--json]
+                               [--master local[2]] [--source files|receiver|filelog] [--upgrade]
+                               [--json]
 
 * ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
   one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
@@ -12,6 +13,10 @@
   it connects to an :class:`AckedLineSource` there (the drill's; the secret in the environment
   variable named by ``--source-secret-env``); without it the job runs its own source, fed with
   ``--files`` x 3 lines.
+* ``--source filelog``: a direct stream (exactly once) over the append-only files of
+  ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`engine.direct_wordcount`. With
+  ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
+  drill's appender). It also emits ``batch_committed`` events.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
   "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
   ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
@@ -111,7 +116,7 @@ def _emit(event: dict, json_events: bool, text: str) -> None:
 
 
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
-          receiver: tuple[str, int, str] | None = None):
+          receiver: tuple[str, int, str] | None = None, direct: bool = False):
     """The app's context and its progress listener: the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
     program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
@@ -145,11 +150,16 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
                   f"receiver {r.streamId()} stopped on executor {r.executorId()}"
                   + (f": {r.lastErrorMessage()}" if r.lastError() else ""))
 
+        def onBatchCommitted(self, committed):
+            if json_events:  # for tools only: the progress line shows completed batches
+                _emit({"event": "batch_committed", "batch_id": committed.batchId(),
+                       "batch_ms": committed.batchTime()}, True, "")
+
         def onBatchCompleted(self, batchCompleted):
             info = batchCompleted.batchInfo()
             files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
             records = app._BATCH_RECORDS.pop(info.batch_time_ms, 0)
-            if receiver is not None:  # a receiver input reports its records, as in Spark
+            if receiver is not None or direct:  # these inputs report their records, as in Spark
                 records = info.num_records
             self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
             self.processing_ms.append(info.processing_delay_ms or 0)
@@ -157,7 +167,8 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
                    "records": records, "scheduling_ms": info.scheduling_delay_ms,
                    "processing_ms": info.processing_delay_ms},
                   json_events,
-                  f"batch {_clock(info.batch_time_ms)}: " + (f"{files} files, " if receiver is None else "")
+                  f"batch {_clock(info.batch_time_ms)}: "
+                  + (f"{files} files, " if receiver is None and not direct else "")
                   + f"{records} records "
                   f"({records / batch:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
                   f"processing {info.processing_delay_ms} ms")
@@ -165,6 +176,11 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     def setup():
         ssc = StreamingContext(sc, batch)
         ssc.checkpoint(os.path.join(workdir, "checkpoint"))
+        if direct:
+            from engine.direct_wordcount import setup_direct
+
+            setup_direct(ssc, workdir)
+            return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
         else:
@@ -227,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="recover this program's graph with the checkpoint's data (code-free)")
     ap.add_argument("--master", default="local[2]",
                     help="Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
-    ap.add_argument("--source", choices=["files", "receiver"], default="files", help="input mode")
+    ap.add_argument("--source", choices=["files", "receiver", "filelog"], default="files",
+                    help="input mode")
     ap.add_argument("--source-port", type=int, help="receiver mode: the AckedLineSource's port")
     ap.add_argument("--source-secret-env", default="SPARKWAL_SOURCE_SECRET",
                     help="receiver mode: the environment variable holding the source's secret")
@@ -269,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("WARN" if args.verbose else "ERROR")
+    direct = args.source == "filelog"
+    if direct:
+        os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
     ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
-                          receiver=receiver)
+                          receiver=receiver, direct=direct)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -282,6 +302,17 @@ def main(argv: list[str] | None = None) -> int:
                 source.offer(receiver_line(3 * i + j) for j in range(3))
             return
         if receiver is not None:
+            return
+        if direct:
+            from engine.direct_wordcount import PARTITIONS, append_lines, logged_lines
+
+            have = logged_lines(os.path.join(workdir, "log"))
+            for i in range(sum(have.values()) // 3, args.files):
+                if stop.wait(args.batch):
+                    return
+                p = PARTITIONS[i % len(PARTITIONS)]
+                append_lines(os.path.join(workdir, "log"), p, have.get(p, 0), 3)
+                have[p] = have.get(p, 0) + 3
             return
         existing = len([n for n in os.listdir(os.path.join(workdir, "input")) if n.endswith(".txt")])
         for i in range(existing, args.files):
@@ -296,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         if ssc.awaitTerminationOrTimeout(0.2):
             break
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
+    if direct:
+        from engine.direct_wordcount import read_results
+
+        _summary(ssc, progress, args.json, read_results(workdir)["batches"],
+                 os.path.join(workdir, "output.db"))
+        return 0
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
     _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"))
     return 0

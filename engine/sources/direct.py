@@ -76,7 +76,7 @@ class DirectInputDStream(InputDStream):
         super().__init__(ssc)
         self.source = source
         self.source_desc = source.describe()
-        self.from_offsets = {TopicPartition(*tp): int(o) for tp, o in (fromOffsets or {}).items()}
+        self.from_offsets = {_topic_partition(tp): int(o) for tp, o in (fromOffsets or {}).items()}
         self.fail_on_data_loss = failOnDataLoss
         self._init_runtime()
 
@@ -246,6 +246,14 @@ class DirectInputDStream(InputDStream):
 
     def __repr__(self) -> str:
         return f"DirectInputDStream[{self.input_id}]({self.source_desc})"
+
+
+def _topic_partition(tp) -> TopicPartition:
+    """A (topic, partition) pair, or an object with ``topic`` and ``partition`` (pyspark 2's
+    TopicAndPartition, confluent-kafka's TopicPartition)."""
+    if hasattr(tp, "topic") and hasattr(tp, "partition"):
+        return TopicPartition(tp.topic, tp.partition)
+    return TopicPartition(*tp)
 
 
 def _reader(source: ReplayableSource, where: str):

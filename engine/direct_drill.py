@@ -1,0 +1,117 @@
+"""The drill's direct mode: exactly once under SIGKILL.
+
+    python -m engine.drill --mode direct [--kills 20 | --duration S] [--batch 0.5] [--seed 1]
+
+An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
+while the app is down); ``python -m engine.wordcount --source filelog`` counts them into SQLite
+and is killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up,
+between batches or in the middle of one, then restarted on the same work directory. After the
+last kill the appender stops and the app runs until it has counted everything. Exactly once
+means: the lines counted per partition equal the lines appended, and every word total equals the
+count derived from the appended lines (a lost or doubled line changes both).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
+from .drill import AppRun, pct
+
+
+def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
+        duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000) -> dict:
+    rng = random.Random(seed)
+    began = time.monotonic()
+    until = began + duration_s if duration_s else None
+    kills = kills if kills is not None else (1 << 30 if until else 20)
+    logdir = os.path.join(workdir, "log")
+    os.makedirs(logdir, exist_ok=True)
+    appended = {p: 0 for p in PARTITIONS}
+    stop_input = threading.Event()
+
+    def appender() -> None:
+        arng = random.Random(seed + 1)
+        while not stop_input.wait(batch / 4) and sum(appended.values()) < max_lines:
+            p = arng.choice(PARTITIONS)
+            n = arng.randint(1, 5)
+            append_lines(logdir, p, appended[p], n)
+            appended[p] += n
+
+    feeder = threading.Thread(target=appender, daemon=True)
+    feeder.start()
+    args = ("--source", "filelog", "--master", master)
+    runs: list[AppRun] = []
+    recovery_s: list[float] = []
+    k = 0
+    try:
+        while True:
+            app = AppRun(workdir, batch, extra_args=args)
+            runs.append(app)
+            started = time.monotonic()
+            if k < kills and (until is None or time.monotonic() < until):
+                if rng.random() < 0.2:  # during start-up or the first batches
+                    time.sleep(rng.uniform(1.0, 5.0))
+                else:  # while it runs: between batches or in the middle of one
+                    first = _wait_first_batch(app, 120)
+                    recovery_s.append(first - started)
+                    time.sleep(rng.uniform(0.0, 3 * batch))
+                app.kill()
+                k += 1
+                log(f"kill {k}: SIGKILL to process group {app.proc.pid} after "
+                    f"{time.monotonic() - started:.1f} s, {len(app.batches())} batches")
+                continue
+            stop_input.set()
+            feeder.join()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if read_results(workdir)["lines"] == {p: n for p, n in appended.items() if n}:
+                    break
+                if app.proc.poll() is not None:
+                    raise RuntimeError("the app exited before counting everything")
+                time.sleep(0.2)
+            app.terminate()
+            break
+    finally:
+        stop_input.set()
+        for r in runs:
+            if r.proc.poll() is None:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+
+    results = read_results(workdir)
+    expected_lines = {p: n for p, n in appended.items() if n}
+    expected_words = expected_direct_counts(appended)
+    counted = sum(results["lines"].values())
+    completed = [b for r in runs for _, b in r.batches()]
+    result = {
+        "mode": "direct (FileLogSource -> SQLite), exactly once", "master": master,
+        "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,
+        "lines_appended": sum(appended.values()), "lines_counted": counted,
+        "lines_by_partition": results["lines"], "appended_by_partition": expected_lines,
+        "records_lost": sum(max(0, n - results["lines"].get(p, 0)) for p, n in expected_lines.items()),
+        "duplicates": sum(max(0, n - expected_lines.get(p, 0)) for p, n in results["lines"].items()),
+        "words_exact": results["words"] == expected_words,
+        "batches_completed": len(set(completed)), "batches_rerun": len(completed) - len(set(completed)),
+        "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
+        "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
+    }
+    result["ok"] = (result["records_lost"] == 0 and result["duplicates"] == 0 and result["words_exact"]
+                    and results["lines"] == expected_lines)
+    return result
+
+
+def _wait_first_batch(app: AppRun, timeout_s: float) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = app.batches()
+        if done:
+            return done[0][0]
+        if app.proc.poll() is not None:
+            raise RuntimeError(f"the app exited (status {app.proc.returncode}) before its first batch")
+        time.sleep(0.02)
+    raise RuntimeError(f"no batch completed within {timeout_s} s")

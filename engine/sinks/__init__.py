@@ -1,0 +1,5 @@
+"""Exactly-once outputs: transactional sinks that store a batch's results with its offsets."""
+
+from .transactional import DbApiSink, SinkOffsetsError, SQLiteSink
+
+__all__ = ["DbApiSink", "SQLiteSink", "SinkOffsetsError"]

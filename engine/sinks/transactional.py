@@ -1,0 +1,189 @@
+"""Transactional output: a batch's results and its offsets in one database transaction.
+
+The second exactly-once recipe of Spark's direct Kafka guide: the database, not the checkpoint,
+is the source of truth of how far the output got. Each batch runs, in ONE transaction:
+
+1. read the sink's stored offset of every partition the batch read;
+2. if each equals the batch's range start: write the results (the caller's ``write``), store the
+   range ends, commit. If each equals the range end, the batch is already in the database (a
+   re-run after a crash between the database commit and the checkpoint's): nothing is written.
+   Anything else is an error naming the partition and both offsets (the database and the stream
+   disagree: another writer, or a stream started from the wrong offsets);
+3. on restart, ``offsets()`` gives the stored ends, to pass as ``directStream(fromOffsets=...)``:
+   with or without a checkpoint, the output is exactly once.
+
+Results are collected to the driver and written there (aggregates, as in a word count: a batch's
+results must fit the driver). Table (created if missing)::
+
+    sparkwal_offsets(sink TEXT, topic TEXT, partition TEXT  -- JSON of the partition (1, "a")
+                     until_offset INTEGER, batch_time_ms INTEGER,
+                     PRIMARY KEY (sink, topic, partition))
+
+The seam is :class:`DbApiSink` (any DB-API 2 connection: ``connect``, the ``BEGIN`` statement
+and the placeholder style); :class:`SQLiteSink` is its SQLite implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import datetime
+
+from ..sources.protocol import OffsetRange, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class SinkOffsetsError(RuntimeError):
+    """The database's stored offsets do not fit the batch (the message names both)."""
+
+
+class DbApiSink(ABC):
+    """Exactly-once output of batches into a database through DB-API 2 connections."""
+
+    placeholder = "?"  #: the driver's paramstyle marker ("?" qmark, "%s" format)
+    begin_sql = "BEGIN"
+
+    def __init__(self, name: str):
+        if not name or not isinstance(name, str):
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        self.name = name
+
+    @abstractmethod
+    def connect(self):
+        """A new DB-API connection (autocommit off or managed by ``begin_sql``)."""
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", self.placeholder)
+
+    def _ensure_table(self, cur) -> None:
+        cur.execute("CREATE TABLE IF NOT EXISTS sparkwal_offsets (sink TEXT NOT NULL, topic TEXT "
+                    "NOT NULL, partition TEXT NOT NULL, until_offset INTEGER NOT NULL, "
+                    "batch_time_ms INTEGER NOT NULL, PRIMARY KEY (sink, topic, partition))")
+
+    def offsets(self) -> dict[TopicPartition, int]:
+        """The stored end offset of every partition: ``directStream(fromOffsets=...)``."""
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_table(cur)
+            conn.commit()
+            cur.execute(self._sql("SELECT topic, partition, until_offset FROM sparkwal_offsets "
+                                  "WHERE sink = ?"), (self.name,))
+            return {TopicPartition(t, json.loads(p)): int(o) for t, p, o in cur.fetchall()}
+        finally:
+            conn.close()
+
+    def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange],
+                     write: Callable[[object], None]) -> bool:
+        """Run ``write(cursor)`` and store ``ranges``' ends in one transaction; False (nothing
+        written) if the database already holds this batch."""
+        ranges = [r for r in ranges if r.untilOffset > r.fromOffset]
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_table(cur)
+            conn.commit()
+            cur.execute(self.begin_sql)
+            try:
+                applied = self._check(cur, batch_time_ms, ranges)
+                if not applied:
+                    write(cur)
+                    for r in ranges:
+                        self._store(cur, r, batch_time_ms)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            if applied:
+                log.info("%s: batch %d is already in the database; not written again", self.name,
+                         batch_time_ms)
+            return not applied
+        finally:
+            conn.close()
+
+    def _check(self, cur, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
+        """True if every range is already applied; False if none is; else an error."""
+        states = []
+        for r in ranges:
+            cur.execute(self._sql("SELECT until_offset FROM sparkwal_offsets WHERE sink = ? AND "
+                                  "topic = ? AND partition = ?"),
+                        (self.name, r.topic, json.dumps(r.partition)))
+            row = cur.fetchone()
+            stored = None if row is None else int(row[0])
+            if stored is None or stored == r.fromOffset:
+                states.append(False)
+            elif stored == r.untilOffset:
+                states.append(True)
+            else:
+                raise SinkOffsetsError(
+                    f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} "
+                    f"[{r.fromOffset}, {r.untilOffset}) but the database's output ends at offset "
+                    f"{stored}: start the stream from the database's offsets (fromOffsets=sink.offsets())")
+        if any(states) and not all(states):
+            raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms} is partly in the database "
+                                   f"({sum(states)} of {len(states)} partitions)")
+        return bool(states) and all(states)
+
+    def _store(self, cur, r: OffsetRange, batch_time_ms: int) -> None:
+        cur.execute(self._sql("DELETE FROM sparkwal_offsets WHERE sink = ? AND topic = ? AND "
+                              "partition = ?"), (self.name, r.topic, json.dumps(r.partition)))
+        cur.execute(self._sql("INSERT INTO sparkwal_offsets VALUES (?, ?, ?, ?, ?)"),
+                    (self.name, r.topic, json.dumps(r.partition), r.untilOffset, batch_time_ms))
+
+    def saveStream(self, dstream, offsetsFrom, write: Callable[[object, int, list], None]) -> None:
+        """Each batch of ``dstream``: its records collected and ``write(cursor, batch_time_ms,
+        records)`` run in the transaction that stores the offsets of ``offsetsFrom`` (the direct
+        stream ``dstream`` derives from) for the batch."""
+        sink = self
+
+        def save(time: datetime, rdd) -> None:
+            t = int(round(time.timestamp() * 1000))
+            ranges = offsetsFrom.offset_ranges(t)
+            records = rdd.collect()
+            sink.commit_batch(t, ranges, lambda cur: write(cur, t, records))
+
+        dstream.foreachRDD(save)
+
+
+class SQLiteSink(DbApiSink):
+    """:class:`DbApiSink` on a SQLite file (WAL journal, ``synchronous=FULL``: a committed batch
+    survives a process kill and a power loss)."""
+
+    begin_sql = "BEGIN IMMEDIATE"  # take the write lock before reading the offsets
+
+    def __init__(self, path: str, name: str = "default", timeout_s: float = 30.0):
+        super().__init__(name)
+        self.path = str(path)
+        self.timeout_s = timeout_s
+
+    def connect(self):
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return _AutoCommitConnection(conn)
+
+
+class _AutoCommitConnection:
+    """sqlite3 in autocommit mode with explicit BEGIN: commit/rollback only when in a
+    transaction (DB-API calls made outside one are no-ops)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+
+    def cursor(self):
+        return self._conn.cursor()
+
+    def commit(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._conn.close()
