@@ -21,6 +21,7 @@ from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
+from . import batches, restart
 from .sources.batch_log import BatchLog
 from .state import StateSnapshots
 
@@ -266,11 +267,11 @@ class StreamingContext:
                                                            storage_options=self._storage_options,
                                                            on_written=self._on_checkpoint_written)
             try:
-                self._start_batch_log()
+                batches.start_batch_log(self)
                 if self._restored is None:
-                    first = self._fresh_start()
+                    first = restart.fresh_start(self)
                 else:
-                    first = self._restart()
+                    first = restart.restart(self)
             except BaseException:
                 if self._checkpoint_writer is not None:
                     self._checkpoint_writer.stop()
@@ -317,7 +318,7 @@ class StreamingContext:
                 if self._checkpoint_writer is not None:
                     self._checkpoint_writer.stop()
                 self._block_tracker.stop()
-                for s in self._direct_inputs():
+                for s in batches.direct_inputs(self):
                     s.stop()
             self._state = STOPPED
             with StreamingContext._active_lock:
@@ -365,7 +366,7 @@ class StreamingContext:
         if ssc._checkpoint_dir is None:
             ssc.checkpoint(path, storage_options=storage_options)
         if checkpoint is not None:
-            ssc._restore(checkpoint)
+            restart.restore(ssc, checkpoint)
             ssc.recovery = "upgrade"
         return ssc
 
@@ -380,122 +381,10 @@ class StreamingContext:
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
             checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options)
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        data = checkpoint.data
-        if data.get("batch_ms") != self._batch_ms:
-            raise CheckpointMismatchError(
-                f"the checkpoint in {self._checkpoint_dir} was written with a batch duration of "
-                f"{data.get('batch_ms')} ms, this program uses {self._batch_ms} ms")
-        if data.get("fingerprint") != self._graph.fingerprint():
-            raise CheckpointMismatchError(
-                f"the DStream graph changed since the checkpoint in {self._checkpoint_dir} was "
-                f"written: {_first_difference(data.get('graph', ''), self._graph.describe())}. "
-                "Restore the original graph, or start from a new checkpoint directory")
-        for s in self._graph.inputs:
-            s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
-        self._snapshots.restore(data.get("state", {}))
-        self._restored = checkpoint
-        log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
-                 checkpoint.pending_times_ms)
-
-    def _restart(self) -> int:
-        """Spark's restart rule: re-run the pending batches and every batch time from the
-        checkpoint time up to the restart time, plus every logged uncommitted batch; return the
-        first new batch time. Committed batches among them do not run their outputs again."""
-        cp = self._restored
-        zero = cp.data["zero_time_ms"]
-        self._check_batch_log_agrees(cp, zero)
-        self._graph.start(zero)
-        restart = self._generator.timer.restart_time(zero)
-        down = list(range(cp.checkpoint_time_ms, restart, self._batch_ms))
-        logged = self._batch_log.rerun_times if self._batch_log is not None else []
-        times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if t < restart})
-        self._snapshots.load_for_restart(times[0] if times else restart, cp.checkpoint_time_ms)
-        return self._rerun(times, restart)
-
-    def _fresh_start(self) -> int:
-        """A context made by the program. If the checkpoint directory's offset log has batches
-        (a driver killed before its first DStream checkpoint), the logged uncommitted ones re-run
-        with their logged ranges and times, and batch ids continue."""
-        first = self._generator.timer.start_time()
-        blog = self._batch_log
-        if blog is None or blog.latest_logged_id() < 0:
-            self._graph.start(first - self._batch_ms)
-            return first
-        anchor = (blog.rerun_times or blog.logged_times()[-1:])[0]
-        zero = anchor - self._batch_ms
-        self._graph.start(zero)
-        return self._rerun(list(blog.rerun_times), self._generator.timer.restart_time(zero))
-
-    def _rerun(self, times: list[int], restart: int) -> int:
-        blog = self._batch_log
-        self.skipped_batch_times = [t for t in times if blog is not None and blog.is_committed(t)]
-        self.rerun_batch_times = [t for t in times if t not in set(self.skipped_batch_times)]
-        log.info("restarting: re-running batches %s (committed, outputs not re-run: %s), then new "
-                 "batches from %d", self.rerun_batch_times, self.skipped_batch_times, restart)
-        self._generator.rerun(times)
-        return restart
-
-    def _check_batch_log_agrees(self, cp: Checkpoint, zero: int) -> None:
-        blog = self._batch_log
-        if blog is None:
-            return
-        expected = cp.data.get("batch_log_latest", -1)
-        if blog.latest_logged_id() < expected:
-            raise CheckpointMismatchError(
-                f"the checkpoint of batch {cp.checkpoint_time_ms} in {self._checkpoint_dir} was "
-                f"written after batch id {expected} was logged, but {blog.offsets.path} ends at "
-                f"{blog.latest_logged_id()}: the offset log was lost or restored from an older "
-                "copy; restore it (or start from a new checkpoint directory)")
-        for t in blog.logged_times():
-            if (t - zero) % self._batch_ms:
-                raise CheckpointMismatchError(
-                    f"{blog.offsets.file_url(blog.batch_id(t))} logs batch time {t}, which is not "
-                    f"on this checkpoint's batch grid (zero time {zero}, {self._batch_ms} ms)")
-
     # ------------------------------------------------------------------ internals
 
-    def _direct_inputs(self) -> list:
-        from .sources.direct import DirectInputDStream
-
-        return [s for s in self._graph.inputs if isinstance(s, DirectInputDStream)]
-
-    def _start_batch_log(self) -> None:
-        """The offsets/commits logs, read back; then the direct inputs learn where they resume.
-        With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
-        the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
-        never re-run after a restart, whatever its inputs), ``false`` never (direct inputs then
-        re-plan from their initial offsets: at-least-once at best)."""
-        mode = self._conf.get("spark.sparkwal.batchLog.enabled", "auto").lower()
-        if mode not in ("auto", "true", "false"):
-            raise ValueError(f"spark.sparkwal.batchLog.enabled must be auto, true or false, got {mode!r}")
-        wanted = mode == "true" or (mode == "auto" and bool(self._direct_inputs()))
-        if self._checkpoint_dir is not None and wanted:
-            sync = self._conf.get("spark.sparkwal.batchLog.fsync", "true").lower() != "false"
-            retain = int(self._conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
-            self._batch_log = BatchLog(self._checkpoint_dir, self._direct_inputs(),
-                                       storage_options=self._storage_options, sync=sync,
-                                       retain=retain, on_commit=self._on_batch_committed)
-            self._batch_log.recover()
-        for s in self._direct_inputs():
-            s.start_planning(self._batch_log, self._conf, self._batch_ms)
-
     def _plan_batch(self, time_ms: int) -> bool:
-        """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
-        blog = self._batch_log
-        if blog is not None and blog.is_committed(time_ms):
-            log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
-                     blog.batch_id(time_ms))
-            return False
-        ends = [s.plan(time_ms) for s in self._direct_inputs()]
-        if blog is not None:
-            blog.log_batch(time_ms, ends, {})
-        return True
-
-    def _on_batch_committed(self, batch_id: int, time_ms: int) -> None:
-        from .listener import StreamingListenerBatchCommitted
-
-        self._post("onBatchCommitted", StreamingListenerBatchCommitted(batch_id, time_ms))
+        return batches.plan_batch(self, time_ms)
 
     def _make_block_tracker(self) -> ReceivedBlockTracker:
         """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
@@ -534,7 +423,7 @@ class StreamingContext:
         if self._batch_log is not None:
             ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
             self._batch_log.batch_done(time_ms, ok)
-        for s in self._direct_inputs():
+        for s in batches.direct_inputs(self):
             s.on_batch_completed(info)
         if self._receiver_tracker is not None:
             self._receiver_tracker.on_batch_completed(time_ms, info)

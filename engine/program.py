@@ -78,6 +78,8 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
     for stream in ssc._graph.streams:
         stream._attach(ssc)
     ssc.checkpoint(path, storage_options=storage_options)
-    ssc._restore(checkpoint)
+    from .restart import restore
+
+    restore(ssc, checkpoint)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
