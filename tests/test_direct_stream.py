@@ -242,3 +242,17 @@ def test_rate_limits_follow_sparks_rule():
     assert rate_limits({a: 10, b: 30}, 2000, 100, 0, 1) == {a: 50, b: 150}  # split by lag
     assert rate_limits({a: 10, b: 30}, 1000, 100, 40, 1) == {a: 25, b: 40}  # capped
     assert rate_limits({a: 0, b: 30}, 100, 100, 0, 1) == {a: 1, b: 10}  # minRatePerPartition
+
+
+def test_backpressure_initial_rate_is_split_by_lag(spark_context, tmp_path):
+    app = DirectApp(spark_context, tmp_path)
+    append(app.logdir / "a", *[f"a{i}" for i in range(6)])
+    append(app.logdir / "b", "b0", "b1")
+    clock, done = ManualClock(0), Completed()
+    ssc = app.setup(clock, done)()
+    ssc._conf.set("spark.streaming.backpressure.enabled", "true")
+    ssc._conf.set("spark.streaming.backpressure.initialRate", "8")  # 4 records per 0.5 s batch
+    run(ssc, clock, done, 500)
+    ssc.stop(stopSparkContext=False)
+    # a has 3/4 of the lag: 8 * 6/8 = 6/s -> 3 per batch; b 2/s -> 1
+    assert app.ranges[500] == [OffsetRange("log", "a", 0, 3), OffsetRange("log", "b", 0, 1)]
