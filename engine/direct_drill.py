@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 import time
 
 from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from .drill import AppRun, pct
+from .drill import AppRun, kill_remaining, pct
 
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
@@ -78,10 +77,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
             break
     finally:
         stop_input.set()
-        for r in runs:
-            if r.proc.poll() is None:
-                os.killpg(r.proc.pid, signal.SIGKILL)
-                r.proc.wait()
+        kill_remaining(runs)
 
     results = read_results(workdir)
     expected_lines = {p: n for p, n in appended.items() if n}

@@ -104,6 +104,20 @@ class AppRun:
         self.reader.join(5)
 
 
+def kill_remaining(runs: list[AppRun]) -> None:
+    """SIGKILL the process group of every run still alive (a drill's last word)."""
+    for r in runs:
+        if r.proc.poll() is None:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+            r.proc.wait()
+
+
+def write_report(report: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+
+
 def read_outputs(workdir: str) -> list[dict]:
     out = os.path.join(workdir, "output")
     return [json.load(open(os.path.join(out, n))) for n in sorted(os.listdir(out)) if n.endswith(".json")]
@@ -183,10 +197,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
                 break
     finally:
         stop.set()
-        for r in runs:
-            if r.proc.poll() is None:
-                os.killpg(r.proc.pid, signal.SIGKILL)
-                r.proc.wait()
+        kill_remaining(runs)
 
     outputs = read_outputs(workdir)
     seen: dict[str, int] = {}
@@ -262,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "records_lost", "duplicates", "words_exact",
                                                "batches_rerun", "seconds")))
         print("OK: every appended line counted exactly once" if r["ok"] else "FAILED")
-        if args.report:
-            with open(args.report, "w") as f:
-                json.dump(r, f, indent=1)
+        write_report(r, args.report)
         return 0 if r["ok"] else 1
     if args.mode == "receiver":
         from .receiver import drill as receiver_drill
@@ -285,9 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind}: {e['kills']} kills, recovery p50="
                   f"{pct(rec, 0.5) if rec else float('nan'):.1f}s" if rec else f"{kind}: {e['kills']} kills")
         print("OK: every acknowledged line counted, duplicates only of re-sent lines" if r["ok"] else "FAILED")
-        if args.report:
-            with open(args.report, "w") as f:
-                json.dump(r, f, indent=1)
+        write_report(r, args.report)
         return 0 if r["ok"] else 1
     try:
         r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
@@ -305,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")
     print("OK: nothing lost, nothing counted twice" if r["ok"] else "FAILED")
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(r, f, indent=1)
+    write_report(r, args.report)
     return 0 if r["ok"] else 1
 
 

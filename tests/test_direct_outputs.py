@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from checkpoint import CommitLog, OffsetSeqLog
-from engine import CheckpointMismatchError, StreamingContext
+from engine import StreamingContext
 from engine.sinks import SinkOffsetsError, SQLiteSink
 from engine.sources import BatchLog, FileLogSource, OffsetRange, TopicPartition
 from wal import ManualClock

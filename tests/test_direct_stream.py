@@ -36,6 +36,15 @@ def append(path, *lines: str, newline: bool = True) -> None:
         f.write("\n".join(lines) + ("\n" if newline else ""))
 
 
+def run_more(clock, done, until_ms, step=500):
+    """Advance the clock batch by batch until ``until_ms``, each batch completed."""
+    t = clock.now_ms()
+    while t < until_ms:
+        t += step
+        clock.advance(step)
+        done.wait_for(t)
+
+
 class DirectApp:
     """Lines of a FileLogSource, each batch's lines and ranges recorded by batch time."""
 
@@ -75,11 +84,7 @@ class DirectApp:
 
 def run(ssc, clock, done, until_ms: int, step: int = 500) -> None:
     ssc.start()
-    t = clock.now_ms()
-    while t < until_ms:
-        t += step
-        clock.advance(step)
-        done.wait_for(t)
+    run_more(clock, done, until_ms, step)
 
 
 def test_ranges_are_planned_logged_and_committed_in_order(spark_context, tmp_path):
@@ -195,14 +200,6 @@ def test_a_changed_source_is_an_error_or_documented(spark_context, tmp_path):
     with pytest.raises(DataLossError, match=r"partition log/a .* below 2"):
         ssc.awaitTermination(30)
     ssc.stop(stopSparkContext=False)
-
-
-def run_more(clock, done, until_ms, step=500):
-    t = clock.now_ms()
-    while t < until_ms:
-        t += step
-        clock.advance(step)
-        done.wait_for(t)
 
 
 def test_a_partition_removed_with_unread_records_is_data_loss(spark_context, tmp_path):
