@@ -86,7 +86,7 @@ def test_direct_kafka_stream_reads_ranges_and_resumes_from_the_logged_offsets(sp
     clock, done = ManualClock(0), Completed()
     ssc = StreamingContext.getOrCreate(str(tmp_path / "ckpt"), kafka_app(
         spark_context, clock, done, tmp_path / "ckpt", broker, "words", got, ranges,
-        params={"auto.offset.reset": "smallest"}))
+        params={"auto.offset.reset": "smallest", "group.id": "sparkwal-test"}))
     ssc.start()
     clock.advance(500)
     done.wait_for(500)
@@ -111,6 +111,15 @@ def test_direct_kafka_stream_reads_ranges_and_resumes_from_the_logged_offsets(sp
     assert ranges[1500] == [OffsetRange("words", 0, 2, 3), OffsetRange("words", 1, 2, 3)]
     everything = [kv for t in sorted(got) for kv in got[t]]
     assert len(everything) == len(set(everything)) == 6
+    from confluent_kafka import OFFSET_INVALID, Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    group = Consumer({"bootstrap.servers": broker, "group.id": "sparkwal-test"})
+    try:  # the checkpoint is the source of truth: the stream never commits the group's offsets
+        committed = group.committed([KTP("words", 0), KTP("words", 1)], timeout=30)
+    finally:
+        group.close()
+    assert [tp.offset for tp in committed] == [OFFSET_INVALID, OFFSET_INVALID]
 
 
 def test_kafka_starts_at_latest_by_default_or_at_from_offsets(spark_context, tmp_path, broker):
