@@ -253,3 +253,35 @@ def test_backpressure_initial_rate_is_split_by_lag(spark_context, tmp_path):
     ssc.stop(stopSparkContext=False)
     # a has 3/4 of the lag: 8 * 6/8 = 6/s -> 3 per batch; b 2/s -> 1
     assert app.ranges[500] == [OffsetRange("log", "a", 0, 3), OffsetRange("log", "b", 0, 1)]
+
+
+def test_a_fresh_context_reruns_the_logged_uncommitted_batches(spark_context, tmp_path):
+    """A driver killed before its first DStream checkpoint leaves an offset log and no checkpoint:
+    the program's new context re-runs the logged uncommitted batch with its logged ranges and
+    time, and batch ids continue."""
+    app = DirectApp(spark_context, tmp_path)
+    append(app.logdir / "a", "a0", "a1")
+    clock, done = ManualClock(0), Completed()
+    ssc = app.setup(clock, done)()
+    run(ssc, clock, done, 500)
+    append(app.logdir / "a", "a2")
+    run_more(clock, done, 1000)
+    ssc.stop(stopSparkContext=False)
+    for f in app.ckpt.iterdir():
+        if f.name.startswith("checkpoint-"):
+            f.unlink()
+    (app.ckpt / "commits" / "1").unlink()  # batch 1 (time 1000) logged, not committed
+    app.lines.clear()
+    append(app.logdir / "a", "a3")
+    clock2, done2 = ManualClock(2200), Completed()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2))
+    assert ssc2.recovery == "new"
+    ssc2.start()
+    assert ssc2.rerun_batch_times == [1000]
+    done2.wait_for(1000)
+    clock2.advance(300)
+    done2.wait_for(2500)
+    ssc2.stop(stopSparkContext=False)
+    assert app.lines[1000] == ["a2"] and app.ranges[1000] == [OffsetRange("log", "a", 2, 3)]
+    assert app.lines[2500] == ["a3"]
+    assert OffsetSeqLog(str(app.ckpt / "offsets")).get(2).metadata.batch_timestamp_ms == 2500
