@@ -29,13 +29,12 @@ class UsageError(ValueError):
 
 
 def _options(pairs: list[str]) -> dict | None:
-    options: dict = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--storage-option takes key=value, got {pair!r}")
-        options[key] = json.loads(value) if value[:1] in "{[" or value in ("true", "false") else value
-    return options or None
+    from wal.storage import parse_storage_options
+
+    try:
+        return parse_storage_options(pairs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 class _Progress:

@@ -21,7 +21,7 @@ from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
-from . import batches, restart
+from . import batches, cluster, restart
 from .sources.batch_log import BatchLog
 from .state import StateSnapshots
 
@@ -257,6 +257,7 @@ class StreamingContext:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self._graph.validate()
             self._snapshots.check_directory()
+            cluster.prepare(self._sc, self._conf)  # sparkwal's code on the executors, or a clear error
             if self._checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 self._code_name = write_code(self._checkpoint_dir, serialize_program(self),
                                              self._storage_options)

@@ -75,14 +75,16 @@ def write_batch(cur, batch_ms: int, records: list) -> None:
     cur.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_ms, lines))
 
 
-def setup_direct(ssc, workdir: str):
-    """The direct word count's graph on ``ssc``."""
+def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None):
+    """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``)."""
     from engine import direct_wordcount as app  # by its importable name, not __main__
     from engine.sinks import SQLiteSink
     from engine.sources import FileLogSource
 
     sink = SQLiteSink(os.path.join(workdir, "output.db"), "wordcount")
-    stream = ssc.directStream(FileLogSource(os.path.join(workdir, "log")), fromOffsets=sink.offsets())
+    source = (FileLogSource(input_url, storage_options) if input_url
+              else FileLogSource(os.path.join(workdir, "log")))
+    stream = ssc.directStream(source, fromOffsets=sink.offsets())
     counts = stream.flatMap(app._tag).reduceByKey(operator.add)
     sink.saveStream(counts, stream, app.write_batch)
     return stream

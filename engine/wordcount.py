@@ -116,16 +116,21 @@ def _emit(event: dict, json_events: bool, text: str) -> None:
 
 
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
-          receiver: tuple[str, int, str] | None = None, direct: bool = False):
+          receiver: tuple[str, int, str] | None = None, direct: bool = False,
+          checkpoint: str | None = None, storage_options: dict | None = None,
+          input_url: str | None = None):
     """The app's context and its progress listener: the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
     program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
-    an AckedLineSource to read instead of files."""
+    an AckedLineSource to read instead of files. ``checkpoint`` (default ``WORKDIR/checkpoint``)
+    may be any fsspec URL, with ``storage_options``; ``input_url`` is the direct mode's log
+    directory (default ``WORKDIR/log``)."""
     from engine import StreamingContext, StreamingListener
     from engine import wordcount as app  # this module by its importable name (see setup)
     from wal import resolve
 
     input_dir = os.path.join(workdir, "input")
+    checkpoint_url = checkpoint or os.path.join(workdir, "checkpoint")
     out_url = os.path.join(workdir, "output")
     out_storage, out_dir = resolve(out_url)
     out_storage.makedirs(out_dir)
@@ -175,11 +180,11 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
 
     def setup():
         ssc = StreamingContext(sc, batch)
-        ssc.checkpoint(os.path.join(workdir, "checkpoint"))
+        ssc.checkpoint(checkpoint_url, storage_options=storage_options)
         if direct:
             from engine.direct_wordcount import setup_direct
 
-            setup_direct(ssc, workdir)
+            setup_direct(ssc, workdir, input_url, storage_options)
             return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
@@ -206,7 +211,8 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: app._save_batch(out_url, t, rdd))
         return ssc
 
-    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "checkpoint"), setup, upgrade=upgrade)
+    ssc = StreamingContext.getOrCreate(checkpoint_url, setup, upgrade=upgrade,
+                                       storage_options=storage_options)
     progress = Progress()
     ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
     described = {"new": "a new context (no checkpoint)",
@@ -248,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source-port", type=int, help="receiver mode: the AckedLineSource's port")
     ap.add_argument("--source-secret-env", default="SPARKWAL_SOURCE_SECRET",
                     help="receiver mode: the environment variable holding the source's secret")
+    ap.add_argument("--checkpoint", help="checkpoint directory, a path or any fsspec URL "
+                    "(default WORKDIR/checkpoint)")
+    ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
+                    "(default WORKDIR/log)")
+    ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
+                    help="an fsspec option of --checkpoint and --input (repeatable); credentials "
+                    "are best left to the environment (see the README)")
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
     args = ap.parse_args(argv)
@@ -289,8 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     direct = args.source == "filelog"
     if direct:
         os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
+    from wal.storage import parse_storage_options
+
+    try:
+        options = parse_storage_options(args.storage_option)
+    except ValueError as e:
+        ap.error(str(e))
     ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
-                          receiver=receiver, direct=direct)
+                          receiver=receiver, direct=direct, checkpoint=args.checkpoint,
+                          storage_options=options, input_url=args.input)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 

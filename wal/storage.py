@@ -617,6 +617,18 @@ class FsspecStorage(Storage):
         raise LogLockedError(self.url(directory), "lease contended")
 
 
+def parse_storage_options(pairs: list[str] | None) -> dict | None:
+    """``["key=value", ...]`` (command lines' ``--storage-option``) as fsspec options; a value that
+    looks like JSON (``{...}``, ``[...]``, true/false) is decoded. ValueError names a bad pair."""
+    options: dict = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option takes key=value, got {pair!r}")
+        options[key] = json.loads(value) if value[:1] in "{[" or value in ("true", "false") else value
+    return options or None
+
+
 def resolve(url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
     """Map a path or URL to ``(storage, path inside that storage)``."""
     if "://" not in url or url.startswith("file://"):

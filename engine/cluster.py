@@ -1,0 +1,110 @@
+"""Running on a cluster: sparkwal's code on the executors, and a clear error when they lack it.
+
+Spark's Python workers unpickle the engine's task functions, which import ``engine``, ``wal``,
+``checkpoint`` and ``tracker`` and their dependencies. On a cluster whose executors do not have
+sparkwal installed, ``start()`` ships the four packages as one zip (``sc.addPyFile``), then runs a
+probe job, one task per executor core, that imports everything tasks need: a missing module is a
+:class:`ExecutorEnvironmentError` naming it, the hosts that lack it and the pip requirement, before
+any batch runs, instead of an ImportError deep inside a task's traceback.
+
+``spark.sparkwal.shipCode``: ``auto`` (default: ship when the master is not ``local[...]``),
+``true`` or ``false`` (the executors have sparkwal installed). ``spark.sparkwal.checkExecutors``
+(default true off ``local[...]``) turns the probe off.
+
+The probe function is built from source so that cloudpickle sends it by value: unpickling it needs
+nothing from sparkwal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import zipfile
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("wal", "checkpoint", "tracker", "engine")
+#: module -> the pip requirement that provides it
+REQUIREMENTS = {"msgpack": "msgpack>=1.0,<2", "crc32c": "crc32c>=2.4,<3", "fsspec": "fsspec>=2024.6",
+                "pyarrow": "pyarrow>=15"}
+_PROBE_SOURCE = '''
+def probe(_):
+    import importlib, os, socket
+    missing = []
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            missing.append((name, type(e).__name__ + ": " + str(e)))
+    return socket.gethostname(), os.getpid(), missing
+'''
+
+
+class ExecutorEnvironmentError(RuntimeError):
+    """Executors cannot import what sparkwal's tasks need (the message names it)."""
+
+
+def _is_local(master: str) -> bool:
+    return master.startswith("local[") or master == "local"
+
+
+def ship_code(sc) -> str:
+    """Zip sparkwal's packages (as the driver imports them) and add the zip to ``sc``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fd, path = tempfile.mkstemp(prefix="sparkwal-code-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for package in PACKAGES:
+            base = os.path.join(root, package)
+            for dirpath, dirnames, filenames in os.walk(base):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                for f in filenames:
+                    if f.endswith((".py", ".properties")):
+                        full = os.path.join(dirpath, f)
+                        z.write(full, os.path.relpath(full, root))
+    sc.addPyFile(path)
+    log.info("shipped sparkwal's packages to the executors (%s)", path)
+    return path
+
+
+def check_executors(sc, modules: tuple[str, ...] = (*PACKAGES, *REQUIREMENTS), slots: int | None = None) -> None:
+    """Run the probe on every executor slot; raise :class:`ExecutorEnvironmentError` if any
+    module cannot be imported there."""
+    namespace: dict = {"__name__": "sparkwal_executor_probe", "MODULES": tuple(modules)}
+    exec(compile(_PROBE_SOURCE, "<sparkwal executor probe>", "exec"), namespace)  # noqa: S102
+    probe = namespace["probe"]
+    n = slots or max(2, sc.defaultParallelism)
+    results = sc.parallelize(range(n), n).map(probe).collect()
+    missing: dict[str, set[str]] = {}
+    reasons: dict[str, str] = {}
+    for host, _pid, lacks in results:
+        for name, reason in lacks:
+            missing.setdefault(name, set()).add(host)
+            reasons.setdefault(name, reason)
+    if missing:
+        lines = [f"  {name} ({reasons[name]}) on {', '.join(sorted(hosts))}"
+                 + (f": pip install '{REQUIREMENTS[name]}'" if name in REQUIREMENTS else "")
+                 for name, hosts in sorted(missing.items())]
+        raise ExecutorEnvironmentError(
+            "the executors' Python cannot import what sparkwal's tasks need:\n" + "\n".join(lines)
+            + "\nInstall sparkwal's dependencies in the executors' Python (spark.pyspark.python / "
+            "PYSPARK_PYTHON), or set spark.sparkwal.shipCode=true to ship sparkwal's own packages")
+
+
+def prepare(sc, conf) -> None:
+    """Called by ``StreamingContext.start()``: ship the code and probe the executors (see the
+    module docstring for the settings)."""
+    master = sc.master
+    ship = conf.get("spark.sparkwal.shipCode", "auto").lower()
+    if ship not in ("auto", "true", "false"):
+        raise ValueError(f"spark.sparkwal.shipCode must be auto, true or false, got {ship!r}")
+    if ship == "true" or (ship == "auto" and not _is_local(master)):
+        if not getattr(sc, "_sparkwal_code_shipped", False):
+            ship_code(sc)
+            sc._sparkwal_code_shipped = True
+    check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
+    if check == "true" or (check == "auto" and not _is_local(master)):
+        if not getattr(sc, "_sparkwal_executors_checked", False):
+            check_executors(sc)
+            sc._sparkwal_executors_checked = True
