@@ -191,19 +191,24 @@ class StreamingContext:
         rdds = [r if isinstance(r, RDD) else self._sc.parallelize(list(r)) for r in rdds]
         return QueueInputDStream(self, rdds, oneAtATime, default)
 
-    def textFileStream(self, directory: str, newFilesOnly: bool = True) -> DStream:
-        """Lines of the text files that appear in ``directory`` (moved in atomically).
-        ``newFilesOnly=False`` (Scala's fileStream option) also takes files that were there when a
-        fresh context started, so an app killed before its first checkpoint misses nothing."""
+    def textFileStream(self, directory: str, newFilesOnly: bool = True, *,
+                       storage_options: dict | None = None) -> DStream:
+        """Lines of the text files that appear in ``directory`` (moved in atomically), a local
+        path or any fsspec URL (``storage_options``: its filesystem's; on a cluster every executor
+        must reach it). ``newFilesOnly=False`` (Scala's fileStream option) also takes files that
+        were there when a fresh context started, so an app killed before its first checkpoint
+        misses nothing."""
         self._check_not_started("Adding new inputs")
-        return FileInputDStream(self, directory, newFilesOnly)
+        return FileInputDStream(self, directory, newFilesOnly, storage_options=storage_options)
 
-    def binaryRecordsStream(self, directory: str, recordLength: int) -> DStream:
+    def binaryRecordsStream(self, directory: str, recordLength: int, *,
+                            storage_options: dict | None = None) -> DStream:
         """Fixed-length binary records (``bytes``) of the files that appear in ``directory``."""
         self._check_not_started("Adding new inputs")
         if not isinstance(recordLength, int) or recordLength <= 0:
             raise ValueError(f"recordLength must be a positive integer, got {recordLength!r}")
-        return FileInputDStream(self, directory, True, record_length=recordLength)
+        return FileInputDStream(self, directory, True, record_length=recordLength,
+                                storage_options=storage_options)
 
     def receiverStream(self, receiver) -> DStream:
         """The stream of what ``receiver`` (an :class:`engine.Receiver`) stores; it runs on an

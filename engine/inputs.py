@@ -57,24 +57,43 @@ class QueueInputDStream(InputDStream):
         return self._default if self._default is not None else self._sc.emptyRDD()
 
 
-def _list_files(directory: str) -> list[tuple[str, int]]:
-    """(path, modification time in whole ms) of the candidate files in ``directory``: regular
-    files whose names do not start with "." or "_" (files being written). A missing directory
-    has none."""
+def _is_local(directory: str) -> bool:
+    return "://" not in directory or directory.startswith("file://")
+
+
+def _list_files(directory: str, storage_options: dict | None = None) -> list[tuple[str, int]]:
+    """(path or URL, modification time in whole ms) of the candidate files in ``directory`` (a
+    path or any fsspec URL): regular files whose names do not start with "." or "_" (files being
+    written). A missing directory has none. Local files are named by path, others by URL."""
+    from wal.storage import resolve
+
+    storage, path = resolve(directory, storage_options)
     try:
-        entries = list(os.scandir(directory))
+        infos = storage.list_files(path)
     except FileNotFoundError:
         return []
-    found = []
-    for e in entries:
-        if e.name.startswith((".", "_")):
-            continue
-        try:
-            if e.is_file():
-                found.append((e.path, e.stat().st_mtime_ns // 1_000_000))
-        except FileNotFoundError:  # moved away between the listing and the stat
-            continue
-    return found
+    local = _is_local(directory)
+    return [(os.path.join(directory, i.name) if local else storage.url(i.path), i.mtime_ms or 0)
+            for i in infos if not i.name.startswith((".", "_"))]
+
+
+def _read_remote(files: list[str], storage_options: dict | None, record_length: int | None):
+    """The task function reading remote files through fsspec (Spark's JVM knows only its own
+    Hadoop filesystems): lines of text, or fixed-length binary records."""
+
+    def read(url: str):
+        from wal.storage import resolve
+
+        storage, path = resolve(url, storage_options)
+        data = storage.read_file(path)
+        if record_length is not None:
+            return [data[i:i + record_length] for i in range(0, len(data) - record_length + 1, record_length)]
+        lines = data.decode("utf-8").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the newline ending the last line (Hadoop's reader keeps an unterminated one)
+        return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+    return read
 
 
 class FileInputDStream(InputDStream):
@@ -96,6 +115,7 @@ class FileInputDStream(InputDStream):
     batch are recovery data, so a re-run batch after a restart reads exactly the same files."""
 
     MIN_REMEMBER_MS = 60_000
+    storage_options: dict | None = None  # streams pickled before it existed read local paths
     MTIME_SLACK_MS = 2_000
     _transient = (*InputDStream._transient, "_files_lock")
 
@@ -103,9 +123,11 @@ class FileInputDStream(InputDStream):
         super().__setstate__(state)
         self._files_lock = threading.Lock()
 
-    def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None):
+    def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None,
+                 storage_options: dict | None = None):
         super().__init__(ssc)
         self.directory = directory
+        self.storage_options = storage_options
         self.new_files_only = new_files_only
         self.record_length = record_length  # None: lines of text; else fixed-length binary records
         self.batch_files: dict[int, list[str]] = {}
@@ -115,7 +137,7 @@ class FileInputDStream(InputDStream):
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
         if new_files_only:
             self._start_threshold_ms = ssc._clock.now_ms() - self.MTIME_SLACK_MS
-            self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory)
+            self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory, storage_options)
                                       if mtime > self._start_threshold_ms}
 
     @property
@@ -128,7 +150,7 @@ class FileInputDStream(InputDStream):
 
     def _find_new_files(self, time_ms: int) -> list[str]:
         threshold = max(self._start_threshold_ms, time_ms - self.remember_files_ms)
-        return sorted(path for path, mtime in _list_files(self.directory)
+        return sorted(path for path, mtime in _list_files(self.directory, self.storage_options)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)
 
@@ -143,6 +165,9 @@ class FileInputDStream(InputDStream):
         self._ssc._report_input(time_ms, self, 0, {"files": files})
         if not files:
             return self._sc.emptyRDD()
+        if not _is_local(self.directory):
+            return self._sc.parallelize(files, len(files)).flatMap(
+                _read_remote(files, self.storage_options, self.record_length))
         if self.record_length is not None:
             return self._sc.binaryRecords(",".join(files), self.record_length)
         return self._sc.textFile(",".join(files))

@@ -199,3 +199,36 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
         done2.wait_for(t)
     ssc2.stop(stopSparkContext=False)
     assert outputs[0] == 2 and sum(outputs) == 2  # batch 500's output did not run again
+
+
+@pytest.mark.s3
+def test_file_streams_read_any_fsspec_url(spark_context, s3_url):
+    """textFileStream and FileLogSource on S3 (moto's server): listed and read through fsspec by
+    the driver and the tasks, as every executor of a cluster would."""
+    import time
+
+    import s3fs
+
+    bucket, options = s3_url
+    fs = s3fs.S3FileSystem(**options)
+    fs.pipe(f"{bucket}/log/p0", b"l0\nl1\n")
+    start = int(time.time() * 1000) // 500 * 500
+    clock, done = ManualClock(start), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    files: list = []
+    logged: list = []
+    ssc.textFileStream(f"{bucket}/in", storage_options=options).foreachRDD(
+        lambda rdd: files.extend(rdd.collect()))
+    ssc.directStream(FileLogSource(f"{bucket}/log", options)).foreachRDD(
+        lambda rdd: logged.extend(rdd.collect()))
+    ssc.addStreamingListener(done)
+    ssc.start()
+    fs.pipe(f"{bucket}/in/_tmp", b"ignored\n")
+    fs.pipe(f"{bucket}/in/a.txt", b"x\ny\r\nz")
+    fs.pipe(f"{bucket}/log/p0", b"l0\nl1\nl2\n")  # an object store "appends" by rewriting
+    for i in range(1, 5):
+        clock.advance(500)
+        done.wait_for(start + 500 * i)
+    ssc.stop(stopSparkContext=False)
+    assert files == ["x", "y", "z"]
+    assert logged == ["l0", "l1", "l2"]

@@ -71,6 +71,7 @@ class FileInfo:
     name: str
     path: str
     size: int
+    mtime_ms: int | None = None  #: last modification, whole ms (None: the backend does not say)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ class LocalStorage(Storage):
             for entry in entries:
                 try:
                     if entry.is_file(follow_symlinks=False):
-                        out.append(FileInfo(entry.name, entry.path, entry.stat().st_size))
+                        st = entry.stat()
+                        out.append(FileInfo(entry.name, entry.path, st.st_size, st.st_mtime_ns // 1_000_000))
                 except FileNotFoundError:
                     continue
         return out
@@ -505,7 +507,7 @@ class FsspecStorage(Storage):
             if e.get("type") != "file":
                 continue
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
-            out.append(FileInfo(name, self.join(directory, name), int(e.get("size") or 0)))
+            out.append(FileInfo(name, self.join(directory, name), int(e.get("size") or 0), _mtime_ms(e)))
         return out
 
     def list_dirs(self, directory: str) -> list[str]:
@@ -615,6 +617,27 @@ class FsspecStorage(Storage):
             log.warning("taking over expired lease %s of %s", path, current.get("holder"))
             self.delete(path)
         raise LogLockedError(self.url(directory), "lease contended")
+
+
+def _mtime_ms(entry: dict) -> int | None:
+    """An fsspec listing entry's modification time in ms: ``mtime`` (local, memory: seconds or a
+    datetime), ``LastModified`` (S3), ``updated``/``last_modified`` (GCS, Azure)."""
+    for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1000)
+        if isinstance(value, (int, float)):
+            return int(value * 1000)
+        if isinstance(value, str):
+            from datetime import datetime
+
+            try:
+                return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+            except ValueError:
+                continue
+    return None
 
 
 def parse_storage_options(pairs: list[str] | None) -> dict | None:
