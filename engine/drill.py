@@ -3,7 +3,7 @@ nothing and count nothing twice.
 
     python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
-                           [--mode files|receiver|direct] [--master local[2]]
+                           [--mode files|receiver|direct] [--master local[2] | --standalone N]
                            [--kinds driver,executor,worker]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/receiver/drill.py): the drill
@@ -129,7 +129,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
-        upgrade: bool = False, duration_s: float | None = None) -> dict:
+        upgrade: bool = False, duration_s: float | None = None, master: str = "local[2]") -> dict:
     """Kill the app ``kills`` times, or for ``duration_s`` seconds (with both, whichever ends
     first), while the input grows by one file per batch interval (at most ``files``).
     ``upgrade``: every restart recovers code-free (``getOrCreate(..., upgrade=True)``);
@@ -164,7 +164,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
             had_checkpoint = os.path.isdir(checkpoint_dir) and any(
                 n.startswith("checkpoint-") for n in os.listdir(checkpoint_dir))
             expected_paths.append(("upgrade" if upgrade else "checkpoint") if had_checkpoint else "new")
-            app = AppRun(workdir, batch, upgrade)
+            app = AppRun(workdir, batch, upgrade, extra_args=("--master", master))
             runs.append(app)
             if pending_kill is not None:
                 killed_at, last_batch = pending_kill
@@ -256,10 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upgrade", action="store_true",
                     help="restarts recover code-free (getOrCreate(..., upgrade=True))")
     ap.add_argument("--mode", choices=["files", "receiver", "direct"], default="files")
-    ap.add_argument("--master", default="local[2]", help="receiver mode: the app's Spark master")
+    ap.add_argument("--master", default="local[2]",
+                    help="the app's Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
+    ap.add_argument("--standalone", type=int, metavar="N",
+                    help="start a standalone cluster of N workers (pyspark's spark-class) on 127.0.0.1 "
+                    "for the drill and run the app there")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
     args = ap.parse_args(argv)
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
+    if args.standalone:
+        from .standalone import StandaloneCluster
+
+        try:
+            with StandaloneCluster(os.path.join(os.path.abspath(workdir), "cluster"), args.standalone) as c:
+                given = list(argv if argv is not None else sys.argv[1:])
+                return main(given + ["--master", c.url, "--standalone", "0", "--dir", workdir])
+        finally:
+            if not args.dir:
+                shutil.rmtree(workdir, ignore_errors=True)
     if args.mode == "direct":
         from . import direct_drill
 
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if r["ok"] else 1
     try:
         r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
-                upgrade=args.upgrade, duration_s=args.duration)
+                upgrade=args.upgrade, duration_s=args.duration, master=args.master)
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -228,6 +228,28 @@ def _clock(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
 
 
+def _recovered(ssc, json_events: bool) -> None:
+    """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
+    WAL blocks replayed (nothing for a new context with nothing logged)."""
+    blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
+    event = {"event": "recovered", "rerun_batches": ssc.rerun_batch_times,
+             "committed_batches_skipped": ssc.skipped_batch_times,
+             "logged_batches_replayed": len(blog.rerun_times) if blog is not None else 0,
+             "blocks_replayed": tracker.recovered_block_additions if tracker is not None else 0}
+    if not any(event[k] for k in ("rerun_batches", "committed_batches_skipped", "blocks_replayed")):
+        return
+    reran = ssc.rerun_batch_times
+    text = (f"recovered: re-running {len(reran)} batches"
+            + (f" ({_clock(reran[0])}..{_clock(reran[-1])})" if reran else "")
+            + (f", {event['logged_batches_replayed']} of them with their logged offsets"
+               if event["logged_batches_replayed"] else "")
+            + (f"; {len(ssc.skipped_batch_times)} committed batch(es) not output again"
+               if ssc.skipped_batch_times else "")
+            + (f"; {event['blocks_replayed']} received blocks replayed from the WAL"
+               if event["blocks_replayed"] else ""))
+    _emit(event, json_events, text)
+
+
 def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str) -> None:
     reran = ssc.rerun_batch_times
     p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
@@ -341,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             write_input_file(os.path.join(workdir, "input"), i)
 
     ssc.start()
+    _recovered(ssc, args.json)
     threading.Thread(target=generate, daemon=True).start()
     deadline = time.monotonic() + args.seconds if args.seconds else None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):

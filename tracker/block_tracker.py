@@ -158,6 +158,9 @@ class ReceivedBlockTracker:
 
     # ---------------------------------------------------------------- recovery
 
+    #: blocks whose additions a restart replayed from the WAL (0: a fresh tracker)
+    recovered_block_additions = 0
+
     def _recover(self) -> None:
         """Replay the WAL. Every recovered block is marked invalid: executors' memory did not
         survive the driver, so its data must be read from the WAL.
@@ -201,6 +204,7 @@ class ReceivedBlockTracker:
                 cleaned += 1
             else:
                 raise EventFormatError(f"unknown tracker event kind {kind} in {self.wal}")
+        self.recovered_block_additions = added
         log.info("recovered %d block additions, %d allocations, %d cleanups from %s",
                  added, allocated, cleaned, self.wal)
 

@@ -1,5 +1,11 @@
-"""A Spark standalone cluster on 127.0.0.1 for tests: a master and workers started with pyspark's
-own ``spark-class`` scripts, each in its own process group, stopped with their executors."""
+"""A Spark standalone cluster on 127.0.0.1: a master and workers started with pyspark's own
+``spark-class`` scripts (no Spark download: the pyspark wheel carries them), each in its own
+process group, stopped with their executors. Used by the tests and ``python -m engine.drill
+--standalone N``; the README's "Running on a cluster" gives the same commands by hand.
+
+The master's REST submission server is off; web UIs bind ephemeral ports on 127.0.0.1. The
+workers pass their environment to the executors they launch: credentials a cluster's machines
+hold (e.g. ``AWS_ACCESS_KEY_ID``) reach the executors that way, never through task closures."""
 
 from __future__ import annotations
 
@@ -88,6 +94,12 @@ class StandaloneCluster:
             return os.getsid(pid) in {p.pid for p in self.procs}
         except OSError:
             return False
+
+    def __enter__(self) -> StandaloneCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         for p in self.procs:
