@@ -13,6 +13,7 @@ wherever its scheduling policy says.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
@@ -83,10 +84,18 @@ class BlockGenerator:
         self.add_many([record])
 
     def add_many(self, records: list) -> None:
-        """Add records in one go (one lock per ``max_buffered`` records, one permit each)."""
-        step = self._max
-        for i in range(0, len(records), step):
+        """Add records in one go (one lock per ``max_buffered`` records, one permit each). Under
+        a rate limit, permits are taken at most a block interval's worth at a time: a large
+        chunk taken at once would stall the next one for chunk/rate seconds, leaving whole
+        batches empty, and an empty batch gives the rate estimator nothing to raise the rate on."""
+        i = 0
+        while i < len(records):
+            step = self._max
+            limit = self.rate_limiter.current_limit
+            if limit != math.inf:
+                step = max(1, min(step, int(limit * self._interval / 1000)))
             part = records[i:i + step]
+            i += len(part)
             self.rate_limiter.wait_to_push(len(part))
             with self._cond:
                 while len(self._buffer) >= self._max and self._adding:
