@@ -22,6 +22,7 @@ from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
 from . import batches, cluster, restart
+from .restart import CheckpointMismatchError
 from .sources.batch_log import BatchLog
 from .state import StateSnapshots
 
@@ -32,20 +33,6 @@ INITIALIZED, ACTIVE, STOPPED = "INITIALIZED", "ACTIVE", "STOPPED"
 
 class StreamingContextStateError(RuntimeError):
     """An operation not allowed in the context's current state."""
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint was written by a different graph or batch duration."""
-
-
-def _first_difference(old: str, new: str) -> str:
-    a, b = old.split("; "), new.split("; ")
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"stream {i} was {x!r}, is now {y!r}"
-    if len(a) != len(b):
-        return f"the checkpoint has {len(a)} streams, this program {len(b)}"
-    return "the fingerprint differs"
 
 
 def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:

@@ -19,15 +19,13 @@ import threading
 import time
 
 from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from .drill import AppRun, kill_remaining, pct
+from .drill import AppRun, kill_budget, kill_remaining, pct
 
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000) -> dict:
     rng = random.Random(seed)
-    began = time.monotonic()
-    until = began + duration_s if duration_s else None
-    kills = kills if kills is not None else (1 << 30 if until else 20)
+    began, until, kills = kill_budget(kills, duration_s, default_kills=20)
     logdir = os.path.join(workdir, "log")
     os.makedirs(logdir, exist_ok=True)
     appended = {p: 0 for p in PARTITIONS}

@@ -104,6 +104,15 @@ class AppRun:
         self.reader.join(5)
 
 
+def kill_budget(kills: int | None, duration_s: float | None, default_kills: int
+                ) -> tuple[float, float | None, int]:
+    """(start, deadline or None, kills): a drill ends after ``kills`` kills or ``duration_s``
+    seconds, whichever comes first; with only a duration, kills are unbounded."""
+    began = time.monotonic()
+    until = began + duration_s if duration_s else None
+    return began, until, kills if kills is not None else (1 << 30 if until else default_kills)
+
+
 def kill_remaining(runs: list[AppRun]) -> None:
     """SIGKILL the process group of every run still alive (a drill's last word)."""
     for r in runs:
@@ -135,9 +144,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     ``upgrade``: every restart recovers code-free (``getOrCreate(..., upgrade=True)``);
     otherwise from the checkpoint's program, as pyspark does."""
     rng = random.Random(seed)
-    began = time.monotonic()
-    until = began + duration_s if duration_s else None
-    kills = kills if kills is not None else (1 << 30 if until else 5)
+    began, until, kills = kill_budget(kills, duration_s, default_kills=5)
     input_dir = os.path.join(workdir, "input")
     os.makedirs(input_dir, exist_ok=True)
     os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
@@ -263,43 +270,48 @@ def main(argv: list[str] | None = None) -> int:
                     "for the drill and run the app there")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
     args = ap.parse_args(argv)
-    workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-")
-    if args.standalone:
-        from .standalone import StandaloneCluster
+    workdir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-"))
+    try:
+        if args.standalone:
+            from .standalone import StandaloneCluster
 
-        try:
-            with StandaloneCluster(os.path.join(os.path.abspath(workdir), "cluster"), args.standalone) as c:
-                given = list(argv if argv is not None else sys.argv[1:])
-                return main(given + ["--master", c.url, "--standalone", "0", "--dir", workdir])
-        finally:
-            if not args.dir:
-                shutil.rmtree(workdir, ignore_errors=True)
+            with StandaloneCluster(os.path.join(workdir, "cluster"), args.standalone) as cluster:
+                r = _run_mode(args, workdir, cluster.url)
+        else:
+            r = _run_mode(args, workdir, args.master)
+    finally:
+        if not args.dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    _print_summary(args.mode, r)
+    write_report(r, args.report)
+    return 0 if r["ok"] else 1
+
+
+def _run_mode(args, workdir: str, master: str) -> dict:
     if args.mode == "direct":
         from . import direct_drill
 
-        try:
-            r = direct_drill.run(args.kills, args.batch, args.seed, os.path.abspath(workdir),
-                                 duration_s=args.duration, master=args.master)
-        finally:
-            if not args.dir:
-                shutil.rmtree(workdir, ignore_errors=True)
+        return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
+                                master=master)
+    if args.mode == "receiver":
+        from .receiver import drill as receiver_drill
+
+        return receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
+                                  args.seed, workdir, master=master,
+                                  kinds=tuple(args.kinds.split(",")) if args.kinds else None,
+                                  duration_s=args.duration)
+    return run(args.kills, args.files, args.batch, args.seed, workdir, upgrade=args.upgrade,
+               duration_s=args.duration, master=master)
+
+
+def _print_summary(mode: str, r: dict) -> None:
+    if mode == "direct":
         print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_appended", "lines_counted",
                                                "records_lost", "duplicates", "words_exact",
                                                "batches_rerun", "seconds")))
         print("OK: every appended line counted exactly once" if r["ok"] else "FAILED")
-        write_report(r, args.report)
-        return 0 if r["ok"] else 1
-    if args.mode == "receiver":
-        from .receiver import drill as receiver_drill
-
-        try:
-            r = receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
-                                   args.seed, os.path.abspath(workdir), master=args.master,
-                                   kinds=tuple(args.kinds.split(",")) if args.kinds else None,
-                                   duration_s=args.duration)
-        finally:
-            if not args.dir:
-                shutil.rmtree(workdir, ignore_errors=True)
+        return
+    if mode == "receiver":
         print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_offered", "lines_acked",
                                                "records_lost", "duplicates", "lines_resent",
                                                "words_exact", "state_mismatches")))
@@ -308,14 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind}: {e['kills']} kills, recovery p50="
                   f"{pct(rec, 0.5) if rec else float('nan'):.1f}s" if rec else f"{kind}: {e['kills']} kills")
         print("OK: every acknowledged line counted, duplicates only of re-sent lines" if r["ok"] else "FAILED")
-        write_report(r, args.report)
-        return 0 if r["ok"] else 1
-    try:
-        r = run(args.kills, args.files, args.batch, args.seed, os.path.abspath(workdir),
-                upgrade=args.upgrade, duration_s=args.duration, master=args.master)
-    finally:
-        if not args.dir:
-            shutil.rmtree(workdir, ignore_errors=True)
+        return
     print(f"kills={r['kills']} restarts={r['restarts']} files={r['files']} records={r['records']} "
           f"batches={r['batches_completed']} batches_rerun={r['batches_rerun']} "
           f"records_lost={r['records_lost']} duplicates={r['duplicate_files']} "
@@ -326,9 +331,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")
     print("OK: nothing lost, nothing counted twice" if r["ok"] else "FAILED")
-    write_report(r, args.report)
-    return 0 if r["ok"] else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

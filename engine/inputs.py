@@ -77,7 +77,7 @@ def _list_files(directory: str, storage_options: dict | None = None) -> list[tup
             for i in infos if not i.name.startswith((".", "_"))]
 
 
-def _read_remote(files: list[str], storage_options: dict | None, record_length: int | None):
+def _read_remote(storage_options: dict | None, record_length: int | None):
     """The task function reading remote files through fsspec (Spark's JVM knows only its own
     Hadoop filesystems): lines of text, or fixed-length binary records."""
 
@@ -167,7 +167,7 @@ class FileInputDStream(InputDStream):
             return self._sc.emptyRDD()
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
-                _read_remote(files, self.storage_options, self.record_length))
+                _read_remote(self.storage_options, self.record_length))
         if self.record_length is not None:
             return self._sc.binaryRecords(",".join(files), self.record_length)
         return self._sc.textFile(",".join(files))

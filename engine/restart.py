@@ -15,15 +15,22 @@ from checkpoint import Checkpoint
 log = logging.getLogger(__name__)
 
 
-def _errors():
-    from .context import CheckpointMismatchError, _first_difference
+class CheckpointMismatchError(ValueError):
+    """The checkpoint was written by a different graph or batch duration."""
 
-    return CheckpointMismatchError, _first_difference
+
+def _first_difference(old: str, new: str) -> str:
+    a, b = old.split("; "), new.split("; ")
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"stream {i} was {x!r}, is now {y!r}"
+    if len(a) != len(b):
+        return f"the checkpoint has {len(a)} streams, this program {len(b)}"
+    return "the fingerprint differs"
 
 
 def restore(ssc, checkpoint: Checkpoint) -> None:
     """Apply ``checkpoint``'s data to ``ssc``'s graph (which must be the checkpoint's)."""
-    CheckpointMismatchError, _first_difference = _errors()
     data = checkpoint.data
     if data.get("batch_ms") != ssc._batch_ms:
         raise CheckpointMismatchError(
@@ -86,7 +93,6 @@ def rerun(ssc, times: list[int], restart: int) -> int:
 
 def check_batch_log_agrees(ssc, cp: Checkpoint, zero: int) -> None:
     """The offset log must hold every batch the checkpoint saw logged, on its batch grid."""
-    CheckpointMismatchError, _ = _errors()
     blog = ssc._batch_log
     if blog is None:
         return

@@ -176,10 +176,11 @@ class BatchLog:
         if i is None:
             return None
         ends = self._input_ends(i, stream)
+        initial = None if i - 1 in self._times else self.initial_offsets(stream)
         if i - 1 in self._times:
             starts = self._input_ends(i - 1, stream)
-        elif i == 0 or self.initial_offsets(stream) is not None:
-            starts = self.initial_offsets(stream) or {}
+        elif i == 0 or initial is not None:
+            starts = initial or {}
         else:
             raise ValueError(f"batch {i} (time {time_ms}) cannot be recomputed: "
                              f"{self.offsets.file_url(i - 1)} (its start offsets) was purged")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from ..restart import CheckpointMismatchError
 from ..snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ class StateSnapshots:
                 try:
                     rdd = read_snapshot(ssc._sc, path, ssc._storage_options)
                 except SnapshotError as e:
-                    from ..context import CheckpointMismatchError
-
                     raise CheckpointMismatchError(
                         f"{e}; it holds the state of batch {t}, referenced by the checkpoint of batch "
                         f"{checkpoint_time_ms}: the state cannot be restored") from None
