@@ -94,15 +94,13 @@ def test_ranges_are_planned_logged_and_committed_in_order(spark_context, tmp_pat
     append(app.logdir / "c", "partial", newline=False)  # not a record until its newline
     clock, done, committed = ManualClock(0), Completed(), Committed()
     ssc = app.setup(clock, done, committed)()
-
-    def writer(t):  # appends that land between batches
-        if t == 500:
-            append(app.logdir / "a", "a2")
-        if t == 1000:
-            append(app.logdir / "c", "")  # completes "partial"
-    ssc.addStreamingListener(type("W", (StreamingListener,), {
-        "onBatchCompleted": lambda self, e: writer(e.batchInfo().batch_time_ms)})())
-    run(ssc, clock, done, 2000)
+    # appends that land between batches, made here once the batch before has completed (a
+    # listener of its own would race the one run_more waits on)
+    run(ssc, clock, done, 500)
+    append(app.logdir / "a", "a2")
+    run_more(clock, done, 1000)
+    append(app.logdir / "c", "")  # completes "partial"
+    run_more(clock, done, 2000)
     ssc.stop(stopSparkContext=False)
 
     assert app.lines[500] and sorted(app.lines[500]) == ["a0", "a1", "b0"]
