@@ -15,9 +15,11 @@ from .listener import (OutputOperationInfo, ReceiverInfo, StreamingListenerRecei
                        StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
 from .receiver import BlockReadError, Receiver, SocketReceiver
 from .snapshot import SnapshotError
+from .state.map_with_state import State, StateSpec
+from checkpoint.state_chains import read_state
 
 __all__ = [
-    "BatchInfo", "BlockReadError", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
+    "BatchInfo", "BlockReadError", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
     "SocketReceiver", "StreamingListenerReceiverError", "StreamingListenerReceiverStarted",
     "StreamingListenerReceiverStopped", "DStream", "SnapshotError", "StreamingContext",
     "StreamingContextStateError", "StreamingListener",

@@ -20,6 +20,7 @@ from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
 from .graph import creation_site
+from .state.kv_rows import KeyValueState
 
 if TYPE_CHECKING:
     from .context import StreamingContext
@@ -425,6 +426,16 @@ class DStream:
 
         return StateDStream(self._ssc, self, reduce_func, initialRDD)
 
+    def mapWithState(self, spec) -> DStream:
+        """Spark's mapWithState: ``spec`` (a :class:`engine.StateSpec`) calls its function once per
+        record of a batch and once per key timing out; the result is the stream of the values it
+        returns, with ``stateSnapshots()`` for the state itself."""
+        from .state.map_with_state import MapWithStateDStream, StateSpec  # they build on DStream
+
+        if not isinstance(spec, StateSpec):
+            raise TypeError(f"mapWithState takes a StateSpec, not {type(spec).__name__}")
+        return MapWithStateDStream(self._ssc, self, spec)
+
 
 class TransformedDStream(DStream):
     """``func(time_ms, [parent RDDs]) -> RDD | None``."""
@@ -473,10 +484,12 @@ class WindowedDStream(DStream):
         return self._sc.union(rdds) if rdds else self._sc.emptyRDD()
 
 
-class ReducedWindowedDStream(DStream):
+class ReducedWindowedDStream(KeyValueState, DStream):
     """Spark's incremental windowed reduce: the window at ``t`` is the one at ``t - slide`` minus
     the batches that left it plus the ones that entered it (when that is cheaper than reducing
     the whole window, i.e. the window spans at least 5 slides)."""
+
+    state_operator = "reduceByKeyAndWindow"
 
     def __init__(self, ssc, reduced: DStream, reduce_func, inv_reduce_func, window_ms: int, slide_ms: int):
         super().__init__(ssc, [reduced], slide_ms)
@@ -506,9 +519,10 @@ class ReducedWindowedDStream(DStream):
         return self._reduce(None, self._sc.union(current)) if current else None
 
 
-class StateDStream(DStream):
+class StateDStream(KeyValueState, DStream):
     """updateStateByKey: the state at ``t`` = ``func(state at t - slide, batch at t)``."""
 
+    state_operator = "updateStateByKey"
     _transient = (*DStream._transient, "_initial")  # a restart restores the state instead
 
     def __init__(self, ssc, parent: DStream, func, initial: RDD | None):

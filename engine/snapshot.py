@@ -1,136 +1,93 @@
-"""State snapshots: the RDD of a stateful stream at one batch time, as files the engine owns.
+"""Writing and reading state snapshots with Spark's tasks (the files' format is
+:mod:`checkpoint.state_files`').
 
-On-disk format (a flat set of files next to each other, ``<name>`` chosen by the caller):
-
-* ``<name>.part-<i>`` (i = 00000, 00001, ...): partition i's records as consecutive pickles of
-  record lists (at most 4096 records each), written by the task that computed the partition,
-  each file put atomically;
-* ``<name>.manifest``: JSON ``{"version": 1, "parts": [[records, bytes, crc32c], ...]}``, written
-  by the driver after every part is durable. A snapshot without a manifest is incomplete (its
-  writer died) and is never read; a part whose size or CRC32C does not match its manifest entry
-  is an error naming the file.
-
-The records are the state's data (pickled Python values, as PySpark itself ships them); no code
-is stored. Reading is one task per part that loads the file directly, without the JVM's object
-file (SequenceFile + Java serialisation) path that ``saveAsPickleFile`` takes, which made reading
-a snapshot the largest part of a restart.
+Each task writes or reads its own partition's part, straight from or into the state cache: no
+record goes through the driver, and no JVM object file (SequenceFile + Java serialisation) path
+is involved. A snapshot read back keeps its layout: when part ``i`` holds exactly the keys that
+``portable_hash`` (under the executors' current ``PYTHONHASHSEED``) puts in partition ``i`` of
+``n``, the RDD read back carries that partitioner, in Python and in the JVM, so the next batch's
+``cogroup`` (or mapWithState's partition-wise union) moves only the batch's records, never the
+whole state.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
-
-import crc32c
 from pyspark import RDD, SparkContext
+from pyspark.rdd import Partitioner, portable_hash
 
+from checkpoint.state_chains import SnapshotRef
+from checkpoint.state_files import (VERSION, SnapshotError, delete_snapshot, encode_part,
+                                    merge_chain, part_rows, put_part, read_manifest, rows_table,
+                                    write_manifest)
 from wal.storage import resolve
 
-VERSION = 1
-RECORDS_PER_PICKLE = 4096
+__all__ = ["SnapshotError", "delete_snapshot", "hash_seed", "is_hash_partitioned", "read_chain",
+           "write_snapshot"]
 
 
-class SnapshotError(RuntimeError):
-    """A snapshot is missing, incomplete or damaged (the message names the file)."""
+def hash_seed(sc: SparkContext) -> str | None:
+    """The executors' ``PYTHONHASHSEED``: string keys hash (and so partition) by it."""
+    return sc.environment.get("PYTHONHASHSEED")
 
 
-def _part(name: str, i: int) -> str:
-    return f"{name}.part-{i:05d}"
+def is_hash_partitioned(rdd: RDD) -> bool:
+    n = rdd.getNumPartitions()
+    return rdd.partitioner == Partitioner(n, portable_hash)
 
 
-def write_snapshot(rdd: RDD, url: str, storage_options: dict | None = None) -> int:
-    """Write ``rdd`` as snapshot ``url`` (replacing any incomplete one); return its record count.
-    ``storage_options`` go to the tasks too."""
+def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, partitioned: bool,
+                   storage_options: dict | None = None) -> dict:
+    """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
+    snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
+    left; return its manifest. ``storage_options`` go to the tasks too."""
     storage, path = resolve(url, storage_options)
     storage.makedirs(path.rpartition("/")[0])
     delete_snapshot(url, storage_options)
+    delta = base_ms is not None
 
     def write_part(index, records):
-        st, p = resolve(url, storage_options)
-        buf, chunk, n = io.BytesIO(), [], 0
-        for r in records:
-            chunk.append(r)
-            if len(chunk) == RECORDS_PER_PICKLE:
-                pickle.dump(chunk, buf, pickle.HIGHEST_PROTOCOL)
-                n, chunk = n + len(chunk), []
-        if chunk:
-            pickle.dump(chunk, buf, pickle.HIGHEST_PROTOCOL)
-            n += len(chunk)
-        data = buf.getvalue()
-        st.put(_part(p, index), data)
-        yield index, n, len(data), crc32c.crc32c(data)
+        keys, values, times, removed = [], [], [], []
+        for k, v, t, r in records:
+            keys.append(k)
+            values.append(v)
+            times.append(t)
+            removed.append(r)
+        data = encode_part(rows_table(keys, values, times, removed if delta else None))
+        yield index, [len(keys), *put_part(url, index, data, storage_options)]
 
-    parts = sorted(rdd.mapPartitionsWithIndex(write_part).collect())
-    manifest = {"version": VERSION, "parts": [[n, size, crc] for _, n, size, crc in parts]}
-    storage.put(f"{path}.manifest", json.dumps(manifest).encode())
-    return sum(n for _, n, _, _ in parts)
-
-
-def _manifest(url: str, storage_options: dict | None) -> dict:
-    storage, path = resolve(url, storage_options)
-    try:
-        manifest = json.loads(storage.read_file(f"{path}.manifest"))
-    except FileNotFoundError:
-        raise SnapshotError(f"state snapshot {url} is missing or incomplete "
-                            f"(no {path}.manifest)") from None
-    except ValueError as e:
-        raise SnapshotError(f"state snapshot manifest {path}.manifest is damaged: {e}") from None
-    if manifest.get("version") != VERSION:
-        raise SnapshotError(f"state snapshot {path}.manifest has version {manifest.get('version')}, "
-                            f"this engine reads version {VERSION}")
+    parts = sorted(rows.mapPartitionsWithIndex(write_part).collect())
+    manifest = {"version": VERSION, "format": "arrow-ipc", "compression": "zstd",
+                "kind": "delta" if delta else "full", "time_ms": time_ms, "base_ms": base_ms,
+                "num_partitions": len(parts), "partitioned": partitioned,
+                "hash_seed": hash_seed(rows.context), "parts": [entry for _, entry in parts]}
+    write_manifest(url, manifest, storage_options)
     return manifest
 
 
-def snapshot_exists(url: str, storage_options: dict | None = None) -> bool:
-    """True if the snapshot is complete (its manifest was written)."""
-    storage, path = resolve(url, storage_options)
-    return storage.exists(f"{path}.manifest")
+def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict | None = None
+               ) -> tuple[RDD, bool]:
+    """The state at the chain's end as an RDD of rows ``(key, value, updated_ms)``, partition
+    ``i`` from part ``i`` of every snapshot of the chain (merged in order, in parallel tasks), and
+    whether it is hash-partitioned as it was written (then it carries the partitioner). The
+    manifests are read now, so a missing or incomplete snapshot fails here, by name; the parts
+    are read and checked by the tasks."""
+    manifests = [read_manifest(ref.url, storage_options) for ref in chain]
+    n = len(manifests[-1]["parts"])
+    for ref, m in zip(chain, manifests):
+        if len(m["parts"]) != n:
+            raise SnapshotError(f"state snapshot {ref.url} has {len(m['parts'])} parts, the newest "
+                                f"of its chain {n}: the chain cannot be merged")
+    links = [(ref.url, m) for ref, m in zip(chain, manifests)]
 
+    def read(i):
+        state = merge_chain(part_rows(url, i, m, storage_options) for url, m in links)
+        return ((k, v, t) for k, (v, t) in state.items())
 
-def read_snapshot(sc: SparkContext, url: str, storage_options: dict | None = None) -> RDD:
-    """The snapshot's records as an RDD with one partition per written partition. The manifest is
-    read now (a missing snapshot fails here); the parts are read and checked by the tasks."""
-    manifest = _manifest(url, storage_options)
-    parts = [(i, n, size, crc) for i, (n, size, crc) in enumerate(manifest["parts"])]
-
-    def read_part(part):
-        i, n, size, crc = part
-        st, p = resolve(url, storage_options)
-        name = _part(p, i)
-        try:
-            data = st.read_file(name)
-        except FileNotFoundError:
-            raise SnapshotError(f"state snapshot part {name} is missing") from None
-        if len(data) != size or crc32c.crc32c(data) != crc:
-            raise SnapshotError(f"state snapshot part {name} is damaged: {len(data)} bytes, CRC32C "
-                                f"{crc32c.crc32c(data):#x}; its manifest says {size} bytes, {crc:#x}")
-        buf, seen = io.BytesIO(data), 0
-        while buf.tell() < len(data):
-            chunk = pickle.load(buf)
-            seen += len(chunk)
-            yield from chunk
-        if seen != n:
-            raise SnapshotError(f"state snapshot part {name} holds {seen} records, its manifest says {n}")
-
-    if not parts:
-        return sc.emptyRDD()
-    return sc.parallelize(parts, len(parts)).flatMap(read_part)
-
-
-def _files(url: str, storage_options: dict | None) -> list[str]:
-    storage, path = resolve(url, storage_options)
-    directory, _, base = path.rpartition("/")
-    try:
-        infos = storage.list_files(directory)
-    except FileNotFoundError:
-        return []
-    return [i.path for i in infos if i.name.startswith(f"{base}.")]
-
-
-def delete_snapshot(url: str, storage_options: dict | None = None) -> None:
-    """Delete the manifest first (the snapshot stops being complete), then the parts."""
-    storage, _ = resolve(url, storage_options)
-    files = _files(url, storage_options)
-    for f in sorted(files, key=lambda f: not f.endswith(".manifest")):
-        storage.delete(f)
+    partitioned = n > 0 and all(m.get("partitioned") and m.get("hash_seed") == hash_seed(sc)
+                                for m in manifests)
+    if partitioned:  # n tiny seed records, shuffled so that the JVM knows the partitioner
+        seeds = sc.parallelize([(i, None) for i in range(n)], n).partitionBy(n)
+        return seeds.mapPartitionsWithIndex(lambda i, _: read(i), preservesPartitioning=True), True
+    if n == 0:
+        return sc.emptyRDD(), False
+    return sc.parallelize(range(n), n).flatMap(read), False

@@ -1,35 +1,57 @@
-"""StateSnapshots: which state snapshot of each stateful stream a checkpoint references.
+"""StateSnapshots: writing each stateful stream's state as a chain of snapshots, and which of them
+a checkpoint needs.
 
-A stateful stream's RDD at a checkpoint-interval time is written as a snapshot (the format is
-:mod:`engine.snapshot`'s) and read back from then on, so its lineage ends there. Each stream
-keeps its two newest snapshots; an older one is deleted once two newer checkpoints (a main file
-and its .bk) no longer reference it. A restart loads the newest snapshot at or before its first
-re-run batch and recomputes the later batches from their inputs.
+At every checkpoint-interval time a stateful stream's state is written (by Spark's tasks; the
+files' format is :mod:`checkpoint.state_files`', the checkpoint's entry
+:mod:`checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
+previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
+``spark.sparkwal.state.deltasPerFull`` deltas (default 10), or when its deltas together are as
+large as its full snapshot (so a restart reads at most about twice the state). The state is then
+read back from its chain, partitioned as before, cached, and served from then on: its lineage
+ends there, and an executor that loses it recomputes it from the files.
+
+A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
+it, for mapWithState, whose re-run batches must call the function again) and recomputes the
+later batches from their inputs. Snapshots outside the chains of the three newest are retired,
+and deleted once two newer checkpoints (a main file and its .bk) no longer reference them.
 """
 
 from __future__ import annotations
 
 import logging
 
+from pyspark import StorageLevel
+
+from checkpoint.state_chains import SnapshotRef, StreamState, parse_state
+from checkpoint.state_files import read_manifest
+
 from ..restart import CheckpointMismatchError
-from ..snapshot import SnapshotError, delete_snapshot, read_snapshot, write_snapshot
+from ..snapshot import SnapshotError, delete_snapshot, read_chain, write_snapshot
 
 log = logging.getLogger(__name__)
+
+DELTAS_PER_FULL = 10
+CHAINS_KEPT = 3
 
 
 class StateSnapshots:
     def __init__(self, ssc):
         self._ssc = ssc
-        self.by_stream: dict[int, dict[int, str]] = {}  # stream index -> time -> snapshot URL
+        self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
         self.checkpoints_written = 0
 
+    @property
+    def deltas_per_full(self) -> int:
+        conf = self._ssc.sparkContext.getConf()
+        return int(conf.get("spark.sparkwal.state.deltasPerFull", str(DELTAS_PER_FULL)))
+
     def restore(self, data: dict) -> None:
         """From a checkpoint's ``state`` entry."""
-        self.by_stream = {int(i): {int(t): p for t, p in times.items()} for i, times in data.items()}
+        self.by_stream = parse_state(data)
 
     def checkpoint_data(self) -> dict:
-        return {str(i): {str(t): p for t, p in times.items()} for i, times in self.by_stream.items()}
+        return {str(i): s.to_json() for i, s in self.by_stream.items()}
 
     def check_directory(self) -> None:
         """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
@@ -42,27 +64,53 @@ class StateSnapshots:
                 "from Spark's tasks, which cannot see this process's memory:// filesystem; use a "
                 "local or shared directory")
 
-    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int) -> None:
-        """Serve each stateful stream's snapshots from the newest at or before ``first_ms``."""
+    def _read(self, stream, state: StreamState, time_ms: int, checkpoint_time_ms: int | None = None):
         ssc = self._ssc
-        for index, snapshots in self.by_stream.items():
+        try:
+            rows, partitioned = read_chain(ssc._sc, state.chain(time_ms), ssc._storage_options)
+        except SnapshotError as e:
+            if checkpoint_time_ms is None:
+                raise
+            raise CheckpointMismatchError(
+                f"{e}; it holds the state of batch {time_ms}, referenced by the checkpoint of batch "
+                f"{checkpoint_time_ms}: the state cannot be restored") from None
+        rdd = stream.state_from_rows(rows, partitioned)
+        return rdd.persist(StorageLevel.MEMORY_ONLY)
+
+    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int) -> None:
+        """Serve each stateful stream's state from its newest snapshot a restart can use."""
+        ssc = self._ssc
+        for index, state in self.by_stream.items():
             stream = ssc._graph.streams[index]
-            base = max((t for t in snapshots if t <= first_ms), default=min(snapshots, default=0))
-            for t in sorted(t for t in snapshots if t >= base):
-                path = snapshots[t]
-                try:
-                    rdd = read_snapshot(ssc._sc, path, ssc._storage_options)
-                except SnapshotError as e:
+            times = sorted(state.snapshots)
+            usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
+            if not usable and times:
+                if not stream.state_is_output:
                     raise CheckpointMismatchError(
-                        f"{e}; it holds the state of batch {t}, referenced by the checkpoint of batch "
-                        f"{checkpoint_time_ms}: the state cannot be restored") from None
-                stream.generated_rdds[t] = rdd  # not cached: re-reading a snapshot is cheap
+                        f"{stream}: the oldest state snapshot the checkpoint of batch "
+                        f"{checkpoint_time_ms} references is of batch {times[0]}, not before the "
+                        f"first batch to re-run ({first_ms}): the state cannot be restored")
+                usable = times[:1]
+            if not usable:
+                continue
+            later = [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
+            for t in later:
+                stream.generated_rdds[t] = self._read(stream, state, t, checkpoint_time_ms)
+
+    def _full_due(self, state: StreamState, previous: int | None, rdd, stream) -> bool:
+        if previous is None:
+            return True
+        chain = state.chain(previous)
+        deltas = chain[1:]
+        if len(deltas) >= self.deltas_per_full or sum(r.bytes for r in deltas) >= max(chain[0].bytes, 1):
+            return True
+        manifest = read_manifest(state.snapshots[previous].url, self._ssc._storage_options)
+        return (len(manifest["parts"]) != rdd.getNumPartitions()
+                or not manifest.get("partitioned") or not stream.state_partitioned(rdd))
 
     def snapshot_due(self, time_ms: int) -> None:
-        """Save the state RDDs of stateful streams due at ``time_ms`` (data, our own files:
-        referenced by the checkpoint, deleted when retired), then read the state from the
-        snapshot from now on: its lineage ends there, and an executor that loses the cached
-        state recomputes it from the snapshot."""
+        """Snapshot the state of stateful streams due at ``time_ms`` (data, our own files:
+        referenced by the checkpoint, deleted when retired), then serve it read back."""
         ssc = self._ssc
         if ssc._checkpoint_dir is None:
             return
@@ -72,17 +120,29 @@ class StateSnapshots:
             if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
                 continue
             rdd = stream.generated_rdds.get(time_ms)
-            times = self.by_stream.setdefault(index, {})
-            if rdd is None or time_ms in times:
+            state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
+            if rdd is None or time_ms in state.snapshots:
                 continue
-            path = f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
-            write_snapshot(rdd, path, ssc._storage_options)  # replaces one a killed run left
-            # Not cached: reading a snapshot costs about what caching its records would, and a
-            # cached RDD cannot be pipelined with the Python function of the job that reads it.
-            stream.replace_rdd(time_ms, rdd, read_snapshot(ssc._sc, path, ssc._storage_options))
-            times[time_ms] = path
-            for old in sorted(times)[:-2]:
-                self._retired.append((self.checkpoints_written, times.pop(old)))
+            url = f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            previous = max((t for t in state.snapshots if t < time_ms), default=None)
+            rows = None
+            if not self._full_due(state, previous, rdd, stream):
+                rows = stream.state_delta_rows(rdd, previous, time_ms)
+            base = previous if rows is not None else None
+            if rows is None:
+                rows = stream.state_rows(rdd, time_ms)
+            manifest = write_snapshot(rows, url, time_ms=time_ms, base_ms=base,
+                                      partitioned=stream.state_partitioned(rdd),
+                                      storage_options=ssc._storage_options)
+            state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
+            stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
+            self._retire(state)
+
+    def _retire(self, state: StreamState) -> None:
+        newest = sorted(state.snapshots)[-CHAINS_KEPT:]
+        needed = {ref.time_ms for t in newest for ref in state.chain(t)}
+        for t in sorted(set(state.snapshots) - needed):
+            self._retired.append((self.checkpoints_written, state.snapshots.pop(t).url))
 
     def on_checkpoint_written(self) -> None:
         """Delete retired snapshots once two newer checkpoints no longer reference them."""
@@ -100,14 +160,15 @@ class StateSnapshots:
 
     def floor(self, floor: int) -> int:
         """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
-        a stateful stream restarts from its newest snapshot at or before ``floor`` and recomputes
-        the batches after it from their inputs, so those batches' inputs must be kept (the
-        snapshot may lag the batches by more than the remember duration)."""
+        a stateful stream restarts from its newest snapshot at or before ``floor`` (before it, for
+        mapWithState) and recomputes the batches after it from their inputs, so those batches'
+        inputs must be kept (the snapshot may lag the batches by more than the remember duration)."""
         ssc = self._ssc
         for index, stream in enumerate(ssc._graph.streams):
             if not stream.must_checkpoint:
                 continue
-            times = self.by_stream.get(index, {})
-            base = max((t for t in times if t <= floor), default=None)
+            times = self.by_stream.get(index, StreamState("")).snapshots
+            base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
+                       default=None)
             floor = min(floor, base if base is not None else (ssc._graph.zero_time_ms or 0))
         return floor

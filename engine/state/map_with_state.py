@@ -1,0 +1,322 @@
+"""mapWithState: Spark's per-key state with idle timeouts, in Python.
+
+The state lives in ``n`` partitions, one record ``(i, StateRecord)`` each, partitioned so that
+partition ``i`` holds the keys ``portable_hash`` puts there, cached between batches. A batch
+shuffles only its own records to their state's partition (keyed by the partition index, so the
+JVM zips them with the state partition by partition, without moving the state) and calls the
+mapping function once per record, in the records' order within their partition, then once for
+every key idle for longer than the timeout. Keys without new data are not touched: each
+partition's update times are kept in update order, so finding the idle keys, and the keys a delta
+snapshot must write, costs the keys found, not the state's size.
+
+Differences from Spark, on purpose: idle keys time out in the first batch after their timeout,
+not only at checkpoint batches (Spark's full scan); the mapping function's return value is the
+mapped record whatever it is (``None`` included).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from pyspark import RDD, StorageLevel
+from pyspark.rdd import portable_hash
+
+from ..dstream import DStream, TransformedDStream, _ms
+
+
+class State:
+    """The state of one key, as the mapping function sees it (Spark's ``State``)."""
+
+    __slots__ = ("_exists", "_value", "_updated", "_removed", "_timing_out")
+
+    def _wrap(self, exists: bool, value, timing_out: bool = False) -> None:
+        self._exists, self._value = exists, value
+        self._updated = self._removed = False
+        self._timing_out = timing_out
+
+    def exists(self) -> bool:
+        return self._exists
+
+    def get(self):
+        if not self._exists:
+            raise LookupError("State is not set")
+        return self._value
+
+    def getOption(self):
+        return self._value if self._exists else None
+
+    def update(self, newState) -> None:
+        if self._removed:
+            raise ValueError("Cannot update the state after it has been removed")
+        if self._timing_out:
+            raise ValueError("Cannot update the state that is timing out")
+        self._exists, self._value, self._updated = True, newState, True
+
+    def remove(self) -> None:
+        if self._timing_out:
+            raise ValueError("Cannot remove the state that is timing out")
+        if self._removed:
+            raise ValueError("Cannot remove the state that has already been removed")
+        self._exists, self._value, self._removed = False, None, True
+
+    def isTimingOut(self) -> bool:
+        return self._timing_out
+
+    def __repr__(self) -> str:
+        return f"State({self._value!r})" if self._exists else "State(<none>)"
+
+
+class StateSpec:
+    """What mapWithState does: ``StateSpec.function(f).initialState(rdd).numPartitions(n)
+    .timeout(seconds)``; ``f(key, value, state)`` returns the mapped record."""
+
+    def __init__(self, mappingFunction):
+        if not callable(mappingFunction):
+            raise TypeError("StateSpec.function needs a function (key, value, state) -> mapped")
+        self._func = mappingFunction
+        self._initial = None
+        self._partitions: int | None = None
+        self._timeout_ms: int | None = None
+
+    @staticmethod
+    def function(mappingFunction) -> StateSpec:
+        return StateSpec(mappingFunction)
+
+    def initialState(self, rdd) -> StateSpec:
+        self._initial = rdd
+        return self
+
+    def numPartitions(self, numPartitions: int) -> StateSpec:
+        if int(numPartitions) < 1:
+            raise ValueError(f"numPartitions must be at least 1, not {numPartitions}")
+        self._partitions = int(numPartitions)
+        return self
+
+    def timeout(self, idleDuration: float) -> StateSpec:
+        if idleDuration <= 0:
+            raise ValueError(f"the timeout must be positive, not {idleDuration}")
+        self._timeout_ms = _ms(idleDuration)
+        return self
+
+
+class StateMap:
+    """One partition's state: values, update times in update order, and recent removals (which a
+    delta snapshot must write) in removal order."""
+
+    __slots__ = ("values", "times", "removed")
+
+    def __init__(self, values=None, times=None, removed=None):
+        self.values, self.times, self.removed = values or {}, times or {}, removed or {}
+
+    def __getstate__(self):
+        return self.values, self.times, self.removed
+
+    def __setstate__(self, state):
+        self.values, self.times, self.removed = state
+
+    def put(self, key, value, time_ms: int) -> None:
+        self.values[key] = value
+        self.times.pop(key, None)
+        self.times[key] = time_ms
+        self.removed.pop(key, None)
+
+    def remove(self, key, time_ms: int) -> None:
+        if self.values.pop(key, _MISSING) is not _MISSING:
+            del self.times[key]
+            self.removed[key] = time_ms
+
+    def idle_before(self, threshold_ms: int) -> list:
+        out = []
+        for key, t in self.times.items():
+            if t >= threshold_ms:
+                break
+            out.append(key)
+        return out
+
+    def forget_removals_before(self, time_ms: int) -> None:
+        stale = []
+        for key, t in self.removed.items():
+            if t >= time_ms:
+                break
+            stale.append(key)
+        for key in stale:
+            del self.removed[key]
+
+    def rows(self):
+        values = self.values
+        return ((k, values[k], t, False) for k, t in self.times.items())
+
+    def rows_since(self, since_ms: int) -> list:
+        """Keys updated or removed after ``since_ms``, oldest first."""
+        changed = []
+        for k, t in reversed(self.times.items()):
+            if t <= since_ms:
+                break
+            changed.append((k, self.values[k], t, False))
+        for k, t in reversed(self.removed.items()):
+            if t <= since_ms:
+                break
+            changed.append((k, None, t, True))
+        return sorted(changed, key=lambda r: r[2])
+
+
+_MISSING = object()
+
+
+class StateRecord:
+    """A state partition after a batch: its state and the batch's mapped records."""
+
+    __slots__ = ("state", "mapped")
+
+    def __init__(self, state: StateMap, mapped: list):
+        self.state, self.mapped = state, mapped
+
+    def __getstate__(self):
+        return self.state, self.mapped
+
+    def __setstate__(self, state):
+        self.state, self.mapped = state
+
+
+def _update_partition(index, records, func, batch_ms, timeout_ms, forget_before_ms):
+    state, mapped, st = None, [], State()
+    for _, x in records:
+        if type(x) is StateRecord:  # the state partition comes first (the union's order)
+            state = x.state
+            continue
+        if state is None:
+            raise RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no "
+                               "state partition to update")
+        key, value = x
+        values = state.values
+        st._wrap(key in values, values.get(key))
+        mapped.append(func(key, value, st))
+        if st._removed:
+            state.remove(key, batch_ms)
+        elif st._updated or (st._exists and timeout_ms is not None):
+            state.put(key, st._value, batch_ms)
+    if timeout_ms is not None:
+        for key in state.idle_before(batch_ms - timeout_ms):
+            st._wrap(True, state.values[key], timing_out=True)
+            mapped.append(func(key, None, st))
+            state.remove(key, batch_ms)
+    state.forget_removals_before(forget_before_ms)
+    yield index, StateRecord(state, mapped)
+
+
+def _build_partition(index, records, time_ms):
+    """Partition ``index``'s first state from rows ``(key, value, updated_ms)`` (or ``(key,
+    value)`` pairs of an initial state, stamped ``time_ms``), in update order."""
+    rows = [(r[1][0], r[1][1], r[1][2] if len(r[1]) > 2 else time_ms) for r in records if r[1] is not None]
+    rows.sort(key=lambda r: r[2])
+    state = StateMap()
+    for k, v, t in rows:
+        state.put(k, v, t)
+    yield index, StateRecord(state, [])
+
+
+def _by_partition(rdd: RDD, n: int) -> RDD:
+    """Records ``(key, ...)`` keyed by their state partition, shuffled there (with seeds, so that
+    every partition exists)."""
+    keyed = rdd.map(lambda r: (portable_hash(r[0]) % n, r))
+    seeds = rdd.context.parallelize([(i, None) for i in range(n)], n)
+    return seeds.union(keyed).partitionBy(n)
+
+
+class InternalMapWithStateDStream(DStream):
+    """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
+
+    _transient = (*DStream._transient, "_initial")  # a restart restores the state instead
+    state_operator = "mapWithState"
+    state_is_output = False  # a re-run batch must call the function again: restore the state before it
+
+    def __init__(self, ssc, parent: DStream, spec: StateSpec):
+        super().__init__(ssc, [parent])
+        self._func = spec._func
+        self._initial = spec._initial
+        self.num_partitions = spec._partitions or self._sc.defaultParallelism
+        self.timeout_ms = spec._timeout_ms
+        self.must_checkpoint = True
+        self.storage_level = StorageLevel.MEMORY_ONLY
+
+    def _first_state(self, time_ms: int) -> RDD:
+        initial = self._initial
+        if initial is not None and not isinstance(initial, RDD):
+            initial = self._sc.parallelize(list(initial))
+        rows = initial if initial is not None else self._sc.emptyRDD()
+        return _by_partition(rows, self.num_partitions).mapPartitionsWithIndex(
+            partial(_build_partition, time_ms=time_ms), preservesPartitioning=True)
+
+    def compute(self, time_ms: int) -> RDD | None:
+        previous = time_ms - self.slide_ms
+        state = self.get_or_compute(previous) if previous > self.zero_time_ms else None
+        if state is None:
+            state = self._first_state(time_ms)
+        n = self.num_partitions
+        data = self.dependencies[0].get_or_compute(time_ms)
+        both = state
+        if data is not None:
+            both = state.union(data.map(lambda kv: (portable_hash(kv[0]) % n, kv)).partitionBy(n))
+        if both.getNumPartitions() != n:
+            raise RuntimeError(f"{self}: the state and the batch of {time_ms} are not partitioned "
+                               f"alike ({both.getNumPartitions()} partitions after their union)")
+        keep_removals = 2 * (self.checkpoint_ms or self.slide_ms) + self.slide_ms
+        update = partial(_update_partition, func=self._func, batch_ms=time_ms, timeout_ms=self.timeout_ms,
+                         forget_before_ms=time_ms - keep_removals)
+        return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+
+    def clear_metadata(self, time_ms: int) -> None:
+        """Each batch's state is a full copy (PySpark caches pickles): keep only the newest
+        cached; older ones stay as lineage (back to the last snapshot) if a cache is lost."""
+        with self._lock:
+            for rdds in (self.generated_rdds, self._superseded):
+                for t, rdd in rdds.items():
+                    if t < time_ms and rdd.is_cached:
+                        rdd.unpersist(blocking=False)
+        super().clear_metadata(time_ms)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def state_name(self, index: int) -> str:
+        return f"{self.state_operator}-{index}"
+
+    def state_partitioned(self, rdd: RDD) -> bool:
+        return True
+
+    def state_rows(self, rdd: RDD, time_ms: int) -> RDD:
+        return rdd.flatMap(lambda r: r[1].state.rows())
+
+    def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | None:
+        if since_ms < time_ms - 2 * (self.checkpoint_ms or self.slide_ms):
+            return None  # removals that old are forgotten
+        return rdd.flatMap(lambda r: r[1].state.rows_since(since_ms))
+
+    def state_from_rows(self, rows: RDD, partitioned: bool) -> RDD:
+        n = self.num_partitions
+        if partitioned and rows.getNumPartitions() == n:
+            pairs = rows.mapPartitions(lambda it: ((None, r) for r in it), preservesPartitioning=True)
+        else:  # another layout (numPartitions or PYTHONHASHSEED changed): shuffle once
+            pairs = _by_partition(rows, n)
+        return pairs.mapPartitionsWithIndex(partial(_build_partition, time_ms=0), preservesPartitioning=True)
+
+
+class MapWithStateDStream(DStream):
+    """The mapped records of mapWithState; ``stateSnapshots()`` gives the state itself."""
+
+    def __init__(self, ssc, parent: DStream, spec: StateSpec):
+        self._state_stream = InternalMapWithStateDStream(ssc, parent, spec)
+        super().__init__(ssc, [self._state_stream])
+
+    def compute(self, time_ms: int) -> RDD | None:
+        rdd = self._state_stream.get_or_compute(time_ms)
+        return None if rdd is None else rdd.flatMap(lambda r: r[1].mapped)
+
+    def stateSnapshots(self) -> DStream:
+        """``(key, state)`` of every key after each batch."""
+        return TransformedDStream(self._ssc, [self._state_stream],
+                                  lambda _t, rdds: rdds[0].flatMap(lambda r: r[1].state.values.items()))
+
+    def checkpoint(self, interval: float) -> DStream:
+        """The state's snapshot interval (Spark forwards it to the internal state stream)."""
+        self._state_stream.checkpoint(interval)
+        return self
