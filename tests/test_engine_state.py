@@ -4,16 +4,16 @@ from the snapshots the checkpoint references, not from re-reading old input."""
 
 from __future__ import annotations
 
+import json
 import operator
 from collections import Counter
 
 import fsspec
 import pytest
-
-from engine import CheckpointMismatchError, SnapshotError, StreamingContext
-from wal import ManualClock
-
 from test_engine_recovery import Completed, ms, put_file
+
+from engine import CheckpointMismatchError, StreamingContext
+from wal import ManualClock
 
 
 def lineage_depth(rdd) -> int:
@@ -143,39 +143,22 @@ def test_a_missing_snapshot_is_named(spark_context, tmp_path):
         ssc2.start()
 
 
-def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp_path):
+@pytest.mark.parametrize("victim", ["1000", "2000"], ids=["full", "delta"])
+def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp_path, victim):
+    """The state at 2000 is the chain full@1000 + delta@2000: damage to either is named."""
     app = stopped_app_with_snapshots(spark_context, tmp_path)
-    part = sorted((app.ckpt / "state").glob("*-2000.part-*"), key=lambda p: p.stat().st_size)[-1]
+    kinds = {json.loads(m.read_text())["kind"] for m in (app.ckpt / "state").glob("*-2000.manifest")}
+    assert kinds == {"delta"}
+    part = sorted((app.ckpt / "state").glob(f"*-{victim}.part-*"), key=lambda p: p.stat().st_size)[-1]
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))
     ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()),
                                        upgrade=True)
-    ssc2.start()  # re-runs batch 2000, whose state is that snapshot
+    ssc2.start()  # re-runs batch 2000, whose state is that chain
     with pytest.raises(Exception, match=f"state snapshot part .*{part.name} is damaged"):
         ssc2.awaitTermination(60)
     ssc2.stop(stopSparkContext=False)
-
-
-def test_snapshot_round_trip_incomplete_and_delete(spark_context, tmp_path):
-    from engine.snapshot import delete_snapshot, read_snapshot, snapshot_exists, write_snapshot
-
-    records = [(f"k{i}", {"n": i, "tags": ["x"] * (i % 3)}) for i in range(10_000)]
-    rdd = spark_context.parallelize(records, 3).filter(lambda kv: kv[1]["n"] < 9_000 or kv[0] != "k0")
-    url = str(tmp_path / "state" / "2-5000")
-    assert write_snapshot(rdd, url) == 10_000
-    assert snapshot_exists(url)
-    back = read_snapshot(spark_context, url)
-    assert back.getNumPartitions() == 3 and sorted(back.collect()) == sorted(records)
-    assert write_snapshot(spark_context.parallelize([], 2), url) == 0  # replaces the old one
-    assert read_snapshot(spark_context, url).collect() == []
-
-    (tmp_path / "state" / "2-5000.manifest").unlink()  # as if its writer died before the manifest
-    assert not snapshot_exists(url)
-    with pytest.raises(SnapshotError, match=r"2-5000 is missing or incomplete \(no .*2-5000.manifest\)"):
-        read_snapshot(spark_context, url)
-    delete_snapshot(url)
-    assert list((tmp_path / "state").iterdir()) == []
 
 
 def test_a_memory_checkpoint_directory_is_refused_for_state(spark_context, memory_url):

@@ -8,12 +8,11 @@ import sys
 
 import pytest
 from pyspark import cloudpickle
+from test_engine_recovery import Completed, ms
 
 from checkpoint.state_chains import checkpoint_state, summarize_state
 from engine import State, StateSpec, StreamingContext, read_state
 from wal import ManualClock
-
-from test_engine_recovery import Completed, ms
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its mapping functions run in tasks
 

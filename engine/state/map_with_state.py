@@ -2,8 +2,9 @@
 
 The state lives in ``n`` partitions, one record ``(i, StateRecord)`` each, partitioned so that
 partition ``i`` holds the keys ``portable_hash`` puts there, cached between batches. A batch
-shuffles only its own records to their state's partition (keyed by the partition index, so the
-JVM zips them with the state partition by partition, without moving the state) and calls the
+shuffles only its own records to their state's partition (``portable_hash(i) == i`` for the
+state's partition keys, so the same partitioner places both, and the JVM zips them partition by
+partition without moving the state) and calls the
 mapping function once per record, in the records' order within their partition, then once for
 every key idle for longer than the timeout. Keys without new data are not touched: each
 partition's update times are kept in update order, so finding the idle keys, and the keys a delta
@@ -16,10 +17,10 @@ mapped record whatever it is (``None`` included).
 
 from __future__ import annotations
 
+import pickle
 from functools import partial
 
 from pyspark import RDD, StorageLevel
-from pyspark.rdd import portable_hash
 
 from ..dstream import DStream, TransformedDStream, _ms
 
@@ -164,30 +165,38 @@ _MISSING = object()
 
 
 class StateRecord:
-    """A state partition after a batch: its state and the batch's mapped records."""
+    """A state partition after a batch: its state, pickled by us, and the batch's mapped records.
 
-    __slots__ = ("state", "mapped")
+    PySpark caches a partition as pickles in the JVM, so any reader of the partition unpickles
+    the whole record: holding the state as one bytes object lets the readers of the mapped
+    records (the stream's output) skip the state's objects, at the price of a memory copy."""
 
-    def __init__(self, state: StateMap, mapped: list):
-        self.state, self.mapped = state, mapped
+    __slots__ = ("blob", "mapped")
+
+    def __init__(self, state: StateMap | bytes, mapped: list):
+        self.blob = state if isinstance(state, bytes) else pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+        self.mapped = mapped
+
+    @property
+    def state(self) -> StateMap:
+        return pickle.loads(self.blob)
 
     def __getstate__(self):
-        return self.state, self.mapped
+        return self.blob, self.mapped
 
     def __setstate__(self, state):
-        self.state, self.mapped = state
+        self.blob, self.mapped = state
 
 
 def _update_partition(index, records, func, batch_ms, timeout_ms, forget_before_ms):
     state, mapped, st = None, [], State()
-    for _, x in records:
-        if type(x) is StateRecord:  # the state partition comes first (the union's order)
-            state = x.state
+    for key, value in records:
+        if type(value) is StateRecord:  # the state partition comes first (the union's order)
+            state = value.state
             continue
         if state is None:
             raise RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no "
                                "state partition to update")
-        key, value = x
         values = state.values
         st._wrap(key in values, values.get(key))
         mapped.append(func(key, value, st))
@@ -216,11 +225,10 @@ def _build_partition(index, records, time_ms):
 
 
 def _by_partition(rdd: RDD, n: int) -> RDD:
-    """Records ``(key, ...)`` keyed by their state partition, shuffled there (with seeds, so that
-    every partition exists)."""
-    keyed = rdd.map(lambda r: (portable_hash(r[0]) % n, r))
+    """Records ``(key, ...)`` shuffled to their key's state partition, as ``(key, record)``, with
+    seeds ``(i, None)`` so that every partition exists (``portable_hash(i) == i``)."""
     seeds = rdd.context.parallelize([(i, None) for i in range(n)], n)
-    return seeds.union(keyed).partitionBy(n)
+    return seeds.union(rdd.map(lambda r: (r[0], r))).partitionBy(n)
 
 
 class InternalMapWithStateDStream(DStream):
@@ -255,8 +263,8 @@ class InternalMapWithStateDStream(DStream):
         n = self.num_partitions
         data = self.dependencies[0].get_or_compute(time_ms)
         both = state
-        if data is not None:
-            both = state.union(data.map(lambda kv: (portable_hash(kv[0]) % n, kv)).partitionBy(n))
+        if data is not None:  # the state's records are keyed by partition i: portable_hash(i) == i
+            both = state.union(data.partitionBy(n))
         if both.getNumPartitions() != n:
             raise RuntimeError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")

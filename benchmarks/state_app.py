@@ -1,0 +1,89 @@
+"""One stateful word count for :mod:`benchmarks.state_bench`, in its own process (so that it can
+be SIGKILLed and restarted with ``getOrCreate``):
+
+    python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map}
+        --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N]
+
+Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
+sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
+records each batch: updateStateByKey's are the whole state, mapWithState's the touched keys. Each completed batch appends a JSON
+line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
+FILE (``at``: the wall clock when the listener saw it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def count_update(values, state):
+    return sum(values) + (state or 0)
+
+
+def count_map(key, value, state):
+    state.update((state.getOption() or 0) + value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
+    p.add_argument("--op", choices=["update", "map"], default="update")
+    p.add_argument("--input", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--batch", type=float, required=True)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--events", required=True)
+    args = p.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+
+    conf = (SparkConf().setMaster("local[2]").setAppName(f"state-{args.engine}-{args.op}")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
+            .set("spark.driver.memory", "3g"))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    if args.engine == "pyspark":
+        from pyspark.streaming import StreamingContext, StreamingListener
+    else:
+        from engine import StateSpec, StreamingContext, StreamingListener
+    events = open(args.events, "a", buffering=1)
+    n = args.partitions
+
+    def create():
+        ssc = StreamingContext(sc, args.batch)
+        ssc.checkpoint(args.checkpoint)
+        pairs = ssc.textFileStream(args.input).map(lambda k: (k, 1))
+        if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
+            out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
+        else:  # its output: the state, every key (what updateStateByKey gives)
+            out = pairs.updateStateByKey(count_update, numPartitions=n)
+        out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
+        out.foreachRDD(lambda rdd: None if rdd.count() < 0 else None)  # materialise every batch
+        return ssc
+
+    class Listener(StreamingListener):
+        def onBatchCompleted(self, e):
+            b = e.batchInfo()
+            if args.engine == "pyspark":
+                row = (b.batchTime().milliseconds(), b.numRecords(), b.processingDelay(), b.schedulingDelay())
+            else:
+                row = (b.batch_time_ms, b.num_records, b.processing_delay_ms, b.scheduling_delay_ms)
+            events.write(json.dumps({"event": "batch", "time_ms": row[0], "records": row[1],
+                                     "processing_ms": row[2], "scheduling_ms": row[3],
+                                     "at": time.time()}) + "\n")
+
+    ssc = StreamingContext.getOrCreate(args.checkpoint, create)
+    ssc.addStreamingListener(Listener())
+    ssc.start()
+    events.write(json.dumps({"event": "started", "at": time.time()}) + "\n")
+    ssc.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()

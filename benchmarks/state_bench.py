@@ -1,0 +1,234 @@
+"""State at scale: a stateful word count at 100k, 1M and 3M keys, sparkwal's ``updateStateByKey``
+and ``mapWithState`` side by side with pyspark.streaming's ``updateStateByKey``, in one run.
+
+    python -m benchmarks.state_bench [--keys 100000,1000000,3000000] [--batches 6]
+
+Each contender is :mod:`benchmarks.state_app` in its own process group on ``local[2]``, fed the
+same files: a first batch with every key, then batches with a fixed random 10% (or 1%) of the
+keys, each moved in once the previous batch has completed (a batch's processing time is its own).
+The state is snapshotted every two batches (pyspark.streaming: an RDD checkpoint, full each
+time, LZ4 as Spark compresses it; sparkwal: an Arrow IPC chain, durability of both: the files
+are written, not fsync'd). Figures per contender:
+
+* processing per batch after the first: median and max (the first batch, every key, apart);
+* bytes per snapshot: pyspark.streaming's checkpoint of the state; sparkwal's full snapshot and
+  its median delta;
+* restart: SIGKILL of the app's process group right after a batch between two snapshots, then
+  the clock from the kill to the first batch with new data completed (JVM start, ``getOrCreate``,
+  reading the state, re-computing the batches since the snapshot, the new batch);
+* peak resident memory of the driver's Python, the JVM, and the Python workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
+    ("pyspark.streaming updateStateByKey, 10%", "pyspark", "update", 0.10),
+    ("sparkwal updateStateByKey, 10%", "sparkwal", "update", 0.10),
+    ("sparkwal mapWithState, 10%", "sparkwal", "map", 0.10),
+    ("sparkwal updateStateByKey, 1%", "sparkwal", "update", 0.01),
+    ("sparkwal mapWithState, 1%", "sparkwal", "map", 0.01),
+]
+BATCH_SECONDS = {100_000: 2.0, 1_000_000: 8.0, 3_000_000: 10.0}
+
+
+def _rss_by_kind(pgid: int) -> dict[str, int]:
+    out = {"driver": 0, "jvm": 0, "workers": 0}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except (OSError, ValueError, IndexError):
+            continue
+        rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        kind = "jvm" if b"java" in cmd.split(b" ")[0] else (
+            "driver" if b"state_app" in cmd else "workers")
+        out[kind] += rss
+    return out
+
+
+class Run:
+    """One contender's app process: start, feed, wait for batches, kill."""
+
+    def __init__(self, workdir: str, engine: str, op: str, batch_s: float):
+        self.workdir, self.engine, self.op, self.batch_s = workdir, engine, op, batch_s
+        self.input = os.path.join(workdir, "in")
+        self.ckpt = os.path.join(workdir, "ckpt")
+        self.events = os.path.join(workdir, "events.jsonl")
+        os.makedirs(self.input, exist_ok=True)
+        self.peak = {"driver": 0, "jvm": 0, "workers": 0}
+        self.proc: subprocess.Popen | None = None
+        self._seen = 0
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=ROOT, SPARK_LOCAL_IP="127.0.0.1")
+        log = open(os.path.join(self.workdir, "app.log"), "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.state_app", "--engine", self.engine, "--op", self.op,
+             "--input", self.input, "--checkpoint", self.ckpt, "--batch", str(self.batch_s),
+             "--events", self.events], cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+
+    def _events(self) -> list[dict]:
+        try:
+            with open(self.events) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def wait_for(self, predicate, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.engine}/{self.op} exited with {self.proc.returncode}; see "
+                                   f"{self.workdir}/app.log")
+            for k, v in _rss_by_kind(self.proc.pid).items():
+                self.peak[k] = max(self.peak[k], v)
+            events = self._events()
+            for e in events[self._seen:]:
+                if predicate(e):
+                    self._seen = events.index(e) + 1
+                    return e
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.engine}/{self.op}: no matching event in {timeout} s ({self.workdir})")
+
+    def feed(self, path: str, records: int, timeout: float) -> dict:
+        """Move one batch's file in; return the event of the batch that processed it."""
+        target = os.path.join(self.input, os.path.basename(path))
+        staged = os.path.join(self.input, "." + os.path.basename(path))  # hidden: not read yet
+        shutil.copyfile(path, staged)
+        now = time.time()
+        os.utime(staged, (now, now))
+        os.rename(staged, target)
+        # the first batch whose time is at or after the file's mtime reads it (pyspark.streaming
+        # reports no record counts for file streams)
+        moved_ms = int(now * 1000)
+        return self.wait_for(lambda e: e["event"] == "batch" and e["time_ms"] >= moved_ms, timeout)
+
+    def kill(self) -> float:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return time.monotonic()
+
+
+def batch_files(cache: str, keys: int, fraction: float, batches: int) -> list[tuple[str, int]]:
+    """The same files for every contender: batch 0 every key, then ``fraction`` of them."""
+    rng = random.Random(keys * 1000 + int(fraction * 100))
+    names = [f"k{i}" for i in range(keys)]
+    out = []
+    for b in range(batches):
+        path = os.path.join(cache, f"{keys}-{fraction}-{b:03d}.txt")
+        chosen = names if b == 0 else rng.sample(names, max(1, int(keys * fraction)))
+        if not os.path.exists(path):
+            with open(path + ".tmp", "w") as f:
+                f.write("\n".join(chosen) + "\n")
+            os.rename(path + ".tmp", path)
+        out.append((path, len(chosen)))
+    return out
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def snapshot_bytes(run: Run) -> dict:
+    if run.engine == "pyspark":  # <ckpt>/<uuid>/rdd-<id>/part-*: one directory per RDD checkpoint
+        sizes = [_dir_bytes(os.path.join(d, r)) for d, rs, _ in os.walk(run.ckpt) for r in rs
+                 if r.startswith("rdd-")]
+        return {"full": max(sizes, default=0), "delta": None}
+    fulls, deltas = [], []
+    state = os.path.join(run.ckpt, "state")
+    for name in os.listdir(state) if os.path.isdir(state) else []:
+        if name.endswith(".manifest"):
+            with open(os.path.join(state, name)) as f:
+                m = json.load(f)
+            (fulls if m["kind"] == "full" else deltas).append(sum(p[1] for p in m["parts"]))
+    return {"full": max(fulls, default=0), "delta": statistics.median(deltas) if deltas else None}
+
+
+def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str) -> dict:
+    batch_s = BATCH_SECONDS.get(keys, 8.0)
+    files = batch_files(cache, keys, fraction, batches + 2)
+    workdir = tempfile.mkdtemp(prefix=f"state-{engine}-{op}-")
+    run = Run(workdir, engine, op, batch_s)
+    timeout = 60 + keys / 5_000
+    try:
+        run.start()
+        run.wait_for(lambda e: e["event"] == "started", 120)
+        # warm-up: an empty batch completes (JVM and Python workers up)
+        run.wait_for(lambda e: e["event"] == "batch", 120)
+        done = [run.feed(path, n, timeout) for path, n in files[:batches]]
+        # a batch after the last snapshot, then SIGKILL: the restart re-computes it
+        done.append(run.feed(*files[batches], timeout))
+        killed = run.kill()
+        run.start()
+        path, n = files[batches + 1]
+        run.feed(path, n, timeout + 120)
+        restart_s = time.monotonic() - killed
+    finally:
+        if run.proc is not None and run.proc.poll() is None:
+            run.kill()
+    later = [e["processing_ms"] / 1000 for e in done[1:]]
+    result = {"label": label, "keys": keys, "batch_s": batch_s, "first_s": done[0]["processing_ms"] / 1000,
+              "median_s": statistics.median(later), "max_s": max(later), "restart_s": restart_s,
+              "snapshot": snapshot_bytes(run), "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keys", default="100000,1000000,3000000")
+    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--only", default="", help="comma-separated contender numbers (1-based)")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    cache = tempfile.mkdtemp(prefix="state-bench-input-")
+    chosen = [c for i, c in enumerate(CONTENDERS, 1) if not args.only or str(i) in args.only.split(",")]
+    results = []
+    try:
+        for keys in (int(k) for k in args.keys.split(",")):
+            print(f"\n{keys:,} keys, {BATCH_SECONDS.get(keys, 8.0)} s batches, {args.batches} batches, "
+                  "snapshots every 2 batches", flush=True)
+            print("| contender | first batch | later batches median (max) | snapshot full | delta | "
+                  "restart | peak RSS driver/JVM/workers |", flush=True)
+            print("|---|---|---|---|---|---|---|", flush=True)
+            for label, engine, op, fraction in chosen:
+                r = measure(keys, label, engine, op, fraction, args.batches, cache)
+                results.append(r)
+                m = r["peak_mib"]
+                print(f"| {label} | {r['first_s']:.2f} s | {r['median_s']:.2f} s ({r['max_s']:.2f} s) | "
+                      f"{_mib(r['snapshot']['full'])} | {_mib(r['snapshot']['delta'])} | "
+                      f"{r['restart_s']:.1f} s | {m['driver']}/{m['jvm']}/{m['workers']} MiB |", flush=True)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""A stateful app for crash tests: lines ``key`` of a FileLogSource (written beforehand), counted
+per key by mapWithState and by updateStateByKey, both snapshotted every batch (delta chains of
+up to three deltas), at a capped rate so that the run spans many batches.
+
+    python tests/state_crash_app.py WORKDIR TOTAL_LINES
+
+It stops once both states count TOTAL_LINES, after writing them to WORKDIR/final.json. Tests
+SIGKILL it at random moments and run it again: a restart must restore both states exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def count(key, value, state):
+    state.update((state.getOption() or 0) + value)
+
+
+def setup(sc, workdir: str, total: int):
+    from engine import StateSpec, StreamingContext
+    from engine.sources import FileLogSource
+
+    def create():
+        ssc = StreamingContext(sc, 0.5)
+        ssc.checkpoint(os.path.join(workdir, "ckpt"))
+        pairs = ssc.directStream(FileLogSource(os.path.join(workdir, "log"))).map(lambda k: (k, 1))
+        mapped = pairs.mapWithState(StateSpec.function(count).numPartitions(4)).checkpoint(0.5)
+        totals = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(0.5)
+        final = os.path.join(workdir, "final.json")
+
+        def check(_t, a, b):  # both states, joined into one RDD so that one job sees both
+            return a.map(lambda kv: ("m", kv)).union(b.map(lambda kv: ("u", kv)))
+
+        def done(rdd):  # the sums in the executors; the states themselves once complete
+            sums = dict(rdd.map(lambda r: (r[0], r[1][1])).reduceByKey(lambda a, b: a + b).collect())
+            if sums.get("m", 0) < total or sums.get("u", 0) < total:
+                return
+            states = {"m": {}, "u": {}}
+            for which, (k, v) in rdd.collect():
+                states[which][k] = v
+            with open(final + ".tmp", "w") as f:
+                json.dump(states, f)
+            os.replace(final + ".tmp", final)
+
+        mapped.stateSnapshots().transformWith(check, totals).foreachRDD(done)
+        return ssc
+    return create
+
+
+def main() -> None:
+    workdir, total = sys.argv[1], int(sys.argv[2])
+    from pyspark import SparkConf, SparkContext
+
+    from engine import StreamingContext
+
+    conf = (SparkConf().setMaster("local[2]").setAppName("state-crash")
+            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1")
+            .set("spark.streaming.direct.maxRatePerPartition", "5000")
+            .set("spark.sparkwal.state.deltasPerFull", "3"))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), setup(sc, workdir, total))
+    ssc.start()
+    final = os.path.join(workdir, "final.json")
+    while not os.path.exists(final) and not ssc.awaitTerminationOrTimeout(0.1):
+        pass
+    ssc.stop(stopSparkContext=True, stopGraceFully=False)
+
+
+if __name__ == "__main__":
+    main()
