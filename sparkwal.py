@@ -6,6 +6,8 @@
     sparkwal checkpoint inspect DIR           a sparkwal app's or a Structured Streaming checkpoint
     sparkwal checkpoint verify DIR            every checkpoint file checked
     sparkwal checkpoint repair DIR [--yes]    make a checkpoint restartable (plan shown first)
+    sparkwal checkpoint state DIR [--out F]   the newest state of each stateful stream, as a
+                                              table (printed, or written as Parquet or Arrow)
 
 DIR is a local path or any fsspec URL (``--storage-option key=value``, repeatable, or the
 environment's credentials). ``--json`` prints one JSON object instead of text. Exit status: 0 all
@@ -192,8 +194,8 @@ def checkpoint_inspect(args) -> int:
         lines += [f"newest checkpoint: {r.newest_file} (batch {_ms(r.newest.checkpoint_time_ms)}, "
                   f"pending {[_ms(t) for t in r.newest.pending_times_ms]})",
                   f"  batch duration {data.get('batch_ms')} ms, graph: {data.get('graph', '?')}",
-                  f"  program: {data.get('code') or 'none (recover with upgrade=True)'}",
-                  f"  state snapshots: {data.get('state', {})}"]
+                  f"  program: {data.get('code') or 'none (recover with upgrade=True)'}"]
+        lines += [_state_line(s) for s in r.state]
     if r.metadata is not None:
         lines.append(f"query id: {r.metadata.get('id')}")
     if r.offsets is not None:
@@ -206,19 +208,74 @@ def checkpoint_inspect(args) -> int:
     lines += [f"also: {d}/" for d in r.other] + [f"PROBLEM: {p}" for p in r.problems]
     out = {"checkpoint": r.url, "kind": r.kind, "newest_file": r.newest_file, "files": r.files,
            "newest": r.newest, "code_parts": r.code_parts, "offsets": r.offsets, "commits": r.commits,
-           "restart": r.restart, "metadata": r.metadata, "sources": r.sources, "problems": r.problems}
+           "restart": r.restart, "metadata": r.metadata, "sources": r.sources, "state": r.state,
+           "problems": r.problems}
     _emit(args, out, lines)
     return PROBLEM if r.problems else OK
+
+
+def _state_line(s) -> str:
+    if s.newest_ms is None:
+        return f"  state {s.name}: no snapshot yet"
+    links = " + ".join(f"{c['kind']}@{_ms(c['time_ms'])} ({c['rows']} rows, {c['bytes']} bytes)"
+                       for c in s.chain)
+    return f"  state {s.name}: batch {_ms(s.newest_ms)} = {links or '?'}; {s.snapshots} snapshots kept"
+
+
+def checkpoint_state(args) -> int:
+    import pyarrow.feather as feather
+    import pyarrow.parquet as parquet
+
+    from checkpoint.state_chains import read_state
+
+    tables = read_state(args.dir, _options(args.storage_option))
+    if args.stream:
+        if args.stream not in tables:
+            raise UsageError(f"no stateful stream {args.stream!r} in {args.dir} "
+                             f"(there are: {', '.join(tables) or 'none'})")
+        tables = {args.stream: tables[args.stream]}
+    written, lines = {}, []
+    for name, table in tables.items():
+        pickled = (table.schema.metadata or {}).get(b"sparkwal.pickled", b"").decode()
+        lines.append(f"{name}: {table.num_rows} keys, key {table.schema.field('key').type}, "
+                     f"value {table.schema.field('value').type}"
+                     + (f" (pickled: {pickled})" if pickled else ""))
+        if args.out:
+            path = args.out if len(tables) == 1 else _per_stream(args.out, name)
+            fmt = args.format or ("parquet" if path.endswith(".parquet") else "arrow")
+            (parquet.write_table if fmt == "parquet" else feather.write_feather)(table, path)
+            written[name] = path
+            lines.append(f"  written to {path} ({fmt})")
+        else:
+            for k, v in zip(table.column("key").to_pylist()[:args.limit],
+                            table.column("value").to_pylist()[:args.limit]):
+                lines.append(f"  {k!r}: {v!r}")
+            if table.num_rows > args.limit:
+                lines.append(f"  ... {table.num_rows - args.limit} more (--limit, or --out FILE)")
+    if not tables:
+        lines.append(f"no stateful stream has a snapshot in {args.dir}")
+    data = {name: {"rows": t.num_rows, "schema": str(t.schema), "written": written.get(name),
+                   "head": None if args.out else [{"key": k, "value": v} for k, v in zip(
+                       t.column("key").to_pylist()[:args.limit], t.column("value").to_pylist()[:args.limit])]}
+            for name, t in tables.items()}
+    _emit(args, data, lines)
+    return OK
+
+
+def _per_stream(out: str, name: str) -> str:
+    stem, dot, suffix = out.rpartition(".")
+    return f"{stem}.{name}.{suffix}" if dot and "/" not in suffix else f"{out}.{name}"
 
 
 def checkpoint_verify(args) -> int:
     from checkpoint.inspect import inspect_checkpoint
 
-    r = inspect_checkpoint(args.dir, _options(args.storage_option))
+    r = inspect_checkpoint(args.dir, _options(args.storage_option), verify_state=True)
     lines = [f"PROBLEM: {p}" for p in r.problems]
     lines.append(f"{'FAILED' if r.problems else 'OK'}: {r.url} ({r.kind}), {len(r.files)} checkpoint "
                  f"files, {len(r.code_parts)} code parts, "
-                 f"{len(r.offsets.ids) if r.offsets else 0} offsets, {len(r.commits.ids) if r.commits else 0} commits")
+                 f"{len(r.offsets.ids) if r.offsets else 0} offsets, {len(r.commits.ids) if r.commits else 0} commits, "
+                 f"{sum(s.snapshots for s in r.state)} state snapshots")
     _emit(args, {"checkpoint": r.url, "kind": r.kind, "problems": r.problems, "ok": not r.problems}, lines)
     return PROBLEM if r.problems else OK
 
@@ -266,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint": {
             "inspect": (checkpoint_inspect, "what a restart would use and where it would resume"),
             "verify": (checkpoint_verify, "check every checkpoint file"),
-            "repair": (checkpoint_repair, "make the offsets/commits restartable (with --yes)")},
+            "repair": (checkpoint_repair, "make the offsets/commits restartable (with --yes)"),
+            "state": (checkpoint_state, "the newest state of each stateful stream, as a table")},
     }
     for area, commands in verbs.items():
         sub = areas.add_parser(area, help=f"{area} commands").add_subparsers(
@@ -279,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="an fsspec storage option (repeatable)")
             if verb == "repair":
                 p.add_argument("--yes", action="store_true", help="apply the plan")
+            if verb == "state":
+                p.add_argument("--out", metavar="FILE", help="write the table (Parquet if FILE ends "
+                               "in .parquet, else Arrow IPC); one file per stream when there are several")
+                p.add_argument("--format", choices=["parquet", "arrow"], help="the --out file's format")
+                p.add_argument("--stream", metavar="NAME", help="only this stream (names: checkpoint inspect)")
+                p.add_argument("--limit", type=int, default=20, help="rows printed per stream (20)")
             if area == "wal" and verb == "inspect":
                 p.add_argument("--records", action="store_true",
                                help="list records (tracker events decoded)")

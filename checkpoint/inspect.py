@@ -19,6 +19,7 @@ from .dstream import CHECKPOINT_FILE, Checkpoint
 from .errors import CheckpointError
 from .offsets import CommitLog, OffsetSeqLog
 from .restart import RestartPoint, resolve_restart
+from .state_chains import StateSummary, summarize_state
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class CheckpointReport:
     metadata: dict | None = None  # Structured Streaming's ``metadata`` file (query id)
     sources: list[str] = field(default_factory=list)
     other: list[str] = field(default_factory=list)  # sub-directories known to sparkwal
+    state: list[StateSummary] = field(default_factory=list)  # stateful streams' snapshots
     problems: list[str] = field(default_factory=list)
 
 
@@ -62,7 +64,10 @@ def _log_summary(log) -> LogSummary:
     return LogSummary(ids, problems)
 
 
-def inspect_checkpoint(url: str, storage_options: dict | None = None) -> CheckpointReport:
+def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_state: bool = False
+                       ) -> CheckpointReport:
+    """What is in the checkpoint directory ``url``; with ``verify_state``, every part of every
+    state snapshot the newest checkpoint references is read and checked too."""
     storage, root = resolve(url, storage_options)
     entries = storage.list_files(root)
     names = {e.name: e for e in entries}
@@ -93,6 +98,10 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None) -> Checkpo
     code = report.newest.data.get("code") if report.newest is not None else None
     if code and code not in report.code_parts:
         report.problems.append(f"{report.newest_file} names code part {code}, which is missing")
+    if report.newest is not None:
+        report.state = summarize_state(report.newest.data.get("state", {}), storage_options,
+                                       verify=verify_state)
+        report.problems += [p for s in report.state for p in s.problems]
 
     if "metadata" in names:
         try:

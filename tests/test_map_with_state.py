@@ -136,3 +136,30 @@ def test_a_batch_rewrites_only_its_keys_deltas_hold_them_and_read_state_is_typed
 def _state_entry(ckpt) -> dict:
     streams = checkpoint_state(str(ckpt))
     return {str(i): s.to_json() for i, s in streams.items()}
+
+
+def test_the_command_shows_verifies_and_exports_the_state(spark_context, tmp_path):
+    import pyarrow.parquet as parquet
+
+    from test_cli import as_json, sparkwal
+
+    ckpt = tmp_path / "ckpt"
+    _, states = run_batches(spark_context, [[(f"k{i}", i) for i in range(300)], [("k1", 5)]],
+                            StateSpec.function(running_sum).numPartitions(2), checkpoint=ckpt,
+                            interval=0.5)
+    out = sparkwal("checkpoint", "inspect", ckpt, expect=0).stdout
+    assert "state mapWithState-" in out and "full@" in out and "delta@" in out and "(1 rows" in out
+    (name,) = [s["name"] for s in as_json(sparkwal("checkpoint", "inspect", ckpt, "--json", expect=0))["state"]]
+    shown = sparkwal("checkpoint", "state", ckpt, "--limit", "3", expect=0).stdout
+    assert f"{name}: 300 keys, key string, value int64" in shown and "297 more" in shown
+    sparkwal("checkpoint", "state", ckpt, "--out", tmp_path / "s.parquet", expect=0)
+    table = parquet.read_table(tmp_path / "s.parquet")
+    assert dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist())) == states[1000]
+    assert sparkwal("checkpoint", "state", ckpt, "--stream", "nope", expect=2).stderr.count(name) == 1
+
+    assert "OK:" in sparkwal("checkpoint", "verify", ckpt, expect=0).stdout
+    delta = max((ckpt / "state").glob("*-1000.part-*"), key=lambda p: p.stat().st_size)
+    delta.write_bytes(delta.read_bytes()[:-1])
+    problem = sparkwal("checkpoint", "verify", ckpt, expect=1).stdout
+    assert f"state snapshot part {delta}" in problem and "is damaged" in problem
+    assert sparkwal("checkpoint", "state", ckpt, expect=1).stderr.count(delta.name) == 1

@@ -1,4 +1,6 @@
-"""State of stateful streams across restarts: snapshots referenced by checkpoints."""
+"""Stateful streams: ``mapWithState`` (:mod:`.map_with_state`), the ``(key, value)`` state of
+``updateStateByKey`` and windows as snapshot rows (:mod:`.kv_rows`), and the snapshot chains a
+checkpoint references (:mod:`.snapshots`)."""
 
 from .snapshots import StateSnapshots
 

@@ -224,6 +224,16 @@ def _build_partition(index, records, time_ms):
     yield index, StateRecord(state, [])
 
 
+def _restore_partition(index, rows):
+    """Partition ``index``'s state from a snapshot chain's rows ``(key, value, updated_ms)``,
+    which come in update order (a full snapshot is written in that order and deltas after it)."""
+    values, times = {}, {}
+    for k, v, t in rows:
+        values[k] = v
+        times[k] = t
+    yield index, StateRecord(StateMap(values, times), [])
+
+
 def _by_partition(rdd: RDD, n: int) -> RDD:
     """Records ``(key, ...)`` shuffled to their key's state partition, as ``(key, record)``, with
     seeds ``(i, None)`` so that every partition exists (``portable_hash(i) == i``)."""
@@ -302,10 +312,10 @@ class InternalMapWithStateDStream(DStream):
     def state_from_rows(self, rows: RDD, partitioned: bool) -> RDD:
         n = self.num_partitions
         if partitioned and rows.getNumPartitions() == n:
-            pairs = rows.mapPartitions(lambda it: ((None, r) for r in it), preservesPartitioning=True)
-        else:  # another layout (numPartitions or PYTHONHASHSEED changed): shuffle once
-            pairs = _by_partition(rows, n)
-        return pairs.mapPartitionsWithIndex(partial(_build_partition, time_ms=0), preservesPartitioning=True)
+            return rows.mapPartitionsWithIndex(_restore_partition, preservesPartitioning=True)
+        # another layout (numPartitions or PYTHONHASHSEED changed): shuffle once
+        return _by_partition(rows, n).mapPartitionsWithIndex(partial(_build_partition, time_ms=0),
+                                                             preservesPartitioning=True)
 
 
 class MapWithStateDStream(DStream):
