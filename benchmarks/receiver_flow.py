@@ -134,19 +134,27 @@ class FastSource:
         self.server.close()
 
 
-def group_rss_bytes(pgid: int) -> int:
-    total = 0
+def group_rss(pgid: int) -> list[tuple[int, bytes]]:
+    """(resident bytes, command line) of every process in the process group ``pgid``."""
+    out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            if int(fields[2]) != pgid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+            out.append((int(fields[21]) * os.sysconf("SC_PAGE_SIZE"), cmd))
         except (OSError, ValueError, IndexError):
             continue
-    return total
+    return out
+
+
+def group_rss_bytes(pgid: int) -> int:
+    return sum(rss for rss, _ in group_rss(pgid))
 
 
 def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: int | None,

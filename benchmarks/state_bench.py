@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from .receiver_flow import group_rss
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
@@ -47,21 +49,8 @@ BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
 
 def _rss_by_kind(pgid: int) -> dict[str, int]:
     out = {"driver": 0, "jvm": 0, "workers": 0}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")
-        except (OSError, ValueError, IndexError):
-            continue
-        rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        kind = "jvm" if b"java" in cmd.split(b" ")[0] else (
-            "driver" if b"state_app" in cmd else "workers")
+    for rss, cmd in group_rss(pgid):
+        kind = "jvm" if b"java" in cmd.split(b" ")[0] else ("driver" if b"state_app" in cmd else "workers")
         out[kind] += rss
     return out
 
