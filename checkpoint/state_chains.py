@@ -133,7 +133,7 @@ def summarize_state(entry: dict, storage_options: dict | None = None, verify: bo
     for stream in parse_state(entry).values():
         problems, chain = [], []
         newest = max(stream.snapshots, default=None)
-        for t, ref in sorted(stream.snapshots.items()):
+        for _, ref in sorted(stream.snapshots.items()):
             try:
                 manifest = read_manifest(ref.url, storage_options)
                 if verify:
@@ -141,7 +141,6 @@ def summarize_state(entry: dict, storage_options: dict | None = None, verify: bo
                         read_part(ref.url, i, part, storage_options)
             except SnapshotError as e:
                 problems.append(str(e))
-                continue
         if newest is not None:
             try:
                 for ref in stream.chain(newest):

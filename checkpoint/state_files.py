@@ -160,7 +160,7 @@ def write_manifest(url: str, manifest: dict, storage_options: dict | None = None
 
 
 def put_part(url: str, i: int, data: bytes, storage_options: dict | None = None) -> list:
-    """Write part ``i``; return its manifest entry ``[rows?, bytes, crc32c]`` minus the rows."""
+    """Write part ``i``; return ``[bytes, crc32c]`` (its manifest entry without the row count)."""
     storage, path = resolve(url, storage_options)
     storage.put(part_name(path, i), data)
     return [len(data), crc32c.crc32c(data)]

@@ -127,20 +127,10 @@ class StateMap:
             self.removed[key] = time_ms
 
     def idle_before(self, threshold_ms: int) -> list:
-        out = []
-        for key, t in self.times.items():
-            if t >= threshold_ms:
-                break
-            out.append(key)
-        return out
+        return _oldest_before(self.times, threshold_ms)
 
     def forget_removals_before(self, time_ms: int) -> None:
-        stale = []
-        for key, t in self.removed.items():
-            if t >= time_ms:
-                break
-            stale.append(key)
-        for key in stale:
+        for key in _oldest_before(self.removed, time_ms):
             del self.removed[key]
 
     def rows(self):
@@ -162,6 +152,16 @@ class StateMap:
 
 
 _MISSING = object()
+
+
+def _oldest_before(times: dict, time_ms: int) -> list:
+    """The keys of ``times`` (kept in time order) whose time is before ``time_ms``."""
+    out = []
+    for key, t in times.items():
+        if t >= time_ms:
+            break
+        out.append(key)
+    return out
 
 
 class StateRecord:
