@@ -5,8 +5,8 @@
 
 A TCP line server in this process sends lines as fast as the receiver takes them (loopback, no
 rate setting). The app (a subprocess in its own process group, local[2], 1 s batches, receiver
-WAL on under a checkpoint) reads them with ``socketTextStream`` and does ~16 µs of Python work
-per line, so processing is several times slower than receiving. Sampled every second: the
+WAL on under a checkpoint) reads them with ``socketTextStream`` and does 25 µs of Python work
+per line (by the clock), so processing is several times slower than receiving. Sampled every second: the
 resident memory of the app's whole process group (driver, JVM, Python workers), and from the
 app's listener each batch's records, processing and scheduling delay (and, for sparkwal, the
 receiver tracker's bytes received but not yet processed).
@@ -34,8 +34,11 @@ import time
 LINE = b"the quick brown fox jumps over the lazy dog 0123456789\n"
 
 
-def _slow(line: str) -> str:
-    for _ in range(3000):  # ~16 µs of Python work per line
+def _slow(line: str, seconds: float = 25e-6) -> str:
+    """25 µs of Python work per line, by the clock (a loop of fixed length costs twice as much on
+    a machine half as fast, and the flow test's capacity with it)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
         pass
     return line
 
@@ -202,6 +205,7 @@ def measure(engine: str, seconds: float, backpressure: bool, max_unprocessed: in
         "last_batches_records": [b["records"] for b in last],
         "batches_records": [b["records"] for b in batches],
         "batches_scheduling_ms": [b["scheduling_ms"] for b in batches],
+        "batches_processing_ms": [b["processing_ms"] for b in batches],
         "last_batches_processing_ms": [b["processing_ms"] for b in last],
         "last_batches_scheduling_ms": [b["scheduling_ms"] for b in last],
         "max_unprocessed_mib": round(max((b.get("max_unprocessed_bytes", 0) for b in batches), default=0) / mib, 1),

@@ -13,11 +13,11 @@ append-only files into SQLite, killed at least 20 times by default.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
-Python driver and its JVM) with SIGKILL after a random 3-10 s, restarts it on the same work
-directory, and after the last kill lets it run until every file is counted. It then checks the
-per-batch outputs against the input: every file counted in exactly one batch, word totals exact,
-and the running totals kept by ``updateStateByKey`` (restored from checkpoints after each kill)
-equal to the sum of the batches' counts at every batch.
+Python driver and its JVM) with SIGKILL a random 3-10 s after the app reported its context,
+restarts it on the same work directory, and after the last kill lets it run until every file is
+counted. It then checks the per-batch outputs against the input: every file counted in exactly
+one batch, word totals exact, and the running totals kept by ``updateStateByKey`` (restored from
+checkpoints after each kill) equal to the sum of the batches' counts at every batch.
 Printed: kills, restarts, batches re-run, records lost, duplicates, and recovery time (kill to the
 first newer batch completed) p50/p95. Exit status 1 if anything was lost or duplicated.
 """
@@ -47,6 +47,7 @@ class AppRun:
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1", **(env or {}))
         self.started = time.monotonic()
         self.recovery: str | None = None  # the path the app's restart took
+        self.context_seen = threading.Event()  # set when the app reports its context
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
@@ -76,6 +77,7 @@ class AppRun:
                 continue
             if event.get("event") == "context":
                 self.recovery = event.get("recovery")
+                self.context_seen.set()
             elif event.get("event") == "receiver_started":
                 with self.lock:
                     self.receivers.append((time.monotonic(), event))
@@ -185,6 +187,10 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
                         raise RuntimeError("the app exited during recovery")
                     time.sleep(0.05)
             if k < kills and (until is None or time.monotonic() < until):
+                # the random moment counts from the app's context, not from its spawn: a slow
+                # machine's JVM start-up must not turn a kill while streaming into one at start-up
+                if not app.context_seen.wait(120) and app.proc.poll() is not None:
+                    raise RuntimeError("the app exited before it reported its context")
                 time.sleep(rng.uniform(3, 10))
                 done_before = [b for r in runs for _, b in r.batches()]
                 pending_kill = (app.kill(), max(done_before) if done_before else 0)
