@@ -4,11 +4,13 @@ The state lives in ``n`` partitions, one record ``(i, StateRecord)`` each, parti
 partition ``i`` holds the keys ``portable_hash`` puts there, cached between batches. A batch
 shuffles only its own records to their state's partition (``portable_hash(i) == i`` for the
 state's partition keys, so the same partitioner places both, and the JVM zips them partition by
-partition without moving the state) and calls the
-mapping function once per record, in the records' order within their partition, then once for
-every key idle for longer than the timeout. Keys without new data are not touched: each
-partition's update times are kept in update order, so finding the idle keys, and the keys a delta
-snapshot must write, costs the keys found, not the state's size.
+partition without moving the state) and calls the mapping function once per record, in the
+records' order within their partition, then once for every key idle for longer than the timeout.
+Keys without new data are not touched: each partition's update times are kept in update order, so
+finding the idle keys, and the keys a delta snapshot must write, costs the keys found, not the
+state's size; and a partition is carried from batch to batch as a base plus per-batch layers, live
+in the Python worker that last updated it (:mod:`engine.state.state_map`), so that a batch neither
+unpickles nor pickles the whole state when its worker kept it.
 
 Differences from Spark, on purpose: idle keys time out in the first batch after their timeout,
 not only at checkpoint batches (Spark's full scan); the mapping function's return value is the
@@ -17,12 +19,13 @@ mapped record whatever it is (``None`` included).
 
 from __future__ import annotations
 
-import pickle
+import uuid
 from functools import partial
 
 from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream, TransformedDStream, _ms
+from .state_map import StateMap, StateRecord, next_record, take_state
 
 
 class State:
@@ -100,103 +103,20 @@ class StateSpec:
         return self
 
 
-class StateMap:
-    """One partition's state: values, update times in update order, and recent removals (which a
-    delta snapshot must write) in removal order."""
-
-    __slots__ = ("values", "times", "removed")
-
-    def __init__(self, values=None, times=None, removed=None):
-        self.values, self.times, self.removed = values or {}, times or {}, removed or {}
-
-    def __getstate__(self):
-        return self.values, self.times, self.removed
-
-    def __setstate__(self, state):
-        self.values, self.times, self.removed = state
-
-    def put(self, key, value, time_ms: int) -> None:
-        self.values[key] = value
-        self.times.pop(key, None)
-        self.times[key] = time_ms
-        self.removed.pop(key, None)
-
-    def remove(self, key, time_ms: int) -> None:
-        if self.values.pop(key, _MISSING) is not _MISSING:
-            del self.times[key]
-            self.removed[key] = time_ms
-
-    def idle_before(self, threshold_ms: int) -> list:
-        return _oldest_before(self.times, threshold_ms)
-
-    def forget_removals_before(self, time_ms: int) -> None:
-        for key in _oldest_before(self.removed, time_ms):
-            del self.removed[key]
-
-    def rows(self):
-        values = self.values
-        return ((k, values[k], t, False) for k, t in self.times.items())
-
-    def rows_since(self, since_ms: int) -> list:
-        """Keys updated or removed after ``since_ms``, oldest first."""
-        changed = []
-        for k, t in reversed(self.times.items()):
-            if t <= since_ms:
-                break
-            changed.append((k, self.values[k], t, False))
-        for k, t in reversed(self.removed.items()):
-            if t <= since_ms:
-                break
-            changed.append((k, None, t, True))
-        return sorted(changed, key=lambda r: r[2])
+def _no_state(index: int, batch_ms: int) -> RuntimeError:
+    return RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no state "
+                        "partition to update")
 
 
-_MISSING = object()
-
-
-def _oldest_before(times: dict, time_ms: int) -> list:
-    """The keys of ``times`` (kept in time order) whose time is before ``time_ms``."""
-    out = []
-    for key, t in times.items():
-        if t >= time_ms:
-            break
-        out.append(key)
-    return out
-
-
-class StateRecord:
-    """A state partition after a batch: its state, pickled by us, and the batch's mapped records.
-
-    PySpark caches a partition as pickles in the JVM, so any reader of the partition unpickles
-    the whole record: holding the state as one bytes object lets the readers of the mapped
-    records (the stream's output) skip the state's objects, at the price of a memory copy."""
-
-    __slots__ = ("blob", "mapped")
-
-    def __init__(self, state: StateMap | bytes, mapped: list):
-        self.blob = state if isinstance(state, bytes) else pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
-        self.mapped = mapped
-
-    @property
-    def state(self) -> StateMap:
-        return pickle.loads(self.blob)
-
-    def __getstate__(self):
-        return self.blob, self.mapped
-
-    def __setstate__(self, state):
-        self.blob, self.mapped = state
-
-
-def _update_partition(index, records, func, batch_ms, timeout_ms, forget_before_ms):
-    state, mapped, st = None, [], State()
+def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None):
+    previous, state, mapped, st = None, None, [], State()
     for key, value in records:
         if type(value) is StateRecord:  # the state partition comes first (the union's order)
-            state = value.state
+            previous, state = value, take_state(uid, index, value)
+            state.journal = []
             continue
         if state is None:
-            raise RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no "
-                               "state partition to update")
+            raise _no_state(index, batch_ms)
         values = state.values
         st._wrap(key in values, values.get(key))
         mapped.append(func(key, value, st))
@@ -204,13 +124,16 @@ def _update_partition(index, records, func, batch_ms, timeout_ms, forget_before_
             state.remove(key, batch_ms)
         elif st._updated or (st._exists and timeout_ms is not None):
             state.put(key, st._value, batch_ms)
+    if state is None:
+        raise _no_state(index, batch_ms)
     if timeout_ms is not None:
         for key in state.idle_before(batch_ms - timeout_ms):
             st._wrap(True, state.values[key], timing_out=True)
             mapped.append(func(key, None, st))
             state.remove(key, batch_ms)
     state.forget_removals_before(forget_before_ms)
-    yield index, StateRecord(state, mapped)
+    delta = None if delta_since_ms is None else (delta_since_ms, state.rows_since(delta_since_ms))
+    yield index, next_record(uid, index, previous, state, batch_ms, forget_before_ms, mapped, delta)
 
 
 def _build_partition(index, records, time_ms):
@@ -221,7 +144,7 @@ def _build_partition(index, records, time_ms):
     state = StateMap()
     for k, v, t in rows:
         state.put(k, v, t)
-    yield index, StateRecord(state, [])
+    yield index, StateRecord.of(-1, state, [])  # -1: never a worker's live map
 
 
 def _restore_partition(index, rows):
@@ -231,7 +154,7 @@ def _restore_partition(index, rows):
     for k, v, t in rows:
         values[k] = v
         times[k] = t
-    yield index, StateRecord(StateMap(values, times), [])
+    yield index, StateRecord.of(-1, StateMap(values, times), [])
 
 
 def _by_partition(rdd: RDD, n: int) -> RDD:
@@ -256,6 +179,11 @@ class InternalMapWithStateDStream(DStream):
         self.timeout_ms = spec._timeout_ms
         self.must_checkpoint = True
         self.storage_level = StorageLevel.MEMORY_ONLY
+        self._uid = uuid.uuid4().hex  # names this run's live maps in the workers
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._uid = uuid.uuid4().hex  # a restored stream is a new run: no worker's map is its own
 
     def _first_state(self, time_ms: int) -> RDD:
         initial = self._initial
@@ -279,8 +207,12 @@ class InternalMapWithStateDStream(DStream):
             raise RuntimeError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")
         keep_removals = 2 * (self.checkpoint_ms or self.slide_ms) + self.slide_ms
-        update = partial(_update_partition, func=self._func, batch_ms=time_ms, timeout_ms=self.timeout_ms,
-                         forget_before_ms=time_ms - keep_removals)
+        delta_since = None  # a checkpoint batch works out its delta from the previous one's
+        if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
+            delta_since = time_ms - self.checkpoint_ms
+        update = partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
+                         timeout_ms=self.timeout_ms,
+                         forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since)
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
 
     def clear_metadata(self, time_ms: int) -> None:
@@ -307,7 +239,7 @@ class InternalMapWithStateDStream(DStream):
     def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | None:
         if since_ms < time_ms - 2 * (self.checkpoint_ms or self.slide_ms):
             return None  # removals that old are forgotten
-        return rdd.flatMap(lambda r: r[1].state.rows_since(since_ms))
+        return rdd.flatMap(lambda r: r[1].rows_since(since_ms))
 
     def state_from_rows(self, rows: RDD, partitioned: bool) -> RDD:
         n = self.num_partitions

@@ -6,9 +6,14 @@ files' format is :mod:`checkpoint.state_files`', the checkpoint's entry
 :mod:`checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
 previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
 ``spark.sparkwal.state.deltasPerFull`` deltas (default 10), or when its deltas together are as
-large as its full snapshot (so a restart reads at most about twice the state). The state is then
-read back from its chain, partitioned as before, cached, and served from then on: its lineage
-ends there, and an executor that loses it recomputes it from the files.
+large as its full snapshot (so a restart reads at most about twice the state).
+
+A full snapshot is then read back, partitioned as before, cached, and served from then on: the
+state's lineage ends there (Spark's RDD checkpoint, whose files are read only when the cache is
+lost). After a delta the cached state goes on being served: reading the chain back would cost a
+whole state's decoding every checkpoint interval. So the lineage reaches back to the last full
+snapshot (at most ``deltasPerFull`` intervals), and :meth:`StateSnapshots.floor` keeps the inputs
+of those batches, which an executor that loses the cached state recomputes from.
 
 A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
 it, for mapWithState, whose re-run batches must call the function again) and recomputes the
@@ -39,6 +44,7 @@ class StateSnapshots:
         self._ssc = ssc
         self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
+        self.roots: dict[int, int] = {}  # stream index -> batch time its state's lineage starts at
         self.checkpoints_written = 0
 
     @property
@@ -96,6 +102,7 @@ class StateSnapshots:
             later = [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
             for t in later:
                 stream.generated_rdds[t] = self._read(stream, state, t, checkpoint_time_ms)
+            self.roots[index] = later[0]
 
     def _full_due(self, state: StreamState, previous: int | None, rdd, stream) -> bool:
         if previous is None:
@@ -135,7 +142,9 @@ class StateSnapshots:
                                       partitioned=stream.state_partitioned(rdd),
                                       storage_options=ssc._storage_options)
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
-            stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
+            if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
+                stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
+                self.roots[index] = time_ms
             self._retire(state)
 
     def _retire(self, state: StreamState) -> None:
@@ -162,13 +171,17 @@ class StateSnapshots:
         """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
         a stateful stream restarts from its newest snapshot at or before ``floor`` (before it, for
         mapWithState) and recomputes the batches after it from their inputs, so those batches'
-        inputs must be kept (the snapshot may lag the batches by more than the remember duration)."""
+        inputs must be kept (the snapshot may lag the batches by more than the remember duration).
+        The running state's lineage starts at the last full snapshot it was read back from: an
+        executor that loses the cached state recomputes the batches since then from their inputs,
+        which must be kept too."""
         ssc = self._ssc
+        zero = ssc._graph.zero_time_ms or 0
         for index, stream in enumerate(ssc._graph.streams):
             if not stream.must_checkpoint:
                 continue
             times = self.by_stream.get(index, StreamState("")).snapshots
             base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
                        default=None)
-            floor = min(floor, base if base is not None else (ssc._graph.zero_time_ms or 0))
+            floor = min(floor, base if base is not None else zero, self.roots.get(index, zero))
         return floor

@@ -1,0 +1,184 @@
+"""mapWithState's state partitions: a map with update order, and how it is held between batches.
+
+PySpark caches a partition in the JVM as pickled bytes, so a state kept only there costs a
+whole-partition unpickle and pickle every batch, whatever the batch touched. Two things keep a
+batch's work proportional to its records instead:
+
+- **Layers.** A cached :class:`StateRecord` is a *base* (the pickled :class:`StateMap` at some
+  batch) plus one small *layer* per batch since (the batch's puts and removals, in the order they
+  happened). A batch appends its layer and re-emits the base's bytes unchanged (a memory copy, no
+  pickling); once the layers add up to half the base (or :data:`MAX_LAYERS`), the batch writes a
+  new base instead. Anyone can rebuild the state from the record alone: the base, then the
+  layers in order (:meth:`StateRecord.state`), which reproduces the update order exactly.
+- **Live maps.** A Python worker keeps the :class:`StateMap` it last produced for each partition
+  (:data:`_LIVE`, keyed by the state stream's per-run id and the partition). When Spark hands the
+  same worker that partition's next batch, and the record it receives is the one that map was
+  produced for (same batch time), the map is used as is: no unpickling at all. Otherwise the
+  record is rebuilt. Spark does not pin partitions to workers, so hits are a matter of luck
+  (about half the tasks with two workers); a miss costs what a batch always cost before.
+
+Values must change through ``State.update``: an object changed in place without it is not in the
+batch's layer (Spark's own in-memory state has the same rule for its delta maps).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+_MISSING = object()
+MAX_LAYERS = 64
+_LIVE_ENTRIES = 64  # live maps a worker keeps, over every state stream it served
+_LIVE: dict[tuple[str, int], tuple[int, StateMap]] = {}
+
+
+def _oldest_before(times: dict, time_ms: int) -> list:
+    """The keys of ``times`` (kept in time order) whose time is before ``time_ms``."""
+    out = []
+    for key, t in times.items():
+        if t >= time_ms:
+            break
+        out.append(key)
+    return out
+
+
+class StateMap:
+    """One partition's state: values, update times in update order, and recent removals (which a
+    delta snapshot must write) in removal order. ``journal``, while a batch runs, collects its
+    puts and removals as ``(key, value, time_ms, removed)``: the batch's layer."""
+
+    __slots__ = ("values", "times", "removed", "journal")
+
+    def __init__(self, values=None, times=None, removed=None):
+        self.values, self.times, self.removed = values or {}, times or {}, removed or {}
+        self.journal: list | None = None
+
+    def __getstate__(self):
+        return self.values, self.times, self.removed
+
+    def __setstate__(self, state):
+        self.values, self.times, self.removed = state
+        self.journal = None
+
+    def put(self, key, value, time_ms: int) -> None:
+        self.values[key] = value
+        self.times.pop(key, None)
+        self.times[key] = time_ms
+        self.removed.pop(key, None)
+        if self.journal is not None:
+            self.journal.append((key, value, time_ms, False))
+
+    def remove(self, key, time_ms: int) -> None:
+        if self.values.pop(key, _MISSING) is not _MISSING:
+            del self.times[key]
+            self.removed[key] = time_ms
+            if self.journal is not None:
+                self.journal.append((key, None, time_ms, True))
+
+    def idle_before(self, threshold_ms: int) -> list:
+        return _oldest_before(self.times, threshold_ms)
+
+    def forget_removals_before(self, time_ms: int) -> None:
+        for key in _oldest_before(self.removed, time_ms):
+            del self.removed[key]
+
+    def apply(self, layer: tuple[list, int]) -> None:
+        """Replay a batch's layer: its puts and removals in order, then its forgetting."""
+        ops, forget_before_ms = layer
+        for key, value, time_ms, removed in ops:
+            if removed:
+                self.remove(key, time_ms)
+            else:
+                self.put(key, value, time_ms)
+        self.forget_removals_before(forget_before_ms)
+
+    def rows(self):
+        values = self.values
+        return ((k, values[k], t, False) for k, t in self.times.items())
+
+    def rows_since(self, since_ms: int) -> list:
+        """Keys updated or removed after ``since_ms``, oldest first."""
+        changed = []
+        for k, t in reversed(self.times.items()):
+            if t <= since_ms:
+                break
+            changed.append((k, self.values[k], t, False))
+        for k, t in reversed(self.removed.items()):
+            if t <= since_ms:
+                break
+            changed.append((k, None, t, True))
+        return sorted(changed, key=lambda r: r[2])
+
+
+def _dumps(obj) -> bytes:
+    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+
+
+class StateRecord:
+    """A state partition after the batch of ``time_ms``: a base, its layers, the batch's mapped
+    records, and (at a checkpoint batch) the rows of the next delta snapshot. Readers of the
+    mapped records unpickle only bytes objects, never the state's objects."""
+
+    __slots__ = ("time_ms", "base", "layers", "mapped", "delta")
+
+    def __init__(self, time_ms: int, base: bytes, layers: list[bytes], mapped: list,
+                 delta: tuple[int, list] | None = None):
+        self.time_ms, self.base, self.layers, self.mapped = time_ms, base, layers, mapped
+        self.delta = delta  # (since_ms, rows_since(since_ms)), worked out by a checkpoint batch
+
+    @classmethod
+    def of(cls, time_ms: int, state: StateMap, mapped: list) -> StateRecord:
+        return cls(time_ms, _dumps(state), [], mapped)
+
+    @property
+    def state(self) -> StateMap:
+        """The state, rebuilt from the base and the layers."""
+        state = pickle.loads(self.base)
+        for layer in self.layers:
+            state.apply(pickle.loads(layer))
+        return state
+
+    def rows_since(self, since_ms: int) -> list:
+        """A delta snapshot's rows: the ones the batch worked out, without rebuilding the state."""
+        if self.delta is not None and self.delta[0] == since_ms:
+            return self.delta[1]
+        return self.state.rows_since(since_ms)
+
+    def __getstate__(self):
+        return self.time_ms, self.base, self.layers, self.mapped, self.delta
+
+    def __setstate__(self, state):
+        self.time_ms, self.base, self.layers, self.mapped, self.delta = state
+
+
+def take_state(uid: str, index: int, record: StateRecord) -> StateMap:
+    """The state ``record`` holds, from this worker's live map when it is the same one, else
+    rebuilt; either way the caller owns it (a failure half-way leaves no live map behind)."""
+    live = _LIVE.pop((uid, index), None)
+    if live is not None and live[0] == record.time_ms:
+        return live[1]
+    return record.state
+
+
+def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, time_ms: int,
+                forget_before_ms: int, mapped: list, delta) -> StateRecord:
+    """The record after a batch that changed ``state`` (its journal) and forgot removals before
+    ``forget_before_ms``: the previous base plus a layer, or a new base; ``state`` stays live."""
+    layer = _dumps((state.journal or [], forget_before_ms))
+    state.journal = None
+    layers = [*previous.layers, layer]
+    if len(layers) > MAX_LAYERS or sum(map(len, layers)) * 2 >= len(previous.base):
+        base, layers = _dumps(state), []
+    else:
+        base = previous.base
+    _keep_live(uid, index, time_ms, state, stale_before_ms=previous.time_ms)
+    return StateRecord(time_ms, base, layers, mapped, delta)
+
+
+def _keep_live(uid: str, index: int, time_ms: int, state: StateMap, stale_before_ms: int) -> None:
+    # Batches run in order, so every partition of this stream already holds a state of the
+    # previous batch: a live map from before it can never be asked for again.
+    for key in [k for k, (t, _) in _LIVE.items() if k[0] == uid and t < stale_before_ms]:
+        del _LIVE[key]
+    _LIVE[(uid, index)] = (time_ms, state)
+    while len(_LIVE) > _LIVE_ENTRIES:
+        del _LIVE[next(iter(_LIVE))]
