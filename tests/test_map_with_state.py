@@ -17,7 +17,8 @@ from wal import ManualClock
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its mapping functions run in tasks
 
 
-def run_batches(sc, batches, spec, *, checkpoint=None, interval=None, until=None, conf_deltas=None):
+def run_batches(sc, batches, spec, *, checkpoint=None, interval=None, until=None, conf_deltas=None,
+                between=None):
     """Run ``batches`` (one list of (key, value) per 0.5 s batch) through mapWithState on a manual
     clock; return the mapped records and the state after each batch, by batch time."""
     clock, done = ManualClock(0), Completed()
@@ -35,6 +36,8 @@ def run_batches(sc, batches, spec, *, checkpoint=None, interval=None, until=None
     for i in range(1, (until or len(batches)) + 1):
         clock.advance(500)
         done.wait_for(500 * i)
+        if between is not None:
+            between(ssc, 500 * i)
     ssc.stop(stopSparkContext=False)
     return out, states
 
@@ -163,3 +166,30 @@ def test_the_command_shows_verifies_and_exports_the_state(spark_context, tmp_pat
     problem = sparkwal("checkpoint", "verify", ckpt, expect=1).stdout
     assert f"state snapshot part {delta}" in problem and "is damaged" in problem
     assert sparkwal("checkpoint", "state", ckpt, expect=1).stderr.count(delta.name) == 1
+
+
+def test_a_lost_cached_state_is_recomputed_from_the_last_full_snapshot_and_the_inputs_since(
+        spark_context, tmp_path):
+    """After a delta snapshot the cached state goes on being served (its lineage reaches back to
+    the last full snapshot): losing every cached partition, as an executor loss would, recomputes
+    it exactly; and the checkpoint keeps the inputs of every batch since that full snapshot."""
+    batches = [[(f"k{(i * 7 + j) % 23}", j + 1) for j in range(6)] for i in range(12)]
+    spec = StateSpec.function(running_sum).numPartitions(2)
+    _, expected = run_batches(spark_context, batches, spec)
+    floors = {}
+
+    def lose_every_cached_partition(ssc, t):
+        snapshots = ssc._snapshots
+        floors[t] = (snapshots.floor(t), dict(snapshots.roots),
+                     {i: sorted(s.snapshots) for i, s in snapshots.by_stream.items()})
+        if t in (2500, 4000):
+            for rdd in list(spark_context._jsc.getPersistentRDDs().values()):
+                rdd.unpersist(True)
+
+    _, states = run_batches(spark_context, batches, spec, checkpoint=tmp_path / "ckpt", interval=1.0,
+                            between=lose_every_cached_partition)
+    assert states == expected
+    floor, roots, snapshots = floors[4500]
+    (index, root), = roots.items()
+    assert snapshots[index][-1] > root, "no delta after the full snapshot: nothing tested"
+    assert floor <= root  # the inputs since the last full snapshot are kept
