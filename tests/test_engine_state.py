@@ -39,7 +39,7 @@ def test_state_lineage_stays_bounded(spark_context, tmp_path, checkpointing):
     after.foreachRDD(record)
     ssc.addStreamingListener(done)
     ssc.start()
-    n = 40
+    n = 32
     for i in range(1, n + 1):
         clock.advance(500)
         done.wait_for(500 * i)
