@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import msgpack
 from crc32c import crc32c
 
-from wal.storage import Storage, resolve
+from wal.errors import FencedError
+from wal.storage import Lock, Storage, resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError
@@ -116,13 +117,14 @@ class CheckpointWriter:
     waits up to ``put_timeout_s`` and then raises rather than block forever or drop silently. A
     failed write is retried ``max_attempts`` times; if it still fails, the error is reported to
     ``on_error`` and raised by the next ``write`` and by ``stop``. ``on_written(time_ms)`` runs after
-    each checkpoint is durable (the engine cleans its WAL from there).
+    each checkpoint is durable (the engine cleans its WAL from there). ``lock``: the driver's
+    leadership of the directory; a write is refused (FencedError, not retried) once it is lost.
     """
 
     def __init__(self, directory: str, *, keep: int = 10, storage_options: dict | None = None,
                  max_attempts: int = 3, queue_size: int = 1000, put_timeout_s: float = 10.0,
                  on_written: Callable[[int], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None):
+                 on_error: Callable[[BaseException], None] | None = None, lock: Lock | None = None):
         if keep < 2:
             raise ValueError(f"keep must be >= 2 (a checkpoint and its .bk), got {keep}")
         if max_attempts < 1:
@@ -135,6 +137,7 @@ class CheckpointWriter:
         self._put_timeout = put_timeout_s
         self._on_written = on_written
         self._on_error = on_error
+        self._lock = lock
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._latest = -1
         self._written = 0
@@ -188,6 +191,8 @@ class CheckpointWriter:
         path = self._storage.join(self._dir, f"checkpoint-{self._latest}")
         for attempt in range(1, self._max_attempts + 1):
             try:
+                if self._lock is not None:
+                    self._lock.check()
                 self._storage.makedirs(self._dir)
                 try:
                     previous = self._storage.read_file(path)
@@ -197,6 +202,11 @@ class CheckpointWriter:
                     self._storage.put(path + ".bk", previous)
                 self._storage.put(path, blob)
                 break
+            except FencedError as e:  # another driver leads now: nothing more may be written
+                self._error = e
+                if self._on_error is not None:
+                    self._on_error(e)
+                return
             except Exception as e:  # noqa: BLE001
                 self._failed_attempts += 1
                 log.warning("writing checkpoint %s failed (attempt %d of %d): %s",

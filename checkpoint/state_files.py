@@ -22,7 +22,8 @@ index>-<batch ms>``):
       {"version": 2, "format": "arrow-ipc", "kind": "full" | "delta", "time_ms": t,
        "base_ms": <the previous snapshot of the chain, for a delta>, "num_partitions": n,
        "partitioned": <part i holds exactly the keys that portable_hash puts in partition i>,
-       "hash_seed": <the executors' PYTHONHASHSEED then>, "parts": [[rows, bytes, crc32c], ...]}
+       "hash_seed": <the executors' PYTHONHASHSEED then>, "parts": [[rows, bytes, crc32c], ...],
+       "leader_epoch": <the writing driver's leadership epoch; absent before sparkwal had one>}
 
 A delta holds the keys updated or removed since the snapshot ``base_ms``; the state at ``t`` is
 the newest full snapshot at or before ``t`` with every delta after it applied in order (a *chain*).

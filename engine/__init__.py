@@ -11,15 +11,17 @@ from .dstream import DStream
 from .listener import (OutputOperationInfo, ReceiverInfo, StreamingListenerReceiverError,
                        StreamingListenerReceiverStarted, StreamingListenerReceiverStopped, StreamingListener, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
+                       StreamingListenerDriverTakeover,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
+from .leadership import DriverAlreadyActiveError
 from .receiver import BlockReadError, Receiver, SocketReceiver
 from .snapshot import SnapshotError
 from .state.map_with_state import State, StateSpec
 from checkpoint.state_chains import read_state
 
 __all__ = [
-    "BatchInfo", "BlockReadError", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
+    "BatchInfo", "BlockReadError", "DriverAlreadyActiveError", "StreamingListenerDriverTakeover", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
     "SocketReceiver", "StreamingListenerReceiverError", "StreamingListenerReceiverStarted",
     "StreamingListenerReceiverStopped", "DStream", "SnapshotError", "StreamingContext",
     "StreamingContextStateError", "StreamingListener",

@@ -31,7 +31,8 @@ def start_batch_log(ssc) -> None:
         retain = int(ssc._conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
         ssc._batch_log = BatchLog(ssc._checkpoint_dir, direct_inputs(ssc),
                                    storage_options=ssc._storage_options, sync=sync,
-                                   retain=retain, on_commit=lambda i, t: on_batch_committed(ssc, i, t))
+                                   retain=retain, on_commit=lambda i, t: on_batch_committed(ssc, i, t),
+                                   lock=ssc._lead())
         ssc._batch_log.recover()
     for s in direct_inputs(ssc):
         s.start_planning(ssc._batch_log, ssc._conf, ssc._batch_ms)
@@ -43,6 +44,9 @@ def plan_batch(ssc, time_ms: int) -> bool:
     if blog is not None and blog.is_committed(time_ms):
         log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
                  blog.batch_id(time_ms))
+        return False
+    if time_ms in ssc._skip_outputs_ms:
+        log.info("batch %d completed before the restart: its outputs are not run again", time_ms)
         return False
     ends = [s.plan(time_ms) for s in direct_inputs(ssc)]
     if blog is not None:

@@ -13,7 +13,7 @@ from pyspark import RDD, SparkContext
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint, write_code
 from checkpoint.code import delete_code_parts_except
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from wal import SYSTEM_CLOCK, Clock
+from wal import SYSTEM_CLOCK, Clock, FencedError
 
 from .dstream import DStream, TransformedDStream, UnionDStream, _ms
 from .graph import DStreamGraph
@@ -21,7 +21,8 @@ from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
 from .program import checkpoint_conf, recover, serialize_program
 from .scheduler import JobGenerator, JobScheduler
-from . import batches, cluster, restart
+from . import batches, cluster, restart, standby
+from .leadership import LEASE_TIMEOUT_KEY, DriverLeadership, parse_duration_ms
 from .restart import CheckpointMismatchError
 from .sources.batch_log import BatchLog
 from .state import StateSnapshots
@@ -105,6 +106,16 @@ class StreamingContext:
         self._cleanup_floors: dict[int, list[int]] = {}  # checkpoint time -> oldest batch it may re-run
         self._floors_lock = threading.Lock()  # not self._lock: stop() holds that while the writer ends
         self._terminated = threading.Event()
+        self._standby_requested = False  # getOrCreate(..., standby=True)
+        self._is_standby = False
+        self._leadership: DriverLeadership | None = None  # made by start() when checkpointing
+        self._leader_event = threading.Event()  # set once this context is the active driver
+        self._standby_stop = threading.Event()
+        self._standby_thread: threading.Thread | None = None
+        self._fenced: BaseException | None = None
+        self._succeeded_ms = -1  # the newest batch whose outputs all succeeded
+        #: batch times a restart regenerates without running their outputs (see restart.rerun)
+        self._skip_outputs_ms: set[int] = set()
         self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self._error: BaseException | None = None
         self._lock = threading.RLock()
@@ -153,12 +164,8 @@ class StreamingContext:
         directory = _checkpoint_path(directory, "directory")
         self._checkpoint_dir = directory
         self._storage_options = storage_options if directory is not None else None
-        if directory is None:
-            return
-        if "://" not in directory or directory.startswith("file://"):
-            # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine itself
-            # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know memory:// etc.
-            self._sc.setCheckpointDir(f"{directory.rstrip('/')}/rdds")
+        # Spark's RDD checkpoint directory (<directory>/rdds) is set by start(), once this
+        # driver leads the directory: Spark creates it at once, and a standby writes nothing
 
     def remember(self, duration: float) -> None:
         """Keep each stream's RDDs for at least ``duration`` seconds."""
@@ -238,6 +245,11 @@ class StreamingContext:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        """Start the streams. With a checkpoint directory the context first leads it (see
+        :mod:`engine.leadership`): a directory led by a live driver makes this raise
+        :class:`DriverAlreadyActiveError`, having written nothing, unless the context came from
+        ``getOrCreate(..., standby=True)``: it then returns at once as a standby
+        (:meth:`isStandby`), which takes over when the leader dies (:meth:`awaitLeadership`)."""
         with StreamingContext._active_lock:
             if self._state == ACTIVE:
                 log.warning("StreamingContext has already been started")
@@ -250,31 +262,113 @@ class StreamingContext:
             self._graph.validate()
             self._snapshots.check_directory()
             cluster.prepare(self._sc, self._conf)  # sparkwal's code on the executors, or a clear error
+            if self._checkpoint_dir is not None:
+                self._leadership = DriverLeadership(self._checkpoint_dir, self._storage_options,
+                                                    self._lease_timeout_ms())
+                if self._standby_requested and self._leadership.try_take() is None:
+                    standby.become_standby(self)
+                    return
+                if not self._standby_requested:
+                    self._leadership.take()
+            self._start_active()
+        self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
+
+    def _start_active(self) -> None:
+        """Everything a leading driver starts (under ``_active_lock``, leadership held)."""
+        try:
             if self._checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 self._code_name = write_code(self._checkpoint_dir, serialize_program(self),
                                              self._storage_options)
                 self._conf_pairs = checkpoint_conf(self._sc)
+                if "://" not in self._checkpoint_dir or self._checkpoint_dir.startswith("file://"):
+                    # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
+                    # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
+                    # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
+                    self._sc.setCheckpointDir(f"{self._checkpoint_dir.rstrip('/')}/rdds")
             self._block_tracker = self._make_block_tracker()
             if self._checkpoint_dir is not None:
                 self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
                                                            storage_options=self._storage_options,
-                                                           on_written=self._on_checkpoint_written)
+                                                           on_written=self._on_checkpoint_written,
+                                                           on_error=self._on_checkpoint_error,
+                                                           lock=self._lead())
+        except BaseException:
+            if self._leadership is not None:
+                self._leadership.release()
+            raise
+        try:
+            batches.start_batch_log(self)
+            if self._restored is None:
+                first = restart.fresh_start(self)
+            else:
+                first = restart.restart(self)
+        except BaseException:
+            if self._checkpoint_writer is not None:
+                self._checkpoint_writer.stop()
+            self._block_tracker.stop()
+            if self._leadership is not None:
+                self._leadership.release()
+            raise
+        if self._leadership is not None:
+            self._leadership.keep(self._on_fenced)
+        self._start_receivers()
+        self._generator.timer.start(first)
+        self._state = ACTIVE
+        self._leader_event.set()
+        StreamingContext._active = self
+
+    def isStandby(self) -> bool:
+        """True while this context is a started standby, waiting to take over its checkpoint
+        directory from the driver that leads it."""
+        return self._is_standby
+
+    def awaitLeadership(self, timeout: float | None = None) -> bool:
+        """Block until this context is the active driver (True), or ``timeout`` seconds passed,
+        or it stopped (False). An error of the takeover is raised here."""
+        self._leader_event.wait(timeout)
+        self._raise_error()
+        return self._leader_event.is_set() and self._state == ACTIVE and not self._is_standby
+
+    @property
+    def leaderEpoch(self) -> int | None:
+        """The epoch at which this driver leads its checkpoint directory (None: not leading)."""
+        lead = self._lead()
+        return lead.epoch if lead is not None else None
+
+    def _lead(self):
+        return self._leadership.held if self._leadership is not None else None
+
+    def _lease_timeout_ms(self) -> int:
+        return parse_duration_ms(self._conf.get(LEASE_TIMEOUT_KEY, "30s"), LEASE_TIMEOUT_KEY)
+
+    def _on_fenced(self, error: BaseException) -> None:
+        """The leadership is lost: stop running and writing at once (self-fencing)."""
+        if self._fenced is not None:
+            return
+        self._fenced = error
+        log.error("this driver was fenced and stops: %s", error)
+        self._generator.timer.stop()
+        try:
+            self._sc.cancelAllJobs()
+        except Exception:  # noqa: BLE001
+            log.warning("could not cancel the running jobs", exc_info=True)
+        self._report_error(error, None)
+
+    def _on_checkpoint_error(self, error: BaseException) -> None:
+        if isinstance(error, FencedError):
+            self._on_fenced(error)
+
+    def _confirm_leadership(self) -> None:
+        """Before a batch's jobs: its inputs are logged; its epoch must be the current one."""
+        if self._fenced is not None:
+            raise self._fenced
+        lead = self._lead()
+        if lead is not None:
             try:
-                batches.start_batch_log(self)
-                if self._restored is None:
-                    first = restart.fresh_start(self)
-                else:
-                    first = restart.restart(self)
-            except BaseException:
-                if self._checkpoint_writer is not None:
-                    self._checkpoint_writer.stop()
-                self._block_tracker.stop()
+                lead.confirm()
+            except FencedError as e:
+                self._on_fenced(e)
                 raise
-            self._start_receivers()
-            self._generator.timer.start(first)
-            self._state = ACTIVE
-            StreamingContext._active = self
-        self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops; an error raised in a batch is raised here."""
@@ -292,11 +386,16 @@ class StreamingContext:
             raise self._error
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
+        """Stop the streams (a standby just stops waiting: the active driver is not touched), then
+        give up the leadership; ``stopSparkContext`` stops the SparkContext too."""
+        self._standby_stop.set()
+        if self._standby_thread is not None and self._standby_thread is not threading.current_thread():
+            self._standby_thread.join()
         with self._lock:
             if self._state == STOPPED:
                 return
             self._stopping = True
-            if self._state == ACTIVE:
+            if self._state == ACTIVE and not self._is_standby:
                 self._stop_receivers(stopGraceFully)
                 self._generator.timer.stop()
                 if stopGraceFully:
@@ -309,11 +408,18 @@ class StreamingContext:
                 self._scheduler.stop(wait=stopGraceFully)
                 self._generator.stop()
                 if self._checkpoint_writer is not None:
-                    self._checkpoint_writer.stop()
+                    try:
+                        self._checkpoint_writer.stop()
+                    except Exception:
+                        if self._fenced is None:
+                            raise
                 self._block_tracker.stop()
                 for s in batches.direct_inputs(self):
                     s.stop()
+            if self._leadership is not None:
+                self._leadership.release()
             self._state = STOPPED
+            self._leader_event.set()  # awaitLeadership returns (False)
             with StreamingContext._active_lock:
                 if StreamingContext._active is self:
                     StreamingContext._active = None
@@ -328,7 +434,8 @@ class StreamingContext:
 
     @staticmethod
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
-                    *, upgrade: bool = False, storage_options: dict | None = None) -> StreamingContext:
+                    *, upgrade: bool = False, storage_options: dict | None = None,
+                    standby: bool = False) -> StreamingContext:
         """pyspark's contract: ``setupFunc()`` makes the context only when ``checkpointPath``
         holds no valid checkpoint (the context is then checkpointed there); otherwise the context
         is rebuilt from the checkpoint: its graph with every function, its inputs, state and
@@ -340,11 +447,24 @@ class StreamingContext:
         and the checkpoint's data (inputs, state, pending batches) is applied to the new code,
         which never runs the old code. It also recovers checkpoints written before they held
         the program's code. Recovering without it runs the code stored in the checkpoint
-        directory: trust that directory like the program itself."""
+        directory: trust that directory like the program itself.
+
+        ``standby=True``: if a live driver leads ``checkpointPath``, the context's ``start()``
+        returns at once and it waits as a hot standby (``isStandby()``), writing nothing, until
+        it takes the stream over from the newest checkpoint when that driver dies (see
+        :mod:`engine.standby`); with no live leader it starts as the active driver."""
         path = _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         if path is None:
+            if standby:
+                raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
+        ssc = StreamingContext._get_or_create(path, setupFunc, upgrade, storage_options)
+        ssc._standby_requested = standby
+        return ssc
+
+    @staticmethod
+    def _get_or_create(path: str, setupFunc, upgrade: bool, storage_options: dict | None):
         checkpoint = read_checkpoint(path, storage_options=storage_options)
         if checkpoint is not None and not upgrade:
             if not checkpoint.data.get("code"):
@@ -366,13 +486,13 @@ class StreamingContext:
     @staticmethod
     def getActiveOrCreate(checkpointPath: str | os.PathLike | None,
                           setupFunc: Callable[[], StreamingContext], *, upgrade: bool = False,
-                          storage_options: dict | None = None) -> StreamingContext:
+                          storage_options: dict | None = None, standby: bool = False) -> StreamingContext:
         """The active context if there is one, else :meth:`getOrCreate`'s (``checkpointPath``
         may be None, as in pyspark)."""
         _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
-            checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options)
+            checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options, standby=standby)
 
     # ------------------------------------------------------------------ internals
 
@@ -389,7 +509,8 @@ class StreamingContext:
         logged = bool(ids) and self._checkpoint_dir is not None and enabled.lower() == "true"
         return ReceivedBlockTracker(ids, self._checkpoint_dir if logged else None, clock=self._clock,
                                     storage_options=self._storage_options if logged else None,
-                                    recover_from_wal=logged and self._restored is not None)
+                                    recover_from_wal=logged and self._restored is not None,
+                                    lock=self._lead() if logged else None)
 
     def _start_receivers(self) -> None:
         # receiver-based inputs with a receiver to run (others get their blocks from elsewhere)
@@ -413,8 +534,10 @@ class StreamingContext:
                 self._terminated.wait(0.05)  # the timer allocates them to the next batches
 
     def _on_batch_done(self, time_ms: int, info) -> None:
+        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
+        if ok:
+            self._succeeded_ms = max(self._succeeded_ms, time_ms)
         if self._batch_log is not None:
-            ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
             self._batch_log.batch_done(time_ms, ok)
         for s in batches.direct_inputs(self):
             s.on_batch_completed(info)
@@ -499,6 +622,10 @@ class StreamingContext:
             "batch_log_latest": self._batch_log.latest_logged_id() if self._batch_log is not None else -1,
             "code": self._code_name,
             "conf": self._conf_pairs,
+            # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
+            # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
+            "completed_ms": time_ms if clear_later and time_ms == self._succeeded_ms else None,
+            "leader_epoch": self.leaderEpoch,
         }
         pending = self._scheduler.pending_times()
         floor = self._snapshots.floor(min([time_ms, *pending]))

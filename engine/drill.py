@@ -4,7 +4,7 @@ nothing and count nothing twice.
     python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
-                           [--kinds driver,executor,worker]
+                           [--kinds driver,executor,worker] [--standby]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/receiver/drill.py): the drill
 hosts its source, and kills the driver, the receiver's executor JVM or its Python worker.
@@ -48,6 +48,9 @@ class AppRun:
         self.started = time.monotonic()
         self.recovery: str | None = None  # the path the app's restart took
         self.context_seen = threading.Event()  # set when the app reports its context
+        self.standby_seen = threading.Event()  # a standby: set when it reports it waits
+        self.takeover: dict | None = None  # a standby's takeover event, once it took over
+        self.took_over = threading.Event()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
@@ -78,6 +81,11 @@ class AppRun:
             if event.get("event") == "context":
                 self.recovery = event.get("recovery")
                 self.context_seen.set()
+            elif event.get("event") == "standby":
+                self.standby_seen.set()
+            elif event.get("event") == "takeover":
+                self.takeover = event
+                self.took_over.set()
             elif event.get("event") == "receiver_started":
                 with self.lock:
                     self.receivers.append((time.monotonic(), event))
@@ -139,6 +147,32 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
+def start_input(input_dir: str, files: int, batch: float, stop: threading.Event,
+                stop_input: threading.Event) -> tuple[threading.Thread, list[int]]:
+    """Write input file i at i+1 batch intervals, until ``files`` or a stop; ``generated[0]``:
+    how many were written."""
+    generated = [0]
+
+    def generate() -> None:
+        for i in range(files):
+            if stop.wait(batch) or stop_input.is_set():
+                return
+            write_input_file(input_dir, i)
+            generated[0] = i + 1
+
+    generator = threading.Thread(target=generate, daemon=True)
+    generator.start()
+    return generator, generated
+
+
+def wait_until_counted(workdir: str, generated: list[int], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len({f for o in read_outputs(workdir) for f in o["files"]}) >= generated[0]:
+            return
+        time.sleep(0.2)
+
+
 def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
         upgrade: bool = False, duration_s: float | None = None, master: str = "local[2]") -> dict:
     """Kill the app ``kills`` times, or for ``duration_s`` seconds (with both, whichever ends
@@ -151,17 +185,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     os.makedirs(input_dir, exist_ok=True)
     os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
     stop, stop_input = threading.Event(), threading.Event()
-    generated = [0]
-
-    def generate() -> None:
-        for i in range(files):
-            if stop.wait(batch) or stop_input.is_set():
-                return
-            write_input_file(input_dir, i)
-            generated[0] = i + 1
-
-    generator = threading.Thread(target=generate, daemon=True)
-    generator.start()
+    generator, generated = start_input(input_dir, files, batch, stop, stop_input)
     runs: list[AppRun] = []
     expected_paths: list[str] = []  # "new" where a kill came before the first checkpoint
     recovery_s: list[float] = []
@@ -200,18 +224,30 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
                 if until is not None:  # a timed drill's input ends with it
                     stop_input.set()
                 generator.join()
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
-                    counted = {f for o in read_outputs(workdir) for f in o["files"]}
-                    if len(counted) >= generated[0]:
-                        break
-                    time.sleep(0.2)
+                wait_until_counted(workdir, generated)
                 app.terminate()
                 break
     finally:
         stop.set()
         kill_remaining(runs)
 
+    result = check_outputs(workdir, generated[0], runs)
+    result.update({
+        "mode": "file stream, " + ("upgrade" if upgrade else "from checkpoint"),
+        "seconds": round(time.monotonic() - began, 1),
+        "recovery_paths": [r.recovery for r in runs], "recovery_paths_expected": expected_paths,
+        "kills": k, "restarts": len(runs) - 1,
+        "recovery_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
+        "recovery_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
+        "recovery_s": recovery_s,
+    })
+    result["ok"] = result["ok"] and result["recovery_paths"] == expected_paths
+    return result
+
+
+def check_outputs(workdir: str, files: int, runs: list[AppRun]) -> dict:
+    """The per-batch outputs against the first ``files`` input files: every file counted in
+    exactly one batch, word totals exact, running totals equal to the sum of the counts."""
     outputs = read_outputs(workdir)
     seen: dict[str, int] = {}
     observed: dict[str, int] = {}
@@ -220,7 +256,6 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
             seen[f] = seen.get(f, 0) + 1
         for w, n in o["counts"].items():
             observed[w] = observed.get(w, 0) + n
-    files = generated[0]
     expected = expected_counts(range(files))
     records_expected = sum(len(file_lines(i)) for i in range(files))
     missing_files = [f"f{i}" for i in range(files) if f"f{i}" not in seen]
@@ -236,23 +271,16 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     final_totals = max(outputs, key=lambda o: o["batch_ms"])["totals"] if outputs else {}
     completed = [b for r in runs for _, b in r.batches()]
     result = {
-        "mode": "file stream, " + ("upgrade" if upgrade else "from checkpoint"),
-        "seconds": round(time.monotonic() - began, 1),
-        "recovery_paths": [r.recovery for r in runs], "recovery_paths_expected": expected_paths,
-        "kills": k, "restarts": len(runs) - 1, "files": files, "records": records_expected,
+        "files": files, "records": records_expected,
         "batches_completed": len(set(completed)),
         "batches_rerun": len(completed) - len(set(completed)),
         "records_lost": sum(len(file_lines(int(f[1:]))) for f in missing_files),
         "files_missing": missing_files, "duplicate_files": duplicates,
         "words_lost": lost_words, "words_extra": extra_words,
         "state_mismatches": state_mismatches, "final_totals_exact": final_totals == expected,
-        "recovery_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
-        "recovery_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
-        "recovery_s": recovery_s,
     }
     result["ok"] = (not missing_files and not duplicates and not lost_words and not extra_words
-                    and not state_mismatches and result["final_totals_exact"]
-                    and result["recovery_paths"] == expected_paths)
+                    and not state_mismatches and result["final_totals_exact"])
     return result
 
 
@@ -275,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="start a standalone cluster of N workers (pyspark's spark-class) on 127.0.0.1 "
                     "for the drill and run the app there")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
+    ap.add_argument("--standby", action="store_true",
+                    help="files mode: a hot standby driver always runs beside the active one, "
+                    "which is the one killed (engine/standby_drill.py)")
     args = ap.parse_args(argv)
     workdir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-"))
     try:
@@ -306,6 +337,11 @@ def _run_mode(args, workdir: str, master: str) -> dict:
                                   args.seed, workdir, master=master,
                                   kinds=tuple(args.kinds.split(",")) if args.kinds else None,
                                   duration_s=args.duration)
+    if args.standby:
+        from . import standby_drill
+
+        return standby_drill.run(args.kills, args.files, args.batch, args.seed, workdir,
+                                 duration_s=args.duration, master=master)
     return run(args.kills, args.files, args.batch, args.seed, workdir, upgrade=args.upgrade,
                duration_s=args.duration, master=master)
 
@@ -333,6 +369,8 @@ def _print_summary(mode: str, r: dict) -> None:
           f"words_lost={r['words_lost']} words_extra={r['words_extra']} "
           f"state_mismatches={r['state_mismatches']} final_totals_exact={r['final_totals_exact']} "
           f"recovery_paths={','.join(str(p) for p in r['recovery_paths'])}")
+    if r.get("takeover_took_ms"):
+        print(f"takeovers={r['takeovers']} (the takeovers' own times: {r['takeover_took_ms']} ms)")
     if r["recovery_s"]:
         print(f"recovery time (kill to first newer batch completed): p50={r['recovery_p50_s']:.1f}s "
               f"p95={r['recovery_p95_s']:.1f}s over {len(r['recovery_s'])} kills")

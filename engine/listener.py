@@ -67,6 +67,31 @@ class StreamingListenerBatchCommitted:
         return self.batch_time_ms
 
 
+@dataclass(frozen=True)
+class StreamingListenerDriverTakeover:
+    """sparkwal's event: a standby became the active driver. ``resumed_from_ms``: the batch time
+    of the checkpoint it resumed from (None: there was none yet); ``took_ms``: from holding the
+    leadership to running (the checkpoint read, the state restored, the batches queued);
+    ``rerun_batch_times``: the batches it re-runs with their logged inputs."""
+
+    epoch: int
+    resumed_from_ms: int | None
+    took_ms: int
+    rerun_batch_times: tuple[int, ...]
+
+    def epochNumber(self) -> int:
+        return self.epoch
+
+    def resumedFrom(self) -> int | None:
+        return self.resumed_from_ms
+
+    def takeoverTime(self) -> int:
+        return self.took_ms
+
+    def rerunBatchTimes(self) -> tuple[int, ...]:
+        return self.rerun_batch_times
+
+
 class StreamingListener:
     """Override the callbacks you need; they run on the scheduler's threads, so keep them short."""
 
@@ -90,6 +115,9 @@ class StreamingListener:
 
     def onBatchCommitted(self, batchCommitted: StreamingListenerBatchCommitted) -> None:
         """sparkwal's: a batch's commit is durable (contexts with a checkpoint)."""
+
+    def onDriverTakeover(self, driverTakeover: StreamingListenerDriverTakeover) -> None:
+        """sparkwal's: this context, a standby, took the stream over (see engine.standby)."""
 
     # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:

@@ -131,6 +131,8 @@ class JobScheduler:
         ssc._post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
         failure = None
         try:
+            if ssc._fenced is not None:  # another driver leads: this one outputs nothing more
+                raise ssc._fenced
             job.run()
         except BaseException as e:  # noqa: BLE001
             failure = f"{type(e).__name__}: {e}"
@@ -209,6 +211,7 @@ class JobGenerator:
             ssc._block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
             if not ssc._plan_batch(time_ms):  # ranges planned and logged, unless committed
                 return
+            ssc._confirm_leadership()  # outputs run only under an epoch confirmed current
             jobs = ssc._graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
             ssc._report_error(e, time_ms)

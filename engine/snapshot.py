@@ -36,10 +36,13 @@ def is_hash_partitioned(rdd: RDD) -> bool:
 
 
 def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, partitioned: bool,
-                   storage_options: dict | None = None) -> dict:
+                   storage_options: dict | None = None, fence=None) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
     snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
-    left; return its manifest. ``storage_options`` go to the tasks too."""
+    left; return its manifest. ``storage_options`` go to the tasks too. ``fence``: the driver's
+    leadership, checked before the driver deletes or writes anything (its epoch is recorded)."""
+    if fence is not None:
+        fence.check()
     storage, path = resolve(url, storage_options)
     storage.makedirs(path.rpartition("/")[0])
     delete_snapshot(url, storage_options)
@@ -60,6 +63,9 @@ def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, pa
                 "kind": "delta" if delta else "full", "time_ms": time_ms, "base_ms": base_ms,
                 "num_partitions": len(parts), "partitioned": partitioned,
                 "hash_seed": hash_seed(rows.context), "parts": [entry for _, entry in parts]}
+    if fence is not None:
+        fence.check()
+        manifest["leader_epoch"] = fence.epoch
     write_manifest(url, manifest, storage_options)
     return manifest
 

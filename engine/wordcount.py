@@ -111,14 +111,20 @@ def expected_line_counts(line_ids) -> dict[str, int]:
     return counts
 
 
+_EMIT_LOCK = threading.Lock()
+
+
 def _emit(event: dict, json_events: bool, text: str) -> None:
-    print(json.dumps(event, sort_keys=True) if json_events else text, flush=True)
+    line = json.dumps(event, sort_keys=True) if json_events else text
+    with _EMIT_LOCK:  # listeners print from several threads: one whole line at a time
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
-          input_url: str | None = None):
+          input_url: str | None = None, standby: bool = False):
     """The app's context and its progress listener: the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
     program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
@@ -154,6 +160,13 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
                    "error": r.lastError()}, json_events,
                   f"receiver {r.streamId()} stopped on executor {r.executorId()}"
                   + (f": {r.lastErrorMessage()}" if r.lastError() else ""))
+
+        def onDriverTakeover(self, takeover):
+            _emit({"event": "takeover", "epoch": takeover.epoch, "resumed_from_ms": takeover.resumed_from_ms,
+                   "took_ms": takeover.took_ms, "rerun_batches": list(takeover.rerun_batch_times)},
+                  json_events, f"took over the stream at epoch {takeover.epoch} in {takeover.took_ms} ms"
+                  + (f", re-running {len(takeover.rerun_batch_times)} batches" if takeover.rerun_batch_times
+                     else ""))
 
         def onBatchCommitted(self, committed):
             if json_events:  # for tools only: the progress line shows completed batches
@@ -212,7 +225,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         return ssc
 
     ssc = StreamingContext.getOrCreate(checkpoint_url, setup, upgrade=upgrade,
-                                       storage_options=storage_options)
+                                       storage_options=storage_options, standby=standby)
     progress = Progress()
     ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
     described = {"new": "a new context (no checkpoint)",
@@ -283,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                     help="an fsspec option of --checkpoint and --input (repeatable); credentials "
                     "are best left to the environment (see the README)")
+    ap.add_argument("--standby", action="store_true",
+                    help="run as a hot standby of the driver leading --dir's checkpoint (no input "
+                    "of its own; takes the stream over when that driver dies; runs until stopped)")
+    ap.add_argument("--conf", action="append", metavar="KEY=VALUE", default=[],
+                    help="a Spark configuration entry (repeatable), e.g. "
+                    "spark.streaming.driver.leaseTimeout=10s")
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
     args = ap.parse_args(argv)
@@ -317,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
+    for pair in args.conf:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            ap.error(f"--conf takes KEY=VALUE, got {pair!r}")
+        conf.set(key, value)
     if receiver is not None:  # executors' receivers read the source's secret from their environment
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
     sc = SparkContext.getOrCreate(conf)
@@ -332,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
                           receiver=receiver, direct=direct, checkpoint=args.checkpoint,
-                          storage_options=options, input_url=args.input)
+                          storage_options=options, input_url=args.input, standby=args.standby)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -362,13 +386,30 @@ def main(argv: list[str] | None = None) -> int:
                 return
             write_input_file(os.path.join(workdir, "input"), i)
 
+    from wal import FencedError
+
     ssc.start()
-    _recovered(ssc, args.json)
-    threading.Thread(target=generate, daemon=True).start()
-    deadline = time.monotonic() + args.seconds if args.seconds else None
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        if ssc.awaitTerminationOrTimeout(0.2):
-            break
+    try:
+        if ssc.isStandby():
+            lead = ssc._leadership.storage.leader(ssc._leadership.path)
+            _emit({"event": "standby", "leader": lead.holder if lead else None,
+                   "leader_epoch": lead.epoch if lead else None}, args.json,
+                  f"standby: waiting to take over from {lead.describe() if lead else 'the active driver'}")
+            while not stop.is_set() and not ssc.awaitLeadership(0.2):
+                pass
+        else:
+            threading.Thread(target=generate, daemon=True).start()
+        if not stop.is_set():
+            _recovered(ssc, args.json)
+        deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if ssc.awaitTerminationOrTimeout(0.2):
+                break
+    except FencedError as e:
+        _emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
+        print(f"sparkwal-wordcount: this driver was fenced and wrote nothing more: {e}", file=sys.stderr)
+        ssc.stop(stopSparkContext=True, stopGraceFully=False)
+        return 3
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
         from engine.direct_wordcount import read_results

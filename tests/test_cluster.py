@@ -47,6 +47,8 @@ def test_direct_job_on_a_standalone_cluster_with_an_s3_checkpoint(tmp_path, clus
     logdir = workdir / "log"
     logdir.mkdir(parents=True)
     args = ("--source", "filelog", "--master", cluster.url, "--checkpoint", f"{bucket}/ckpt",
+            # the restarted driver waits out the killed one's lease on S3: a short one for the test
+            "--conf", "spark.streaming.driver.leaseTimeout=5s",
             "--storage-option", "use_listings_cache=false", "--storage-option",
             "client_kwargs=" + json.dumps({"endpoint_url": endpoint, "region_name": "us-east-1"}))
     appended = {p: 0 for p in PARTITIONS}

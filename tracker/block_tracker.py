@@ -39,12 +39,15 @@ class ReceivedBlockTracker:
     With ``checkpoint_dir`` the events go to ``<checkpoint_dir>/receivedBlockMetadata``, a
     :class:`BatchedWriteAheadLog` over a durable :class:`FileBasedWriteAheadLog` (one object per
     group on stores without append); without one nothing is logged and nothing survives a restart.
+    ``lock``: the driver's leadership of the checkpoint directory (a ``wal.Leadership``), which
+    the WAL then writes under instead of taking a lock of its own.
     """
 
     def __init__(self, stream_ids: Iterable[int], checkpoint_dir: str | None = None, *,
                  recover_from_wal: bool = False, clock: Clock | None = None,
                  storage_options: dict | None = None, rolling_interval_s: float = 60,
-                 batching_timeout_s: float = 5.0, durability: Durability | str = Durability.FSYNC):
+                 batching_timeout_s: float = 5.0, durability: Durability | str = Durability.FSYNC,
+                 lock=None):
         self.stream_ids = list(stream_ids)
         self._clock = clock or SYSTEM_CLOCK
         self._lock = threading.RLock()
@@ -58,7 +61,8 @@ class ReceivedBlockTracker:
             self.wal = BatchedWriteAheadLog(
                 FileBasedWriteAheadLog(wal_dir, rolling_interval_s=rolling_interval_s, clock=self._clock,
                                        storage_options=storage_options, durability=durability,
-                                       close_file_after_write=not storage.supports_append),
+                                       close_file_after_write=not storage.supports_append,
+                                       lock=lock),
                 batching_timeout_s=batching_timeout_s)
             if recover_from_wal:
                 self._recover()

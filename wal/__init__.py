@@ -13,17 +13,21 @@ Public API::
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .batched import BatchedWriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from .errors import CorruptRecordError, LogLockedError, WalError
+from .errors import CorruptRecordError, FencedError, LeaderHeldError, LogLockedError, WalError
 from .file_log import FileBasedWriteAheadLog
-from .storage import FileInfo, Storage, resolve
+from .storage import FileInfo, LeaderInfo, Leadership, Storage, resolve
 
 __all__ = [
     "BatchedWriteAheadLog",
     "Clock",
     "CorruptRecordError",
     "Durability",
+    "FencedError",
     "FileBasedWriteAheadLog",
     "FileInfo",
+    "LeaderHeldError",
+    "LeaderInfo",
+    "Leadership",
     "LogLockedError",
     "ManualClock",
     "RecordHandle",

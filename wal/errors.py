@@ -28,3 +28,21 @@ class LogLockedError(WalError):
         self.holder = holder
         detail = f" (held by {holder})" if holder else ""
         super().__init__(f"{path} is locked by another writer{detail}")
+
+
+class LeaderHeldError(LogLockedError):
+    """A live driver leads the checkpoint directory; ``info`` (a ``wal.storage.LeaderInfo``) says
+    who, since when, at which epoch and, for a lease, until when it holds unless renewed."""
+
+    def __init__(self, path: str, info):
+        self.info = info
+        super().__init__(path, info.describe())
+        self.args = (f"{path} is led by another live driver: {info.describe()}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class FencedError(WalError):
+    """This process's leadership epoch is no longer the current one (another driver took over, or
+    its lease lapsed before it could renew it): it must write nothing more."""

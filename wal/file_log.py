@@ -27,7 +27,7 @@ from crc32c import crc32c
 
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import CorruptRecordError, LogLockedError, WalError
+from .errors import CorruptRecordError, FencedError, LogLockedError, WalError
 from .segment import (
     FRAME_HEADER,
     FRAME_HEADER_LEN,
@@ -92,6 +92,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         clock: Clock | None = None,
         durability: Durability | str = Durability.FSYNC,
         lease_s: float = 60,
+        lock: Lock | None = None,
     ):
         if rolling_interval_s <= 0:
             raise ValueError(f"rolling_interval_s must be > 0, got {rolling_interval_s}")
@@ -112,6 +113,9 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self._durability = Durability(durability)
         self._fsync = self._durability is Durability.FSYNC
         self._lease_ms = int(lease_s * 1000)
+        #: a lock the caller holds over a directory containing this one (a driver's leadership of
+        #: its checkpoint directory): used instead of taking this directory's own, never released
+        self._outer_lock = lock
 
         self._lock = threading.RLock()
         self._segments: list[SegmentName] = self._list_segments()
@@ -233,7 +237,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                         path, base = self._publish_segment(frames, time_ms), HEADER_LEN
                     else:
                         path, base = self._append(frames, time_ms)
-                except (LogLockedError, CorruptRecordError):
+                except (LogLockedError, FencedError, CorruptRecordError):
                     raise  # another writer, or damage an operator must look at: retrying won't help
                 except Exception as exc:
                     self._write_failed(exc, attempt, len(lengths), time_ms)
@@ -341,14 +345,17 @@ class FileBasedWriteAheadLog(WriteAheadLog):
 
     def _open_for_writing(self) -> None:
         """Take the directory lock, then repair the newest segment's torn tail if there is one."""
-        dir_lock = self._storage.lock(self._dir, clock=self._clock, lease_ms=self._lease_ms)
+        if self._outer_lock is not None:
+            self._storage.makedirs(self._dir)
+        dir_lock = self._outer_lock or self._storage.lock(self._dir, clock=self._clock, lease_ms=self._lease_ms)
         try:
             self._segments = self._list_segments()
             if self._segments:
                 self._last_start = max(self._last_start, self._segments[-1].start_ms)
                 self._repair_tail(self._segments[-1])
         except BaseException:
-            dir_lock.release()
+            if dir_lock is not self._outer_lock:
+                dir_lock.release()
             raise
         self._dir_lock = dir_lock
 
@@ -484,7 +491,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 self._seal_writer()
             finally:
                 if self._dir_lock is not None:
-                    self._dir_lock.release()
+                    if self._dir_lock is not self._outer_lock:
+                        self._dir_lock.release()
                     self._dir_lock = None
         if pool is not None:
             pool.shutdown(wait=True)

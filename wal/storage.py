@@ -28,6 +28,20 @@ append, so logs there write one object per write (``close_file_after_write``).
 Locks (single-writer fencing): local -> ``flock`` on ``<dir>/.writer.lock``, released by the OS when
 the holder dies; elsewhere -> a lease object ``<dir>/.writer.lease`` created with ``put_if_absent``,
 renewed by the holder and taken over by another writer only once it has expired.
+
+Leadership (``lead``: one driver per checkpoint directory, numbered by an epoch that only grows)
+is the same lock with a number:
+
+* local: ``flock`` on ``<dir>/.leader.lock`` (the kernel releases it the instant its holder dies:
+  no timeout), then the epoch, one more than the last, recorded in ``<dir>/.leader.epoch``
+  (``{"epoch", "holder", "pid", "host", "since_ms"}``, replaced atomically). An flock cannot be
+  taken from a live holder, so a local leader is never fenced while it lives.
+* object stores: one lease object per epoch, ``<dir>/.leader/epoch-<epoch, 10 digits>`` holding
+  ``{"epoch", "owner", "holder", "since_ms", "expires_ms", "released"}``. Taking over is one
+  ``put_if_absent`` of the next epoch's object, allowed once the newest one expired (or was
+  released); the holder renews its own object every third of the lease, and stops writing
+  (fences itself) a fifth of the lease before it would expire unrenewed, or as soon as it sees
+  a newer epoch.
 """
 
 from __future__ import annotations
@@ -58,12 +72,15 @@ from .append_files import (
     fsync_dir,
 )
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import LogLockedError, WalError
+from .errors import FencedError, LeaderHeldError, LogLockedError, WalError
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".writer.lock"
 LEASE_FILE = ".writer.lease"
+LEADER_LOCK = ".leader.lock"
+LEADER_EPOCH = ".leader.epoch"
+LEADER_LEASES = ".leader"
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,48 @@ class Lock(ABC):
 
     @abstractmethod
     def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """A checkpoint directory's leader as anyone may see it without taking anything. ``held``:
+    whether a live leader holds it now (None where that cannot be told)."""
+
+    kind: str  # "lock" (local flock) or "lease" (object store)
+    epoch: int
+    holder: str  # "pid <pid> on <host>"
+    since_ms: int
+    held: bool | None
+    expires_ms: int | None = None  # a lease's expiry unless renewed
+    released: bool = False  # the holder stopped and let it go
+
+    def describe(self) -> str:
+        text = f"{self.holder}, epoch {self.epoch}, leading since {_iso(self.since_ms)}"
+        if self.kind == "lease" and self.expires_ms is not None:
+            text += f", lease {'released' if self.released else 'until ' + _iso(self.expires_ms)}"
+        return text
+
+
+class Leadership(Lock):
+    """A held leadership of a directory at ``epoch``. ``check()`` (cheap, before each write)
+    raises :class:`FencedError` once the epoch is no longer current; ``confirm()`` asks the store
+    now; ``renew()`` keeps a lease alive (call it every ``renew_every_ms``)."""
+
+    epoch: int
+    info: LeaderInfo
+    renew_every_ms: int | None = None  # None: nothing to renew
+
+    def confirm(self) -> None:
+        self.check()
+
+    def renew(self) -> None:
+        self.check()
+
+
+def _iso(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class Storage(ABC):
@@ -177,6 +236,16 @@ class Storage(ABC):
         (inspectors never lock); None when no writer ever locked it."""
         return None
 
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        """Become ``directory``'s leader at the next epoch, or raise :class:`LeaderHeldError`
+        at once (naming the holder) while a live leader holds it."""
+        raise NotImplementedError
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        """``directory``'s current (or last) leader, found without taking anything; None when no
+        driver ever led it."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release cached resources (open read handles); nothing to release by default."""
 
@@ -203,6 +272,25 @@ class _LocalLock(Lock):
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)  # closing the descriptor drops the flock
+
+
+class _LocalLeadership(Leadership):
+    """The flock of ``.leader.lock``: nobody can take it while this process lives, so it is
+    never fenced and needs no renewal."""
+
+    needs_check = False
+
+    def __init__(self, fd: int, info: LeaderInfo):
+        self._fd, self.info, self.epoch = fd, info, info.epoch
+
+    def check(self) -> None:
+        if self._fd < 0:
+            raise FencedError(f"leadership epoch {self.epoch} was released")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 class _ReadFd:
@@ -411,6 +499,41 @@ class LocalStorage(Storage):
             return None
         return WriterInfo("lock", holder, _flock_held(st.st_dev, st.st_ino))
 
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        self.makedirs(directory)
+        fd = os.open(os.path.join(directory, LEADER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = self.leader(directory, clock=clock)
+            raise LeaderHeldError(directory, info or LeaderInfo("lock", 0, "unknown", 0, True)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            last = self.leader(directory, clock=clock)
+            info = LeaderInfo("lock", (last.epoch if last else 0) + 1, _holder_description(),
+                              clock.now_ms(), True)
+            self.put(os.path.join(directory, LEADER_EPOCH), json.dumps(
+                {"epoch": info.epoch, "holder": info.holder, "pid": os.getpid(),
+                 "host": socket.gethostname(), "since_ms": info.since_ms}).encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        return _LocalLeadership(fd, info)
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        try:
+            record = json.loads(self.read_file(os.path.join(directory, LEADER_EPOCH)))
+            st = os.stat(os.path.join(directory, LEADER_LOCK))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            raise WalError(f"{os.path.join(directory, LEADER_EPOCH)}: not a leader record") from None
+        return LeaderInfo("lock", int(record["epoch"]), str(record.get("holder", "")),
+                          int(record.get("since_ms", 0)), _flock_held(st.st_dev, st.st_ino))
+
     def close(self) -> None:
         with self._fd_lock:
             for entry in self._read_fds.values():
@@ -602,6 +725,45 @@ class FsspecStorage(Storage):
         expires = int(lease.get("expires_ms", 0))
         return WriterInfo("lease", str(lease.get("holder", "")), expires > clock.now_ms(), expires)
 
+    def _lease_path(self, directory: str, epoch: int) -> str:
+        return self.join(self.join(directory, LEADER_LEASES), f"epoch-{epoch:010d}")
+
+    def _leader_epochs(self, directory: str) -> list[int]:
+        out = []
+        for f in self.list_files(self.join(directory, LEADER_LEASES)):
+            if f.name.startswith("epoch-") and f.name[6:].isdigit():
+                out.append(int(f.name[6:]))
+        return sorted(out)
+
+    def _lease_info(self, record: dict, epoch: int, clock: Clock) -> LeaderInfo:
+        expires, released = int(record.get("expires_ms", 0)), bool(record.get("released"))
+        return LeaderInfo("lease", epoch, str(record.get("holder", "")), int(record.get("since_ms", 0)),
+                          not released and expires > clock.now_ms(), expires, released)
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        epochs = self._leader_epochs(directory)
+        if not epochs:
+            return None
+        record = self._read_lease(self._lease_path(directory, epochs[-1])) or {"holder": "deleted lease"}
+        return self._lease_info(record, epochs[-1], clock)
+
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        self.makedirs(directory)
+        current = self.leader(directory, clock=clock)
+        if current is not None and current.held:
+            raise LeaderHeldError(self.url(directory), current)
+        epoch = (current.epoch if current else 0) + 1
+        lease = _EpochLease(self, directory, epoch, clock, lease_ms)
+        if not self.put_if_absent(self._lease_path(directory, epoch), lease.body()):
+            winner = self.leader(directory, clock=clock) or current
+            raise LeaderHeldError(self.url(directory), winner)
+        if current is not None:
+            log.warning("%s: took over leadership at epoch %d from %s", self.url(directory), epoch,
+                        current.describe())
+        for old in self._leader_epochs(directory)[:-3]:  # the newest few stay, for inspectors
+            self.delete(self._lease_path(directory, old))
+        return lease
+
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
         self.makedirs(directory)
         path = self.join(directory, LEASE_FILE)
@@ -617,6 +779,83 @@ class FsspecStorage(Storage):
             log.warning("taking over expired lease %s of %s", path, current.get("holder"))
             self.delete(path)
         raise LogLockedError(self.url(directory), "lease contended")
+
+
+class _EpochLease(Leadership):
+    """An object-store leadership: the lease object of one epoch, renewed by its owner."""
+
+    def __init__(self, storage: FsspecStorage, directory: str, epoch: int, clock: Clock, lease_ms: int):
+        self._storage, self._dir, self.epoch = storage, directory, epoch
+        self._path = storage._lease_path(directory, epoch)
+        self._owner, self._clock, self._lease_ms = uuid.uuid4().hex, clock, lease_ms
+        self.renew_every_ms = max(1, lease_ms // 3)
+        now = clock.now_ms()
+        self._since, self._renewed_at = now, now
+        #: the holder stops writing a fifth of a lease before others may take it over
+        self._valid_until = now + lease_ms - lease_ms // 5
+        self._fenced: str | None = None
+        self._renew_lock = threading.Lock()
+        self.info = LeaderInfo("lease", epoch, _holder_description(), now, True, now + lease_ms)
+
+    def body(self, released: bool = False) -> bytes:
+        now = self._clock.now_ms()
+        return json.dumps({"epoch": self.epoch, "owner": self._owner, "holder": _holder_description(),
+                           "since_ms": self._since, "expires_ms": now if released else now + self._lease_ms,
+                           "released": released}).encode()
+
+    def _fence(self, reason: str) -> None:
+        if self._fenced is None:
+            self._fenced = f"{self._storage.url(self._dir)}: leadership epoch {self.epoch} is over: {reason}"
+            log.error("%s", self._fenced)
+        raise FencedError(self._fenced)
+
+    def check(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
+        now = self._clock.now_ms()
+        if now >= self._valid_until:
+            self._fence(f"its lease was last renewed at {_iso(self._renewed_at)} and lapses "
+                        f"at {_iso(self._renewed_at + self._lease_ms)}")
+        if now - self._renewed_at >= self.renew_every_ms:
+            self.renew()
+
+    def confirm(self) -> None:
+        self._renew(force=False)
+
+    def renew(self) -> None:
+        self._renew(force=True)
+
+    def _renew(self, force: bool) -> None:
+        """Ask the store: fenced if a newer epoch exists or the object is not ours; renewed when
+        ``force`` (or due)."""
+        with self._renew_lock:
+            if self._fenced is not None:
+                raise FencedError(self._fenced)
+            now = self._clock.now_ms()
+            if now >= self._valid_until:
+                self._fence(f"its lease lapsed (last renewed at {_iso(self._renewed_at)})")
+            newest = self._storage._leader_epochs(self._dir)
+            if newest and newest[-1] > self.epoch:
+                taker = self._storage._read_lease(self._storage._lease_path(self._dir, newest[-1])) or {}
+                self._fence(f"epoch {newest[-1]} was taken by {taker.get('holder', 'another driver')}")
+            current = self._storage._read_lease(self._path)
+            if current is None or current.get("owner") != self._owner:
+                self._fence("its lease object was replaced or deleted")
+            if force or now - self._renewed_at >= self.renew_every_ms:
+                self._storage.put(self._path, self.body())
+                self._renewed_at = now
+                self._valid_until = now + self._lease_ms - self._lease_ms // 5
+
+    def release(self) -> None:
+        if self._fenced is not None:
+            return
+        self._fenced = f"leadership epoch {self.epoch} was released"
+        try:
+            current = self._storage._read_lease(self._path)
+            if current is not None and current.get("owner") == self._owner:
+                self._storage.put(self._path, self.body(released=True))
+        except Exception:  # a lease that cannot be released simply expires
+            log.warning("could not release lease %s", self._path, exc_info=True)
 
 
 def _mtime_ms(entry: dict) -> int | None:

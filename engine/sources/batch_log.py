@@ -91,7 +91,7 @@ class BatchLog:
     """The offsets/commits pair of one context (see the module docstring for the protocol)."""
 
     def __init__(self, directory: str, inputs: list, *, storage_options: dict | None = None,
-                 sync: bool = True, retain: int = 100, on_commit=None):
+                 sync: bool = True, retain: int = 100, on_commit=None, lock=None):
         if retain < 1:
             raise ValueError(f"minBatchesToRetain must be >= 1, got {retain}")
         base = directory.rstrip("/")
@@ -102,6 +102,7 @@ class BatchLog:
         self.inputs = list(inputs)  # the direct inputs, in input order
         self.retain = retain
         self._on_commit = on_commit  # (batch_id, time_ms) after each commit file
+        self._fence = lock  # the driver's leadership: no offsets or commit once it is lost
         self._lock = threading.Lock()
         self._ids: dict[int, int] = {}  # batch time -> id, of logged batches
         self._times: dict[int, int] = {}  # id -> batch time
@@ -210,6 +211,9 @@ class BatchLog:
             if time_ms in self._ids:
                 return self._ids[time_ms]
             i = self._next_id
+            if self._fence is not None:
+                self._fence.check()
+                conf = {**conf, "sparkwal.leaderEpoch": str(self._fence.epoch)}
             entry = OffsetSeq([offsets_json(e) for e in ends], OffsetSeqMetadata(0, time_ms, conf))
             if not self.offsets.add(i, entry):
                 raise RuntimeError(
@@ -243,6 +247,8 @@ class BatchLog:
         committed = []
         while self._done.get(self._committed + 1) and self._times[self._committed + 1] <= self._durable_ms:
             i = self._committed + 1
+            if self._fence is not None:
+                self._fence.check()
             del self._done[i]
             self.commits.add(i, CommitMetadata(0))  # False: a re-run of a committed batch
             self._committed = i

@@ -140,7 +140,7 @@ class StateSnapshots:
                 rows = stream.state_rows(rdd, time_ms)
             manifest = write_snapshot(rows, url, time_ms=time_ms, base_ms=base,
                                       partitioned=stream.state_partitioned(rdd),
-                                      storage_options=ssc._storage_options)
+                                      storage_options=ssc._storage_options, fence=ssc._lead())
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
             if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
                 stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))

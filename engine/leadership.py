@@ -1,0 +1,136 @@
+"""The driver's leadership of its checkpoint directory: taking it, waiting for it, keeping it.
+
+One driver leads a checkpoint directory at a time, at an epoch that only grows (the lock and the
+epoch live in :meth:`wal.Storage.lead`). The leader writes every log under the directory (DStream
+checkpoints, offsets and commits, the tracker's WAL, state snapshot manifests) under that one
+leadership, so no second, longer lock can hold a takeover up.
+
+* A driver started without ``standby`` takes the leadership at ``start()``. A live holder makes
+  ``start()`` fail with :class:`DriverAlreadyActiveError` naming it, having written nothing; an
+  object-store lease that may belong to a dead holder is waited out first (logging the holder and
+  the expiry), and the start fails only if the holder keeps renewing it.
+* A standby polls for it: every 10 ms on a local directory (the kernel frees a dead holder's lock
+  at once), and at the expiry of the holder's lease on an object store.
+* The leader renews its lease (object stores) on a thread every third of
+  ``spark.streaming.driver.leaseTimeout`` (default 30s); when renewal shows it lost the leadership,
+  or it could not renew in time, the context is fenced: it stops at once and
+  ``awaitTermination`` raises :class:`wal.FencedError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+
+from wal import SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, resolve
+
+log = logging.getLogger(__name__)
+
+LEASE_TIMEOUT_KEY = "spark.streaming.driver.leaseTimeout"
+LOCAL_POLL_S = 0.01
+
+
+class DriverAlreadyActiveError(RuntimeError):
+    """Another live driver leads this checkpoint directory (start it with ``standby=True`` to
+    wait for it instead)."""
+
+
+def parse_duration_ms(value: str, key: str) -> int:
+    """Spark's time strings (``30s``, ``500ms``, ``2min``, ``1h``; a bare number is seconds)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", str(value))
+    if not m:
+        raise ValueError(f"{key} must be a duration such as 30s or 500ms, got {value!r}")
+    scale = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}[m.group(2)]
+    ms = int(float(m.group(1)) * scale)
+    if ms <= 0:
+        raise ValueError(f"{key} must be positive, got {value!r}")
+    return ms
+
+
+class DriverLeadership:
+    """Leadership of ``directory`` for one context (a role: take, wait, keep, give up)."""
+
+    def __init__(self, directory: str, storage_options: dict | None, lease_ms: int,
+                 clock: Clock | None = None):
+        self.storage, self.path = resolve(directory, storage_options)
+        self.url = directory
+        self.lease_ms = lease_ms
+        self._clock = clock or SYSTEM_CLOCK  # leases run on real time, whatever drives batches
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.held: Leadership | None = None
+
+    def try_take(self) -> Leadership | None:
+        try:
+            self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
+            return self.held
+        except LeaderHeldError:
+            return None
+
+    def take(self) -> Leadership:
+        """Take it now, waiting out a lease that may be a dead holder's; raise
+        :class:`DriverAlreadyActiveError` while a live driver holds it."""
+        seen_expiry = None
+        while True:
+            try:
+                self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
+                return self.held
+            except LeaderHeldError as e:
+                info = e.info
+                if info.kind != "lease" or info.expires_ms is None or (
+                        seen_expiry is not None and info.expires_ms > seen_expiry):
+                    raise DriverAlreadyActiveError(
+                        f"{self.url} is the checkpoint directory of a running driver: {info.describe()}. "
+                        "Stop it first, or start this one with getOrCreate(..., standby=True) to take "
+                        "over when it stops; nothing was written") from None
+                seen_expiry = info.expires_ms
+                log.warning("%s: waiting for the lease of %s to expire (a dead driver's lease stays "
+                            "until then)", self.url, info.describe())
+                self._clock.wait_till_ms(info.expires_ms + 1)
+
+    def wait_for(self, stopped: threading.Event, on_poll: Callable[[], None] | None = None
+                 ) -> Leadership | None:
+        """Block until this process leads (the leadership) or ``stopped`` is set (None)."""
+        while not stopped.is_set():
+            lead = self.try_take()
+            if lead is not None:
+                return lead
+            if on_poll is not None:
+                on_poll()
+            if self.storage.is_local:
+                stopped.wait(LOCAL_POLL_S)
+                continue
+            info = self.storage.leader(self.path, clock=self._clock)
+            wait_ms = 250 if info is None or info.expires_ms is None else (
+                min(1000, max(10, info.expires_ms + 1 - self._clock.now_ms())))
+            stopped.wait(wait_ms / 1000)
+        return None
+
+    def keep(self, on_fenced: Callable[[FencedError], None]) -> None:
+        """Renew the lease on a thread until :meth:`release`; ``on_fenced`` once it is lost."""
+        lead = self.held
+        if lead is None or lead.renew_every_ms is None:
+            return
+
+        def renew() -> None:
+            while not self._stop.wait(lead.renew_every_ms / 1000):
+                try:
+                    lead.renew()
+                except FencedError as e:
+                    on_fenced(e)
+                    return
+                except Exception:  # noqa: BLE001  a failed renewal is retried; the lapse fences
+                    log.warning("could not renew the lease of %s", self.url, exc_info=True)
+
+        self._renewer = threading.Thread(target=renew, name="leader-lease", daemon=True)
+        self._renewer.start()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        if self.held is not None:
+            self.held.release()
+            self.held = None

@@ -1,0 +1,153 @@
+"""A hot-standby driver: waits beside the active one, warm, and takes its stream over.
+
+A context from ``getOrCreate(..., standby=True)`` whose ``start()`` finds a live leader becomes a
+standby. Until it leads it writes nothing anywhere (no checkpoint, no WAL, no RDD checkpoint
+directory, no output), and keeps itself ready:
+
+* **warm**: its SparkContext and graph exist (built by ``setupFunc`` or from the checkpoint's
+  code); a small job starts the executors' Python workers, and is re-run before Spark's idle
+  timeout (1 min) would end them;
+* **tailing**: it reads the newest DStream checkpoint whenever a newer one appears, and applies it
+  to its graph (inputs' remembered files, state snapshot references), so a takeover re-reads only
+  what was written since;
+* **polling** the leadership (:meth:`engine.leadership.DriverLeadership.wait_for`): every 10 ms
+  on a local directory, at the lease's expiry on an object store.
+
+Taking over: the newest checkpoint (and the offsets/commits logs, the tracker's WAL) is read and
+Spark's restart rule applied, exactly as a cold restart does (every pending or missed batch
+re-runs with its logged inputs, committed batches are not output again), then the next batch
+runs. Listeners get ``onDriverTakeover``. A standby that loses a race for the leadership stays a
+standby; a fenced leader never becomes a standby again (its context has stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from checkpoint import read_checkpoint
+
+from . import restart
+from .listener import StreamingListenerDriverTakeover, StreamingListenerStreamingStarted
+
+log = logging.getLogger(__name__)
+
+TAIL_EVERY_S = 0.5
+REWARM_EVERY_S = 20.0  # Spark stops a Python worker idle for 60 s
+
+
+def become_standby(ssc) -> None:
+    """Make a started ``ssc`` (under ``_active_lock``) a standby and start waiting."""
+    from .context import ACTIVE, StreamingContext
+
+    holder = ssc._leadership.storage.leader(ssc._leadership.path)
+    log.info("%s is led by %s: this context is a hot standby", ssc._checkpoint_dir,
+             holder.describe() if holder else "another driver")
+    ssc._is_standby = True
+    ssc._state = ACTIVE
+    StreamingContext._active = ssc
+    ssc._standby_thread = threading.Thread(target=_stand_by, args=(ssc,), name="standby", daemon=True)
+    ssc._standby_thread.start()
+
+
+class _Tail:
+    """The newest checkpoint seen, applied to the graph ahead of a takeover."""
+
+    def __init__(self, ssc):
+        self._ssc = ssc
+        self.checkpoint = None
+        self._next = 0.0
+        self._next_warm = 0.0
+
+    def poll(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if now >= self._next_warm:
+            self._next_warm = now + REWARM_EVERY_S
+            warm_up(self._ssc.sparkContext)
+        if not force and now < self._next:
+            return
+        self._next = now + TAIL_EVERY_S
+        ssc = self._ssc
+        try:
+            cp = read_checkpoint(ssc._checkpoint_dir, storage_options=ssc._storage_options)
+        except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
+            log.debug("tailing %s", ssc._checkpoint_dir, exc_info=True)
+            return
+        if cp is not None and (self.checkpoint is None
+                               or cp.checkpoint_time_ms != self.checkpoint.checkpoint_time_ms
+                               or cp.pending_times_ms != self.checkpoint.pending_times_ms):
+            restart.restore(ssc, cp)
+            self.checkpoint = cp
+
+
+def warm_up(sc) -> None:
+    """Jobs shaped like a streaming batch's (a text file read, a shuffle, a union, a collect) on
+    every core, so the Python workers are up and the JVM has loaded and compiled what a batch
+    needs before the first batch after a takeover. The file is a temporary one, outside the
+    checkpoint directory."""
+    import os
+    import tempfile
+
+    n = max(2, sc.defaultParallelism)
+    fd, path = tempfile.mkstemp(prefix="sparkwal-warm-up-", suffix=".txt")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(f"w{i} x" for i in range(64)))
+        words = sc.textFile(path, n).flatMap(str.split).map(lambda w: (w, 1))
+        pairs = sc.parallelize([(f"w{i}", 1) for i in range(64)], n)
+        words.union(pairs).reduceByKey(lambda a, b: a + b, n).cogroup(pairs, n).collect()
+        sc.parallelize(range(n), n).mapPartitions(_import_engine).collect()
+    finally:
+        os.unlink(path)
+
+
+def _import_engine(_rows):
+    """In a Python worker: import what the engine's tasks use (state snapshots read and written
+    as Arrow, checksums), which would otherwise cost the first batch after a takeover."""
+    import importlib
+
+    for name in ("engine", "engine.snapshot", "engine.state.state_map", "checkpoint.state_files",
+                 "pyarrow", "pyarrow.ipc", "crc32c"):
+        importlib.import_module(name)
+    return []
+
+
+def _stand_by(ssc) -> None:
+    tail = _Tail(ssc)
+    try:
+        tail.poll(force=True)
+        lead = ssc._leadership.wait_for(ssc._standby_stop, on_poll=tail.poll)
+    except BaseException as e:  # noqa: BLE001
+        ssc._report_error(e, None)
+        return
+    if lead is None:  # stopped while waiting
+        return
+    try:
+        take_over(ssc, tail)
+    except BaseException as e:  # noqa: BLE001
+        ssc._leadership.release()
+        ssc._report_error(e, None)
+
+
+def take_over(ssc, tail: _Tail) -> None:
+    """Held leadership in hand: resume the stream from the newest checkpoint, as the leader."""
+    from .context import StreamingContext
+
+    began = time.monotonic()
+    with StreamingContext._active_lock, ssc._lock:
+        if ssc._standby_stop.is_set():
+            ssc._leadership.release()
+            return
+        tail.poll(force=True)  # whatever the old leader wrote since the last look
+        cp = tail.checkpoint
+        ssc._is_standby = False
+        ssc.recovery = "takeover"
+        ssc._start_active()
+    took = int((time.monotonic() - began) * 1000)
+    event = StreamingListenerDriverTakeover(ssc.leaderEpoch or 0, cp.checkpoint_time_ms if cp else None,
+                                            took, tuple(ssc.rerun_batch_times))
+    log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
+                ssc._checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
+    ssc._post("onDriverTakeover", event)
+    ssc._post("onStreamingStarted", StreamingListenerStreamingStarted(ssc._clock.now_ms()))
