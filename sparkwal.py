@@ -205,11 +205,14 @@ def checkpoint_inspect(args) -> int:
                          + (" (re-running its logged offsets)" if r.restart.rerun else ""))
     if r.sources:
         lines.append(f"sources: {', '.join(r.sources)}")
+    if r.leader is not None:
+        state = {True: "active", False: "none (free)", None: "unknown"}[r.leader.held]
+        lines.append(f"leader: {state}; epoch {r.leader.epoch}, {r.leader.describe()}")
     lines += [f"also: {d}/" for d in r.other] + [f"PROBLEM: {p}" for p in r.problems]
     out = {"checkpoint": r.url, "kind": r.kind, "newest_file": r.newest_file, "files": r.files,
            "newest": r.newest, "code_parts": r.code_parts, "offsets": r.offsets, "commits": r.commits,
            "restart": r.restart, "metadata": r.metadata, "sources": r.sources, "state": r.state,
-           "problems": r.problems}
+           "leader": r.leader, "problems": r.problems}
     _emit(args, out, lines)
     return PROBLEM if r.problems else OK
 

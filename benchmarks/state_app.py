@@ -2,7 +2,7 @@
 be SIGKILLed and restarted with ``getOrCreate``):
 
     python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map}
-        --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N]
+        --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N] [--standby]
 
 Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
 sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=float, required=True)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--events", required=True)
+    p.add_argument("--standby", action="store_true",
+                   help="sparkwal: a hot standby of the driver leading --checkpoint")
     args = p.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -78,9 +80,19 @@ def main(argv: list[str] | None = None) -> None:
                                      "processing_ms": row[2], "scheduling_ms": row[3],
                                      "at": time.time()}) + "\n")
 
-    ssc = StreamingContext.getOrCreate(args.checkpoint, create)
+        def onDriverTakeover(self, e):
+            events.write(json.dumps({"event": "takeover", "took_ms": e.took_ms, "epoch": e.epoch,
+                                     "rerun": len(e.rerun_batch_times), "at": time.time()}) + "\n")
+
+    if args.standby:
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create, standby=True)
+    else:
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create)
     ssc.addStreamingListener(Listener())
     ssc.start()
+    if args.standby and ssc.isStandby():
+        events.write(json.dumps({"event": "standby", "at": time.time()}) + "\n")
+        ssc.awaitLeadership()
     events.write(json.dumps({"event": "started", "at": time.time()}) + "\n")
     ssc.awaitTermination()
 

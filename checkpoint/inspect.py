@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from wal.storage import resolve
+from wal.storage import LeaderInfo, resolve
 
 from .code import CODE_FILE, read_code
 from .dstream import CHECKPOINT_FILE, Checkpoint
@@ -50,6 +50,7 @@ class CheckpointReport:
     sources: list[str] = field(default_factory=list)
     other: list[str] = field(default_factory=list)  # sub-directories known to sparkwal
     state: list[StateSummary] = field(default_factory=list)  # stateful streams' snapshots
+    leader: LeaderInfo | None = None  # the driver leading the directory (or that last led it)
     problems: list[str] = field(default_factory=list)
 
 
@@ -121,6 +122,7 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
     if "sources" in subdirs:
         report.sources = sorted(storage.list_dirs(storage.join(root, "sources")))
     report.other = sorted(d for d in subdirs if d in ("receivedBlockMetadata", "state", "rdds"))
+    report.leader = storage.leader(root)  # read only: inspectors take no lock
     if report.newest is not None or report.code_parts or report.files:
         report.kind = "sparkwal"
     elif report.metadata is not None or report.offsets is not None:

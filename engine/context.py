@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
-from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint, write_code
-from checkpoint.code import delete_code_parts_except
+from checkpoint import Checkpoint, CheckpointWriter, write_code
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock, FencedError
 
@@ -19,11 +17,12 @@ from .dstream import DStream, TransformedDStream, UnionDStream, _ms
 from .graph import DStreamGraph
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
-from .program import checkpoint_conf, recover, serialize_program
+from .program import checkpoint_conf, get_or_create, serialize_program
 from .scheduler import JobGenerator, JobScheduler
-from . import batches, cluster, restart, standby
-from .leadership import LEASE_TIMEOUT_KEY, DriverLeadership, parse_duration_ms
-from .restart import CheckpointMismatchError
+from . import batches, checkpointing, cluster, receivers, restart, standby
+from .restart import CheckpointMismatchError  # noqa: F401  (re-exported)
+from .leadership import (LEASE_TIMEOUT_KEY, DriverLeadership, confirm_leadership, fence,
+                         parse_duration_ms)
 from .sources.batch_log import BatchLog
 from .state import StateSnapshots
 
@@ -342,33 +341,14 @@ class StreamingContext:
         return parse_duration_ms(self._conf.get(LEASE_TIMEOUT_KEY, "30s"), LEASE_TIMEOUT_KEY)
 
     def _on_fenced(self, error: BaseException) -> None:
-        """The leadership is lost: stop running and writing at once (self-fencing)."""
-        if self._fenced is not None:
-            return
-        self._fenced = error
-        log.error("this driver was fenced and stops: %s", error)
-        self._generator.timer.stop()
-        try:
-            self._sc.cancelAllJobs()
-        except Exception:  # noqa: BLE001
-            log.warning("could not cancel the running jobs", exc_info=True)
-        self._report_error(error, None)
+        fence(self, error)
 
     def _on_checkpoint_error(self, error: BaseException) -> None:
         if isinstance(error, FencedError):
-            self._on_fenced(error)
+            fence(self, error)
 
     def _confirm_leadership(self) -> None:
-        """Before a batch's jobs: its inputs are logged; its epoch must be the current one."""
-        if self._fenced is not None:
-            raise self._fenced
-        lead = self._lead()
-        if lead is not None:
-            try:
-                lead.confirm()
-            except FencedError as e:
-                self._on_fenced(e)
-                raise
+        confirm_leadership(self)
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops; an error raised in a batch is raised here."""
@@ -459,28 +439,8 @@ class StreamingContext:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
-        ssc = StreamingContext._get_or_create(path, setupFunc, upgrade, storage_options)
+        ssc = get_or_create(StreamingContext, path, lambda: _setup(setupFunc), upgrade, storage_options)
         ssc._standby_requested = standby
-        return ssc
-
-    @staticmethod
-    def _get_or_create(path: str, setupFunc, upgrade: bool, storage_options: dict | None):
-        checkpoint = read_checkpoint(path, storage_options=storage_options)
-        if checkpoint is not None and not upgrade:
-            if not checkpoint.data.get("code"):
-                raise CheckpointMismatchError(
-                    f"the checkpoint in {path} holds no program code (it was written by an earlier "
-                    "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
-                    "applies its data to the graph that setupFunc builds")
-            ssc = recover(StreamingContext, checkpoint, path, storage_options)
-            ssc.recovery = "checkpoint"
-            return ssc
-        ssc = _setup(setupFunc)
-        if ssc._checkpoint_dir is None:
-            ssc.checkpoint(path, storage_options=storage_options)
-        if checkpoint is not None:
-            restart.restore(ssc, checkpoint)
-            ssc.recovery = "upgrade"
         return ssc
 
     @staticmethod
@@ -500,38 +460,13 @@ class StreamingContext:
         return batches.plan_batch(self, time_ms)
 
     def _make_block_tracker(self) -> ReceivedBlockTracker:
-        """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
-        checkpoint directory (recovered on restart) unless
-        ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
-        Spark: an acknowledged block must survive the driver)."""
-        ids = [s.input_id for s in self._graph.inputs if s.receiver_based]
-        enabled = self._conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
-        logged = bool(ids) and self._checkpoint_dir is not None and enabled.lower() == "true"
-        return ReceivedBlockTracker(ids, self._checkpoint_dir if logged else None, clock=self._clock,
-                                    storage_options=self._storage_options if logged else None,
-                                    recover_from_wal=logged and self._restored is not None,
-                                    lock=self._lead() if logged else None)
+        return receivers.make_block_tracker(self)
 
     def _start_receivers(self) -> None:
-        # receiver-based inputs with a receiver to run (others get their blocks from elsewhere)
-        receivers = [s for s in self._graph.inputs if getattr(s, "receiver", None) is not None]
-        if receivers:
-            from .receiver.tracker import ReceiverTracker
-
-            self._receiver_tracker = ReceiverTracker(self, receivers)
-            self._receiver_tracker.start()
+        receivers.start_receivers(self)
 
     def _stop_receivers(self, graceful: bool) -> None:
-        """Spark's first stop step: receivers stop (each pushing its last block); a graceful stop
-        then waits until every received block is in a batch, before the timer stops."""
-        if self._receiver_tracker is None:
-            return
-        timeout = float(self._conf.get("spark.streaming.gracefulStopTimeout", str(10 * self._batch_ms / 1000)))
-        self._receiver_tracker.stop(graceful, timeout)
-        if graceful:
-            deadline = time.monotonic() + timeout
-            while self._block_tracker.has_unallocated_blocks() and time.monotonic() < deadline:
-                self._terminated.wait(0.05)  # the timer allocates them to the next batches
+        receivers.stop_receivers(self, graceful)
 
     def _on_batch_done(self, time_ms: int, info) -> None:
         ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
@@ -583,52 +518,7 @@ class StreamingContext:
             rdd.localCheckpoint()
 
     def _on_checkpoint_written(self, time_ms: int) -> None:
-        """Once a checkpoint is durable, forget the block allocations no restart from it can need
-        (older than its pending batches and the remember duration), and delete retired state
-        snapshots once two newer checkpoints (a main file and its .bk) no longer reference them."""
-        with self._floors_lock:
-            floor = self._cleanup_floors[time_ms].pop(0)
-            if not self._cleanup_floors[time_ms]:
-                del self._cleanup_floors[time_ms]
-        floor = min(floor, time_ms - self._max_remember_ms())
-        try:  # runs on the checkpoint writer's thread, which must not die of it
-            self._cleanup_old_blocks(floor)
-        except Exception:  # noqa: BLE001
-            log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
-        if self._batch_log is not None:  # step 5 of the batch protocol may follow
-            self._batch_log.checkpoint_durable(time_ms, floor)
-        self._checkpoints_written += 1
-        if self._code_name and self._checkpoints_written == self._checkpoint_writer.keep + 2:
-            # every checkpoint file left was written by this run (the +2 covers a .bk of an
-            # earlier run's last checkpoint under the same name): earlier code parts are unused
-            try:
-                delete_code_parts_except(self._checkpoint_dir, self._code_name, self._storage_options)
-            except Exception:  # noqa: BLE001
-                log.warning("could not delete old code parts in %s", self._checkpoint_dir, exc_info=True)
-        self._snapshots.on_checkpoint_written()
+        checkpointing.on_checkpoint_written(self, time_ms)
 
     def _do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
-        if self._checkpoint_writer is None:
-            return
-        if clear_later:
-            self._snapshots.snapshot_due(time_ms)
-        data = {
-            "fingerprint": self._graph.fingerprint(),
-            "graph": self._graph.describe(),
-            "batch_ms": self._batch_ms,
-            "zero_time_ms": self._graph.zero_time_ms,
-            "inputs": {str(s.input_id): s.checkpoint_data() for s in self._graph.inputs},
-            "state": self._snapshots.checkpoint_data(),
-            "batch_log_latest": self._batch_log.latest_logged_id() if self._batch_log is not None else -1,
-            "code": self._code_name,
-            "conf": self._conf_pairs,
-            # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
-            # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
-            "completed_ms": time_ms if clear_later and time_ms == self._succeeded_ms else None,
-            "leader_epoch": self.leaderEpoch,
-        }
-        pending = self._scheduler.pending_times()
-        floor = self._snapshots.floor(min([time_ms, *pending]))
-        with self._floors_lock:
-            self._cleanup_floors.setdefault(time_ms, []).append(floor)
-        self._checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+        checkpointing.do_checkpoint(self, time_ms, clear_later)

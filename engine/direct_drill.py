@@ -23,7 +23,11 @@ from .drill import AppRun, kill_budget, kill_remaining, pct
 
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
-        duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000) -> dict:
+        duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000,
+        standby: bool = False) -> dict:
+    """``standby``: a hot standby driver always runs beside the active one (started once the
+    active one runs batches); the killed active driver's stream is taken over by it, and a fresh
+    standby is started."""
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=20)
     logdir = os.path.join(workdir, "log")
@@ -46,12 +50,20 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
     recovery_s: list[float] = []
     k = 0
     try:
+        waiting = None  # the standby, when there is one
         while True:
-            app = AppRun(workdir, batch, extra_args=args)
-            runs.append(app)
+            app = waiting or AppRun(workdir, batch, extra_args=args)
+            if waiting is None:
+                runs.append(app)
             started = time.monotonic()
+            if standby and k < kills and (until is None or time.monotonic() < until):
+                _wait_first_batch(app, 120)  # leading: a standby started now waits for it
+                waiting = AppRun(workdir, batch, extra_args=(*args, "--standby"))
+                runs.append(waiting)
+                if not waiting.standby_seen.wait(120):
+                    raise RuntimeError("the standby did not report that it waits")
             if k < kills and (until is None or time.monotonic() < until):
-                if rng.random() < 0.2:  # during start-up or the first batches
+                if not standby and rng.random() < 0.2:  # during start-up or the first batches
                     time.sleep(rng.uniform(1.0, 5.0))
                 else:  # while it runs: between batches or in the middle of one
                     first = _wait_first_batch(app, 120)
@@ -64,6 +76,8 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
                 continue
             stop_input.set()
             feeder.join()
+            if waiting is not None and waiting is not app:
+                waiting.terminate()
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 if read_results(workdir)["lines"] == {p: n for p, n in appended.items() if n}:

@@ -51,6 +51,7 @@ class AppRun:
         self.standby_seen = threading.Event()  # a standby: set when it reports it waits
         self.takeover: dict | None = None  # a standby's takeover event, once it took over
         self.took_over = threading.Event()
+        self.fenced: dict | None = None  # the app's "fenced" event: its leadership was lost
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
@@ -83,6 +84,8 @@ class AppRun:
                 self.context_seen.set()
             elif event.get("event") == "standby":
                 self.standby_seen.set()
+            elif event.get("event") == "fenced":
+                self.fenced = event
             elif event.get("event") == "takeover":
                 self.takeover = event
                 self.took_over.set()
@@ -304,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                     "for the drill and run the app there")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
     ap.add_argument("--standby", action="store_true",
-                    help="files mode: a hot standby driver always runs beside the active one, "
-                    "which is the one killed (engine/standby_drill.py)")
+                    help="a hot standby driver always runs beside the active one and takes over "
+                    "when it is killed (files mode: engine/standby_drill.py)")
     args = ap.parse_args(argv)
     workdir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-"))
     try:
@@ -329,14 +332,14 @@ def _run_mode(args, workdir: str, master: str) -> dict:
         from . import direct_drill
 
         return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
-                                master=master)
+                                master=master, standby=args.standby)
     if args.mode == "receiver":
         from .receiver import drill as receiver_drill
 
         return receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
                                   args.seed, workdir, master=master,
                                   kinds=tuple(args.kinds.split(",")) if args.kinds else None,
-                                  duration_s=args.duration)
+                                  duration_s=args.duration, standby=args.standby)
     if args.standby:
         from . import standby_drill
 

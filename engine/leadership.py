@@ -134,3 +134,32 @@ class DriverLeadership:
         if self.held is not None:
             self.held.release()
             self.held = None
+
+
+def fence(ssc, error: BaseException) -> None:
+    """``ssc``'s leadership is lost: stop running and writing at once (self-fencing); the error
+    ends ``awaitTermination``."""
+    if ssc._fenced is not None:
+        return
+    ssc._fenced = error
+    log.error("this driver was fenced and stops: %s", error)
+    ssc._generator.timer.stop()
+    try:
+        ssc._sc.cancelAllJobs()
+    except Exception:  # noqa: BLE001
+        log.warning("could not cancel the running jobs", exc_info=True)
+    ssc._report_error(error, None)
+
+
+def confirm_leadership(ssc) -> None:
+    """Before a batch's jobs (its inputs logged): its epoch must be the current one, asked of the
+    store now (an object-store lease; a local lock is current while held)."""
+    if ssc._fenced is not None:
+        raise ssc._fenced
+    lead = ssc._lead()
+    if lead is not None:
+        try:
+            lead.confirm()
+        except FencedError as e:
+            fence(ssc, e)
+            raise

@@ -83,3 +83,29 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
     restore(ssc, checkpoint)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
+
+
+def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | None):
+    """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
+    data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
+    from checkpoint import read_checkpoint
+
+    from .restart import CheckpointMismatchError, restore
+
+    checkpoint = read_checkpoint(path, storage_options=storage_options)
+    if checkpoint is not None and not upgrade:
+        if not checkpoint.data.get("code"):
+            raise CheckpointMismatchError(
+                f"the checkpoint in {path} holds no program code (it was written by an earlier "
+                "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
+                "applies its data to the graph that setupFunc builds")
+        ssc = recover(cls, checkpoint, path, storage_options)
+        ssc.recovery = "checkpoint"
+        return ssc
+    ssc = setup()
+    if ssc._checkpoint_dir is None:
+        ssc.checkpoint(path, storage_options=storage_options)
+    if checkpoint is not None:
+        restore(ssc, checkpoint)
+        ssc.recovery = "upgrade"
+    return ssc

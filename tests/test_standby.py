@@ -92,6 +92,71 @@ def test_the_wal_writes_under_the_drivers_leadership_and_stops_once_it_is_lost(m
     assert [bytes(r) for r in FileBasedWriteAheadLog(f"{memory_url}/ckpt/receivedBlockMetadata").read_all()] == [b"one"]
 
 
+class WaitingClock(ManualClock):
+    """A manual clock that tells when someone waits on it."""
+
+    def __init__(self, start_ms: int = 0):
+        super().__init__(start_ms)
+        self.waiting = threading.Event()
+
+    def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
+        self.waiting.set()
+        return super().wait_till_ms(target_ms, timeout_s)
+
+
+@pytest.mark.parametrize("holder", ["dead", "alive"])
+def test_a_driver_waits_out_a_lease_and_fails_only_if_its_holder_renews_it(memory_url, holder):
+    from engine.leadership import DriverLeadership
+
+    clock = WaitingClock(0)
+    storage, path = resolve(f"{memory_url}/ckpt")
+    old = storage.lead(path, clock=clock, lease_ms=3000)
+    role = DriverLeadership(f"{memory_url}/ckpt", None, 3000, clock=clock)
+    outcome = {}
+
+    def take():
+        try:
+            outcome["lead"] = role.take()
+        except DriverAlreadyActiveError as e:
+            outcome["error"] = e
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    assert clock.waiting.wait(10)  # it found the lease unexpired and waits for its expiry
+    if holder == "alive":
+        clock.advance(1000)
+        old.renew()  # now until 4000
+    clock.advance(3001 - clock.now_ms())
+    taker.join(10)
+    if holder == "dead":
+        assert outcome["lead"].epoch == 2
+    else:
+        assert "epoch 1" in str(outcome["error"]) and "standby=True" in str(outcome["error"])
+        old.check()
+
+
+def test_sparkwal_shows_the_leader_without_taking_anything(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    storage, path = resolve(str(tmp_path / "ckpt"))
+    lead = storage.lead(path)
+    try:
+        out = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "inspect", path, "--json"],
+                             capture_output=True, text=True, timeout=120)
+        human = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "inspect", path],
+                               capture_output=True, text=True, timeout=120)
+    finally:
+        lead.release()
+    leader = json.loads(out.stdout)["leader"]
+    assert leader["epoch"] == 1 and leader["held"] is True and leader["holder"] == lead.info.holder
+    assert f"leader: active; epoch 1, pid {os.getpid()}" in human.stdout
+    again = storage.lead(path)  # the inspector took nothing
+    assert again.epoch == 2
+    again.release()
+
+
 # ------------------------------------------------------------------ drivers
 
 
@@ -174,3 +239,90 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
 def test_getorcreate_standby_needs_a_checkpoint_directory(spark_context):
     with pytest.raises(ValueError, match="standby=True needs a checkpoint directory"):
         StreamingContext.getOrCreate(None, lambda: StreamingContext(spark_context, 1.0), standby=True)
+
+
+@pytest.mark.slow
+def test_three_takeovers_in_a_row_lose_nothing_and_count_nothing_twice(tmp_path):
+    """The drill's standby mode: the active driver's process group killed three times, a fresh
+    standby started after each takeover; every file counted once, the running state exact."""
+    from engine.standby_drill import run
+
+    r = run(kills=3, files=16, batch=1.0, seed=5, workdir=str(tmp_path))
+    assert r["kills"] == 3 and r["takeovers"] == 3 and r["failures"] == [], r
+    assert r["files_missing"] == [] and r["duplicate_files"] == 0
+    assert r["words_lost"] == 0 and r["words_extra"] == 0
+    assert r["state_mismatches"] == 0 and r["final_totals_exact"] and r["ok"]
+    assert len(r["recovery_s"]) == 3
+
+
+@pytest.mark.slow
+def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_its_lease(tmp_path, s3_url):
+    import json
+
+    bucket, options = s3_url
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    workdir = tmp_path / "app"
+    (workdir / "input").mkdir(parents=True)
+    args = ("--checkpoint", f"{bucket}/ckpt", "--conf", "spark.streaming.driver.leaseTimeout=3s",
+            "--storage-option", "use_listings_cache=false", "--storage-option",
+            "client_kwargs=" + json.dumps({"endpoint_url": endpoint, "region_name": "us-east-1"}))
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    stop, stop_input = threading.Event(), threading.Event()
+    generator, generated = start_input(str(workdir / "input"), 20, 1.0, stop, stop_input)
+    runs = [AppRun(str(workdir), 1.0, extra_args=args, env=env)]
+    try:
+        first = runs[0]
+        wait(lambda: len(first.batches()) >= 2, 120, "batches of the first driver", first)
+        second = AppRun(str(workdir), 1.0, extra_args=(*args, "--standby"), env=env)
+        runs.append(second)
+        wait(second.standby_seen.is_set, 120, "the standby", second)
+        os.killpg(first.proc.pid, signal.SIGSTOP)  # a long GC, a frozen VM: its lease runs out
+        paused = time.monotonic()
+        wait(second.took_over.is_set, 60, "a takeover", second)
+        # the lease was renewed at most a third of it (1 s) before the pause: not taken before
+        assert time.monotonic() - paused >= 2.0
+        done = len(second.batches())
+        wait(lambda: len(second.batches()) > done, 60, "a batch of the new leader", second)
+        os.killpg(first.proc.pid, signal.SIGCONT)
+        assert first.proc.wait(60) == 3  # fenced: it exits, having written nothing more
+        first.reader.join(5)
+        assert first.fenced is not None and "epoch 1" in first.fenced["message"]
+
+        third = AppRun(str(workdir), 1.0, extra_args=(*args, "--standby"), env=env)
+        runs.append(third)
+        wait(third.standby_seen.is_set, 120, "the next standby", third)
+        second.kill()
+        wait(third.took_over.is_set, 60, "the second takeover", third)
+        assert third.takeover["epoch"] == 3
+        generator.join()
+        wait_until_counted(str(workdir), generated, 90)
+        third.terminate()
+    finally:
+        stop.set()
+        for r in runs:
+            if r.proc.poll() is None:
+                os.killpg(r.proc.pid, signal.SIGCONT)
+                r.kill()
+    result = check_outputs(str(workdir), generated[0], runs)
+    assert result["files_missing"] == [] and result["duplicate_files"] == 0
+    assert result["state_mismatches"] == 0 and result["final_totals_exact"], result
+
+
+@pytest.mark.slow
+def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
+    from engine import direct_drill
+
+    r = direct_drill.run(kills=2, batch=1.0, seed=11, workdir=str(tmp_path), standby=True)
+    assert r["kills"] == 2 and r["lines_appended"] > 0
+    assert r["records_lost"] == 0 and r["duplicates"] == 0 and r["words_exact"] and r["ok"], r
+
+
+@pytest.mark.slow
+def test_a_reliable_receiver_loses_nothing_acknowledged_across_takeovers(tmp_path):
+    from engine.receiver import drill as receiver_drill
+
+    r = receiver_drill.run(2, 300, 1.0, 13, str(tmp_path), kinds=("driver",), standby=True,
+                           min_gap_s=2.0, max_gap_s=4.0)
+    assert r["kills"] == 2 and r["lines_acked"] == r["lines_offered"]
+    assert r["records_lost"] == 0 and r["duplicates_within_resent"] and r["words_exact"], r
+    assert r["state_mismatches"] == 0 and r["ok"]

@@ -50,8 +50,11 @@ def _wait_for_receiver(app: AppRun, timeout_s: float = 120) -> None:
 
 def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master: str = "local[2]",
         kinds: tuple[str, ...] | None = None, lines_per_s: float = 30.0, duration_s: float | None = None,
-        log=print, min_gap_s: float = 3.0, max_gap_s: float = 10.0, cycle: bool = False) -> dict:
-    """``cycle``: kill each of ``kinds`` in turn instead of at random."""
+        log=print, min_gap_s: float = 3.0, max_gap_s: float = 10.0, cycle: bool = False,
+        standby: bool = False) -> dict:
+    """``cycle``: kill each of ``kinds`` in turn instead of at random. ``standby``: a hot standby
+    driver always runs beside the active one and takes over a killed driver's stream (a fresh
+    standby is started after each takeover)."""
     rng = random.Random(seed)
     cluster = not master.startswith("local[") and master != "local"
     kinds = kinds or (("driver", "executor", "worker") if cluster else ("driver", "worker"))
@@ -83,8 +86,14 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
         app = AppRun(workdir, batch, extra_args=args, env={SECRET_ENV: secret})
         runs.append(app)
         k = 0
+        waiting = None
         while k < kills and (until is None or time.monotonic() < until):
             _wait_for_receiver(app)  # kill a running app, not one still starting its JVMs
+            if standby and waiting is None:
+                waiting = AppRun(workdir, batch, extra_args=[*args, "--standby"], env={SECRET_ENV: secret})
+                runs.append(waiting)
+                if not waiting.standby_seen.wait(120):
+                    raise RuntimeError("the standby did not report that it waits")
             time.sleep(rng.uniform(min_gap_s, max_gap_s))
             kind = kinds[k % len(kinds)] if cycle else rng.choice(kinds)
             with app.lock:
@@ -95,8 +104,11 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
             record = {"kind": kind, "at_s": round(time.monotonic() - began, 1)}
             if kind == "driver":
                 killed_at = app.kill()
-                app = AppRun(workdir, batch, extra_args=args, env={SECRET_ENV: secret})
-                runs.append(app)
+                if waiting is not None:  # the standby takes the stream over
+                    app, waiting = waiting, None
+                else:
+                    app = AppRun(workdir, batch, extra_args=args, env={SECRET_ENV: secret})
+                    runs.append(app)
                 previous = 0
             else:
                 worker = int(started[-1]["worker_pid"])
@@ -106,7 +118,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
                 previous = len(started)
                 killed_at = time.monotonic()
                 os.kill(target, signal.SIGKILL)
-            log(f"kill {k}: SIGKILL to the {kind} ({'process group ' + str(runs[-2].proc.pid) if kind == 'driver' else target})")
+            log(f"kill {k}: SIGKILL to the {kind}")
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # recovered: a receiver registered again
                 with app.lock:
@@ -121,6 +133,8 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
             killed.append(record)
         stop.set()
         feeder.join()
+        if waiting is not None:
+            waiting.terminate()
         source.wait_acked(offered[0], 120)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

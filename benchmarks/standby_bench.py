@@ -1,0 +1,231 @@
+"""Hot-standby benchmark: how long a killed driver's stream is down, three ways, in one run.
+
+    python -m benchmarks.standby_bench [--takeovers 20] [--restarts 5] [--keys 10000]
+                                       [--batch 1.0] [--cost-batches 30]
+
+The app is :mod:`benchmarks.state_app` (a file stream of keys counted with ``updateStateByKey``,
+state snapshotted every two batches, a checkpoint on the local disk, ``local[2]``), fed one file of
+a tenth of the keys every batch interval (the first file: every key). Rows:
+
+* **sparkwal, hot standby**: a second driver (``getOrCreate(..., standby=True)``) waits beside the
+  active one; the active one's process group gets SIGKILL 2-4 s after the standby reported that
+  it waits; a fresh standby is started after every takeover.
+* **sparkwal, cold restart**: SIGKILL, then the same app started again (``getOrCreate``).
+* **pyspark.streaming, cold restart**: the same app on pyspark.streaming, SIGKILL and restart.
+
+Each figure is the time from the SIGKILL to the first batch completed by the new driver that is
+newer than every batch completed before the kill (so a re-run of a batch the old driver had
+finished does not count). Every engine is warm before its first kill (a batch completed, Python
+workers up). Durability is the same in every row: checkpoints and state snapshots on the local
+disk, fsync'd by sparkwal, written by Spark's checkpoint code for pyspark.streaming.
+
+* **standby's cost**: the active driver's median batch processing time over ``--cost-batches``
+  batches alone, then over as many with a standby beside it (same process, same input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class App:
+    """One driver process of state_app, with its own events file."""
+
+    def __init__(self, workdir: str, engine: str, batch_s: float, standby: bool = False):
+        self.events_path = os.path.join(workdir, f"events-{len(os.listdir(workdir))}.jsonl")
+        open(self.events_path, "w").close()
+        env = dict(os.environ, PYTHONPATH=ROOT, SPARK_LOCAL_IP="127.0.0.1")
+        log = open(self.events_path + ".log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.state_app", "--engine", engine, "--op", "update",
+             "--input", os.path.join(workdir, "in"), "--checkpoint", os.path.join(workdir, "ckpt"),
+             "--batch", str(batch_s), "--events", self.events_path, *(["--standby"] if standby else [])],
+            cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+
+    def events(self) -> list[dict]:
+        with open(self.events_path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def wait(self, predicate, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events():
+                if predicate(e):
+                    return e
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the app exited with {self.proc.returncode}; see {self.events_path}.log")
+            time.sleep(0.005)
+        raise TimeoutError(f"no matching event in {timeout} s ({self.events_path})")
+
+    def batches(self) -> list[int]:
+        return [e["time_ms"] for e in self.events() if e["event"] == "batch"]
+
+    def kill(self) -> float:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        killed = time.time()
+        self.proc.wait()
+        return killed
+
+
+class Feeder:
+    """One file of keys into ``workdir/in`` every batch interval (the first: every key)."""
+
+    def __init__(self, workdir: str, keys: int, batch_s: float):
+        self.dir = os.path.join(workdir, "in")
+        os.makedirs(self.dir, exist_ok=True)
+        self._keys, self._batch_s = [f"k{i}" for i in range(keys)], batch_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        rng, i = random.Random(7), 0
+        while not self._stop.wait(self._batch_s):
+            chosen = self._keys if i == 0 else rng.sample(self._keys, len(self._keys) // 10)
+            staged = os.path.join(self.dir, f".f{i:05d}.txt")
+            with open(staged, "w") as f:
+                f.write("\n".join(chosen) + "\n")
+            now = time.time()
+            os.utime(staged, (now, now))
+            os.rename(staged, os.path.join(self.dir, f"f{i:05d}.txt"))
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _last_batch(apps: list[App]) -> int:
+    return max((t for a in apps for t in a.batches()), default=0)
+
+
+def _down_time(new: App, killed: float, last: int) -> float:
+    first = new.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
+    return first["at"] - killed
+
+
+def takeovers(n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    workdir = tempfile.mkdtemp(prefix="standby-bench-")
+    feeder = Feeder(workdir, keys, batch_s)
+    apps = [App(workdir, "sparkwal", batch_s)]
+    down, took = [], []
+    try:
+        apps[0].wait(lambda e: e["event"] == "batch")
+        active = apps[0]
+        for _ in range(n):
+            standby = App(workdir, "sparkwal", batch_s, standby=True)
+            apps.append(standby)
+            standby.wait(lambda e: e["event"] == "standby")
+            time.sleep(rng.uniform(2, 4))
+            last = _last_batch(apps)
+            killed = active.kill()
+            down.append(_down_time(standby, killed, last))
+            took.append(standby.wait(lambda e: e["event"] == "takeover")["took_ms"])
+            active = standby
+    finally:
+        feeder.stop()
+        for a in apps:
+            if a.proc.poll() is None:
+                a.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"down_s": down, "took_ms": took}
+
+
+def cold_restarts(engine: str, n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    workdir = tempfile.mkdtemp(prefix=f"restart-bench-{engine}-")
+    feeder = Feeder(workdir, keys, batch_s)
+    apps = [App(workdir, engine, batch_s)]
+    down = []
+    try:
+        apps[0].wait(lambda e: e["event"] == "batch")
+        for _ in range(n):
+            time.sleep(rng.uniform(4, 6))  # past a checkpoint and a snapshot
+            last = _last_batch(apps)
+            killed = apps[-1].kill()
+            apps.append(App(workdir, engine, batch_s))
+            down.append(_down_time(apps[-1], killed, last))
+    finally:
+        feeder.stop()
+        for a in apps:
+            if a.proc.poll() is None:
+                a.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"down_s": down}
+
+
+def standby_cost(batches: int, keys: int, batch_s: float) -> dict:
+    """The active driver's median processing time alone, then with a standby beside it."""
+    workdir = tempfile.mkdtemp(prefix="standby-cost-")
+    feeder = Feeder(workdir, keys, batch_s)
+    active = App(workdir, "sparkwal", batch_s)
+    standby = None
+    try:
+        active.wait(lambda e: e["event"] == "batch")
+        start = len(active.batches())
+        active.wait(lambda e: len(active.batches()) >= start + 2 * batches, 60 + 4 * batches * batch_s)
+        alone = [e["processing_ms"] for e in active.events() if e["event"] == "batch"][start + batches:]
+        standby = App(workdir, "sparkwal", batch_s, standby=True)
+        standby.wait(lambda e: e["event"] == "standby")
+        time.sleep(2 * batch_s)  # its start-up over: the standby as it runs for hours
+        start = len(active.batches())
+        active.wait(lambda e: len(active.batches()) >= start + batches, 60 + 4 * batches * batch_s)
+        beside = [e["processing_ms"] for e in active.events() if e["event"] == "batch"][start:start + batches]
+    finally:
+        feeder.stop()
+        for a in (active, standby):
+            if a is not None and a.proc.poll() is None:
+                a.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"alone_ms": statistics.median(alone), "with_standby_ms": statistics.median(beside)}
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--takeovers", type=int, default=20)
+    ap.add_argument("--restarts", type=int, default=5)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--batch", type=float, default=1.0)
+    ap.add_argument("--cost-batches", type=int, default=30)
+    args = ap.parse_args(argv)
+    rows = [("sparkwal, hot standby", takeovers(args.takeovers, args.keys, args.batch)),
+            ("sparkwal, cold restart (getOrCreate)", cold_restarts("sparkwal", args.restarts, args.keys, args.batch)),
+            ("pyspark.streaming, cold restart (getOrCreate)",
+             cold_restarts("pyspark", args.restarts, args.keys, args.batch))]
+    print(f"kill -9 of the driver's process group to the first newer batch completed "
+          f"({args.keys} keys, updateStateByKey, {args.batch} s batches, local[2], local checkpoint)")
+    print("| driver recovery | kills | p50 | p95 | max | the takeover itself (p50) |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows:
+        d = r["down_s"]
+        took = f"{statistics.median(r['took_ms']):.0f} ms" if r.get("took_ms") else "-"
+        print(f"| {name} | {len(d)} | {pct(d, .5):.2f} s | {pct(d, .95):.2f} s | {max(d):.2f} s | {took} |",
+              flush=True)
+    cost = standby_cost(args.cost_batches, args.keys, args.batch)
+    print(f"the active driver's batch processing time, median of {args.cost_batches} batches: alone "
+          f"{cost['alone_ms']:.0f} ms, with a standby beside it {cost['with_standby_ms']:.0f} ms "
+          f"({cost['with_standby_ms'] / cost['alone_ms'] - 1:+.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

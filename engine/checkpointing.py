@@ -1,0 +1,74 @@
+"""The context's DStream checkpoints: what each one holds, and what follows once one is durable.
+
+A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.dstream`'s)::
+
+    {"fingerprint", "graph": the graph's identity and description (a restart must match it),
+     "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
+     "state": {stream index: its state snapshots}, "batch_log_latest": the newest logged batch id
+     (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
+     "completed_ms": the checkpoint's batch time when it was written after every output of that
+     batch succeeded (a restart then regenerates that batch without outputting it again), else
+     None, "leader_epoch": the writing driver's leadership epoch (None: not leading)}
+"""
+
+from __future__ import annotations
+
+import logging
+
+from checkpoint import Checkpoint
+from checkpoint.code import delete_code_parts_except
+
+log = logging.getLogger(__name__)
+
+
+def on_checkpoint_written(ssc, time_ms: int) -> None:
+    """Once a checkpoint is durable, forget the block allocations no restart from it can need
+    (older than its pending batches and the remember duration), and delete retired state
+    snapshots once two newer checkpoints (a main file and its .bk) no longer reference them."""
+    with ssc._floors_lock:
+        floor = ssc._cleanup_floors[time_ms].pop(0)
+        if not ssc._cleanup_floors[time_ms]:
+            del ssc._cleanup_floors[time_ms]
+    floor = min(floor, time_ms - ssc._max_remember_ms())
+    try:  # runs on the checkpoint writer's thread, which must not die of it
+        ssc._cleanup_old_blocks(floor)
+    except Exception:  # noqa: BLE001
+        log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
+    if ssc._batch_log is not None:  # step 5 of the batch protocol may follow
+        ssc._batch_log.checkpoint_durable(time_ms, floor)
+    ssc._checkpoints_written += 1
+    if ssc._code_name and ssc._checkpoints_written == ssc._checkpoint_writer.keep + 2:
+        # every checkpoint file left was written by this run (the +2 covers a .bk of an
+        # earlier run's last checkpoint under the same name): earlier code parts are unused
+        try:
+            delete_code_parts_except(ssc._checkpoint_dir, ssc._code_name, ssc._storage_options)
+        except Exception:  # noqa: BLE001
+            log.warning("could not delete old code parts in %s", ssc._checkpoint_dir, exc_info=True)
+    ssc._snapshots.on_checkpoint_written()
+
+
+def do_checkpoint(ssc, time_ms: int, clear_later: bool) -> None:
+    if ssc._checkpoint_writer is None:
+        return
+    if clear_later:
+        ssc._snapshots.snapshot_due(time_ms)
+    data = {
+        "fingerprint": ssc._graph.fingerprint(),
+        "graph": ssc._graph.describe(),
+        "batch_ms": ssc._batch_ms,
+        "zero_time_ms": ssc._graph.zero_time_ms,
+        "inputs": {str(s.input_id): s.checkpoint_data() for s in ssc._graph.inputs},
+        "state": ssc._snapshots.checkpoint_data(),
+        "batch_log_latest": ssc._batch_log.latest_logged_id() if ssc._batch_log is not None else -1,
+        "code": ssc._code_name,
+        "conf": ssc._conf_pairs,
+        # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
+        # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
+        "completed_ms": time_ms if clear_later and time_ms == ssc._succeeded_ms else None,
+        "leader_epoch": ssc.leaderEpoch,
+    }
+    pending = ssc._scheduler.pending_times()
+    floor = ssc._snapshots.floor(min([time_ms, *pending]))
+    with ssc._floors_lock:
+        ssc._cleanup_floors.setdefault(time_ms, []).append(floor)
+    ssc._checkpoint_writer.write(Checkpoint(time_ms, pending, data))
