@@ -17,7 +17,7 @@ import re
 
 from pyspark import SparkConf, SparkContext, cloudpickle
 
-from checkpoint import Checkpoint, read_code
+from checkpoint import Checkpoint, CheckpointError, read_code
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +92,24 @@ def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | 
 
     from .restart import CheckpointMismatchError, restore
 
-    checkpoint = read_checkpoint(path, storage_options=storage_options)
-    if checkpoint is not None and not upgrade:
+    for attempt in range(3):
+        checkpoint = read_checkpoint(path, storage_options=storage_options)
+        if checkpoint is None or upgrade:
+            break
         if not checkpoint.data.get("code"):
             raise CheckpointMismatchError(
                 f"the checkpoint in {path} holds no program code (it was written by an earlier "
                 "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
                 "applies its data to the graph that setupFunc builds")
-        ssc = recover(cls, checkpoint, path, storage_options)
+        try:
+            ssc = recover(cls, checkpoint, path, storage_options)
+        except CheckpointError as e:
+            # a running driver (this one's standby reads beside it) deletes an earlier run's code
+            # part once no checkpoint names it: a newer checkpoint names the current one
+            if "code part named by the checkpoint is missing" not in str(e) or attempt == 2:
+                raise
+            log.info("%s; reading the newest checkpoint again", e)
+            continue
         ssc.recovery = "checkpoint"
         return ssc
     ssc = setup()

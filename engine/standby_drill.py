@@ -34,7 +34,9 @@ def _wait(event: threading.Event, app: AppRun, what: str, timeout_s: float = 120
 
 
 def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
-        duration_s: float | None = None, master: str = "local[2]", extra_args=()) -> dict:
+        duration_s: float | None = None, master: str = "local[2]", extra_args=(),
+        gap_s: tuple[float, float] = (3.0, 10.0)) -> dict:
+    """``gap_s``: the kill comes a random time in this range after the standby waits."""
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=5)
     input_dir = os.path.join(workdir, "input")
@@ -57,7 +59,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
             _wait(standby.standby_seen, standby, "that it waits as a standby")
             if k >= kills or (until is not None and time.monotonic() >= until):
                 break
-            time.sleep(rng.uniform(3, 10))
+            time.sleep(rng.uniform(*gap_s))
             done_before = [b for r in runs for _, b in r.batches()]
             last = max(done_before) if done_before else 0
             killed_at = active.kill()
