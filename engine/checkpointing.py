@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from checkpoint import Checkpoint
+from checkpoint import Checkpoint, CheckpointError
 from checkpoint.code import delete_code_parts_except
+from checkpoint.dstream import CHECKPOINT_FILE
+from wal.storage import resolve
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,9 @@ def on_checkpoint_written(ssc, time_ms: int) -> None:
     if ssc._batch_log is not None:  # step 5 of the batch protocol may follow
         ssc._batch_log.checkpoint_durable(time_ms, floor)
     ssc._checkpoints_written += 1
-    if ssc._code_name and ssc._checkpoints_written == ssc._checkpoint_writer.keep + 2:
-        # every checkpoint file left was written by this run (the +2 covers a .bk of an
-        # earlier run's last checkpoint under the same name): earlier code parts are unused
+    if ssc._code_name and not ssc._code_parts_cleaned and ssc._checkpoints_written >= ssc._checkpoint_writer.keep:
         try:
-            delete_code_parts_except(ssc._checkpoint_dir, ssc._code_name, ssc._storage_options)
+            ssc._code_parts_cleaned = delete_unused_code_parts(ssc)
         except Exception:  # noqa: BLE001
             log.warning("could not delete old code parts in %s", ssc._checkpoint_dir, exc_info=True)
     ssc._snapshots.on_checkpoint_written()
@@ -67,3 +67,21 @@ def do_checkpoint(ssc, time_ms: int, clear_later: bool) -> None:
     with ssc._floors_lock:
         ssc._cleanup_floors.setdefault(time_ms, []).append(floor)
     ssc._checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+
+
+def delete_unused_code_parts(ssc) -> bool:
+    """Delete earlier runs' code parts once no checkpoint file left names one (True: done). A
+    file name says nothing: an earlier run that fell behind may have left checkpoints named after
+    later batch times than this run's, which then outlive this run's first ones."""
+    storage, root = resolve(ssc._checkpoint_dir, ssc._storage_options)
+    named = set()
+    for info in storage.list_files(root):
+        if CHECKPOINT_FILE.fullmatch(info.name):
+            try:
+                named.add(Checkpoint.decode(storage.read_file(info.path), info.path).data.get("code"))
+            except (FileNotFoundError, CheckpointError):
+                return False  # replaced or retired meanwhile: look again after the next one
+    if named - {ssc._code_name}:
+        return False
+    delete_code_parts_except(ssc._checkpoint_dir, ssc._code_name, ssc._storage_options)
+    return True

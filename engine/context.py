@@ -99,6 +99,7 @@ class StreamingContext:
         self._conf_pairs: list[list[str]] = []
         self._snapshots = StateSnapshots(self)
         self._checkpoints_written = 0
+        self._code_parts_cleaned = False  # earlier runs' code parts deleted (see checkpointing)
         self._batch_log: BatchLog | None = None  # made by start() when checkpointing
         self._block_tracker: ReceivedBlockTracker | None = None  # made by start()
         self._receiver_tracker = None  # made by start() when there are receiver inputs
