@@ -5,8 +5,8 @@ standby. Until it leads it writes nothing anywhere (no checkpoint, no WAL, no RD
 directory, no output), and keeps itself ready:
 
 * **warm**: its SparkContext and graph exist (built by ``setupFunc`` or from the checkpoint's
-  code); a small job starts the executors' Python workers, and is re-run before Spark's idle
-  timeout (1 min) would end them;
+  code); a job shaped like a batch starts the executors' Python workers and imports the engine
+  in them, and a small one keeps them alive before Spark's idle timeout (1 min) would end them;
 * **tailing**: it reads the newest DStream checkpoint whenever a newer one appears, and applies it
   to its graph (inputs' remembered files, state snapshot references), so a takeover re-reads only
   what was written since;
@@ -34,7 +34,7 @@ from .listener import StreamingListenerDriverTakeover, StreamingListenerStreamin
 log = logging.getLogger(__name__)
 
 TAIL_EVERY_S = 0.5
-REWARM_EVERY_S = 20.0  # Spark stops a Python worker idle for 60 s
+REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
 
 
 def become_standby(ssc) -> None:
@@ -62,9 +62,9 @@ class _Tail:
 
     def poll(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now >= self._next_warm:
+        if now >= self._next_warm:  # the whole warm-up once, then just keep the workers alive
+            warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
             self._next_warm = now + REWARM_EVERY_S
-            warm_up(self._ssc.sparkContext)
         if not force and now < self._next:
             return
         self._next = now + TAIL_EVERY_S
@@ -81,7 +81,7 @@ class _Tail:
             self.checkpoint = cp
 
 
-def warm_up(sc) -> None:
+def warm_up(sc, light: bool = False) -> None:
     """Jobs shaped like a streaming batch's (a text file read, a shuffle, a union, a collect) on
     every core, so the Python workers are up and the JVM has loaded and compiled what a batch
     needs before the first batch after a takeover. The file is a temporary one, outside the
@@ -90,6 +90,9 @@ def warm_up(sc) -> None:
     import tempfile
 
     n = max(2, sc.defaultParallelism)
+    if light:
+        sc.parallelize(range(n), n).map(lambda x: x).count()
+        return
     fd, path = tempfile.mkstemp(prefix="sparkwal-warm-up-", suffix=".txt")
     try:
         with os.fdopen(fd, "w") as f:
