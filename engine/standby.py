@@ -128,7 +128,8 @@ def _stand_by(ssc) -> None:
         return
     try:
         take_over(ssc, tail)
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001  (what had started was stopped by _start_active)
+        ssc._is_standby = True  # stop() then ends it as the standby it still is
         ssc._leadership.release()
         ssc._report_error(e, None)
 
