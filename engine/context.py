@@ -268,6 +268,7 @@ class StreamingContext:
                 if not self._standby_requested:
                     self._leadership.take()
             self._start_active()
+            self._leader_event.set()
         self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
 
     def _start_active(self) -> None:
@@ -311,7 +312,6 @@ class StreamingContext:
         self._start_receivers()
         self._generator.timer.start(first)
         self._state = ACTIVE
-        self._leader_event.set()
         StreamingContext._active = self
 
     def isStandby(self) -> bool:

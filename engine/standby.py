@@ -123,6 +123,7 @@ def _stand_by(ssc) -> None:
         lead = ssc._leadership.wait_for(ssc._standby_stop, on_poll=tail.poll)
     except BaseException as e:  # noqa: BLE001
         ssc._report_error(e, None)
+        ssc._leader_event.set()  # awaitLeadership returns, raising the error
         return
     if lead is None:  # stopped while waiting
         return
@@ -132,6 +133,7 @@ def _stand_by(ssc) -> None:
         ssc._is_standby = True  # stop() then ends it as the standby it still is
         ssc._leadership.release()
         ssc._report_error(e, None)
+        ssc._leader_event.set()  # awaitLeadership returns, raising the error
 
 
 def take_over(ssc, tail: _Tail) -> None:
@@ -155,3 +157,4 @@ def take_over(ssc, tail: _Tail) -> None:
                 ssc._checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
     ssc._post("onDriverTakeover", event)
     ssc._post("onStreamingStarted", StreamingListenerStreamingStarted(ssc._clock.now_ms()))
+    ssc._leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look
