@@ -46,15 +46,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class App:
     """One driver process of state_app, with its own events file."""
 
-    def __init__(self, workdir: str, engine: str, batch_s: float, standby: bool = False):
+    def __init__(self, workdir: str, engine: str, batch_s: float, standby: bool = False,
+                 checkpoint: str | None = None, extra: tuple = (), env: dict | None = None):
         self.events_path = os.path.join(workdir, f"events-{len(os.listdir(workdir))}.jsonl")
         open(self.events_path, "w").close()
-        env = dict(os.environ, PYTHONPATH=ROOT, SPARK_LOCAL_IP="127.0.0.1")
+        env = dict(os.environ, PYTHONPATH=ROOT, SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
         log = open(self.events_path + ".log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.state_app", "--engine", engine, "--op", "update",
-             "--input", os.path.join(workdir, "in"), "--checkpoint", os.path.join(workdir, "ckpt"),
-             "--batch", str(batch_s), "--events", self.events_path, *(["--standby"] if standby else [])],
+             "--input", os.path.join(workdir, "in"),
+             "--checkpoint", checkpoint or os.path.join(workdir, "ckpt"),
+             "--batch", str(batch_s), "--events", self.events_path, *(["--standby"] if standby else []),
+             *extra],
             cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
 
     def events(self) -> list[dict]:
@@ -159,6 +162,62 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
     return {"down_s": down, "took_ms": took}
 
 
+def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: int = 1) -> dict:
+    """Takeovers with the checkpoint on S3 (moto's server on 127.0.0.1): the standby may take
+    over only once the killed driver's lease has expired. Measured: the lease's expiry (read
+    from the store right after the kill, as ``sparkwal checkpoint inspect`` shows it) to the
+    first newer batch completed by the new driver."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from wal.storage import parse_storage_options, resolve
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="standby-bench")
+    pairs = ["use_listings_cache=false",
+             "client_kwargs=" + json.dumps({"endpoint_url": endpoint, "region_name": "us-east-1"})]
+    extra = (*(a for p in pairs for a in ("--storage-option", p)),
+             "--conf", f"spark.streaming.driver.leaseTimeout={int(lease_s * 1000)}ms")
+    url = "s3://standby-bench/ckpt"
+    os.environ.update(creds)
+    storage, path = resolve(url, parse_storage_options(pairs))
+    rng = random.Random(seed)
+    workdir = tempfile.mkdtemp(prefix="standby-bench-s3-")
+    feeder = Feeder(workdir, keys, batch_s)
+    start = lambda standby: App(workdir, "sparkwal", batch_s, standby, url, extra, creds)  # noqa: E731
+    apps = [start(False)]
+    after, down = [], []
+    try:
+        apps[0].wait(lambda e: e["event"] == "batch")
+        active = apps[0]
+        for _ in range(n):
+            standby = start(True)
+            apps.append(standby)
+            standby.wait(lambda e: e["event"] == "standby")
+            _steady(active, batch_s)
+            time.sleep(rng.uniform(2, 4))
+            last = _last_batch(apps)
+            killed = active.kill()
+            expires_ms = storage.leader(path).expires_ms
+            first = standby.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
+            down.append(first["at"] - killed)
+            after.append(first["at"] - expires_ms / 1000)
+            active = standby
+    finally:
+        feeder.stop()
+        for a in apps:
+            if a.proc.poll() is None:
+                a.kill()
+        server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"down_s": down, "after_lease_s": after, "lease_s": lease_s}
+
+
 def cold_restarts(engine: str, n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
     rng = random.Random(seed)
     workdir = tempfile.mkdtemp(prefix=f"restart-bench-{engine}-")
@@ -222,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=2_000)
     ap.add_argument("--batch", type=float, default=1.0)
     ap.add_argument("--cost-batches", type=int, default=30)
+    ap.add_argument("--s3-takeovers", type=int, default=5)
     args = ap.parse_args(argv)
     rows = [("sparkwal, hot standby", takeovers(args.takeovers, args.keys, args.batch)),
             ("sparkwal, cold restart (getOrCreate)", cold_restarts("sparkwal", args.restarts, args.keys, args.batch)),
@@ -236,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         took = f"{statistics.median(r['took_ms']):.0f} ms" if r.get("took_ms") else "-"
         print(f"| {name} | {len(d)} | {pct(d, .5):.2f} s | {pct(d, .95):.2f} s | {max(d):.2f} s | {took} |",
               flush=True)
+    if args.s3_takeovers:
+        r = s3_takeovers(args.s3_takeovers, args.keys, args.batch)
+        a, d = r["after_lease_s"], r["down_s"]
+        print(f"on S3 (moto on 127.0.0.1, {r['lease_s']:.0f} s lease), {len(a)} takeovers: the killed "
+              f"driver's lease expiry to the first newer batch p50 {pct(a, .5):.2f} s, p95 "
+              f"{pct(a, .95):.2f} s, max {max(a):.2f} s (kill to it: p50 {pct(d, .5):.2f} s)", flush=True)
     cost = standby_cost(args.cost_batches, args.keys, args.batch)
     print(f"the active driver's batch processing time, median of {args.cost_batches} batches: alone "
           f"{cost['alone_ms']:.0f} ms, with a standby beside it {cost['with_standby_ms']:.0f} ms "

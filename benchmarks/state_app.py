@@ -3,6 +3,9 @@ be SIGKILLed and restarted with ``getOrCreate``):
 
     python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map}
         --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N] [--standby]
+        [--conf KEY=VALUE ...] [--storage-option KEY=VALUE ...]
+
+sparkwal's checkpoint may be any fsspec URL (``--storage-option`` as the main job's).
 
 Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
 sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
@@ -39,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events", required=True)
     p.add_argument("--standby", action="store_true",
                    help="sparkwal: a hot standby of the driver leading --checkpoint")
+    p.add_argument("--conf", action="append", metavar="KEY=VALUE", default=[])
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[])
     args = p.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
             .set("spark.driver.memory", "3g"))
+    for pair in args.conf:
+        conf.set(*pair.split("=", 1))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     if args.engine == "pyspark":
@@ -55,11 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from engine import StateSpec, StreamingContext, StreamingListener
     events = open(args.events, "a", buffering=1)
+    options = None
+    if args.storage_option:
+        from wal.storage import parse_storage_options
+
+        options = parse_storage_options(args.storage_option)
+    where = {"storage_options": options} if options else {}
     n = args.partitions
 
     def create():
         ssc = StreamingContext(sc, args.batch)
-        ssc.checkpoint(args.checkpoint)
+        ssc.checkpoint(args.checkpoint, **where)
         pairs = ssc.textFileStream(args.input).map(lambda k: (k, 1))
         if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
             out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
@@ -85,9 +98,9 @@ def main(argv: list[str] | None = None) -> None:
                                      "rerun": len(e.rerun_batch_times), "at": time.time()}) + "\n")
 
     if args.standby:
-        ssc = StreamingContext.getOrCreate(args.checkpoint, create, standby=True)
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create, standby=True, **where)
     else:
-        ssc = StreamingContext.getOrCreate(args.checkpoint, create)
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create, **where)
     ssc.addStreamingListener(Listener())
     ssc.start()
     if args.standby and ssc.isStandby():

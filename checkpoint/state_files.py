@@ -1,7 +1,10 @@
 """State snapshot files: the on-disk format of a stateful stream's state at one batch time.
 
 A snapshot is a flat set of files named ``<base>.*`` (``<base>`` = ``<checkpoint>/state/<stream
-index>-<batch ms>``):
+index>-<batch ms>-e<epoch>``, the epoch being the writing driver's leadership epoch; without one,
+``<stream index>-<batch ms>``). The epoch in the name fences the parts, which Spark's tasks write:
+a driver that lost the leadership, and its tasks still running, write only under their own
+epoch's name, which no later driver's checkpoint references:
 
 * ``<base>.part-<i>`` (i = 00000, 00001, ...): partition i's rows, written by the task that holds
   the partition, each file put atomically.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from collections.abc import Iterable, Iterator
 
 import crc32c
@@ -217,18 +221,29 @@ def merge_chain(parts: Iterable[Iterable[tuple]]) -> dict:
     return state
 
 
-def snapshot_files(url: str, storage_options: dict | None = None) -> list[str]:
+_EPOCH_SUFFIX = re.compile(r"-e\d+$")
+
+
+def snapshot_files(url: str, storage_options: dict | None = None, every_epoch: bool = False
+                   ) -> list[str]:
+    """The files of snapshot ``url``; ``every_epoch``: of every epoch's snapshot of its stream
+    and batch time."""
     storage, path = resolve(url, storage_options)
     directory, _, base = path.rpartition("/")
     try:
         infos = storage.list_files(directory)
     except FileNotFoundError:
         return []
-    return [i.path for i in infos if i.name.startswith(f"{base}.")]
+    if not every_epoch:
+        return [i.path for i in infos if i.name.startswith(f"{base}.")]
+    named = re.compile(re.escape(_EPOCH_SUFFIX.sub("", base)) + r"(-e\d+)?\.")
+    return [i.path for i in infos if named.match(i.name)]
 
 
-def delete_snapshot(url: str, storage_options: dict | None = None) -> None:
-    """Delete the manifest first (the snapshot stops being complete), then the parts."""
+def delete_snapshot(url: str, storage_options: dict | None = None, every_epoch: bool = False) -> None:
+    """Delete the manifest first (the snapshot stops being complete), then the parts;
+    ``every_epoch``: every epoch's snapshot of its stream and batch time."""
     storage, _ = resolve(url, storage_options)
-    for f in sorted(snapshot_files(url, storage_options), key=lambda f: not f.endswith(".manifest")):
+    files = snapshot_files(url, storage_options, every_epoch)
+    for f in sorted(files, key=lambda f: not f.endswith(".manifest")):
         storage.delete(f)

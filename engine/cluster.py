@@ -103,8 +103,26 @@ def prepare(sc, conf) -> None:
         if not getattr(sc, "_sparkwal_code_shipped", False):
             ship_code(sc)
             sc._sparkwal_code_shipped = True
+    preimport_in_workers(sc, conf)
     check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
     if check == "true" or (check == "auto" and not _is_local(master)):
         if not getattr(sc, "_sparkwal_executors_checked", False):
             check_executors(sc)
             sc._sparkwal_executors_checked = True
+
+
+DAEMON_MODULE = "engine.worker_daemon"
+
+
+def preimport_in_workers(sc, conf) -> None:
+    """In ``local[...]`` mode, Python workers forked from :mod:`engine.worker_daemon` (sparkwal
+    imported once, in the daemon). Set on the running context's configuration, which Spark reads
+    when it starts a daemon: workers started before keep the plain daemon."""
+    if not _is_local(sc.master):
+        return
+    if conf.get("spark.sparkwal.preimportWorkers", "true").lower() != "true":
+        return
+    jconf = sc._jsc.sc().conf()
+    if jconf.contains("spark.python.daemon.module"):
+        return
+    jconf.set("spark.python.daemon.module", DAEMON_MODULE)

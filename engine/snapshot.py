@@ -39,13 +39,15 @@ def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, pa
                    storage_options: dict | None = None, fence=None) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
     snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
-    left; return its manifest. ``storage_options`` go to the tasks too. ``fence``: the driver's
-    leadership, checked before the driver deletes or writes anything (its epoch is recorded)."""
+    left (of any epoch: none is referenced, or this one would not be written); return its manifest.
+    ``storage_options`` go to the tasks too. ``fence``: the driver's leadership, checked before the
+    driver deletes or writes anything (its epoch is recorded; ``url`` names it, see
+    :mod:`checkpoint.state_files`)."""
     if fence is not None:
         fence.check()
     storage, path = resolve(url, storage_options)
     storage.makedirs(path.rpartition("/")[0])
-    delete_snapshot(url, storage_options)
+    delete_snapshot(url, storage_options, every_epoch=True)
     delta = base_ms is not None
 
     def write_part(index, records):

@@ -52,22 +52,56 @@ def become_standby(ssc) -> None:
 
 
 class _Tail:
-    """The newest checkpoint seen, applied to the graph ahead of a takeover."""
+    """The newest checkpoint seen, applied to the graph ahead of a takeover, on a thread of its
+    own (its Spark jobs never delay the leadership polling), with its jobs in one job group so
+    that a takeover can cancel them."""
+
+    JOB_GROUP = "sparkwal-standby"
 
     def __init__(self, ssc):
         self._ssc = ssc
         self.checkpoint = None
-        self._next = 0.0
         self._next_warm = 0.0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # held while the tail works on the graph
+        self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
+        conf = ssc.sparkContext.getConf()
+        self.preload_state = conf.get("spark.sparkwal.standby.preloadState", "true").lower() == "true"
 
-    def poll(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if now >= self._next_warm:  # the whole warm-up once, then just keep the workers alive
-            warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
-            self._next_warm = now + REWARM_EVERY_S
-        if not force and now < self._next:
-            return
-        self._next = now + TAIL_EVERY_S
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop tailing: cancel a job under way and wait for the thread (the takeover's first
+        step; what it had read and cached stays)."""
+        self._stop.set()
+        self._ssc.sparkContext.cancelJobGroup(self.JOB_GROUP)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        self._ssc.sparkContext.setJobGroup(self.JOB_GROUP, "hot standby: warm-up and state preload",
+                                           interruptOnCancel=True)
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001  a cancelled job, a checkpoint being replaced, ...
+                if not self._stop.is_set():
+                    log.debug("tailing %s", self._ssc._checkpoint_dir, exc_info=True)
+            self._stop.wait(TAIL_EVERY_S)
+
+    def poll(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._next_warm:  # the whole warm-up once, then keep the workers alive
+                warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
+                self._next_warm = now + REWARM_EVERY_S
+            if not self._stop.is_set():
+                self.read_newest(preload=True)
+
+    def read_newest(self, preload: bool) -> None:
+        """Apply the newest checkpoint, when it changed, to the graph; with ``preload``, also read
+        and cache the state a takeover from it would start from."""
         ssc = self._ssc
         try:
             cp = read_checkpoint(ssc._checkpoint_dir, storage_options=ssc._storage_options)
@@ -79,19 +113,38 @@ class _Tail:
                                or cp.pending_times_ms != self.checkpoint.pending_times_ms):
             restart.restore(ssc, cp)
             self.checkpoint = cp
+            if preload and not self._stop.is_set() and self.preload_state:
+                first = min([cp.checkpoint_time_ms, *cp.pending_times_ms])
+                ssc._snapshots.preload(first, cp.checkpoint_time_ms)
+
+
+WORKERS_PER_CORE = 4
 
 
 def warm_up(sc, light: bool = False) -> None:
     """Jobs shaped like a streaming batch's (a text file read, a shuffle, a union, a collect) on
-    every core, so the Python workers are up and the JVM has loaded and compiled what a batch
-    needs before the first batch after a takeover. The file is a temporary one, outside the
-    checkpoint directory."""
+    every core, so that the JVM has loaded and compiled what a batch needs, and
+    ``WORKERS_PER_CORE`` Python workers per core with the engine imported: a takeover's first
+    batch recomputes a few batches of state in one task, each cached step in a worker of its own,
+    all at once. ``light``: only the workers, which Spark ends after a minute idle. The file is a
+    temporary one, outside the checkpoint directory."""
     import os
     import tempfile
 
+    from pyspark import StorageLevel
+
     n = max(2, sc.defaultParallelism)
+    steps = []
+    rdd = sc.parallelize(range(n), n)
+    for _ in range(WORKERS_PER_CORE):  # a cached step is computed by a worker of its own
+        rdd = rdd.mapPartitions(_import_engine).persist(StorageLevel.MEMORY_ONLY)
+        steps.append(rdd)
+    try:
+        rdd.count()
+    finally:
+        for r in steps:
+            r.unpersist(blocking=False)
     if light:
-        sc.parallelize(range(n), n).map(lambda x: x).count()
         return
     fd, path = tempfile.mkstemp(prefix="sparkwal-warm-up-", suffix=".txt")
     try:
@@ -100,12 +153,11 @@ def warm_up(sc, light: bool = False) -> None:
         words = sc.textFile(path, n).flatMap(str.split).map(lambda w: (w, 1))
         pairs = sc.parallelize([(f"w{i}", 1) for i in range(64)], n)
         words.union(pairs).reduceByKey(lambda a, b: a + b, n).cogroup(pairs, n).collect()
-        sc.parallelize(range(n), n).mapPartitions(_import_engine).collect()
     finally:
         os.unlink(path)
 
 
-def _import_engine(_rows):
+def _import_engine(rows):
     """In a Python worker: import what the engine's tasks use (state snapshots read and written
     as Arrow, checksums), which would otherwise cost the first batch after a takeover."""
     import importlib
@@ -113,18 +165,20 @@ def _import_engine(_rows):
     for name in ("engine", "engine.snapshot", "engine.state.state_map", "checkpoint.state_files",
                  "pyarrow", "pyarrow.ipc", "crc32c"):
         importlib.import_module(name)
-    return []
+    return rows
 
 
 def _stand_by(ssc) -> None:
     tail = _Tail(ssc)
+    tail.start()
     try:
-        tail.poll(force=True)
-        lead = ssc._leadership.wait_for(ssc._standby_stop, on_poll=tail.poll)
+        lead = ssc._leadership.wait_for(ssc._standby_stop)
     except BaseException as e:  # noqa: BLE001
+        tail.stop()
         ssc._report_error(e, None)
         ssc._leader_event.set()  # awaitLeadership returns, raising the error
         return
+    tail.stop()
     if lead is None:  # stopped while waiting
         return
     try:
@@ -145,7 +199,7 @@ def take_over(ssc, tail: _Tail) -> None:
         if ssc._standby_stop.is_set():
             ssc._leadership.release()
             return
-        tail.poll(force=True)  # whatever the old leader wrote since the last look
+        tail.read_newest(preload=False)  # whatever the old leader wrote since the last look
         cp = tail.checkpoint
         ssc._is_standby = False
         ssc.recovery = "takeover"

@@ -147,9 +147,9 @@ def test_a_missing_snapshot_is_named(spark_context, tmp_path):
 def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp_path, victim):
     """The state at 2000 is the chain full@1000 + delta@2000: damage to either is named."""
     app = stopped_app_with_snapshots(spark_context, tmp_path)
-    kinds = {json.loads(m.read_text())["kind"] for m in (app.ckpt / "state").glob("*-2000.manifest")}
+    kinds = {json.loads(m.read_text())["kind"] for m in (app.ckpt / "state").glob("*-2000-e*.manifest")}
     assert kinds == {"delta"}
-    part = sorted((app.ckpt / "state").glob(f"*-{victim}.part-*"), key=lambda p: p.stat().st_size)[-1]
+    part = sorted((app.ckpt / "state").glob(f"*-{victim}-e*.part-*"), key=lambda p: p.stat().st_size)[-1]
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))

@@ -161,7 +161,7 @@ def test_the_command_shows_verifies_and_exports_the_state(spark_context, tmp_pat
     assert sparkwal("checkpoint", "state", ckpt, "--stream", "nope", expect=2).stderr.count(name) == 1
 
     assert "OK:" in sparkwal("checkpoint", "verify", ckpt, expect=0).stdout
-    delta = max((ckpt / "state").glob("*-1000.part-*"), key=lambda p: p.stat().st_size)
+    delta = max((ckpt / "state").glob("*-1000-e*.part-*"), key=lambda p: p.stat().st_size)
     delta.write_bytes(delta.read_bytes()[:-1])
     problem = sparkwal("checkpoint", "verify", ckpt, expect=1).stdout
     assert f"state snapshot part {delta}" in problem and "is damaged" in problem

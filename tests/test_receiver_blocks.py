@@ -27,6 +27,36 @@ def test_a_block_in_the_receiver_wal_is_read_back_by_handle(tmp_path):
         read_wal_block(wal_dir, None, 3, "b0", list(handles[0]))
 
 
+def test_each_leadership_epoch_has_its_own_receiver_wal_and_cleans_the_earlier_ones(tmp_path):
+    """A receiver of a fenced driver (epoch 1) still holding its WAL's lock neither blocks the new
+    receiver (epoch 2) nor writes where the new driver reads; the earlier blocks stay readable by
+    handle until the new receiver's cleanup passes them, and an epoch-less log is cleaned too."""
+    clock = ManualClock(10_000)
+    plain = WalBlockHandler(str(tmp_path), 3, clock=clock, rolling_interval_s=1)
+    h0 = plain.store("input-3-10000-x", serialize_block(["plain"]))
+    plain.close()
+    stale = WalBlockHandler(str(tmp_path), 3, clock=clock, rolling_interval_s=1, epoch=1)
+    h1 = stale.store("input-3-10000-y", serialize_block(["old"]))  # keeps its lock: never closed
+    other_stream = WalBlockHandler(str(tmp_path), 4, clock=clock, epoch=1)
+    other_stream.store("input-4-10000-z", serialize_block(["other"]))
+    clock.advance(5_000)
+    new = WalBlockHandler(str(tmp_path), 3, clock=clock, rolling_interval_s=1, epoch=2)
+    h2 = new.store("input-3-15000-z", serialize_block(["new"]))  # not held up by epoch 1's lock
+    assert os.path.dirname(h1.path) == receiver_wal_dir(str(tmp_path), 3, 1)
+    assert os.path.dirname(h2.path) == receiver_wal_dir(str(tmp_path), 3, 2)
+    reader_dir = receiver_wal_dir(str(tmp_path), 3, 2)
+    assert read_wal_block(reader_dir, None, 3, "x", list(h0)) == ["plain"]  # any epoch's, by handle
+    new.cleanup_old_blocks(12_000)
+    assert not os.path.exists(h0.path) and not os.path.exists(h1.path)
+    with pytest.raises(BlockReadError, match="block y of stream 3"):
+        read_wal_block(reader_dir, None, 3, "y", list(h1))
+    assert read_wal_block(reader_dir, None, 3, "z", list(h2)) == ["new"]
+    assert os.listdir(receiver_wal_dir(str(tmp_path), 4, 1))  # another stream's log is left alone
+    new.close()
+    stale.close()
+    other_stream.close()
+
+
 def test_a_damaged_wal_block_is_an_error_naming_block_stream_and_record(tmp_path):
     handler = WalBlockHandler(str(tmp_path), 0)
     handle = handler.store("input-0-1-x", serialize_block(list(range(100))))

@@ -91,7 +91,9 @@ def test_socket_text_stream_gets_every_line_once_with_the_receiver_wal(spark_con
     info = events.started[0]
     assert (info.streamId(), info.name(), info.active(), info.executorId()) == (0, "SocketReceiver", True, "driver")
     assert events.stopped and not events.stopped[-1].active()
-    assert os.listdir(tmp_path / "ckpt" / "receivedData" / "0")  # blocks went through the receiver WAL
+    # blocks went through the receiver WAL of this driver's leadership epoch
+    (wal_dir,) = (tmp_path / "ckpt" / "receivedData").glob("0-e*")
+    assert os.listdir(wal_dir)
 
 
 def test_without_a_checkpoint_blocks_stay_on_the_receiving_executor(spark_context):
@@ -143,7 +145,7 @@ def test_store_block_returns_once_the_block_is_durable_and_recorded(spark_contex
         blocks = ssc.receivedBlockTracker.get_unallocated_blocks(0)
         assert [b.metadata for b in blocks] == [{"chunk": i} for i in range(5)]
         assert all(b.num_records == 10 for b in blocks)
-        reader = FileBasedWriteAheadLog(str(tmp_path / "ckpt" / "receivedData" / "0"))
+        reader = FileBasedWriteAheadLog(str(tmp_path / "ckpt" / "receivedData" / f"0-e{ssc.leaderEpoch}"))
         assert all(reader.read(RecordHandle(*b.wal_handle)) for b in blocks)  # and it is in the WAL
         clock.advance(1_000)  # batch 1,001,000 takes them
         wait_until(lambda: len(got) == 50, what="the batch")

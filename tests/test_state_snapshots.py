@@ -108,3 +108,30 @@ def test_version_1_snapshots_of_earlier_releases_are_still_read(spark_context, t
     rows, partitioned = read_chain(spark_context, stream.chain(5000))
     assert not partitioned  # the first release did not record its layout: one re-shuffle
     assert sorted((k, v) for k, v, _ in rows.collect()) == sorted(records)
+
+
+def test_a_snapshot_written_under_a_leadership_carries_its_epoch_and_replaces_every_epochs_leftovers(
+        spark_context, tmp_path):
+    """Parts are written by tasks, which a fenced driver may still be running: the snapshot's name
+    carries the writing driver's epoch, so a stale epoch's parts are never what a later checkpoint
+    references; writing a batch's snapshot removes what earlier epochs (or a killed run) left."""
+    from wal import resolve
+
+    storage, root = resolve(str(tmp_path / "ckpt"))
+    storage.lead(root).release()  # epoch 1, now released
+    lead = storage.lead(root)
+    assert lead.epoch == 2
+    state_dir = tmp_path / "ckpt" / "state"
+    state_dir.mkdir()
+    for leftover in ("0-1000.part-00000", "0-1000-e1.part-00001", "0-1000-e1.manifest"):
+        (state_dir / leftover).write_bytes(b"stale")
+    (state_dir / "0-10000-e1.part-00000").write_bytes(b"another batch's")
+    url = f"{state_dir}/0-1000-e{lead.epoch}"
+    rows = spark_context.parallelize([("k", 1, 1000, False)], 2)
+    manifest = write_snapshot(rows, url, time_ms=1000, base_ms=None, partitioned=False, fence=lead)
+    assert manifest["leader_epoch"] == 2
+    assert sorted(p.name for p in state_dir.iterdir()) == [
+        "0-1000-e2.manifest", "0-1000-e2.part-00000", "0-1000-e2.part-00001", "0-10000-e1.part-00000"]
+    rdd, _ = read_chain(spark_context, [SnapshotRef(1000, url)])
+    assert rdd.collect() == [("k", 1, 1000)]
+    lead.release()

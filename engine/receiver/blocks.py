@@ -5,10 +5,14 @@ description. They are written by the receiver's own task and read by the same ap
 tasks, never taken from a network peer.
 
 * Receiver WAL on (``spark.streaming.receiver.writeAheadLog.enable``, the default with a
-  checkpoint): each block is one record of ``<checkpoint>/receivedData/<streamId>/``, a
-  :class:`wal.FileBasedWriteAheadLog` (durable, CRC-checked), written before the block is
-  reported; the report carries the record's handle, so any executor, or the next driver, reads the
-  block back by handle.
+  checkpoint): each block is one record of ``<checkpoint>/receivedData/<streamId>-e<epoch>/``
+  (``<streamId>/`` for a driver without a leadership epoch), a :class:`wal.FileBasedWriteAheadLog`
+  (durable, CRC-checked), written before the block is reported; the report carries the record's
+  handle (its segment's full path), so any executor, or the next driver, reads the block back by
+  handle. The epoch in the directory's name fences receivers: a receiver of a driver that lost
+  the leadership (paused, then resumed) writes only into its own epoch's directory, which no
+  later driver's tracker references, and never holds up the new receiver with its WAL lock;
+  the new receiver cleans the earlier epochs' old segments with its own.
 * WAL off: the block is a file ``<executor local dir>/sparkwal-blocks/<app>/<streamId>/<blockId>``
   (``MAGIC crc32c:u32 bytes``; the OS page cache holds it, spilling to disk, like Spark's
   MEMORY_AND_DISK_SER), and batch tasks prefer the executor that wrote it. It is lost with that
@@ -20,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import shutil
 import struct
 import tempfile
@@ -53,8 +58,28 @@ def block_time_ms(block_id: str) -> int:
     return int(block_id.split("-")[2])
 
 
-def receiver_wal_dir(checkpoint_dir: str, stream_id: int) -> str:
-    return f"{checkpoint_dir.rstrip('/')}/{RECEIVED_DATA_DIR}/{stream_id}"
+def receiver_wal_dir(checkpoint_dir: str, stream_id: int, epoch: int | None = None) -> str:
+    base = f"{checkpoint_dir.rstrip('/')}/{RECEIVED_DATA_DIR}/{stream_id}"
+    return base if epoch is None else f"{base}-e{epoch}"
+
+
+def earlier_wal_dirs(checkpoint_dir: str, stream_id: int, epoch: int | None,
+                     storage_options: dict | None = None) -> list[str]:
+    """The receiver WAL directories of ``stream_id`` written under epochs before ``epoch``."""
+    if epoch is None:
+        return []
+    storage, root = resolve(f"{checkpoint_dir.rstrip('/')}/{RECEIVED_DATA_DIR}", storage_options)
+    try:
+        names = storage.list_dirs(root)
+    except FileNotFoundError:
+        return []
+    pattern = re.compile(rf"{stream_id}(?:-e(\d+))?")
+    found = []
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and (m.group(1) is None or int(m.group(1)) < epoch):
+            found.append(receiver_wal_dir(checkpoint_dir, stream_id, None if m.group(1) is None else int(m.group(1))))
+    return found
 
 
 def local_block_dir(app_id: str, stream_id: int) -> str:
@@ -73,8 +98,10 @@ class WalBlockHandler:
 
     def __init__(self, checkpoint_dir: str, stream_id: int, *, storage_options: dict | None = None,
                  clock: Clock | None = None, rolling_interval_s: float = 60,
-                 stopped: threading.Event | None = None):
-        self.wal_dir = receiver_wal_dir(checkpoint_dir, stream_id)
+                 stopped: threading.Event | None = None, epoch: int | None = None):
+        self.wal_dir = receiver_wal_dir(checkpoint_dir, stream_id, epoch)
+        self._earlier = earlier_wal_dirs(checkpoint_dir, stream_id, epoch, storage_options)
+        self._storage_options = storage_options
         self._stopped = stopped or threading.Event()
         storage, _ = resolve(self.wal_dir, storage_options)
         self._wal = FileBasedWriteAheadLog(self.wal_dir, rolling_interval_s=rolling_interval_s,
@@ -99,6 +126,14 @@ class WalBlockHandler:
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
         self._wal.clean(thresh_ms, wait_for_completion=False)
+        for wal_dir in self._earlier:  # earlier epochs' logs, read-only: no lock taken
+            reader = FileBasedWriteAheadLog(wal_dir, storage_options=self._storage_options)
+            try:
+                reader.clean(thresh_ms, wait_for_completion=True)
+            except Exception:  # noqa: BLE001
+                log.warning("could not clean the earlier receiver WAL %s", wal_dir, exc_info=True)
+            finally:
+                reader.close()
 
     def close(self) -> None:
         self._wal.close()

@@ -52,6 +52,7 @@ class SupervisorConfig:
     restart_delay_ms: int = 2000
     store_timeout_s: float = 30.0
     wal_rolling_interval_s: float = 60
+    leader_epoch: int | None = None  #: the driver's leadership epoch: names the receiver WAL
 
 
 class BlockGenerator:
@@ -192,7 +193,7 @@ class ReceiverSupervisor:
             if c.checkpoint_dir is not None:
                 self._handler = WalBlockHandler(c.checkpoint_dir, c.stream_id, storage_options=c.storage_options,
                                                 rolling_interval_s=c.wal_rolling_interval_s,
-                                                stopped=self._stop_event)
+                                                stopped=self._stop_event, epoch=c.leader_epoch)
             else:
                 self._handler = LocalBlockHandler(c.app_id, c.stream_id)
             self._generator = BlockGenerator(

@@ -130,7 +130,8 @@ class ReceiverTracker:
             initial_rate=float(conf.get("spark.streaming.backpressure.initialRate", "0")) or None,
             restart_delay_ms=_ms_conf(conf.get("spark.streaming.receiverRestartDelay", "2000")),
             wal_rolling_interval_s=float(conf.get(
-                "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")))
+                "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")),
+            leader_epoch=ssc.leaderEpoch)
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -46,6 +46,9 @@ class StateSnapshots:
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
         self.roots: dict[int, int] = {}  # stream index -> batch time its state's lineage starts at
         self.checkpoints_written = 0
+        #: a standby's state, read and cached ahead of a takeover: (stream index, batch time) ->
+        #: (the newest snapshot URL of the chain read, the cached RDD)
+        self._preloaded: dict[tuple[int, int], tuple[str, object]] = {}
 
     @property
     def deltas_per_full(self) -> int:
@@ -83,26 +86,68 @@ class StateSnapshots:
         rdd = stream.state_from_rows(rows, partitioned)
         return rdd.persist(StorageLevel.MEMORY_ONLY)
 
+    def _restart_times(self, index: int, state: StreamState, first_ms: int, checkpoint_time_ms: int
+                       ) -> list[int]:
+        """The snapshot times a restart re-running ``first_ms`` onwards serves ``index``'s state
+        from: the newest one before ``first_ms`` (at it, for mapWithState, whose re-run batches must
+        call the function again, and every later one of those)."""
+        stream = self._ssc._graph.streams[index]
+        times = sorted(state.snapshots)
+        usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
+        if not usable and times:
+            if not stream.state_is_output:
+                raise CheckpointMismatchError(
+                    f"{stream}: the oldest state snapshot the checkpoint of batch "
+                    f"{checkpoint_time_ms} references is of batch {times[0]}, not before the "
+                    f"first batch to re-run ({first_ms}): the state cannot be restored")
+            usable = times[:1]
+        if not usable:
+            return []
+        return [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
+
+    def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
+        """The state of ``index`` at snapshot time ``t``: the standby's preloaded RDD when it read
+        the same snapshot, else read now (cached, materialised by the first job using it)."""
+        url = state.snapshots[t].url
+        preloaded = self._preloaded.get((index, t))
+        if preloaded is not None and preloaded[0] == url:
+            return preloaded[1]
+        return self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
+
     def load_for_restart(self, first_ms: int, checkpoint_time_ms: int) -> None:
         """Serve each stateful stream's state from its newest snapshot a restart can use."""
         ssc = self._ssc
         for index, state in self.by_stream.items():
             stream = ssc._graph.streams[index]
-            times = sorted(state.snapshots)
-            usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
-            if not usable and times:
-                if not stream.state_is_output:
-                    raise CheckpointMismatchError(
-                        f"{stream}: the oldest state snapshot the checkpoint of batch "
-                        f"{checkpoint_time_ms} references is of batch {times[0]}, not before the "
-                        f"first batch to re-run ({first_ms}): the state cannot be restored")
-                usable = times[:1]
-            if not usable:
-                continue
-            later = [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
+            later = self._restart_times(index, state, first_ms, checkpoint_time_ms)
             for t in later:
-                stream.generated_rdds[t] = self._read(stream, state, t, checkpoint_time_ms)
-            self.roots[index] = later[0]
+                stream.generated_rdds[t] = self._load(index, state, t, checkpoint_time_ms)
+            if later:
+                self.roots[index] = later[0]
+        self._drop_preloaded(keep=set())
+
+    def preload(self, first_ms: int, checkpoint_time_ms: int) -> None:
+        """A standby: read and cache in this driver's executors the state a takeover re-running
+        ``first_ms`` onwards would start from, so that the takeover's first batch finds it there.
+        State read before and no longer needed is dropped."""
+        wanted = set()
+        for index, state in self.by_stream.items():
+            for t in self._restart_times(index, state, first_ms, checkpoint_time_ms):
+                wanted.add((index, t))
+                url = state.snapshots[t].url
+                if self._preloaded.get((index, t), (None,))[0] != url:
+                    rdd = self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
+                    self._preloaded[(index, t)] = (url, rdd)
+                    rdd.count()  # materialised in the cache now, not at the takeover
+        self._drop_preloaded(keep=wanted)
+
+    def _drop_preloaded(self, keep: set) -> None:
+        """Forget preloaded state outside ``keep``; unpersist what no stream serves."""
+        for key in [k for k in self._preloaded if k not in keep]:
+            _url, rdd = self._preloaded.pop(key)
+            stream = self._ssc._graph.streams[key[0]]
+            if stream.generated_rdds.get(key[1]) is not rdd:
+                rdd.unpersist(blocking=False)
 
     def _full_due(self, state: StreamState, previous: int | None, rdd, stream) -> bool:
         if previous is None:
@@ -130,7 +175,9 @@ class StateSnapshots:
             state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
             if rdd is None or time_ms in state.snapshots:
                 continue
-            url = f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            epoch = ssc.leaderEpoch  # in the name: see checkpoint.state_files
+            url = (f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+                   + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None
             if not self._full_due(state, previous, rdd, stream):
