@@ -45,6 +45,9 @@ def plan_batch(ssc, time_ms: int) -> bool:
         log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
                  blog.batch_id(time_ms))
         return False
+    if time_ms in ssc._skip_outputs_ms:
+        log.info("batch %d completed before the restart: its outputs are not run again", time_ms)
+        return False
     ends = [s.plan(time_ms) for s in direct_inputs(ssc)]
     if blog is not None:
         blog.log_batch(time_ms, ends, {})

@@ -6,7 +6,9 @@ A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.dstream`'s):
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
      "state": {stream index: its state snapshots}, "batch_log_latest": the newest logged batch id
      (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
-     "leader_epoch": the writing driver's leadership epoch (None: not leading)}
+     "completed_ms": the checkpoint's batch time when it was written after every output of that
+     batch succeeded (a restart then regenerates that batch without outputting it again), else
+     None, "leader_epoch": the writing driver's leadership epoch (None: not leading)}
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def do_checkpoint(ssc, time_ms: int, clear_later: bool) -> None:
         "batch_log_latest": ssc._batch_log.latest_logged_id() if ssc._batch_log is not None else -1,
         "code": ssc._code_name,
         "conf": ssc._conf_pairs,
+        # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
+        # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
+        "completed_ms": time_ms if clear_later and time_ms == ssc._succeeded_ms else None,
         "leader_epoch": ssc.leaderEpoch,
     }
     pending = ssc._scheduler.pending_times()

@@ -113,6 +113,9 @@ class StreamingContext:
         self._standby_stop = threading.Event()
         self._standby_thread: threading.Thread | None = None
         self._fenced: BaseException | None = None
+        self._succeeded_ms = -1  # the newest batch whose outputs all succeeded
+        #: batch times a restart regenerates without running their outputs (see restart.rerun)
+        self._skip_outputs_ms: set[int] = set()
         self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self._error: BaseException | None = None
         self._lock = threading.RLock()
@@ -360,6 +363,8 @@ class StreamingContext:
         return stopped
 
     def _raise_error(self) -> None:
+        if self._fenced is not None:  # the cause of whatever failed after it (a write refused, ...)
+            raise self._fenced
         if self._error is not None:
             raise self._error
 
@@ -467,8 +472,10 @@ class StreamingContext:
         receivers.stop_receivers(self, graceful)
 
     def _on_batch_done(self, time_ms: int, info) -> None:
+        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
+        if ok:
+            self._succeeded_ms = max(self._succeeded_ms, time_ms)
         if self._batch_log is not None:
-            ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
             self._batch_log.batch_done(time_ms, ok)
         for s in batches.direct_inputs(self):
             s.on_batch_completed(info)

@@ -81,9 +81,14 @@ def fresh_start(ssc) -> int:
 
 
 def rerun(ssc, times: list[int], restart: int) -> int:
-    """Queue ``times`` for re-generation (committed ones skip their jobs); return ``restart``."""
+    """Queue ``times`` for re-generation (committed ones skip their jobs, as does the batch of a
+    checkpoint written after all its outputs succeeded); return ``restart``."""
     blog = ssc._batch_log
-    ssc.skipped_batch_times = [t for t in times if blog is not None and blog.is_committed(t)]
+    completed = ssc._restored.data.get("completed_ms") if ssc._restored is not None else None
+    if blog is None and completed is not None:  # with a batch log, its commits say it
+        ssc._skip_outputs_ms = {completed}
+    ssc.skipped_batch_times = [t for t in times if (blog is not None and blog.is_committed(t))
+                               or t in ssc._skip_outputs_ms]
     ssc.rerun_batch_times = [t for t in times if t not in set(ssc.skipped_batch_times)]
     log.info("restarting: re-running batches %s (committed, outputs not re-run: %s), then new "
              "batches from %d", ssc.rerun_batch_times, ssc.skipped_batch_times, restart)

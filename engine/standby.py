@@ -5,15 +5,20 @@ standby. Until it leads it writes nothing anywhere (no checkpoint, no WAL, no RD
 directory, no output), and keeps itself ready:
 
 * **warm**: its SparkContext and graph exist (built by ``setupFunc`` or from the checkpoint's
-  code); a job shaped like a batch starts the executors' Python workers and imports the engine
-  in them, and a small one keeps them alive before Spark's idle timeout (1 min) would end them;
-* **tailing**: it reads the newest DStream checkpoint whenever a newer one appears, and applies it
-  to its graph (inputs' remembered files, state snapshot references), so a takeover re-reads only
-  what was written since;
-* **polling** the leadership (:meth:`engine.leadership.DriverLeadership.wait_for`): every 10 ms
-  on a local directory, at the lease's expiry on an object store.
+  code); a job shaped like a batch warms the JVM, and a chain of cached steps starts
+  ``WORKERS_PER_CORE`` Python workers per core with the engine imported, kept alive before Spark's
+  idle timeout (1 min) would end them;
+* **tailing**, on a thread of its own: it reads the newest DStream checkpoint whenever a newer one
+  appears, applies it to its graph (inputs' remembered files, state snapshot references), and
+  reads the state a takeover from it would start from into its executors, cached
+  (:meth:`engine.state.snapshots.StateSnapshots.preload`), so a takeover re-reads only what was
+  written since;
+* **polling** the leadership (:meth:`engine.leadership.DriverLeadership.wait_for`) on another
+  thread, so that no job of the tail delays it: every 10 ms on a local directory, at the lease's
+  expiry on an object store.
 
-Taking over: the newest checkpoint (and the offsets/commits logs, the tracker's WAL) is read and
+Taking over: the tail stops (its job under way cancelled), the newest checkpoint (and the
+offsets/commits logs, the tracker's WAL) is read and
 Spark's restart rule applied, exactly as a cold restart does (every pending or missed batch
 re-runs with its logged inputs, committed batches are not output again), then the next batch
 runs. Listeners get ``onDriverTakeover``. A standby that loses a race for the leadership stays a

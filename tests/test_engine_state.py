@@ -115,8 +115,8 @@ def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_conte
         (app.indir / f"{t}.txt").unlink()
     clock2, done2 = ManualClock(4200), Completed()
     ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2), upgrade=True)
-    ssc2.start()  # re-runs 4000
-    done2.wait_for(4000)
+    ssc2.start()  # batch 4000 succeeded before the stop: regenerated for later state, not output
+    assert ssc2.skipped_batch_times == [4000] and ssc2.rerun_batch_times == []
     for t in range(4500, 6001, 500):
         put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
         clock2.advance(500)
@@ -153,9 +153,10 @@ def test_a_damaged_snapshot_part_is_named_and_fails_the_batch(spark_context, tmp
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))
-    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2200), Completed()),
-                                       upgrade=True)
-    ssc2.start()  # re-runs batch 2000, whose state is that chain
+    clock2 = ManualClock(2200)
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, Completed()), upgrade=True)
+    ssc2.start()  # batch 2000 (completed before the stop) is regenerated: its state is that chain
+    clock2.advance(300)  # batch 2500 reads it
     with pytest.raises(Exception, match=f"state snapshot part .*{part.name} is damaged"):
         ssc2.awaitTermination(60)
     ssc2.stop(stopSparkContext=False)
@@ -189,8 +190,8 @@ def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url)
     clock2, done2 = ManualClock(2200), Completed()
     ssc2 = StreamingContext.getOrCreate(app.ckpt, app.setup(clock2, done2), upgrade=True,
                                        storage_options=options)
-    ssc2.start()
-    done2.wait_for(2000)
+    ssc2.start()  # batch 2000 completed before the stop: regenerated (its state read back), not output
+    assert ssc2.skipped_batch_times == [2000]
     put_file(app.indir, "2500.txt", words_at(2500), 2400)
     clock2.advance(300)
     done2.wait_for(2500)

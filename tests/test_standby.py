@@ -173,6 +173,12 @@ def wait(cond, timeout: float, what: str, app: AppRun | None = None):
         time.sleep(0.05)
 
 
+def preloaded_state(sc) -> list[str]:
+    """Names of the RDDs with cached partitions that a standby read ahead of a takeover."""
+    return [i.name() for i in sc._jsc.sc().getRDDStorageInfo()
+            if i.numCachedPartitions() > 0 and "sparkwal standby: state" in (i.name() or "")]
+
+
 class Takeovers(StreamingListener):
     def __init__(self):
         self.events = []
@@ -216,6 +222,10 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         os.killpg(active.proc.pid, signal.SIGCONT)
         done = len(active.batches())
         wait(lambda: len(active.batches()) > done, 60, "a batch after the pause", active)
+        # hot: once the active driver has snapshotted its state (every 10 s), the standby holds it
+        # cached in its own executors before any takeover
+        wait(lambda: preloaded_state(spark_context), 60, "the state preloaded by the standby")
+        assert standby.isStandby()
         active.kill()
         assert standby.awaitLeadership(60)
         assert not standby.isStandby() and standby.leaderEpoch == 2 and standby.recovery == "takeover"

@@ -137,6 +137,7 @@ class StateSnapshots:
                 url = state.snapshots[t].url
                 if self._preloaded.get((index, t), (None,))[0] != url:
                     rdd = self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
+                    rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
                     self._preloaded[(index, t)] = (url, rdd)
                     rdd.count()  # materialised in the cache now, not at the takeover
         self._drop_preloaded(keep=wanted)
