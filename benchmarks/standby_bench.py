@@ -21,6 +21,9 @@ finished does not count). Every engine is warm before its first kill (a batch co
 workers up). Durability is the same in every row: checkpoints and state snapshots on the local
 disk, fsync'd by sparkwal, written by Spark's checkpoint code for pyspark.streaming.
 
+* **on S3** (``--s3-takeovers``, default 5): the same takeovers with the checkpoint on moto's S3
+  server and a 3 s lease; measured from the killed driver's lease expiry, which a standby must wait
+  for there.
 * **standby's cost**: the active driver's median batch processing time over ``--cost-batches``
   batches alone, then over as many with a standby beside it (same process, same input).
 """
@@ -133,24 +136,32 @@ def _down_time(new: App, killed: float, last: int) -> float:
     return first["at"] - killed
 
 
-def takeovers(n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
+def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str | None = None,
+              extra: tuple = (), env: dict | None = None, lease_expiry_ms=None) -> dict:
+    """``n`` takeovers by hot standbys (see the module docstring). ``lease_expiry_ms``: called
+    right after each kill, the killed driver's lease expiry (an object store's checkpoint)."""
     rng = random.Random(seed)
     workdir = tempfile.mkdtemp(prefix="standby-bench-")
     feeder = Feeder(workdir, keys, batch_s)
-    apps = [App(workdir, "sparkwal", batch_s)]
-    down, took = [], []
+    start = lambda standby: App(workdir, "sparkwal", batch_s, standby, checkpoint, extra, env)  # noqa: E731
+    apps = [start(False)]
+    down, took, after = [], [], []
     try:
         apps[0].wait(lambda e: e["event"] == "batch")
         active = apps[0]
         for _ in range(n):
-            standby = App(workdir, "sparkwal", batch_s, standby=True)
+            standby = start(True)
             apps.append(standby)
             standby.wait(lambda e: e["event"] == "standby")
             _steady(active, batch_s)
             time.sleep(rng.uniform(2, 4))
             last = _last_batch(apps)
             killed = active.kill()
-            down.append(_down_time(standby, killed, last))
+            expiry = lease_expiry_ms() if lease_expiry_ms is not None else None
+            first = standby.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
+            down.append(first["at"] - killed)
+            if expiry is not None:
+                after.append(first["at"] - expiry / 1000)
             took.append(standby.wait(lambda e: e["event"] == "takeover")["took_ms"])
             active = standby
     finally:
@@ -159,7 +170,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1) -> dict:
             if a.proc.poll() is None:
                 a.kill()
     shutil.rmtree(workdir, ignore_errors=True)  # kept for a post-mortem when something failed
-    return {"down_s": down, "took_ms": took}
+    return {"down_s": down, "took_ms": took, "after_lease_s": after}
 
 
 def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: int = 1) -> dict:
@@ -172,6 +183,9 @@ def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: 
 
     from wal.storage import parse_storage_options, resolve
 
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -186,36 +200,12 @@ def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: 
     url = "s3://standby-bench/ckpt"
     os.environ.update(creds)
     storage, path = resolve(url, parse_storage_options(pairs))
-    rng = random.Random(seed)
-    workdir = tempfile.mkdtemp(prefix="standby-bench-s3-")
-    feeder = Feeder(workdir, keys, batch_s)
-    start = lambda standby: App(workdir, "sparkwal", batch_s, standby, url, extra, creds)  # noqa: E731
-    apps = [start(False)]
-    after, down = [], []
     try:
-        apps[0].wait(lambda e: e["event"] == "batch")
-        active = apps[0]
-        for _ in range(n):
-            standby = start(True)
-            apps.append(standby)
-            standby.wait(lambda e: e["event"] == "standby")
-            _steady(active, batch_s)
-            time.sleep(rng.uniform(2, 4))
-            last = _last_batch(apps)
-            killed = active.kill()
-            expires_ms = storage.leader(path).expires_ms
-            first = standby.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
-            down.append(first["at"] - killed)
-            after.append(first["at"] - expires_ms / 1000)
-            active = standby
+        r = takeovers(n, keys, batch_s, seed, url, extra, creds,
+                      lambda: storage.leader(path).expires_ms)
     finally:
-        feeder.stop()
-        for a in apps:
-            if a.proc.poll() is None:
-                a.kill()
         server.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
-    return {"down_s": down, "after_lease_s": after, "lease_s": lease_s}
+    return {**r, "lease_s": lease_s}
 
 
 def cold_restarts(engine: str, n: int, keys: int, batch_s: float, seed: int = 1) -> dict:

@@ -68,7 +68,7 @@ class _Tail:
         self.checkpoint = None
         self._next_warm = 0.0
         self._stop = threading.Event()
-        self._lock = threading.Lock()  # held while the tail works on the graph
+        self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
         self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
         conf = ssc.sparkContext.getConf()
         self.preload_state = conf.get("spark.sparkwal.standby.preloadState", "true").lower() == "true"
@@ -77,12 +77,11 @@ class _Tail:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop tailing: cancel a job under way and wait for the thread (the takeover's first
-        step; what it had read and cached stays)."""
+        """Stop tailing (the takeover's first step; call with :attr:`lock` held, which the tail
+        holds only while it changes the graph, never during a Spark job). Its job under way is
+        cancelled, not waited for: what it had read stays, cached or not yet."""
         self._stop.set()
         self._ssc.sparkContext.cancelJobGroup(self.JOB_GROUP)
-        if self._thread.is_alive():
-            self._thread.join()
 
     def _run(self) -> None:
         self._ssc.sparkContext.setJobGroup(self.JOB_GROUP, "hot standby: warm-up and state preload",
@@ -96,31 +95,39 @@ class _Tail:
             self._stop.wait(TAIL_EVERY_S)
 
     def poll(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now >= self._next_warm:  # the whole warm-up once, then keep the workers alive
-                warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
-                self._next_warm = now + REWARM_EVERY_S
-            if not self._stop.is_set():
-                self.read_newest(preload=True)
+        now = time.monotonic()
+        if now >= self._next_warm:  # the whole warm-up once, then keep the workers alive
+            warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
+            self._next_warm = now + REWARM_EVERY_S
+        with self.lock:
+            if self._stop.is_set():
+                return
+            loaded = self.read_newest(preload=self.preload_state)
+        for rdd in loaded:  # outside the lock: a takeover cancels it rather than wait
+            if self._stop.is_set():
+                return
+            rdd.count()
 
-    def read_newest(self, preload: bool) -> None:
-        """Apply the newest checkpoint, when it changed, to the graph; with ``preload``, also read
-        and cache the state a takeover from it would start from."""
+    def read_newest(self, preload: bool) -> list:
+        """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`
+        held); with ``preload``, also register the state a takeover from it would start from,
+        and return the RDDs that still need reading."""
         ssc = self._ssc
         try:
             cp = read_checkpoint(ssc._checkpoint_dir, storage_options=ssc._storage_options)
         except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
             log.debug("tailing %s", ssc._checkpoint_dir, exc_info=True)
-            return
-        if cp is not None and (self.checkpoint is None
-                               or cp.checkpoint_time_ms != self.checkpoint.checkpoint_time_ms
-                               or cp.pending_times_ms != self.checkpoint.pending_times_ms):
-            restart.restore(ssc, cp)
-            self.checkpoint = cp
-            if preload and not self._stop.is_set() and self.preload_state:
-                first = min([cp.checkpoint_time_ms, *cp.pending_times_ms])
-                ssc._snapshots.preload(first, cp.checkpoint_time_ms)
+            return []
+        if cp is None or (self.checkpoint is not None
+                          and cp.checkpoint_time_ms == self.checkpoint.checkpoint_time_ms
+                          and cp.pending_times_ms == self.checkpoint.pending_times_ms):
+            return []
+        restart.restore(ssc, cp)
+        self.checkpoint = cp
+        if not preload:
+            return []
+        first = min([cp.checkpoint_time_ms, *cp.pending_times_ms])
+        return ssc._snapshots.preload(first, cp.checkpoint_time_ms)
 
 
 WORKERS_PER_CORE = 4
@@ -179,12 +186,14 @@ def _stand_by(ssc) -> None:
     try:
         lead = ssc._leadership.wait_for(ssc._standby_stop)
     except BaseException as e:  # noqa: BLE001
-        tail.stop()
+        with tail.lock:
+            tail.stop()
         ssc._report_error(e, None)
         ssc._leader_event.set()  # awaitLeadership returns, raising the error
         return
-    tail.stop()
     if lead is None:  # stopped while waiting
+        with tail.lock:
+            tail.stop()
         return
     try:
         take_over(ssc, tail)
@@ -200,7 +209,8 @@ def take_over(ssc, tail: _Tail) -> None:
     from .context import StreamingContext
 
     began = time.monotonic()
-    with StreamingContext._active_lock, ssc._lock:
+    with StreamingContext._active_lock, ssc._lock, tail.lock:
+        tail.stop()
         if ssc._standby_stop.is_set():
             ssc._leadership.release()
             return

@@ -126,11 +126,12 @@ class StateSnapshots:
                 self.roots[index] = later[0]
         self._drop_preloaded(keep=set())
 
-    def preload(self, first_ms: int, checkpoint_time_ms: int) -> None:
-        """A standby: read and cache in this driver's executors the state a takeover re-running
-        ``first_ms`` onwards would start from, so that the takeover's first batch finds it there.
-        State read before and no longer needed is dropped."""
-        wanted = set()
+    def preload(self, first_ms: int, checkpoint_time_ms: int) -> list:
+        """A standby: the state a takeover re-running ``first_ms`` onwards would start from, read
+        into RDDs cached in this driver's executors (the caller materialises the returned new ones
+        now, so that the takeover's first batch finds them there). State read before and no longer
+        needed is dropped."""
+        wanted, new = set(), []
         for index, state in self.by_stream.items():
             for t in self._restart_times(index, state, first_ms, checkpoint_time_ms):
                 wanted.add((index, t))
@@ -139,8 +140,9 @@ class StateSnapshots:
                     rdd = self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
                     rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
                     self._preloaded[(index, t)] = (url, rdd)
-                    rdd.count()  # materialised in the cache now, not at the takeover
+                    new.append(rdd)
         self._drop_preloaded(keep=wanted)
+        return new
 
     def _drop_preloaded(self, keep: set) -> None:
         """Forget preloaded state outside ``keep``; unpersist what no stream serves."""
