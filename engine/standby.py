@@ -170,13 +170,11 @@ def warm_up(sc, light: bool = False) -> None:
 
 
 def _import_engine(rows):
-    """In a Python worker: import what the engine's tasks use (state snapshots read and written
-    as Arrow, checksums), which would otherwise cost the first batch after a takeover."""
-    import importlib
+    """In a Python worker: import what the engine's tasks use (the list the worker daemon
+    imports), which would otherwise cost the first batch after a takeover."""
+    from .worker_daemon import preimport
 
-    for name in ("engine", "engine.snapshot", "engine.state.state_map", "checkpoint.state_files",
-                 "pyarrow", "pyarrow.ipc", "crc32c"):
-        importlib.import_module(name)
+    preimport()
     return rows
 
 

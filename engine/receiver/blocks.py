@@ -77,8 +77,9 @@ def earlier_wal_dirs(checkpoint_dir: str, stream_id: int, epoch: int | None,
     found = []
     for name in names:
         m = pattern.fullmatch(name)
-        if m and (m.group(1) is None or int(m.group(1)) < epoch):
-            found.append(receiver_wal_dir(checkpoint_dir, stream_id, None if m.group(1) is None else int(m.group(1))))
+        earlier = None if m is None or m.group(1) is None else int(m.group(1))
+        if m and (earlier is None or earlier < epoch):
+            found.append(receiver_wal_dir(checkpoint_dir, stream_id, earlier))
     return found
 
 
