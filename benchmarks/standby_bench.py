@@ -9,7 +9,7 @@ a tenth of the keys every batch interval (the first file: every key). Rows:
 
 * **sparkwal, hot standby**: a second driver (``getOrCreate(..., standby=True)``) waits beside the
   active one; the active one's process group gets SIGKILL 2-4 s after the standby reported that
-  it waits and the active one keeps up again (its newest batch less than a batch interval late:
+  it is hot (``onStandbyReady``) and the active one keeps up again (its newest batch less than a batch interval late:
   both drivers share two cores here); a fresh standby is started after every takeover.
 * **sparkwal, cold restart**: SIGKILL (2-4 s after the driver keeps up), then the same app started
   again (``getOrCreate``).
@@ -152,7 +152,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
         for _ in range(n):
             standby = start(True)
             apps.append(standby)
-            standby.wait(lambda e: e["event"] == "standby")
+            standby.wait(lambda e: e["event"] == "hot")
             _steady(active, batch_s)
             time.sleep(rng.uniform(2, 4))
             last = _last_batch(apps)
@@ -244,7 +244,7 @@ def standby_cost(batches: int, keys: int, batch_s: float) -> dict:
         active.wait(lambda e: len(active.batches()) >= start + 2 * batches, 60 + 4 * batches * batch_s)
         alone = [e["processing_ms"] for e in active.events() if e["event"] == "batch"][start + batches:]
         standby = App(workdir, "sparkwal", batch_s, standby=True)
-        standby.wait(lambda e: e["event"] == "standby")
+        standby.wait(lambda e: e["event"] == "hot")
         time.sleep(10 * batch_s)  # its start-up and warm-up over: the standby as it runs for hours
         _steady(active, batch_s)
         start = len(active.batches())

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                                      "processing_ms": row[2], "scheduling_ms": row[3],
                                      "at": time.time()}) + "\n")
 
+        def onStandbyReady(self, e):
+            events.write(json.dumps({"event": "hot", "took_ms": e.took_ms, "at": time.time()}) + "\n")
+
         def onDriverTakeover(self, e):
             events.write(json.dumps({"event": "takeover", "took_ms": e.took_ms, "epoch": e.epoch,
                                      "rerun": len(e.rerun_batch_times), "at": time.time()}) + "\n")

@@ -12,7 +12,7 @@ from .listener import (OutputOperationInfo, ReceiverInfo, StreamingListenerRecei
                        StreamingListenerReceiverStarted, StreamingListenerReceiverStopped, StreamingListener, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerDriverTakeover,
-                       StreamingListenerOutputOperationCompleted,
+                       StreamingListenerOutputOperationCompleted, StreamingListenerStandbyReady,
                        StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
 from .leadership import DriverAlreadyActiveError
 from .receiver import BlockReadError, Receiver, SocketReceiver
@@ -21,7 +21,7 @@ from .state.map_with_state import State, StateSpec
 from checkpoint.state_chains import read_state
 
 __all__ = [
-    "BatchInfo", "BlockReadError", "DriverAlreadyActiveError", "StreamingListenerDriverTakeover", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
+    "BatchInfo", "BlockReadError", "DriverAlreadyActiveError", "StreamingListenerDriverTakeover", "StreamingListenerStandbyReady", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
     "SocketReceiver", "StreamingListenerReceiverError", "StreamingListenerReceiverStarted",
     "StreamingListenerReceiverStopped", "DStream", "SnapshotError", "StreamingContext",
     "StreamingContextStateError", "StreamingListener",

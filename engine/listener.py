@@ -92,6 +92,23 @@ class StreamingListenerDriverTakeover:
         return self.rerun_batch_times
 
 
+@dataclass(frozen=True)
+class StreamingListenerStandbyReady:
+    """sparkwal's event: a standby is hot. Its warm-up is done and the state of the newest
+    checkpoint it read (``checkpoint_time_ms``; None: none yet) is cached in its executors.
+    ``took_ms`` is from its ``start()``. Posted once. A takeover before it still works, but
+    starts colder."""
+
+    checkpoint_time_ms: int | None
+    took_ms: int
+
+    def checkpointTime(self) -> int | None:
+        return self.checkpoint_time_ms
+
+    def readyTime(self) -> int:
+        return self.took_ms
+
+
 class StreamingListener:
     """Override the callbacks you need; they run on the scheduler's threads, so keep them short."""
 
@@ -118,6 +135,9 @@ class StreamingListener:
 
     def onDriverTakeover(self, driverTakeover: StreamingListenerDriverTakeover) -> None:
         """sparkwal's: this context, a standby, took the stream over (see engine.standby)."""
+
+    def onStandbyReady(self, standbyReady: StreamingListenerStandbyReady) -> None:
+        """sparkwal's: this context, a standby, is hot (see engine.standby)."""
 
     # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:

@@ -21,8 +21,8 @@ from checkpoint.state_files import (VERSION, SnapshotError, delete_snapshot, enc
                                     write_manifest)
 from wal.storage import resolve
 
-__all__ = ["SnapshotError", "delete_snapshot", "hash_seed", "is_hash_partitioned", "read_chain",
-           "write_snapshot"]
+__all__ = ["SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
+           "read_chain", "write_snapshot"]
 
 
 def hash_seed(sc: SparkContext) -> str | None:
@@ -87,7 +87,9 @@ def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict
                                 f"of its chain {n}: the chain cannot be merged")
     links = [(ref.url, m) for ref, m in zip(chain, manifests)]
 
-    def read(i):
+    def read(i, seeds=()):
+        for _ in seeds:  # a worker whose task left input unread is not reused: Spark forks
+            pass         # (and the engine is imported into) a new one for the next task
         state = merge_chain(part_rows(url, i, m, storage_options) for url, m in links)
         return ((k, v, t) for k, (v, t) in state.items())
 
@@ -95,7 +97,27 @@ def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict
                                 for m in manifests)
     if partitioned:  # n tiny seed records, shuffled so that the JVM knows the partitioner
         seeds = sc.parallelize([(i, None) for i in range(n)], n).partitionBy(n)
-        return seeds.mapPartitionsWithIndex(lambda i, _: read(i), preservesPartitioning=True), True
+        return seeds.mapPartitionsWithIndex(read, preservesPartitioning=True), True
     if n == 0:
         return sc.emptyRDD(), False
     return sc.parallelize(range(n), n).flatMap(read), False
+
+
+def apply_delta(sc: SparkContext, rows: RDD, ref: SnapshotRef, base_parts: int,
+                storage_options: dict | None = None) -> RDD | None:
+    """The state at ``ref`` (a delta) as rows ``(key, value, updated_ms)``, as :func:`read_chain`
+    gives them, from ``rows`` ``(key, value, updated_ms, removed)``: the state at the delta's base,
+    hash-partitioned in ``base_parts`` partitions, each in update order. Partition ``i`` is merged
+    with the delta's part ``i`` in its own task: no shuffle, and no file of the base read again.
+    None when the delta is not laid out like the base (then its chain is read whole)."""
+    manifest = read_manifest(ref.url, storage_options)
+    if (manifest["kind"] != "delta" or len(manifest["parts"]) != base_parts
+            or not manifest.get("partitioned") or manifest.get("hash_seed") != hash_seed(sc)):
+        return None
+    url = ref.url
+
+    def merge(i, base_rows):
+        state = merge_chain([base_rows, part_rows(url, i, manifest, storage_options)])
+        return ((k, v, t) for k, (v, t) in state.items())
+
+    return rows.mapPartitionsWithIndex(merge, preservesPartitioning=True)

@@ -11,8 +11,9 @@ directory, no output), and keeps itself ready:
 * **tailing**, on a thread of its own: it reads the newest DStream checkpoint whenever a newer one
   appears, applies it to its graph (inputs' remembered files, state snapshot references), and
   reads the state a takeover from it would start from into its executors, cached
-  (:meth:`engine.state.snapshots.StateSnapshots.preload`), so a takeover re-reads only what was
-  written since;
+  (:meth:`engine.state.snapshots.StateSnapshots.preload`: a delta snapshot is applied to the
+  state held, only a full one is read whole), so a takeover re-reads only what was written since.
+  Listeners get ``onStandbyReady`` once the warm-up and the first of these reads are done;
 * **polling** the leadership (:meth:`engine.leadership.DriverLeadership.wait_for`) on another
   thread, so that no job of the tail delays it: every 10 ms on a local directory, at the lease's
   expiry on an object store.
@@ -34,7 +35,8 @@ import time
 from checkpoint import read_checkpoint
 
 from . import restart
-from .listener import StreamingListenerDriverTakeover, StreamingListenerStreamingStarted
+from .listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
+                       StreamingListenerStreamingStarted)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class _Tail:
 
     def __init__(self, ssc):
         self._ssc = ssc
+        self._began = time.monotonic()
+        self._ready = False  # onStandbyReady posted
         self.checkpoint = None
         self._next_warm = 0.0
         self._stop = threading.Event()
@@ -89,6 +93,12 @@ class _Tail:
         while not self._stop.is_set():
             try:
                 self.poll()
+                if not self._ready and not self._stop.is_set():
+                    self._ready = True
+                    cp = self.checkpoint
+                    self._ssc._post("onStandbyReady", StreamingListenerStandbyReady(
+                        cp.checkpoint_time_ms if cp else None,
+                        int((time.monotonic() - self._began) * 1000)))
             except Exception:  # noqa: BLE001  a cancelled job, a checkpoint being replaced, ...
                 if not self._stop.is_set():
                     log.debug("tailing %s", self._ssc._checkpoint_dir, exc_info=True)
@@ -107,6 +117,9 @@ class _Tail:
             if self._stop.is_set():
                 return
             rdd.count()
+        with self.lock:  # what the newest look no longer needs, now that it is read
+            if not self._stop.is_set():
+                self._ssc._snapshots.drop_unwanted()
 
     def read_newest(self, preload: bool) -> list:
         """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`

@@ -181,10 +181,13 @@ def preloaded_state(sc) -> list[str]:
 
 class Takeovers(StreamingListener):
     def __init__(self):
-        self.events = []
+        self.events, self.ready = [], []
 
     def onDriverTakeover(self, driverTakeover):
         self.events.append(driverTakeover)
+
+    def onStandbyReady(self, standbyReady):
+        self.ready.append(standbyReady)
 
 
 def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_context, tmp_path):
@@ -225,6 +228,9 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         # hot: once the active driver has snapshotted its state (every 10 s), the standby holds it
         # cached in its own executors before any takeover
         wait(lambda: preloaded_state(spark_context), 60, "the state preloaded by the standby")
+        wait(lambda: takeovers.ready, 60, "onStandbyReady")
+        [ready] = takeovers.ready
+        assert ready.checkpoint_time_ms is not None and ready.took_ms > 0
         assert standby.isStandby()
         active.kill()
         assert standby.awaitLeadership(60)

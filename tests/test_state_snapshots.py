@@ -22,7 +22,7 @@ from checkpoint.state_files import (
     snapshot_files,
 )
 from engine import SnapshotError
-from engine.snapshot import read_chain, write_snapshot
+from engine.snapshot import apply_delta, read_chain, write_snapshot
 
 
 @pytest.mark.parametrize("values, arrow_type", [
@@ -86,6 +86,37 @@ def test_a_chain_is_merged_in_order_and_keeps_its_partitioner(spark_context, tmp
         read_chain(sc, chain)
     delete_snapshot(base + "1000")
     assert snapshot_files(base + "1000") == []
+
+
+def test_a_delta_applies_to_the_cached_state_at_its_base_without_reading_the_base_again(
+        spark_context, tmp_path):
+    """How a hot standby keeps its preloaded state current: the state at the base, cached, plus
+    the delta's parts, partition by partition."""
+    sc = spark_context
+    n = 3
+    full = sc.parallelize([(f"k{i}", i) for i in range(1000)]).partitionBy(n)
+    base = str(tmp_path / "state" / "0-")
+    write_snapshot(full.mapPartitions(lambda kvs: ((k, v, 500, False) for k, v in kvs), True),
+                   base + "500", time_ms=500, base_ms=None, partitioned=True)
+    changes = sc.parallelize([("k1", -1, 1000, False), ("k2", None, 1000, True), ("new", 7, 1000, False)])
+    write_snapshot(changes.map(lambda r: (r[0], r)).partitionBy(n).values(), base + "1000",
+                   time_ms=1000, base_ms=500, partitioned=True)
+    delta = SnapshotRef(1000, base + "1000", 500)
+    before, _ = read_chain(sc, [SnapshotRef(500, base + "500")])
+    before = before.map(lambda r: (*r, False), preservesPartitioning=True).cache()
+    assert before.count() == 1000
+    delete_snapshot(base + "500")  # from here on only the cache holds the base
+
+    after = apply_delta(sc, before, delta, n)
+    assert after.partitioner == Partitioner(n, portable_hash)
+    got = {k: (v, t) for k, v, t in after.collect()}
+    assert len(got) == 1000 and got["k1"] == (-1, 1000) and "k2" not in got
+    assert got["new"] == (7, 1000) and got["k999"] == (999, 500)
+
+    other = sc.parallelize([("k1", 5, 1500, False)], 1)  # one part: not laid out like the base
+    write_snapshot(other, base + "1500", time_ms=1500, base_ms=1000, partitioned=False)
+    assert apply_delta(sc, after, SnapshotRef(1500, base + "1500", 1000), n) is None
+    before.unpersist()
 
 
 def test_version_1_snapshots_of_earlier_releases_are_still_read(spark_context, tmp_path):

@@ -34,7 +34,8 @@ class KeyValueState:
         return is_hash_partitioned(rdd)
 
     def state_rows(self, rdd: RDD, time_ms: int) -> RDD:
-        return rdd.mapPartitions(lambda kvs: ((k, v, time_ms, False) for k, v in kvs))
+        return rdd.mapPartitions(lambda kvs: ((k, v, time_ms, False) for k, v in kvs),
+                                 preservesPartitioning=True)
 
     def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | None:
         """The keys changed or removed since the snapshot at ``since_ms``, by comparing with the

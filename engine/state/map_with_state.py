@@ -234,7 +234,7 @@ class InternalMapWithStateDStream(DStream):
         return True
 
     def state_rows(self, rdd: RDD, time_ms: int) -> RDD:
-        return rdd.flatMap(lambda r: r[1].state.rows())
+        return rdd.flatMap(lambda r: r[1].state.rows(), preservesPartitioning=True)
 
     def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | None:
         if since_ms < time_ms - 2 * (self.checkpoint_ms or self.slide_ms):

@@ -31,7 +31,7 @@ from checkpoint.state_chains import SnapshotRef, StreamState, parse_state
 from checkpoint.state_files import read_manifest
 
 from ..restart import CheckpointMismatchError
-from ..snapshot import SnapshotError, delete_snapshot, read_chain, write_snapshot
+from ..snapshot import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ class StateSnapshots:
         #: a standby's state, read and cached ahead of a takeover: (stream index, batch time) ->
         #: (the newest snapshot URL of the chain read, the cached RDD)
         self._preloaded: dict[tuple[int, int], tuple[str, object]] = {}
+        self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
+        self._unpersist_later: tuple[int, list] = (0, [])  # (when, RDDs): see load_for_restart
 
     @property
     def deltas_per_full(self) -> int:
@@ -107,12 +109,15 @@ class StateSnapshots:
 
     def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
         """The state of ``index`` at snapshot time ``t``: the standby's preloaded RDD when it read
-        the same snapshot, else read now (cached, materialised by the first job using it)."""
+        the same snapshot (or one of its chain: the deltas since are applied to it), else read now
+        (cached, materialised by the first job using it)."""
         url = state.snapshots[t].url
         preloaded = self._preloaded.get((index, t))
         if preloaded is not None and preloaded[0] == url:
             return preloaded[1]
-        return self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
+        stream = self._ssc._graph.streams[index]
+        advanced = self._advance(stream, index, state, t) if self._preloaded else None
+        return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
     def load_for_restart(self, first_ms: int, checkpoint_time_ms: int) -> None:
         """Serve each stateful stream's state from its newest snapshot a restart can use."""
@@ -124,25 +129,60 @@ class StateSnapshots:
                 stream.generated_rdds[t] = self._load(index, state, t, checkpoint_time_ms)
             if later:
                 self.roots[index] = later[0]
-        self._drop_preloaded(keep=set())
+        # the rest of a standby's preloaded state: unpersisted once the first batch after the
+        # takeover is done (its generation's and its completion's checkpoints are written): state
+        # served may be a delta applied to it, not read yet
+        rest = [rdd for _url, rdd in self._preloaded.values()]
+        self._unpersist_later = (self.checkpoints_written + 2, rest)
+        self._preloaded.clear()
 
     def preload(self, first_ms: int, checkpoint_time_ms: int) -> list:
         """A standby: the state a takeover re-running ``first_ms`` onwards would start from, read
         into RDDs cached in this driver's executors (the caller materialises the returned new ones
-        now, so that the takeover's first batch finds them there). State read before and no longer
-        needed is dropped."""
-        wanted, new = set(), []
+        now, so that the takeover's first batch finds them there, then calls
+        :meth:`drop_unwanted`). A delta whose base is held already is applied to it, partition by
+        partition (:func:`engine.snapshot.apply_delta`): the standby reads only the keys changed
+        since its last look, and the whole state only at a full snapshot."""
+        self._wanted, new = set(), []
         for index, state in self.by_stream.items():
+            stream = self._ssc._graph.streams[index]
             for t in self._restart_times(index, state, first_ms, checkpoint_time_ms):
-                wanted.add((index, t))
+                self._wanted.add((index, t))
                 url = state.snapshots[t].url
-                if self._preloaded.get((index, t), (None,))[0] != url:
-                    rdd = self._read(self._ssc._graph.streams[index], state, t, checkpoint_time_ms)
-                    rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
-                    self._preloaded[(index, t)] = (url, rdd)
-                    new.append(rdd)
-        self._drop_preloaded(keep=wanted)
+                if self._preloaded.get((index, t), (None,))[0] == url:
+                    continue
+                rdd = self._advance(stream, index, state, t)
+                if rdd is None:
+                    rdd = self._read(stream, state, t, checkpoint_time_ms)
+                rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
+                self._preloaded[(index, t)] = (url, rdd)
+                new.append(rdd)
         return new
+
+    def _advance(self, stream, index: int, state: StreamState, t: int):
+        """The state at delta ``t`` from preloaded state of its chain and the deltas after it
+        (:func:`engine.snapshot.apply_delta`), or None when none of its chain is held."""
+        chain = state.chain(t)
+        for start in range(len(chain) - 2, -1, -1):
+            held = self._preloaded.get((index, chain[start].time_ms))
+            if held is not None and held[0] == chain[start].url:
+                break
+        else:
+            return None
+        rdd, ssc = held[1], self._ssc
+        for before, ref in zip(chain[start:], chain[start + 1:]):
+            if not stream.state_partitioned(rdd):
+                return None
+            rows = apply_delta(ssc._sc, stream.state_rows(rdd, before.time_ms), ref,
+                               rdd.getNumPartitions(), ssc._storage_options)
+            if rows is None:
+                return None
+            rdd = stream.state_from_rows(rows, True)
+        return rdd.persist(StorageLevel.MEMORY_ONLY)
+
+    def drop_unwanted(self) -> None:
+        """After the newest preload was materialised: forget the state it no longer needs."""
+        self._drop_preloaded(keep=self._wanted)
 
     def _drop_preloaded(self, keep: set) -> None:
         """Forget preloaded state outside ``keep``; unpersist what no stream serves."""
@@ -206,6 +246,13 @@ class StateSnapshots:
     def on_checkpoint_written(self) -> None:
         """Delete retired snapshots once two newer checkpoints no longer reference them."""
         self.checkpoints_written += 1
+        due, rdds = self._unpersist_later
+        if rdds and self.checkpoints_written >= due:
+            served = [r for s in self._ssc._graph.streams for r in list(s.generated_rdds.values())]
+            for rdd in rdds:
+                if not any(rdd is r for r in served):
+                    rdd.unpersist(blocking=False)
+            self._unpersist_later = (0, [])
         keep = []
         for written_then, path in self._retired:
             if self.checkpoints_written >= written_then + 2:
@@ -235,3 +282,4 @@ class StateSnapshots:
                        default=None)
             floor = min(floor, base if base is not None else zero, self.roots.get(index, zero))
         return floor
+
