@@ -58,9 +58,9 @@ def test_state_table_is_keyed_and_typed_or_pickled():
     assert pickled.schema.metadata[b"sparkwal.pickled"] == b"key,value"
 
 
-def test_a_chain_is_merged_in_order_and_keeps_its_partitioner(spark_context, tmp_path):
-    sc = spark_context
-    n = 3
+def full_and_delta(sc, tmp_path, n: int) -> str:
+    """Snapshots ``<base>500`` (keys k0-k999, value i) and ``<base>1000``, a delta (k1 = -1, k2
+    removed, new = 7), in ``n`` hash-partitioned parts; return ``<base>``."""
     full = sc.parallelize([(f"k{i}", i) for i in range(1000)]).partitionBy(n)
     base = str(tmp_path / "state" / "0-")
     write_snapshot(full.mapPartitions(lambda kvs: ((k, v, 500, False) for k, v in kvs), True),
@@ -68,6 +68,13 @@ def test_a_chain_is_merged_in_order_and_keeps_its_partitioner(spark_context, tmp
     delta = sc.parallelize([("k1", -1, 1000, False), ("k2", None, 1000, True), ("new", 7, 1000, False)])
     delta = delta.map(lambda r: (r[0], r)).partitionBy(n).values()  # each key in its partition
     write_snapshot(delta, base + "1000", time_ms=1000, base_ms=500, partitioned=True)
+    return base
+
+
+def test_a_chain_is_merged_in_order_and_keeps_its_partitioner(spark_context, tmp_path):
+    sc = spark_context
+    n = 3
+    base = full_and_delta(sc, tmp_path, n)
     chain = [SnapshotRef(500, base + "500"), SnapshotRef(1000, base + "1000", 500)]
 
     rows, partitioned = read_chain(sc, chain)
@@ -94,13 +101,7 @@ def test_a_delta_applies_to_the_cached_state_at_its_base_without_reading_the_bas
     the delta's parts, partition by partition."""
     sc = spark_context
     n = 3
-    full = sc.parallelize([(f"k{i}", i) for i in range(1000)]).partitionBy(n)
-    base = str(tmp_path / "state" / "0-")
-    write_snapshot(full.mapPartitions(lambda kvs: ((k, v, 500, False) for k, v in kvs), True),
-                   base + "500", time_ms=500, base_ms=None, partitioned=True)
-    changes = sc.parallelize([("k1", -1, 1000, False), ("k2", None, 1000, True), ("new", 7, 1000, False)])
-    write_snapshot(changes.map(lambda r: (r[0], r)).partitionBy(n).values(), base + "1000",
-                   time_ms=1000, base_ms=500, partitioned=True)
+    base = full_and_delta(sc, tmp_path, n)
     delta = SnapshotRef(1000, base + "1000", 500)
     before, _ = read_chain(sc, [SnapshotRef(500, base + "500")])
     before = before.map(lambda r: (*r, False), preservesPartitioning=True).cache()
