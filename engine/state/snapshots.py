@@ -145,15 +145,12 @@ class StateSnapshots:
         since its last look, and the whole state only at a full snapshot."""
         self._wanted, new = set(), []
         for index, state in self.by_stream.items():
-            stream = self._ssc._graph.streams[index]
             for t in self._restart_times(index, state, first_ms, checkpoint_time_ms):
                 self._wanted.add((index, t))
                 url = state.snapshots[t].url
                 if self._preloaded.get((index, t), (None,))[0] == url:
                     continue
-                rdd = self._advance(stream, index, state, t)
-                if rdd is None:
-                    rdd = self._read(stream, state, t, checkpoint_time_ms)
+                rdd = self._load(index, state, t, checkpoint_time_ms)
                 rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
                 self._preloaded[(index, t)] = (url, rdd)
                 new.append(rdd)
