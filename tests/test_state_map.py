@@ -38,12 +38,12 @@ def dump(state: StateMap):
     return list(state.values.items()), list(state.times.items()), list(state.removed.items())
 
 
-def run(uid, batches, cold: bool):
+def run(uid, batches, cold: bool, timeout_ms=1500):
     record, mapped = StateRecord.of(-1, StateMap(), []), []
     for i, data in enumerate(batches, 1):
         if cold:
             state_map._LIVE.clear()  # another worker each time: rebuilt from the record
-        record = batch(uid, record, data, 500 * i)
+        record = batch(uid, record, data, 500 * i, timeout_ms=timeout_ms)
         mapped.append(record.mapped)
     return record, mapped
 
@@ -80,14 +80,60 @@ def test_a_batch_appends_a_small_layer_and_keeps_the_base_until_the_layers_weigh
     assert state.values["new"] == 38 and len(state.values) == 5001
 
 
-def test_a_live_map_is_used_only_for_the_record_it_was_made_for():
+def test_a_live_map_is_used_only_for_records_whose_chain_holds_it():
     record = batch("u", StateRecord.of(-1, StateMap(), []), [("a", 1)], 500)
     live = state_map._LIVE[("u", 0)][1]
-    assert take_state("u", 0, record) is live  # same stream, partition, batch: no unpickling
-    state_map._keep_live("u", 0, 500, live, stale_before_ms=0)
-    older = StateRecord(0, record.base, [], [])
-    assert take_state("u", 0, older) is not live  # another batch's record is rebuilt
+    assert take_state("u", 0, record) is live  # same stream, partition, record: no unpickling
+    state_map._keep_live("u", 0, record.token, live)
+    other = StateRecord(500, record.base, [], [])  # the same batch's state, another attempt's record
+    assert take_state("u", 0, other) is not live  # not in its chain: rebuilt
     assert ("u", 0) not in state_map._LIVE  # ... and the map was given up: never used twice
+
+
+def test_a_worker_whose_live_map_is_batches_old_catches_up_from_the_layers(monkeypatch):
+    """Three workers take the batches in turn at random: each one applies the layers since its
+    own last batch of the partition, and rebuilds only when a new base was written since."""
+    rng = random.Random(11)
+    keys = [f"k{i}" for i in range(3000)]
+    first = [(k, 1) for k in keys]
+    batches = [first] + [[(k, rng.choice([1, 2, -1])) for k in rng.sample(keys, 30)] for _ in range(60)]
+    cold, cold_mapped = run("cold", batches, cold=True, timeout_ms=None)
+    rebuilds, rebuild = [], StateRecord.state.fget
+    monkeypatch.setattr(StateRecord, "state", property(lambda r: rebuilds.append(r.time_ms) or rebuild(r)))
+    workers = [{}, {}, {}]
+    record, mapped, caught_up, bases = StateRecord.of(-1, StateMap(), []), [], 0, set()
+    for i, data in enumerate(batches, 1):
+        w = workers[rng.randrange(3)]
+        monkeypatch.setattr(state_map, "_LIVE", w)
+        held = w.get(("warm", 0))
+        caught_up += held is not None and held[0] in record.tokens[:-1]
+        record = batch("warm", record, data, 500 * i, timeout_ms=None)
+        mapped.append(record.mapped)
+        bases.add(record.tokens[0])
+    assert mapped == cold_mapped
+    assert dump(record.state) == dump(cold.state)
+    assert caught_up >= 20, "workers did not catch up from their older live maps"
+    assert len(rebuilds) - 1 <= 3 * len(bases), "rebuilt although a live map was in the chain"  # -1: the .state above
+
+
+def test_the_live_map_of_an_attempt_whose_record_was_thrown_away_is_never_used(monkeypatch):
+    """Batch 1000 runs twice (say its first record was lost with its cache); the function is not
+    deterministic, so the two attempts' states differ: the state goes on from the record kept."""
+    attempts = iter([100, 1])
+
+    def bump(key, value, state):
+        state.update((state.getOption() or 0) + next(attempts))
+        return key
+
+    one, two = {}, {}
+    monkeypatch.setattr(state_map, "_LIVE", one)
+    first = batch("n", StateRecord.of(-1, StateMap(), []), [], 500)
+    batch("n", first, [("a", 1)], 1000, func=bump)  # worker one keeps a map of batch 1000: a == 100
+    monkeypatch.setattr(state_map, "_LIVE", two)
+    kept = batch("n", first, [("a", 1)], 1000, func=bump)  # worker two: the record Spark kept
+    monkeypatch.setattr(state_map, "_LIVE", one)
+    after = batch("n", kept, [("b", 1)], 1500)  # worker one again
+    assert after.state.values == {"a": 1, "b": 1}
 
 
 def test_a_batch_that_fails_half_way_leaves_no_half_updated_live_map():
@@ -104,10 +150,15 @@ def test_a_batch_that_fails_half_way_leaves_no_half_updated_live_map():
     assert again.state.values == {"a": 6, "b": 2}
 
 
-def test_stale_live_maps_of_a_stream_are_dropped():
+def test_a_worker_keeps_live_maps_of_at_most_live_keys_keys_dropping_the_oldest_first():
     state_map._LIVE.clear()
-    for i in range(4):
-        state_map._keep_live("s", i, 500, StateMap(), stale_before_ms=0)
-    state_map._keep_live("other", 0, 100, StateMap(), stale_before_ms=0)
-    state_map._keep_live("s", 0, 1500, StateMap(), stale_before_ms=1000)  # batch 1000 ran elsewhere
-    assert sorted(state_map._LIVE) == [("other", 0), ("s", 0)]
+    for i in range(3):
+        state_map._keep_live("s", i, b"t%d" % i, StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+    assert sorted(state_map._LIVE) == [("s", 1), ("s", 2)]
+    state_map._keep_live("s", 1, b"again", StateMap({"x": 1}), live_keys=25)  # newest again
+    state_map._keep_live("s", 3, b"t3", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+    assert sorted(state_map._LIVE) == [("s", 1), ("s", 2), ("s", 3)]  # 21 keys
+    state_map._keep_live("s", 4, b"t4", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+    assert sorted(state_map._LIVE) == [("s", 1), ("s", 3), ("s", 4)]  # 2 was the oldest
+    state_map._keep_live("big", 0, b"b", StateMap({f"k{j}": j for j in range(30)}), live_keys=25)
+    assert ("big", 0) not in state_map._LIVE  # one map over the bound is not kept either

@@ -25,7 +25,7 @@ from functools import partial
 from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream, TransformedDStream, _ms
-from .state_map import StateMap, StateRecord, next_record, take_state
+from .state_map import LIVE_KEYS, StateMap, StateRecord, next_record, take_state
 
 
 class State:
@@ -103,12 +103,16 @@ class StateSpec:
         return self
 
 
+LIVE_KEYS_CONF = "spark.sparkwal.state.liveKeysPerWorker"  # see engine/state/state_map.py
+
+
 def _no_state(index: int, batch_ms: int) -> RuntimeError:
     return RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no state "
                         "partition to update")
 
 
-def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None):
+def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None,
+                      live_keys=LIVE_KEYS):
     previous, state, mapped, st = None, None, [], State()
     for key, value in records:
         if type(value) is StateRecord:  # the state partition comes first (the union's order)
@@ -133,7 +137,7 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
             state.remove(key, batch_ms)
     state.forget_removals_before(forget_before_ms)
     delta = None if delta_since_ms is None else (delta_since_ms, state.rows_since(delta_since_ms))
-    yield index, next_record(uid, index, previous, state, batch_ms, forget_before_ms, mapped, delta)
+    yield index, next_record(uid, index, previous, state, batch_ms, forget_before_ms, mapped, delta, live_keys)
 
 
 def _build_partition(index, records, time_ms):
@@ -212,7 +216,8 @@ class InternalMapWithStateDStream(DStream):
             delta_since = time_ms - self.checkpoint_ms
         update = partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
                          timeout_ms=self.timeout_ms,
-                         forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since)
+                         forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
+                         live_keys=int(self._sc.getConf().get(LIVE_KEYS_CONF, str(LIVE_KEYS))))
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
 
     def clear_metadata(self, time_ms: int) -> None:

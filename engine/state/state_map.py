@@ -11,11 +11,17 @@ batch's work proportional to its records instead:
   new base instead. Anyone can rebuild the state from the record alone: the base, then the
   layers in order (:meth:`StateRecord.state`), which reproduces the update order exactly.
 - **Live maps.** A Python worker keeps the :class:`StateMap` it last produced for each partition
-  (:data:`_LIVE`, keyed by the state stream's per-run id and the partition). When Spark hands the
-  same worker that partition's next batch, and the record it receives is the one that map was
-  produced for (same batch time), the map is used as is: no unpickling at all. Otherwise the
-  record is rebuilt. Spark does not pin partitions to workers, so hits are a matter of luck
-  (about half the tasks with two workers); a miss costs what a batch always cost before.
+  (:data:`_LIVE`, keyed by the state stream's per-run id and the partition), with the token of
+  the record it produced. Every record names the tokens of its base and of each of its layers
+  (its *chain*). When a worker is handed a record whose chain holds its live map's token, it
+  applies only the layers after it: no unpickling of the base, and nothing at all when the live
+  map is that very record's state. Spark does not pin partitions to workers (three or four
+  Python workers take turns here), so a live map is often a few batches old: it catches up.
+  Otherwise (another run, a new base since, a task whose record was never cached) the record is
+  rebuilt. Tokens, not batch times, identify a state: a retried or recomputed batch makes a new
+  record with a new token, and a map of an attempt that was thrown away never matches.
+  A worker keeps live maps of at most ``live_keys`` keys in all (oldest dropped first): the
+  price is memory, up to that many keys' state per Python worker.
 
 Values must change through ``State.update``: an object changed in place without it is not in the
 batch's layer (Spark's own in-memory state has the same rule for its delta maps).
@@ -23,12 +29,18 @@ batch's layer (Spark's own in-memory state has the same rule for its delta maps)
 
 from __future__ import annotations
 
+import os
 import pickle
 
 _MISSING = object()
 MAX_LAYERS = 64
+LIVE_KEYS = 4_000_000  # default of spark.sparkwal.state.liveKeysPerWorker
 _LIVE_ENTRIES = 64  # live maps a worker keeps, over every state stream it served
-_LIVE: dict[tuple[str, int], tuple[int, StateMap]] = {}
+_LIVE: dict[tuple[str, int], tuple[bytes, StateMap]] = {}  # (uid, partition) -> (token, map)
+
+
+def _token() -> bytes:
+    return os.urandom(12)
 
 
 def _oldest_before(times: dict, time_ms: int) -> list:
@@ -115,19 +127,25 @@ def _dumps(obj) -> bytes:
 
 class StateRecord:
     """A state partition after the batch of ``time_ms``: a base, its layers, the batch's mapped
-    records, and (at a checkpoint batch) the rows of the next delta snapshot. Readers of the
-    mapped records unpickle only bytes objects, never the state's objects."""
+    records, and (at a checkpoint batch) the rows of the next delta snapshot. ``tokens`` is the
+    chain: the base's token, then one per layer; the last one names this record's state.
+    Readers of the mapped records unpickle only bytes objects, never the state's objects."""
 
-    __slots__ = ("time_ms", "base", "layers", "mapped", "delta")
+    __slots__ = ("time_ms", "base", "layers", "tokens", "mapped", "delta")
 
     def __init__(self, time_ms: int, base: bytes, layers: list[bytes], mapped: list,
-                 delta: tuple[int, list] | None = None):
+                 delta: tuple[int, list] | None = None, tokens: list[bytes] | None = None):
         self.time_ms, self.base, self.layers, self.mapped = time_ms, base, layers, mapped
+        self.tokens = tokens if tokens is not None else [_token() for _ in range(len(layers) + 1)]
         self.delta = delta  # (since_ms, rows_since(since_ms)), worked out by a checkpoint batch
 
     @classmethod
     def of(cls, time_ms: int, state: StateMap, mapped: list) -> StateRecord:
         return cls(time_ms, _dumps(state), [], mapped)
+
+    @property
+    def token(self) -> bytes:
+        return self.tokens[-1]
 
     @property
     def state(self) -> StateMap:
@@ -144,41 +162,49 @@ class StateRecord:
         return self.state.rows_since(since_ms)
 
     def __getstate__(self):
-        return self.time_ms, self.base, self.layers, self.mapped, self.delta
+        return self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta
 
     def __setstate__(self, state):
-        self.time_ms, self.base, self.layers, self.mapped, self.delta = state
+        self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta = state
 
 
 def take_state(uid: str, index: int, record: StateRecord) -> StateMap:
-    """The state ``record`` holds, from this worker's live map when it is the same one, else
-    rebuilt; either way the caller owns it (a failure half-way leaves no live map behind)."""
+    """The state ``record`` holds: this worker's live map of the partition when it is in the
+    record's chain (caught up with the layers after it), else rebuilt; either way the caller
+    owns it (a failure half-way leaves no live map behind)."""
     live = _LIVE.pop((uid, index), None)
-    if live is not None and live[0] == record.time_ms:
-        return live[1]
+    if live is not None:
+        token, state = live
+        try:
+            at = record.tokens.index(token)
+        except ValueError:
+            pass
+        else:
+            for layer in record.layers[at:]:
+                state.apply(pickle.loads(layer))
+            return state
     return record.state
 
 
 def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, time_ms: int,
-                forget_before_ms: int, mapped: list, delta) -> StateRecord:
+                forget_before_ms: int, mapped: list, delta, live_keys: int = LIVE_KEYS) -> StateRecord:
     """The record after a batch that changed ``state`` (its journal) and forgot removals before
     ``forget_before_ms``: the previous base plus a layer, or a new base; ``state`` stays live."""
     layer = _dumps((state.journal or [], forget_before_ms))
     state.journal = None
     layers = [*previous.layers, layer]
     if len(layers) > MAX_LAYERS or sum(map(len, layers)) * 2 >= len(previous.base):
-        base, layers = _dumps(state), []
+        record = StateRecord(time_ms, _dumps(state), [], mapped, delta)
     else:
-        base = previous.base
-    _keep_live(uid, index, time_ms, state, stale_before_ms=previous.time_ms)
-    return StateRecord(time_ms, base, layers, mapped, delta)
+        record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()])
+    _keep_live(uid, index, record.token, state, live_keys)
+    return record
 
 
-def _keep_live(uid: str, index: int, time_ms: int, state: StateMap, stale_before_ms: int) -> None:
-    # Batches run in order, so every partition of this stream already holds a state of the
-    # previous batch: a live map from before it can never be asked for again.
-    for key in [k for k, (t, _) in _LIVE.items() if k[0] == uid and t < stale_before_ms]:
-        del _LIVE[key]
-    _LIVE[(uid, index)] = (time_ms, state)
-    while len(_LIVE) > _LIVE_ENTRIES:
-        del _LIVE[next(iter(_LIVE))]
+def _keep_live(uid: str, index: int, token: bytes, state: StateMap, live_keys: int = LIVE_KEYS) -> None:
+    # one map per partition (its newest); the oldest go first while the maps hold too many keys
+    _LIVE.pop((uid, index), None)
+    _LIVE[(uid, index)] = (token, state)
+    held = sum(len(m.values) for _, m in _LIVE.values())
+    while _LIVE and (len(_LIVE) > _LIVE_ENTRIES or held > live_keys):
+        held -= len(_LIVE.pop(next(iter(_LIVE)))[1].values)
