@@ -410,20 +410,10 @@ class DStream:
     def updateStateByKey(self, updateFunc: Callable, numPartitions: int | None = None,
                          initialRDD: RDD | list | None = None) -> DStream:
         """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
-        n = self._partitions(numPartitions)
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(initialRDD)
-
-        def reduce_func(a: RDD | None, b: RDD) -> RDD:
-            if a is None:
-                g = b.groupByKey(n).mapValues(lambda vs: (list(vs), None))
-            else:
-                g = a.cogroup(b.partitionBy(n), n)
-                g = g.mapValues(lambda ab: (list(ab[1]), list(ab[0])[0] if len(ab[0]) else None))
-            state = g.mapValues(lambda vs_s: updateFunc(vs_s[0], vs_s[1]))
-            return state.filter(lambda kv: kv[1] is not None)
-
-        return StateDStream(self._ssc, self, reduce_func, initialRDD)
+        step = update_by_key(updateFunc, self._partitions(numPartitions))
+        return StateDStream(self._ssc, self, step, initialRDD)
 
     def mapWithState(self, spec) -> DStream:
         """Spark's mapWithState: ``spec`` (a :class:`engine.StateSpec`) calls its function once per
@@ -531,4 +521,4 @@ def _save_text_atomically(rdd: RDD, path: str) -> None:
 
 # the stateful streams live in engine.state; their old names here keep older checkpoints' programs
 # (which refer to them by module) loadable
-from .state.update_state import ReducedWindowedDStream, StateDStream  # noqa: E402
+from .state.update_state import ReducedWindowedDStream, StateDStream, update_by_key  # noqa: E402

@@ -279,6 +279,32 @@ def test_update_state_by_key_with_initial_rdd_and_removal(spark_context):
           [[("a", 3), ("z", 0)], [("a", 4), ("b", 2), ("z", 0)], [("b", 2), ("z", 0)]], sort=True)
 
 
+def test_update_state_by_key_shuffles_only_the_batch_and_keeps_the_state_partitioned(spark_context):
+    """The function sees every key once per batch ([] without new values, None without state);
+    the JVM zips the batch's groups with the state's partitions, so the state is never shuffled
+    and the next state keeps its partitioner."""
+    from pyspark.rdd import Partitioner, portable_hash
+
+    h = Harness(spark_context)
+    src = h.ssc.queueStream([[("a", 1), ("b", 1), ("a", 2)], [("c", 5)], [("a", 1)]])
+    seen = []
+
+    def update(values, last):  # (total, calls)
+        total, calls = last or (0, 0)
+        return total + sum(values), calls + 1
+
+    def record(t, rdd):
+        seen.append((sorted(rdd.collect()), rdd.partitioner, rdd.toDebugString().decode()))
+
+    src.updateStateByKey(update, numPartitions=3).foreachRDD(record)
+    h.run(src, 3)
+    assert [s[0] for s in seen] == [[("a", (3, 1)), ("b", (1, 1))],
+                                    [("a", (3, 2)), ("b", (1, 2)), ("c", (5, 1))],
+                                    [("a", (4, 3)), ("b", (1, 3)), ("c", (5, 2))]]
+    assert all(s[1] == Partitioner(3, portable_hash) for s in seen)
+    assert "PartitionerAwareUnionRDD" in seen[2][2]  # zipped, not cogrouped
+
+
 def test_slice(spark_context):
     h = Harness(spark_context)
     h.ssc.remember(10)

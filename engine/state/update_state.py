@@ -1,7 +1,17 @@
 """The key-value state streams of the DStream API: ``updateStateByKey`` and the incremental
-``reduceByKeyAndWindow`` (their state is snapshotted through :class:`KeyValueState`)."""
+``reduceByKeyAndWindow`` (their state is snapshotted through :class:`KeyValueState`).
+
+``updateStateByKey``'s batch (:func:`update_by_key`): the state stays hash-partitioned between
+batches, so only the batch's records are shuffled, grouped by key into one record per partition
+(:class:`_Batch`), and the JVM zips that record with the state's partition (a union of two RDDs
+partitioned alike). One Python pass then reads the group first and streams the state after it,
+calling the function once per key: no shuffle, tagging or merging of the state itself, where
+PySpark's ``cogroup`` passes the whole state through Python twice and through its spilling
+merger. The batch's groups of one partition are held in memory (the state is not)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from pyspark import RDD, StorageLevel
 
@@ -64,3 +74,69 @@ class StateDStream(KeyValueState, DStream):
         if rdd is None:
             return last
         return self._func(last if last is not None else self._initial, rdd)
+
+
+class _Batch:
+    """One partition of a batch, its values grouped by key: the first record of the union that
+    :func:`_update_partition` reads (no state record is of this type)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def __getstate__(self):
+        return self.values
+
+    def __setstate__(self, values):
+        self.values = values
+
+
+def _group(records):
+    values: dict = {}
+    for k, v in records:
+        vs = values.get(k)
+        if vs is None:
+            values[k] = [v]
+        else:
+            vs.append(v)
+    yield _Batch(values)
+
+
+def _update_partition(records, func):
+    it = iter(records)
+    first = next(it, None)
+    if type(first) is not _Batch:
+        raise RuntimeError("updateStateByKey: a state partition without its batch group first")
+    new = first.values
+    for k, state in it:
+        out = func(new.pop(k, None) or [], state)
+        if out is not None:
+            yield k, out
+    for k, vs in new.items():
+        out = func(vs, None)
+        if out is not None:
+            yield k, out
+
+
+def _update_by_cogroup(state: RDD, batch: RDD, func, n: int) -> RDD:
+    g = state.cogroup(batch.partitionBy(n), n)
+    g = g.mapValues(lambda ab: (list(ab[1]), list(ab[0])[0] if len(ab[0]) else None))
+    return g.mapValues(lambda vs_s: func(vs_s[0], vs_s[1])).filter(lambda kv: kv[1] is not None)
+
+
+def update_by_key(func, n: int):
+    """``updateStateByKey``'s step ``(state RDD or None, batch RDD) -> state RDD``, partitioned by
+    ``portable_hash`` into ``n``: ``func(new_values, last_state)`` once per key of either side,
+    None dropping the key."""
+
+    def step(state: RDD | None, batch: RDD) -> RDD:
+        grouped = batch.partitionBy(n).mapPartitions(_group, preservesPartitioning=True)
+        both = grouped
+        if state is not None:
+            both = grouped.union(state.partitionBy(n))  # a no-op when partitioned already
+            if both.getNumPartitions() != n:  # the JVM did not zip them: PySpark's way
+                return _update_by_cogroup(state, batch, func, n)
+        return both.mapPartitions(partial(_update_partition, func=func), preservesPartitioning=True)
+
+    return step
