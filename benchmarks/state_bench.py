@@ -12,14 +12,17 @@ are written, not fsync'd). Figures per contender:
 
 * processing per batch after the first: median and max (the first batch, every key, apart);
 * bytes per snapshot: pyspark.streaming's checkpoint of the state; sparkwal's full snapshot and
-  its median delta;
+  its median delta (of those based on a snapshot after the first batch with data: a delta over
+  that batch holds every key);
 * restart: a batch between two snapshots completes; half a second before the next batch falls
   due, with that batch's file already moved in, SIGKILL of the app's process group; then the clock
   from the kill to that batch completed by the restarted app (JVM start, ``getOrCreate``, reading
   the state, re-computing the batches since the snapshot, the new batch). Killing at the same
   place in the batch interval in every contender keeps the wait for the next batch time out of
   the figure (killed right after its batch, a faster engine would wait longer for the next one);
-* peak resident memory of the driver's Python, the JVM, and the Python workers.
+* peak memory (proportional set size, so that pages a forked Python worker shares with the
+  daemon it was forked from count once) of the driver's Python, the JVM, and the Python workers
+  (the worker daemon and its forks, which PySpark puts in a process group of their own).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import sys
 import tempfile
 import time
 
-from .receiver_flow import group_rss
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,11 +52,51 @@ CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
 
 
-def _rss_by_kind(pgid: int) -> dict[str, int]:
+def _tree(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` and all their descendants: PySpark's worker daemon puts
+    itself and the workers it forks in a process group of their own."""
+    children: dict[int, list[int]] = {}
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        if int(fields[2]) == pgid:
+            members.append(int(name))
+    seen, stack = set(members), list(members)
+    while stack:
+        for c in children.get(stack.pop(), ()):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return sorted(seen)
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size: a forked worker's pages shared with the daemon count once in all."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _memory_by_kind(pgid: int) -> dict[str, int]:
     out = {"driver": 0, "jvm": 0, "workers": 0}
-    for rss, cmd in group_rss(pgid):
+    for pid in _tree(pgid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+            pss = _pss(pid)
+        except OSError:
+            continue
         kind = "jvm" if b"java" in cmd.split(b" ")[0] else ("driver" if b"state_app" in cmd else "workers")
-        out[kind] += rss
+        out[kind] += pss
     return out
 
 
@@ -92,7 +134,7 @@ class Run:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.engine}/{self.op} exited with {self.proc.returncode}; see "
                                    f"{self.workdir}/app.log")
-            for k, v in _rss_by_kind(self.proc.pid).items():
+            for k, v in _memory_by_kind(self.proc.pid).items():
                 self.peak[k] = max(self.peak[k], v)
             events = self._events()
             for e in events[self._seen:]:
@@ -167,7 +209,9 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def snapshot_bytes(run: Run) -> dict:
+def snapshot_bytes(run: Run, first_data_ms: int) -> dict:
+    """The largest full snapshot, and the median delta among those based on a snapshot taken
+    after the first batch with data (a delta over that batch holds every key, not a fraction)."""
     if run.engine == "pyspark":  # <ckpt>/<uuid>/rdd-<id>/part-*: one directory per RDD checkpoint
         sizes = [_dir_bytes(os.path.join(d, r)) for d, rs, _ in os.walk(run.ckpt) for r in rs
                  if r.startswith("rdd-")]
@@ -178,7 +222,11 @@ def snapshot_bytes(run: Run) -> dict:
         if name.endswith(".manifest"):
             with open(os.path.join(state, name)) as f:
                 m = json.load(f)
-            (fulls if m["kind"] == "full" else deltas).append(sum(p[1] for p in m["parts"]))
+            size = sum(p[1] for p in m["parts"])
+            if m["kind"] == "full":
+                fulls.append(size)
+            elif m["base_ms"] >= first_data_ms:
+                deltas.append(size)
     return {"full": max(fulls, default=0), "delta": statistics.median(deltas) if deltas else None}
 
 
@@ -206,7 +254,7 @@ def measure(keys: int, label: str, engine: str, op: str, fraction: float, batche
     later = [e["processing_ms"] / 1000 for e in done[1:]]
     result = {"label": label, "keys": keys, "batch_s": batch_s, "first_s": done[0]["processing_ms"] / 1000,
               "median_s": statistics.median(later), "max_s": max(later), "restart_s": restart_s,
-              "snapshot": snapshot_bytes(run), "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
+              "snapshot": snapshot_bytes(run, done[0]["time_ms"]), "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 
@@ -230,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{keys:,} keys, {BATCH_SECONDS.get(keys, 8.0)} s batches, {args.batches} batches, "
                   "snapshots every 2 batches", flush=True)
             print("| contender | first batch | later batches median (max) | snapshot full | delta | "
-                  "restart | peak RSS driver/JVM/workers |", flush=True)
+                  "restart | peak PSS driver/JVM/workers |", flush=True)
             print("|---|---|---|---|---|---|---|", flush=True)
             for label, engine, op, fraction in chosen:
                 r = measure(keys, label, engine, op, fraction, args.batches, cache)
