@@ -49,6 +49,7 @@ CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
     ("sparkwal updateStateByKey, 1%", "sparkwal", "update", 0.01),
     ("sparkwal mapWithState, 1%", "sparkwal", "map", 0.01),
 ]
+MEMORY_EVERY_S = 1.0
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
 
 
@@ -110,6 +111,7 @@ class Run:
         self.events = os.path.join(workdir, "events.jsonl")
         os.makedirs(self.input, exist_ok=True)
         self.peak = {"driver": 0, "jvm": 0, "workers": 0}
+        self._next_sample = 0.0
         self.proc: subprocess.Popen | None = None
         self._seen = 0
 
@@ -134,8 +136,10 @@ class Run:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.engine}/{self.op} exited with {self.proc.returncode}; see "
                                    f"{self.workdir}/app.log")
-            for k, v in _memory_by_kind(self.proc.pid).items():
-                self.peak[k] = max(self.peak[k], v)
+            if time.monotonic() >= self._next_sample:  # reading smaps costs CPU: once a second
+                self._next_sample = time.monotonic() + MEMORY_EVERY_S
+                for k, v in _memory_by_kind(self.proc.pid).items():
+                    self.peak[k] = max(self.peak[k], v)
             events = self._events()
             for e in events[self._seen:]:
                 if predicate(e):
