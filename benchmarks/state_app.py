@@ -1,7 +1,7 @@
 """One stateful word count for :mod:`benchmarks.state_bench`, in its own process (so that it can
 be SIGKILLed and restarted with ``getOrCreate``):
 
-    python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map}
+    python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map,shuffle}
         --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N] [--standby]
         [--conf KEY=VALUE ...] [--storage-option KEY=VALUE ...]
 
@@ -9,7 +9,9 @@ sparkwal's checkpoint may be any fsspec URL (``--storage-option`` as the main jo
 
 Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
 sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
-records each batch: updateStateByKey's are the whole state, mapWithState's the touched keys. Each completed batch appends a JSON
+records each batch: updateStateByKey's are the whole state, mapWithState's the touched keys.
+``--op shuffle`` keeps no state: the batch's records moved to their keys' partitions and counted,
+the floor under any stateful batch of the same data. Each completed batch appends a JSON
 line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
 FILE (``at``: the wall clock when the listener saw it).
 """
@@ -34,7 +36,7 @@ def count_map(key, value, state):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
-    p.add_argument("--op", choices=["update", "map"], default="update")
+    p.add_argument("--op", choices=["update", "map", "shuffle"], default="update")
     p.add_argument("--input", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--batch", type=float, required=True)
@@ -76,9 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         pairs = ssc.textFileStream(args.input).map(lambda k: (k, 1))
         if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
             out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
+        elif args.op == "shuffle":  # no state: the batch moved to its keys' partitions, a floor
+            out = pairs.partitionBy(n)
         else:  # its output: the state, every key (what updateStateByKey gives)
             out = pairs.updateStateByKey(count_update, numPartitions=n)
-        out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
+        if args.op != "shuffle":
+            out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
         out.foreachRDD(lambda rdd: None if rdd.count() < 0 else None)  # materialise every batch
         return ssc
 

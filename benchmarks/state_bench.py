@@ -48,6 +48,7 @@ CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
     ("sparkwal mapWithState, 10%", "sparkwal", "map", 0.10),
     ("sparkwal updateStateByKey, 1%", "sparkwal", "update", 0.01),
     ("sparkwal mapWithState, 1%", "sparkwal", "map", 0.01),
+    ("sparkwal, no state: the batch's shuffle alone, 10%", "sparkwal", "shuffle", 0.10),
 ]
 MEMORY_EVERY_S = 1.0
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
@@ -231,7 +232,7 @@ def snapshot_bytes(run: Run, first_data_ms: int) -> dict:
                 fulls.append(size)
             elif m["base_ms"] >= first_data_ms:
                 deltas.append(size)
-    return {"full": max(fulls, default=0), "delta": statistics.median(deltas) if deltas else None}
+    return {"full": max(fulls, default=None), "delta": statistics.median(deltas) if deltas else None}
 
 
 def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str) -> dict:
