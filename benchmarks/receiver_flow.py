@@ -137,6 +137,12 @@ class FastSource:
         self.server.close()
 
 
+def stat_fields(pid) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: [state, ppid, pgrp, ...]."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def group_rss(pgid: int) -> list[tuple[int, bytes]]:
     """(resident bytes, command line) of every process in the process group ``pgid``."""
     out = []
@@ -144,8 +150,7 @@ def group_rss(pgid: int) -> list[tuple[int, bytes]]:
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = stat_fields(pid)
             if int(fields[2]) != pgid:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:

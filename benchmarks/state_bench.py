@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 
+from .receiver_flow import stat_fields
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,8 +64,7 @@ def _tree(pgid: int) -> list[int]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = stat_fields(name)
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
