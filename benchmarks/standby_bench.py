@@ -120,15 +120,21 @@ def _last_batch(apps: list[App]) -> int:
     return max((t for a in apps for t in a.batches()), default=0)
 
 
-def _steady(active: App, batch_s: float, timeout: float = 60) -> None:
+def _steady(active: App, batch_s: float, timeout: float = 60) -> float:
     """Wait until ``active`` keeps up: its newest batch started less than a batch interval late
-    (a standby's or a restart's start-up on the same 2 cores puts it behind for a while)."""
+    (a standby's or a restart's start-up on the same 2 cores puts it behind for a while). Returns
+    how late its newest batch started, in seconds: more than a batch interval when it never
+    caught up within ``timeout`` (then a takeover re-runs that backlog first)."""
     deadline = time.monotonic() + timeout
+    late = float("inf")
     while time.monotonic() < deadline:
         done = [e for e in active.events() if e["event"] == "batch"]
-        if done and done[-1]["scheduling_ms"] < batch_s * 1000:
-            return
+        if done:
+            late = done[-1]["scheduling_ms"] / 1000
+            if late < batch_s:
+                break
         time.sleep(0.1)
+    return late
 
 
 def _down_time(new: App, killed: float, last: int) -> float:
@@ -145,7 +151,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
     feeder = Feeder(workdir, keys, batch_s)
     start = lambda standby: App(workdir, "sparkwal", batch_s, standby, checkpoint, extra, env)  # noqa: E731
     apps = [start(False)]
-    down, took, after = [], [], []
+    down, took, after, late = [], [], [], []
     try:
         apps[0].wait(lambda e: e["event"] == "batch")
         active = apps[0]
@@ -153,7 +159,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
             standby = start(True)
             apps.append(standby)
             standby.wait(lambda e: e["event"] == "hot")
-            _steady(active, batch_s)
+            late.append(_steady(active, batch_s))
             time.sleep(rng.uniform(2, 4))
             last = _last_batch(apps)
             killed = active.kill()
@@ -170,7 +176,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
             if a.proc.poll() is None:
                 a.kill()
     shutil.rmtree(workdir, ignore_errors=True)  # kept for a post-mortem when something failed
-    return {"down_s": down, "took_ms": took, "after_lease_s": after}
+    return {"down_s": down, "took_ms": took, "after_lease_s": after, "late_s": late}
 
 
 def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: int = 1) -> dict:
@@ -264,6 +270,16 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
+def _warn_if_behind(name: str, r: dict, batch_s: float) -> None:
+    """Say so when the active driver never kept up before a kill: the new driver then re-runs
+    that backlog first, and the row measures it, not the takeover."""
+    behind = [x for x in r.get("late_s", ()) if x >= batch_s]
+    if behind:
+        print(f"  ({name}: before {len(behind)} of {len(r['late_s'])} kills the active driver never kept "
+              f"up within 60 s: its newest batch started {statistics.median(behind):.1f} s late (median); "
+              f"those figures include re-running that backlog)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--takeovers", type=int, default=20)
@@ -286,12 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         took = f"{statistics.median(r['took_ms']):.0f} ms" if r.get("took_ms") else "-"
         print(f"| {name} | {len(d)} | {pct(d, .5):.2f} s | {pct(d, .95):.2f} s | {max(d):.2f} s | {took} |",
               flush=True)
+        _warn_if_behind(name, r, args.batch)
     if args.s3_takeovers:
         r = s3_takeovers(args.s3_takeovers, args.keys, args.batch)
         a, d = r["after_lease_s"], r["down_s"]
         print(f"on S3 (moto on 127.0.0.1, {r['lease_s']:.0f} s lease), {len(a)} takeovers: the killed "
               f"driver's lease expiry to the first newer batch p50 {pct(a, .5):.2f} s, p95 "
               f"{pct(a, .95):.2f} s, max {max(a):.2f} s (kill to it: p50 {pct(d, .5):.2f} s)", flush=True)
+        _warn_if_behind("on S3", r, args.batch)
     cost = standby_cost(args.cost_batches, args.keys, args.batch)
     print(f"the active driver's batch processing time, median of {args.cost_batches} batches: alone "
           f"{cost['alone_ms']:.0f} ms, with a standby beside it {cost['with_standby_ms']:.0f} ms "

@@ -84,7 +84,7 @@ def test_a_live_map_is_used_only_for_records_whose_chain_holds_it():
     record = batch("u", StateRecord.of(-1, StateMap(), []), [("a", 1)], 500)
     live = state_map._LIVE[("u", 0)][1]
     assert take_state("u", 0, record) is live  # same stream, partition, record: no unpickling
-    state_map._keep_live("u", 0, record.token, live)
+    state_map.keep_live("u", 0, record.token, live)
     other = StateRecord(500, record.base, [], [])  # the same batch's state, another attempt's record
     assert take_state("u", 0, other) is not live  # not in its chain: rebuilt
     assert ("u", 0) not in state_map._LIVE  # ... and the map was given up: never used twice
@@ -136,6 +136,17 @@ def test_the_live_map_of_an_attempt_whose_record_was_thrown_away_is_never_used(m
     assert after.state.values == {"a": 1, "b": 1}
 
 
+def test_a_worker_that_restores_a_partition_from_a_snapshot_keeps_it_live(monkeypatch):
+    from engine.state.map_with_state import _restore_partition
+
+    state_map._LIVE.clear()
+    [(index, record)] = _restore_partition(2, [("a", 1, 100), ("b", 2, 200)], uid="r")
+    rebuilds, rebuild = [], StateRecord.state.fget
+    monkeypatch.setattr(StateRecord, "state", property(lambda r: rebuilds.append(r) or rebuild(r)))
+    state = take_state("r", 2, pickle.loads(pickle.dumps(record)))  # the same worker, next batch
+    assert rebuilds == [] and dump(state) == ([("a", 1), ("b", 2)], [("a", 100), ("b", 200)], [])
+
+
 def test_a_batch_that_fails_half_way_leaves_no_half_updated_live_map():
     record = batch("f", StateRecord.of(-1, StateMap(), []), [("a", 1), ("b", 1)], 500)
 
@@ -153,12 +164,12 @@ def test_a_batch_that_fails_half_way_leaves_no_half_updated_live_map():
 def test_a_worker_keeps_live_maps_of_at_most_live_keys_keys_dropping_the_oldest_first():
     state_map._LIVE.clear()
     for i in range(3):
-        state_map._keep_live("s", i, b"t%d" % i, StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+        state_map.keep_live("s", i, b"t%d" % i, StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
     assert sorted(state_map._LIVE) == [("s", 1), ("s", 2)]
-    state_map._keep_live("s", 1, b"again", StateMap({"x": 1}), live_keys=25)  # newest again
-    state_map._keep_live("s", 3, b"t3", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+    state_map.keep_live("s", 1, b"again", StateMap({"x": 1}), live_keys=25)  # newest again
+    state_map.keep_live("s", 3, b"t3", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
     assert sorted(state_map._LIVE) == [("s", 1), ("s", 2), ("s", 3)]  # 21 keys
-    state_map._keep_live("s", 4, b"t4", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
+    state_map.keep_live("s", 4, b"t4", StateMap({f"k{j}": j for j in range(10)}), live_keys=25)
     assert sorted(state_map._LIVE) == [("s", 1), ("s", 3), ("s", 4)]  # 2 was the oldest
-    state_map._keep_live("big", 0, b"b", StateMap({f"k{j}": j for j in range(30)}), live_keys=25)
+    state_map.keep_live("big", 0, b"b", StateMap({f"k{j}": j for j in range(30)}), live_keys=25)
     assert ("big", 0) not in state_map._LIVE  # one map over the bound is not kept either

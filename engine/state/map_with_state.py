@@ -25,7 +25,7 @@ from functools import partial
 from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream, TransformedDStream, _ms
-from .state_map import LIVE_KEYS, StateMap, StateRecord, next_record, take_state
+from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 
 class State:
@@ -140,7 +140,15 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
     yield index, next_record(uid, index, previous, state, batch_ms, forget_before_ms, mapped, delta, live_keys)
 
 
-def _build_partition(index, records, time_ms):
+def _record_of(uid, index, state: StateMap, live_keys: int) -> StateRecord:
+    """A first record of ``state``, which this worker then keeps live: the partition's next batch
+    needs no rebuild when Spark hands it to this worker."""
+    record = StateRecord.of(-1, state, [])
+    keep_live(uid, index, record.token, state, live_keys)
+    return record
+
+
+def _build_partition(index, records, time_ms, uid, live_keys=LIVE_KEYS):
     """Partition ``index``'s first state from rows ``(key, value, updated_ms)`` (or ``(key,
     value)`` pairs of an initial state, stamped ``time_ms``), in update order."""
     rows = [(r[1][0], r[1][1], r[1][2] if len(r[1]) > 2 else time_ms) for r in records if r[1] is not None]
@@ -148,17 +156,17 @@ def _build_partition(index, records, time_ms):
     state = StateMap()
     for k, v, t in rows:
         state.put(k, v, t)
-    yield index, StateRecord.of(-1, state, [])  # -1: never a worker's live map
+    yield index, _record_of(uid, index, state, live_keys)
 
 
-def _restore_partition(index, rows):
+def _restore_partition(index, rows, uid, live_keys=LIVE_KEYS):
     """Partition ``index``'s state from a snapshot chain's rows ``(key, value, updated_ms)``,
     which come in update order (a full snapshot is written in that order and deltas after it)."""
     values, times = {}, {}
     for k, v, t in rows:
         values[k] = v
         times[k] = t
-    yield index, StateRecord.of(-1, StateMap(values, times), [])
+    yield index, _record_of(uid, index, StateMap(values, times), live_keys)
 
 
 def _by_partition(rdd: RDD, n: int) -> RDD:
@@ -195,7 +203,8 @@ class InternalMapWithStateDStream(DStream):
             initial = self._sc.parallelize(list(initial))
         rows = initial if initial is not None else self._sc.emptyRDD()
         return _by_partition(rows, self.num_partitions).mapPartitionsWithIndex(
-            partial(_build_partition, time_ms=time_ms), preservesPartitioning=True)
+            partial(_build_partition, time_ms=time_ms, uid=self._uid, live_keys=self._live_keys()),
+            preservesPartitioning=True)
 
     def compute(self, time_ms: int) -> RDD | None:
         previous = time_ms - self.slide_ms
@@ -217,8 +226,11 @@ class InternalMapWithStateDStream(DStream):
         update = partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
                          timeout_ms=self.timeout_ms,
                          forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
-                         live_keys=int(self._sc.getConf().get(LIVE_KEYS_CONF, str(LIVE_KEYS))))
+                         live_keys=self._live_keys())
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+
+    def _live_keys(self) -> int:
+        return int(self._sc.getConf().get(LIVE_KEYS_CONF, str(LIVE_KEYS)))
 
     def clear_metadata(self, time_ms: int) -> None:
         """Each batch's state is a full copy (PySpark caches pickles): keep only the newest
@@ -249,9 +261,11 @@ class InternalMapWithStateDStream(DStream):
     def state_from_rows(self, rows: RDD, partitioned: bool) -> RDD:
         n = self.num_partitions
         if partitioned and rows.getNumPartitions() == n:
-            return rows.mapPartitionsWithIndex(_restore_partition, preservesPartitioning=True)
+            restore = partial(_restore_partition, uid=self._uid, live_keys=self._live_keys())
+            return rows.mapPartitionsWithIndex(restore, preservesPartitioning=True)
         # another layout (numPartitions or PYTHONHASHSEED changed): shuffle once
-        return _by_partition(rows, n).mapPartitionsWithIndex(partial(_build_partition, time_ms=0),
+        build = partial(_build_partition, time_ms=0, uid=self._uid, live_keys=self._live_keys())
+        return _by_partition(rows, n).mapPartitionsWithIndex(build,
                                                              preservesPartitioning=True)
 
 

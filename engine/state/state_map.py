@@ -197,11 +197,11 @@ def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, ti
         record = StateRecord(time_ms, _dumps(state), [], mapped, delta)
     else:
         record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()])
-    _keep_live(uid, index, record.token, state, live_keys)
+    keep_live(uid, index, record.token, state, live_keys)
     return record
 
 
-def _keep_live(uid: str, index: int, token: bytes, state: StateMap, live_keys: int = LIVE_KEYS) -> None:
+def keep_live(uid: str, index: int, token: bytes, state: StateMap, live_keys: int = LIVE_KEYS) -> None:
     # one map per partition (its newest); the oldest go first while the maps hold too many keys
     _LIVE.pop((uid, index), None)
     _LIVE[(uid, index)] = (token, state)
