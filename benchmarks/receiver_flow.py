@@ -143,14 +143,21 @@ def stat_fields(pid) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
+def processes():
+    """``(pid, stat_fields(pid))`` of every process still there to read."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                yield int(pid), stat_fields(pid)
+            except OSError:
+                continue
+
+
 def group_rss(pgid: int) -> list[tuple[int, bytes]]:
     """(resident bytes, command line) of every process in the process group ``pgid``."""
     out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid, fields in processes():
         try:
-            fields = stat_fields(pid)
             if int(fields[2]) != pgid:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from .receiver_flow import stat_fields
+from .receiver_flow import processes
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,16 +60,10 @@ def _tree(pgid: int) -> list[int]:
     itself and the workers it forks in a process group of their own."""
     children: dict[int, list[int]] = {}
     members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = stat_fields(name)
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
+    for pid, fields in processes():
+        children.setdefault(int(fields[1]), []).append(pid)
         if int(fields[2]) == pgid:
-            members.append(int(name))
+            members.append(pid)
     seen, stack = set(members), list(members)
     while stack:
         for c in children.get(stack.pop(), ()):

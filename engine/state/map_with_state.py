@@ -265,8 +265,7 @@ class InternalMapWithStateDStream(DStream):
             return rows.mapPartitionsWithIndex(restore, preservesPartitioning=True)
         # another layout (numPartitions or PYTHONHASHSEED changed): shuffle once
         build = partial(_build_partition, time_ms=0, uid=self._uid, live_keys=self._live_keys())
-        return _by_partition(rows, n).mapPartitionsWithIndex(build,
-                                                             preservesPartitioning=True)
+        return _by_partition(rows, n).mapPartitionsWithIndex(build, preservesPartitioning=True)
 
 
 class MapWithStateDStream(DStream):
