@@ -48,10 +48,20 @@ def on_checkpoint_written(ssc, time_ms: int) -> None:
 
 
 def do_checkpoint(ssc, time_ms: int, clear_later: bool) -> None:
+    """The checkpoint of ``time_ms``: at its generation, and at its completion (``clear_later``).
+    A completion that snapshots state is written twice: first at once (the batch is done; its
+    state is still the previous snapshot's chain plus its lineage), then with the snapshot, which
+    takes a Spark job. A driver killed during that job thus re-runs no batch it had completed
+    (each write at one time replaces the previous, kept as the ``.bk``)."""
     if ssc._checkpoint_writer is None:
         return
-    if clear_later:
+    if clear_later and ssc._snapshots.any_due(time_ms):
+        _write(ssc, time_ms, clear_later)
         ssc._snapshots.snapshot_due(time_ms)
+    _write(ssc, time_ms, clear_later)
+
+
+def _write(ssc, time_ms: int, clear_later: bool) -> None:
     data = {
         "fingerprint": ssc._graph.fingerprint(),
         "graph": ssc._graph.describe(),

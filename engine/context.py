@@ -477,6 +477,7 @@ class StreamingContext:
             self._succeeded_ms = max(self._succeeded_ms, time_ms)
         if self._batch_log is not None:
             self._batch_log.batch_done(time_ms, ok)
+        self._snapshots.on_batch_done(time_ms)
         for s in batches.direct_inputs(self):
             s.on_batch_completed(info)
         if self._receiver_tracker is not None:

@@ -61,7 +61,7 @@ def restart(ssc) -> int:
     down = list(range(cp.checkpoint_time_ms, restart_ms, ssc._batch_ms))
     logged = ssc._batch_log.rerun_times if ssc._batch_log is not None else []
     times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if t < restart_ms})
-    ssc._snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms)
+    ssc._snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
     return rerun(ssc, times, restart_ms)
 
 

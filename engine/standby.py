@@ -18,7 +18,8 @@ directory, no output), and keeps itself ready:
   thread, so that no job of the tail delays it: every 10 ms on a local directory, at the lease's
   expiry on an object store.
 
-Taking over: the tail stops (its job under way cancelled), the newest checkpoint (and the
+Taking over: the tail stops (a warm-up job under way cancelled; a read of state goes on, as the
+takeover's first batch needs it), the newest checkpoint (and the
 offsets/commits logs, the tracker's WAL) is read and
 Spark's restart rule applied, exactly as a cold restart does (every pending or missed batch
 re-runs with its logged inputs, committed batches are not output again), then the next batch
@@ -60,10 +61,11 @@ def become_standby(ssc) -> None:
 
 class _Tail:
     """The newest checkpoint seen, applied to the graph ahead of a takeover, on a thread of its
-    own (its Spark jobs never delay the leadership polling), with its jobs in one job group so
-    that a takeover can cancel them."""
+    own (its Spark jobs never delay the leadership polling), with its jobs in job groups that a
+    takeover or a stop cancels."""
 
     JOB_GROUP = "sparkwal-standby"
+    PRELOAD_GROUP = "sparkwal-standby-preload"
 
     def __init__(self, ssc):
         self._ssc = ssc
@@ -80,16 +82,20 @@ class _Tail:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop tailing (the takeover's first step; call with :attr:`lock` held, which the tail
-        holds only while it changes the graph, never during a Spark job). Its job under way is
-        cancelled, not waited for: what it had read stays, cached or not yet."""
+    def stop(self, keep_preload: bool = False) -> None:
+        """Stop tailing (call with :attr:`lock` held, which the tail holds only while it changes
+        the graph, never during a Spark job). Its job under way is cancelled, not waited for,
+        except, with ``keep_preload`` (a takeover), a read of state: a takeover starts from that
+        state (or applies deltas to it), and its first batch's tasks wait for the partitions
+        being read rather than read them again."""
         self._stop.set()
-        self._ssc.sparkContext.cancelJobGroup(self.JOB_GROUP)
+        sc = self._ssc.sparkContext
+        sc.cancelJobGroup(self.JOB_GROUP)
+        if not keep_preload:
+            sc.cancelJobGroup(self.PRELOAD_GROUP)
 
     def _run(self) -> None:
-        self._ssc.sparkContext.setJobGroup(self.JOB_GROUP, "hot standby: warm-up and state preload",
-                                           interruptOnCancel=True)
+        self._ssc.sparkContext.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         while not self._stop.is_set():
             try:
                 self.poll()
@@ -113,10 +119,16 @@ class _Tail:
             if self._stop.is_set():
                 return
             loaded = self.read_newest(preload=self.preload_state)
-        for rdd in loaded:  # outside the lock: a takeover cancels it rather than wait
-            if self._stop.is_set():
-                return
-            rdd.count()
+        if loaded:  # outside the lock: a takeover goes on beside it
+            sc = self._ssc.sparkContext
+            sc.setJobGroup(self.PRELOAD_GROUP, "hot standby: state preload", interruptOnCancel=True)
+            try:
+                for rdd in loaded:
+                    if self._stop.is_set():
+                        return
+                    rdd.count()
+            finally:
+                sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         with self.lock:  # what the newest look no longer needs, now that it is read
             if not self._stop.is_set():
                 self._ssc._snapshots.drop_unwanted()
@@ -131,10 +143,11 @@ class _Tail:
         except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
             log.debug("tailing %s", ssc._checkpoint_dir, exc_info=True)
             return []
-        if cp is None or (self.checkpoint is not None
-                          and cp.checkpoint_time_ms == self.checkpoint.checkpoint_time_ms
-                          and cp.pending_times_ms == self.checkpoint.pending_times_ms):
-            return []
+        seen = self.checkpoint
+        if cp is None or (seen is not None and cp.checkpoint_time_ms == seen.checkpoint_time_ms
+                          and cp.pending_times_ms == seen.pending_times_ms
+                          and cp.data.get("state") == seen.data.get("state")):
+            return []  # (a batch's completion is written again once its snapshot is)
         restart.restore(ssc, cp)
         self.checkpoint = cp
         if not preload:
@@ -143,32 +156,28 @@ class _Tail:
         return ssc._snapshots.preload(first, cp.checkpoint_time_ms)
 
 
-WORKERS_PER_CORE = 4
+WORKERS_PER_CORE = 8
 
 
 def warm_up(sc, light: bool = False) -> None:
     """Jobs shaped like a streaming batch's (a text file read, a shuffle, a union, a collect) on
     every core, so that the JVM has loaded and compiled what a batch needs, and
-    ``WORKERS_PER_CORE`` Python workers per core with the engine imported: a takeover's first
-    batch recomputes a few batches of state in one task, each cached step in a worker of its own,
-    all at once. ``light``: only the workers, which Spark ends after a minute idle. The file is a
-    temporary one, outside the checkpoint directory."""
+    ``WORKERS_PER_CORE`` Python workers per core with the engine imported, all alive at once: a
+    takeover's first batch may recompute a few batches of state in one task, and each step and
+    each batch's group runs in a Python worker of its own, nested and streaming into the next (a
+    new worker's first task cost 0.2-0.4 s more here). ``light``: only the workers, which Spark
+    ends after a minute idle. The file is a temporary one, outside the checkpoint directory."""
     import os
     import tempfile
 
-    from pyspark import StorageLevel
+    from pyspark import RDD
 
     n = max(2, sc.defaultParallelism)
-    steps = []
     rdd = sc.parallelize(range(n), n)
-    for _ in range(WORKERS_PER_CORE):  # a cached step is computed by a worker of its own
-        rdd = rdd.mapPartitions(_import_engine).persist(StorageLevel.MEMORY_ONLY)
-        steps.append(rdd)
-    try:
-        rdd.count()
-    finally:
-        for r in steps:
-            r.unpersist(blocking=False)
+    for _ in range(WORKERS_PER_CORE):  # each level a PythonRDD of its own (a plain RDD's child
+        rdd = rdd.mapPartitions(_import_engine)  # is not pipelined into it), streaming: every
+        rdd = RDD(rdd._jrdd, sc, rdd._jrdd_deserializer)  # level's worker alive at once
+    rdd.count()
     if light:
         return
     fd, path = tempfile.mkstemp(prefix="sparkwal-warm-up-", suffix=".txt")
@@ -221,7 +230,7 @@ def take_over(ssc, tail: _Tail) -> None:
 
     began = time.monotonic()
     with StreamingContext._active_lock, ssc._lock, tail.lock:
-        tail.stop()
+        tail.stop(keep_preload=True)
         if ssc._standby_stop.is_set():
             ssc._leadership.release()
             return

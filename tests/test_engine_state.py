@@ -12,6 +12,7 @@ import fsspec
 import pytest
 from test_engine_recovery import Completed, ms, put_file
 
+from checkpoint import Checkpoint
 from engine import CheckpointMismatchError, StreamingContext
 from wal import ManualClock
 
@@ -201,3 +202,31 @@ def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url)
     for t in range(500, 2501, 500):
         expected.update(words_at(t).split())
     assert app.totals[2500] == sorted(expected.items())
+
+
+def test_a_driver_killed_while_its_snapshot_is_written_re_runs_no_completed_batch(spark_context, tmp_path):
+    app = stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms=4000)
+    main, first = app.ckpt / "checkpoint-4000", app.ckpt / "checkpoint-4000.bk"
+    # The batch's completion was written before its snapshot's job, and again after it.
+    written_first, written_then = Checkpoint.decode(first.read_bytes()), Checkpoint.decode(main.read_bytes())
+    assert written_first.data["completed_ms"] == written_then.data["completed_ms"] == 4000
+    assert written_first.data["state"] != written_then.data["state"]  # only the second names it
+    # The driver dies during that job: no second write, no complete snapshot of batch 4000.
+    main.unlink()
+    first.rename(main)
+    for f in (app.ckpt / "state").iterdir():
+        if "-4000" in f.name:
+            f.unlink()
+    clock2, done2 = ManualClock(4200), Completed()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2), upgrade=True)
+    ssc2.start()  # batch 4000 is done: its state recomputed from the snapshot of 3000, not output again
+    assert ssc2.skipped_batch_times == [4000] and ssc2.rerun_batch_times == []
+    put_file(app.indir, "4500.txt", words_at(4500), 4400)
+    clock2.advance(500)
+    done2.wait_for(4500)
+    ssc2.stop(stopSparkContext=False)
+    expected = Counter()
+    for t in range(500, 4501, 500):
+        expected.update(words_at(t).split())
+    assert app.totals[4500] == sorted(expected.items())
+    assert app.windows[4500] == expected_window(4500)

@@ -50,7 +50,7 @@ class StateSnapshots:
         #: (the newest snapshot URL of the chain read, the cached RDD)
         self._preloaded: dict[tuple[int, int], tuple[str, object]] = {}
         self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
-        self._unpersist_later: tuple[int, list] = (0, [])  # (when, RDDs): see load_for_restart
+        self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): see load_for_restart
 
     @property
     def deltas_per_full(self) -> int:
@@ -119,8 +119,9 @@ class StateSnapshots:
         advanced = self._advance(stream, index, state, t) if self._preloaded else None
         return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
-    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int) -> None:
-        """Serve each stateful stream's state from its newest snapshot a restart can use."""
+    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int | None = None) -> None:
+        """Serve each stateful stream's state from its newest snapshot a restart can use.
+        ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
         ssc = self._ssc
         for index, state in self.by_stream.items():
             stream = ssc._graph.streams[index]
@@ -129,11 +130,11 @@ class StateSnapshots:
                 stream.generated_rdds[t] = self._load(index, state, t, checkpoint_time_ms)
             if later:
                 self.roots[index] = later[0]
-        # the rest of a standby's preloaded state: unpersisted once the first batch after the
-        # takeover is done (its generation's and its completion's checkpoints are written): state
-        # served may be a delta applied to it, not read yet
+        # the rest of a standby's preloaded state is unpersisted once the first new batch is
+        # done: until then the state served may be a delta applied to it, not computed yet
+        # (a batch re-run for its generation only computes nothing)
         rest = [rdd for _url, rdd in self._preloaded.values()]
-        self._unpersist_later = (self.checkpoints_written + 2, rest)
+        self._unpersist_later = (new_ms if new_ms is not None else first_ms, rest)
         self._preloaded.clear()
 
     def preload(self, first_ms: int, checkpoint_time_ms: int) -> list:
@@ -200,21 +201,30 @@ class StateSnapshots:
         return (len(manifest["parts"]) != rdd.getNumPartitions()
                 or not manifest.get("partitioned") or not stream.state_partitioned(rdd))
 
-    def snapshot_due(self, time_ms: int) -> None:
-        """Snapshot the state of stateful streams due at ``time_ms`` (data, our own files:
-        referenced by the checkpoint, deleted when retired), then serve it read back."""
-        ssc = self._ssc
-        if ssc._checkpoint_dir is None:
+    def _due(self, time_ms: int):
+        """(index, stream, its state RDD at ``time_ms``) of each stream whose snapshot is due."""
+        if self._ssc._checkpoint_dir is None:
             return
-        for index, stream in enumerate(ssc._graph.streams):
+        for index, stream in enumerate(self._ssc._graph.streams):
             if not stream.must_checkpoint or not stream.checkpoint_ms:
                 continue
             if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
                 continue
             rdd = stream.generated_rdds.get(time_ms)
-            state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
-            if rdd is None or time_ms in state.snapshots:
+            state = self.by_stream.get(index)
+            if rdd is None or (state is not None and time_ms in state.snapshots):
                 continue
+            yield index, stream, rdd
+
+    def any_due(self, time_ms: int) -> bool:
+        return next(self._due(time_ms), None) is not None
+
+    def snapshot_due(self, time_ms: int) -> None:
+        """Snapshot the state of stateful streams due at ``time_ms`` (data, our own files:
+        referenced by the checkpoint, deleted when retired), then serve it read back."""
+        ssc = self._ssc
+        for index, stream, rdd in list(self._due(time_ms)):
+            state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
             epoch = ssc.leaderEpoch  # in the name: see checkpoint.state_files
             url = (f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
                    + (f"-e{epoch}" if epoch is not None else ""))
@@ -243,13 +253,6 @@ class StateSnapshots:
     def on_checkpoint_written(self) -> None:
         """Delete retired snapshots once two newer checkpoints no longer reference them."""
         self.checkpoints_written += 1
-        due, rdds = self._unpersist_later
-        if rdds and self.checkpoints_written >= due:
-            served = [r for s in self._ssc._graph.streams for r in list(s.generated_rdds.values())]
-            for rdd in rdds:
-                if not any(rdd is r for r in served):
-                    rdd.unpersist(blocking=False)
-            self._unpersist_later = (0, [])
         keep = []
         for written_then, path in self._retired:
             if self.checkpoints_written >= written_then + 2:
@@ -260,6 +263,17 @@ class StateSnapshots:
             else:
                 keep.append((written_then, path))
         self._retired = keep
+
+    def on_batch_done(self, time_ms: int) -> None:
+        """Unpersist a standby's preloaded state that no stream serves, once the first new batch
+        after the takeover is done (see :meth:`load_for_restart`)."""
+        due, rdds = self._unpersist_later
+        if rdds and time_ms >= due:
+            self._unpersist_later = (0, [])
+            served = [r for s in self._ssc._graph.streams for r in list(s.generated_rdds.values())]
+            for rdd in rdds:
+                if not any(rdd is r for r in served):
+                    rdd.unpersist(blocking=False)
 
     def floor(self, floor: int) -> int:
         """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
