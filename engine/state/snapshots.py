@@ -119,7 +119,7 @@ class StateSnapshots:
         advanced = self._advance(stream, index, state, t) if self._preloaded else None
         return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
-    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int | None = None) -> None:
+    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int) -> None:
         """Serve each stateful stream's state from its newest snapshot a restart can use.
         ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
         ssc = self._ssc
@@ -134,7 +134,7 @@ class StateSnapshots:
         # done: until then the state served may be a delta applied to it, not computed yet
         # (a batch re-run for its generation only computes nothing)
         rest = [rdd for _url, rdd in self._preloaded.values()]
-        self._unpersist_later = (new_ms if new_ms is not None else first_ms, rest)
+        self._unpersist_later = (new_ms, rest)
         self._preloaded.clear()
 
     def preload(self, first_ms: int, checkpoint_time_ms: int) -> list:
