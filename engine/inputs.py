@@ -77,6 +77,37 @@ def _list_files(directory: str, storage_options: dict | None = None) -> list[tup
             for i in infos if not i.name.startswith((".", "_"))]
 
 
+#: Hadoop's local block size: a larger file is split into several tasks by Hadoop's reader
+PYTHON_READ_MAX_BYTES = 32 << 20
+#: suffixes Hadoop's text reader decompresses (its codecs): such files are left to it
+_CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
+
+
+def _os_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _read_in_python(path: str) -> bool:
+    """Whether a local text file is read by a Python task of its own (:func:`_read_local_lines`)
+    instead of Hadoop's reader: when it is neither compressed nor over a block. A Hadoop read
+    costs a broadcast of its configuration per batch (20-100 ms to generate the batch here, a
+    tenth of a second more when a takeover or a restart regenerates several) and passes every
+    line from the JVM to Python; Python reads the same lines in the task that uses them."""
+    try:
+        return not path.endswith(_CODEC_SUFFIXES) and os.path.getsize(_os_path(path)) <= PYTHON_READ_MAX_BYTES
+    except OSError:  # gone: Hadoop's reader names it in the batch's error
+        return False
+
+
+def _read_local_lines(path: str):
+    """A local text file's lines as Spark's ``textFile`` gives them (Hadoop's LineRecordReader):
+    a line ends at \\n, \\r or \\r\\n, a last line without an end is kept, a UTF-8 byte order mark
+    at the start is skipped and bytes that are not UTF-8 are replaced by U+FFFD."""
+    with open(_os_path(path), encoding="utf-8-sig", errors="replace", newline=None) as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
 def _read_remote(storage_options: dict | None, record_length: int | None):
     """The task function reading remote files through fsspec (Spark's JVM knows only its own
     Hadoop filesystems): lines of text, or fixed-length binary records."""
@@ -168,9 +199,14 @@ class FileInputDStream(InputDStream):
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
                 _read_remote(self.storage_options, self.record_length))
-        if self.record_length is not None:
+        if self.record_length is not None:  # Hadoop's new API: a split per block of each file
             return self._sc.binaryRecords(",".join(files), self.record_length)
-        return self._sc.textFile(",".join(files))
+        small = [f for f in files if _read_in_python(f)]
+        rdds = [self._sc.parallelize(small, len(small)).flatMap(_read_local_lines)] if small else []
+        if len(small) < len(files):  # a split per block, as Spark's FileInputDStream reads
+            # (textFile's default, minPartitions=2, halves every file)
+            rdds.append(self._sc.textFile(",".join(f for f in files if f not in small), minPartitions=1))
+        return rdds[0] if len(rdds) == 1 else self._sc.union(rdds)
 
     def clear_metadata(self, time_ms: int) -> None:
         super().clear_metadata(time_ms)

@@ -25,7 +25,9 @@ PROGRAM_VERSION = 1
 #: Set anew by every run (ids, ports, the driver's address), as Spark reloads them on recovery.
 _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", "spark.driver.port",
                  "spark.driver.host", "spark.driver.bindAddress", "spark.ui.port",
-                 "spark.blockManager.port", "spark.driver.blockManager.port"}
+                 "spark.blockManager.port", "spark.driver.blockManager.port",
+                 # this process's Unix sockets to its Python workers (engine.cluster sets them)
+                 "spark.python.unix.domain.socket.enabled", "spark.python.unix.domain.socket.dir"}
 #: Spark's default ``spark.redaction.regex``: such values are not written into the checkpoint;
 #: the recovering run takes them from its own environment.
 _SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")

@@ -52,6 +52,7 @@ def become_standby(ssc) -> None:
     holder = ssc._leadership.storage.leader(ssc._leadership.path)
     log.info("%s is led by %s: this context is a hot standby", ssc._checkpoint_dir,
              holder.describe() if holder else "another driver")
+    ssc._prepared_program = ssc._prepare_program()  # (an unpicklable graph fails start() here too)
     ssc._is_standby = True
     ssc._state = ACTIVE
     StreamingContext._active = ssc
@@ -166,8 +167,9 @@ def warm_up(sc, light: bool = False) -> None:
     takeover's first batch may recompute a few batches of state in one task, and each step and
     each batch's group runs in a Python worker of its own, nested and streaming into the next (a
     new worker's first task cost 0.2-0.4 s more here). ``light``: only the workers, which Spark
-    ends after a minute idle. The file is a temporary one, outside the checkpoint directory."""
+    ends after a minute idle. Its files are temporary ones, outside the checkpoint directory."""
     import os
+    import shutil
     import tempfile
 
     from pyspark import RDD
@@ -180,15 +182,21 @@ def warm_up(sc, light: bool = False) -> None:
     rdd.count()
     if light:
         return
-    fd, path = tempfile.mkstemp(prefix="sparkwal-warm-up-", suffix=".txt")
+    scratch = tempfile.mkdtemp(prefix="sparkwal-warm-up-")
     try:
-        with os.fdopen(fd, "w") as f:
+        path = os.path.join(scratch, "lines.txt")
+        with open(path, "w") as f:
             f.write("\n".join(f"w{i} x" for i in range(64)))
         words = sc.textFile(path, n).flatMap(str.split).map(lambda w: (w, 1))
         pairs = sc.parallelize([(f"w{i}", 1) for i in range(64)], n)
         words.union(pairs).reduceByKey(lambda a, b: a + b, n).cogroup(pairs, n).collect()
+        # what sc.setCheckpointDir does at takeover (its first call took 100 ms cold)
+        jpath = sc._jvm.org.apache.hadoop.fs.Path(scratch, "rdds")
+        fs = jpath.getFileSystem(sc._jsc.hadoopConfiguration())
+        fs.mkdirs(jpath)
+        fs.getFileStatus(jpath).getPath().toString()
     finally:
-        os.unlink(path)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _import_engine(rows):

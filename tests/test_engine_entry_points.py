@@ -154,3 +154,47 @@ def test_setup_func_is_required(spark_context, tmp_path):
 def test_a_path_like_checkpoint_path_is_accepted(spark_context, tmp_path):
     ssc = StreamingContext.getOrCreate(tmp_path / "ckpt", lambda: StreamingContext(spark_context, 0.5))
     assert ssc._checkpoint_dir == str(tmp_path / "ckpt")
+
+
+def test_a_file_stream_reads_the_lines_sparks_text_file_reads(spark_context, tmp_path):
+    """Small files are read by Python tasks, compressed ones by Hadoop's reader: the same lines
+    as ``textFile`` either way (ends of line \\n, \\r, \\r\\n, a byte order mark, bytes that are
+    not UTF-8, a last line without an end, a \\r\\n across the reader's buffer)."""
+    import gzip
+
+    directory = tmp_path / "in"
+    directory.mkdir()
+    blobs = {
+        "ends.txt": b"a\nb\r\nc\rd\n\n\re\r\n\r\nlast",
+        "bom.txt": b"\xef\xbb\xbfbom first\nx\xef\xbb\xbfy\n",
+        "bad.txt": b"ok\nbad \xff\xfe here\ncut \xe2\x82\n\xc3",
+        "long.txt": b"x" * 8191 + b"\r\n" + b"y" * 9000 + b"\r" + b"z\n",
+        "empty.txt": b"",
+    }
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for name, blob in blobs.items():
+        (staged / name).write_bytes(blob)
+    (staged / "zipped.txt.gz").write_bytes(gzip.compress(b"g1\r\ng2\n"))
+    expected = sorted(spark_context.textFile(",".join(str(staged / n) for n in sorted(os.listdir(staged)))).collect())
+
+    ssc = StreamingContext(spark_context, 0.1)
+    counter = LineCounter()
+    readers: set[str] = set()
+
+    def output(rdd):
+        lineage = rdd.toDebugString().decode()
+        readers.update(r for r in ("ParallelCollectionRDD", "HadoopRDD") if r in lineage)
+        counter(rdd)
+
+    ssc.textFileStream("file://" + str(directory)).foreachRDD(output)
+    ssc.start()
+    try:
+        for name in sorted(os.listdir(staged)):
+            os.replace(staged / name, directory / name)
+        counter.wait_batches(4)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert sorted(counter.lines) == expected
+    assert "g1" in expected and "last" in expected and "bom first" in expected
+    assert readers == {"ParallelCollectionRDD", "HadoopRDD"}  # both readers were used
