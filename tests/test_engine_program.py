@@ -324,3 +324,48 @@ def test_earlier_runs_code_parts_are_deleted_once_no_checkpoint_names_them(spark
     run("v2", 1700, 12, upgrade=True)  # every checkpoint the old code part could serve is gone
     assert len(code_parts()) == 1 and first[0] not in code_parts()
     assert read_checkpoint(ckpt).data["code"] == code_parts()[0]
+
+
+_LOCAL_WORKERS_APP = """
+import json, os, stat, sys
+from pyspark import SparkConf, SparkContext
+from checkpoint import read_checkpoint
+from engine import StreamingContext
+sc = SparkContext(conf=SparkConf().setMaster("local[2]").set("spark.ui.enabled", "false"))
+sc.setLogLevel("ERROR")
+ssc = StreamingContext(sc, 0.2)
+ssc.checkpoint(sys.argv[1])
+ssc.textFileStream(sys.argv[2]).foreachRDD(lambda rdd: rdd.count())
+ssc.start()
+ssc.awaitTerminationOrTimeout(1.0)
+conf = sc._jsc.sc().conf()
+where = conf.get("spark.python.unix.domain.socket.dir")
+doubled = sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
+mode = os.stat(where)
+sockets = [n for n in os.listdir(where) if n.endswith(".sock")]
+ssc.stop(stopSparkContext=False)
+print(json.dumps({"enabled": conf.get("spark.python.unix.domain.socket.enabled"), "dir": where,
+                  "mode": stat.S_IMODE(mode.st_mode), "uid": mode.st_uid, "sockets": len(sockets),
+                  "doubled": doubled,
+                  "checkpointed": sorted(k for k, _ in read_checkpoint(sys.argv[1]).data["conf"])}))
+sc.stop()
+"""
+
+
+def test_local_python_workers_are_reached_over_unix_sockets_in_a_private_directory(tmp_path):
+    """start() in local mode: the executor reaches its Python workers over Unix sockets in a
+    directory only this user can enter, removed at exit; the checkpoint's conf leaves both
+    settings out (the directory is this process's)."""
+    (tmp_path / "in").mkdir()
+    out = subprocess.run([sys.executable, "-c", _LOCAL_WORKERS_APP, str(tmp_path / "ckpt"), str(tmp_path / "in")],
+                         capture_output=True, text=True, timeout=180, cwd=os.path.dirname(HERE),
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)), start_new_session=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["enabled"] == "true"
+    assert seen["mode"] == 0o700 and seen["uid"] == os.getuid()
+    assert seen["sockets"] >= 1  # the worker daemon's socket: the workers are reached through it
+    assert seen["doubled"] == [0, 2, 4, 6]
+    assert not any(k.startswith("spark.python.unix.domain.socket") for k in seen["checkpointed"])
+    assert "spark.master" in seen["checkpointed"]
+    assert not os.path.exists(seen["dir"])  # removed when the driver exited
