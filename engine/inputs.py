@@ -84,7 +84,9 @@ _CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
 def _os_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    from wal.storage import resolve
+
+    return resolve(path)[1]
 
 
 def _read_in_python(path: str) -> bool:
@@ -201,11 +203,12 @@ class FileInputDStream(InputDStream):
                 _read_remote(self.storage_options, self.record_length))
         if self.record_length is not None:  # Hadoop's new API: a split per block of each file
             return self._sc.binaryRecords(",".join(files), self.record_length)
-        small = [f for f in files if _read_in_python(f)]
+        small, large = [], []
+        for f in files:
+            (small if _read_in_python(f) else large).append(f)
         rdds = [self._sc.parallelize(small, len(small)).flatMap(_read_local_lines)] if small else []
-        if len(small) < len(files):  # a split per block, as Spark's FileInputDStream reads
-            # (textFile's default, minPartitions=2, halves every file)
-            rdds.append(self._sc.textFile(",".join(f for f in files if f not in small), minPartitions=1))
+        if large:  # a split per block, as Spark's FileInputDStream reads (textFile's default,
+            rdds.append(self._sc.textFile(",".join(large), minPartitions=1))  # 2, halves a file)
         return rdds[0] if len(rdds) == 1 else self._sc.union(rdds)
 
     def clear_metadata(self, time_ms: int) -> None:

@@ -19,6 +19,8 @@ from pyspark import SparkConf, SparkContext, cloudpickle
 
 from checkpoint import Checkpoint, CheckpointError, read_code
 
+from . import cluster
+
 log = logging.getLogger(__name__)
 
 PROGRAM_VERSION = 1
@@ -27,7 +29,7 @@ _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", 
                  "spark.driver.host", "spark.driver.bindAddress", "spark.ui.port",
                  "spark.blockManager.port", "spark.driver.blockManager.port",
                  # this process's Unix sockets to its Python workers (engine.cluster sets them)
-                 "spark.python.unix.domain.socket.enabled", "spark.python.unix.domain.socket.dir"}
+                 cluster.UDS_ENABLED, cluster.UDS_DIR}
 #: Spark's default ``spark.redaction.regex``: such values are not written into the checkpoint;
 #: the recovering run takes them from its own environment.
 _SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
