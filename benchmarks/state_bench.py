@@ -1,7 +1,7 @@
 """State at scale: a stateful word count at 100k, 1M and 3M keys, sparkwal's ``updateStateByKey``
 and ``mapWithState`` side by side with pyspark.streaming's ``updateStateByKey``, in one run.
 
-    python -m benchmarks.state_bench [--keys 100000,1000000,3000000] [--batches 6]
+    python -m benchmarks.state_bench [--keys 100000,1000000,3000000] [--batches 6] [--restarts 3]
 
 Each contender is :mod:`benchmarks.state_app` in its own process group on ``local[2]``, fed the
 same files: a first batch with every key, then batches with a fixed random 10% (or 1%) of the
@@ -19,7 +19,10 @@ are written, not fsync'd). Figures per contender:
   from the kill to that batch completed by the restarted app (JVM start, ``getOrCreate``, reading
   the state, re-computing the batches since the snapshot, the new batch). Killing at the same
   place in the batch interval in every contender keeps the wait for the next batch time out of
-  the figure (killed right after its batch, a faster engine would wait longer for the next one);
+  the figure (killed right after its batch, a faster engine would wait longer for the next one).
+  ``--restarts`` kills (3 by default) one after another, each after one more batch: the median,
+  and the range (one restart swings by a third on this machine, pyspark.streaming's more when it
+  re-runs its last batch);
 * peak memory (proportional set size, so that pages a forked Python worker shares with the
   daemon it was forked from count once) of the driver's Python, the JVM, and the Python workers
   (the worker daemon and its forks, which PySpark puts in a process group of their own).
@@ -229,33 +232,43 @@ def snapshot_bytes(run: Run, first_data_ms: int) -> dict:
     return {"full": max(fulls, default=None), "delta": statistics.median(deltas) if deltas else None}
 
 
-def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str) -> dict:
+def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str,
+            restarts: int = 1) -> dict:
     batch_s = BATCH_SECONDS.get(keys, 8.0)
-    files = batch_files(cache, keys, fraction, batches + 2)
+    files = batch_files(cache, keys, fraction, batches + 2 * restarts)
     workdir = tempfile.mkdtemp(prefix=f"state-{engine}-{op}-")
     run = Run(workdir, engine, op, batch_s)
     timeout = 60 + keys / 5_000
+    restart_s = []
     try:
         run.start()
         run.wait_for(lambda e: e["event"] == "started", 120)
         # warm-up: an empty batch completes (JVM and Python workers up)
         run.wait_for(lambda e: e["event"] == "batch", 120)
         done = [run.feed(path, n, timeout) for path, n in files[:batches]]
-        # a batch after the last snapshot, then SIGKILL just before the next batch falls due: the
-        # restart re-computes the state since the snapshot and runs that batch
-        done.append(run.feed(*files[batches], timeout))
-        killed, moved_ms = kill_before_due(run, done[-1]["time_ms"], files[batches + 1][0], batch_s)
-        run.start()
-        restart_s = run.processed(moved_ms, timeout + 120)["at"] - killed
+        for i in range(batches, batches + 2 * restarts, 2):
+            # a batch after the last snapshot, then SIGKILL just before the next batch falls due:
+            # the restart re-computes the state since the snapshot and runs that batch
+            fed = run.feed(*files[i], timeout)
+            killed, moved_ms = kill_before_due(run, fed["time_ms"], files[i + 1][0], batch_s)
+            run.start()
+            restart_s.append(run.processed(moved_ms, timeout + 120)["at"] - killed)
     finally:
         if run.proc is not None and run.proc.poll() is None:
             run.kill()
     later = [e["processing_ms"] / 1000 for e in done[1:]]
     result = {"label": label, "keys": keys, "batch_s": batch_s, "first_s": done[0]["processing_ms"] / 1000,
-              "median_s": statistics.median(later), "max_s": max(later), "restart_s": restart_s,
+              "median_s": statistics.median(later), "max_s": max(later),
+              "restart_s": statistics.median(restart_s), "restarts_s": restart_s,
               "snapshot": snapshot_bytes(run, done[0]["time_ms"]), "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
     shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _spread(seconds: list[float]) -> str:
+    """The median, and the range when there are several."""
+    mid = f"{statistics.median(seconds):.1f} s"
+    return mid if len(seconds) < 2 else f"{mid} ({min(seconds):.1f}-{max(seconds):.1f} s)"
 
 
 def _mib(b) -> str:
@@ -267,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", default="100000,1000000,3000000")
     p.add_argument("--batches", type=int, default=6)
     p.add_argument("--only", default="", help="comma-separated contender numbers (1-based)")
+    p.add_argument("--restarts", type=int, default=3, help="kills per contender (the median is shown)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="state-bench-input-")
@@ -280,12 +294,12 @@ def main(argv: list[str] | None = None) -> int:
                   "restart | peak PSS driver/JVM/workers |", flush=True)
             print("|---|---|---|---|---|---|---|", flush=True)
             for label, engine, op, fraction in chosen:
-                r = measure(keys, label, engine, op, fraction, args.batches, cache)
+                r = measure(keys, label, engine, op, fraction, args.batches, cache, args.restarts)
                 results.append(r)
                 m = r["peak_mib"]
                 print(f"| {label} | {r['first_s']:.2f} s | {r['median_s']:.2f} s ({r['max_s']:.2f} s) | "
                       f"{_mib(r['snapshot']['full'])} | {_mib(r['snapshot']['delta'])} | "
-                      f"{r['restart_s']:.1f} s | {m['driver']}/{m['jvm']}/{m['workers']} MiB |", flush=True)
+                      f"{_spread(r['restarts_s'])} | {m['driver']}/{m['jvm']}/{m['workers']} MiB |", flush=True)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
         if args.json:

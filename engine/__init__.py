@@ -2,30 +2,45 @@
 
 Porting an app: ``from pyspark.streaming import StreamingContext`` becomes
 ``from engine import StreamingContext``.
+
+The names below are imported on first use (PEP 562), so that importing a submodule, e.g.
+:mod:`engine.worker_daemon` as PySpark's worker daemon, does not import PySpark first.
 """
 
-from tracker import BatchInfo
+from __future__ import annotations
 
-from .context import CheckpointMismatchError, StreamingContext, StreamingContextStateError
-from .dstream import DStream
-from .listener import (OutputOperationInfo, ReceiverInfo, StreamingListenerReceiverError,
-                       StreamingListenerReceiverStarted, StreamingListenerReceiverStopped, StreamingListener, StreamingListenerBatchCompleted,
-                       StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
-                       StreamingListenerDriverTakeover,
-                       StreamingListenerOutputOperationCompleted, StreamingListenerStandbyReady,
-                       StreamingListenerOutputOperationStarted, StreamingListenerStreamingStarted)
-from .leadership import DriverAlreadyActiveError
-from .receiver import BlockReadError, Receiver, SocketReceiver
-from .snapshot import SnapshotError
-from .state.map_with_state import State, StateSpec
-from checkpoint.state_chains import read_state
+import importlib
 
-__all__ = [
-    "BatchInfo", "BlockReadError", "DriverAlreadyActiveError", "StreamingListenerDriverTakeover", "StreamingListenerStandbyReady", "State", "StateSpec", "read_state", "CheckpointMismatchError", "Receiver", "ReceiverInfo",
-    "SocketReceiver", "StreamingListenerReceiverError", "StreamingListenerReceiverStarted",
-    "StreamingListenerReceiverStopped", "DStream", "SnapshotError", "StreamingContext",
-    "StreamingContextStateError", "StreamingListener",
-    "OutputOperationInfo", "StreamingListenerBatchCompleted", "StreamingListenerBatchStarted",
-    "StreamingListenerBatchSubmitted", "StreamingListenerOutputOperationCompleted",
-    "StreamingListenerOutputOperationStarted", "StreamingListenerStreamingStarted",
-]
+_HOMES = {
+    "tracker": ["BatchInfo"],
+    "checkpoint.state_chains": ["read_state"],
+    ".context": ["CheckpointMismatchError", "StreamingContext", "StreamingContextStateError"],
+    ".dstream": ["DStream"],
+    ".listener": [
+        "OutputOperationInfo", "ReceiverInfo", "StreamingListener", "StreamingListenerBatchCompleted",
+        "StreamingListenerBatchStarted", "StreamingListenerBatchSubmitted",
+        "StreamingListenerDriverTakeover", "StreamingListenerOutputOperationCompleted",
+        "StreamingListenerOutputOperationStarted", "StreamingListenerReceiverError",
+        "StreamingListenerReceiverStarted", "StreamingListenerReceiverStopped",
+        "StreamingListenerStandbyReady", "StreamingListenerStreamingStarted"],
+    ".leadership": ["DriverAlreadyActiveError"],
+    ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],
+    ".snapshot": ["SnapshotError"],
+    ".state.map_with_state": ["State", "StateSpec"],
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str):
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -77,6 +77,9 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
     if sc is None:
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
         sc = SparkContext(conf=conf)
+        from .cluster import warm_workers_early
+
+        warm_workers_early(sc)
     ssc = cls(sc, program["batch_ms"] / 1000, concurrentJobs=program["concurrent_jobs"])
     ssc._graph = program["graph"]
     for stream in ssc._graph.streams:

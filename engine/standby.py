@@ -172,14 +172,9 @@ def warm_up(sc, light: bool = False) -> None:
     import shutil
     import tempfile
 
-    from pyspark import RDD
+    from .cluster import start_python_workers
 
-    n = max(2, sc.defaultParallelism)
-    rdd = sc.parallelize(range(n), n)
-    for _ in range(WORKERS_PER_CORE):  # each level a PythonRDD of its own (a plain RDD's child
-        rdd = rdd.mapPartitions(_import_engine)  # is not pipelined into it), streaming: every
-        rdd = RDD(rdd._jrdd, sc, rdd._jrdd_deserializer)  # level's worker alive at once
-    rdd.count()
+    start_python_workers(sc, WORKERS_PER_CORE)
     if light:
         return
     scratch = tempfile.mkdtemp(prefix="sparkwal-warm-up-")
@@ -187,6 +182,7 @@ def warm_up(sc, light: bool = False) -> None:
         path = os.path.join(scratch, "lines.txt")
         with open(path, "w") as f:
             f.write("\n".join(f"w{i} x" for i in range(64)))
+        n = max(2, sc.defaultParallelism)
         words = sc.textFile(path, n).flatMap(str.split).map(lambda w: (w, 1))
         pairs = sc.parallelize([(f"w{i}", 1) for i in range(64)], n)
         words.union(pairs).reduceByKey(lambda a, b: a + b, n).cogroup(pairs, n).collect()
@@ -197,15 +193,6 @@ def warm_up(sc, light: bool = False) -> None:
         fs.getFileStatus(jpath).getPath().toString()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _import_engine(rows):
-    """In a Python worker: import what the engine's tasks use (the list the worker daemon
-    imports), which would otherwise cost the first batch after a takeover."""
-    from .worker_daemon import preimport
-
-    preimport()
-    return rows
 
 
 def _stand_by(ssc) -> None:

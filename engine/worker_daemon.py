@@ -1,11 +1,18 @@
-"""PySpark's Python worker daemon with sparkwal already imported, so that every worker it forks
-starts with it.
+"""PySpark's Python worker daemon, importing PySpark's compiled modules and sparkwal once, so that
+every worker it forks starts with them.
 
-Spark forks each Python worker from one daemon process per executor. A fresh worker's first task
-unpickles the engine's task functions, which imports ``engine`` and its dependencies: about
-0.3-0.5 s, paid again by every new worker, and a takeover's or a restart's first batch starts
-several at once (each cached step of recomputed state runs in a worker of its own). With this
-module as ``spark.python.daemon.module`` the daemon imports them once and its forks inherit them.
+Spark forks each Python worker from one daemon process per executor, and puts PySpark's own
+``pyspark.zip`` (and py4j's) first on the daemon's ``PYTHONPATH``. A zip holds no compiled
+bytecode and Python cannot cache any in it, so every daemon compiled PySpark from source (1.1 s of
+its 1.5 s start here) and every forked worker compiled ``pyspark.worker`` (0.3 s); then a fresh
+worker's first task unpickled the engine's task functions, importing ``engine`` and its
+dependencies (0.3-0.5 s). A restart's or a takeover's first batch waits for all of that, and starts
+several workers at once. As ``spark.python.daemon.module`` this module:
+
+* drops those zips from ``sys.path`` when the same versions of PySpark and py4j are installed on
+  it (an installed package's modules carry their compiled bytecode), before importing PySpark;
+* imports ``pyspark.worker`` and sparkwal's task-side modules once, in the daemon (none starts a
+  thread, which PySpark's daemon forbids before it forks).
 
 :func:`engine.cluster.prepare` sets it in ``local[...]`` mode (where the executors run this
 interpreter and can import sparkwal), unless ``spark.python.daemon.module`` is set already or
@@ -16,9 +23,49 @@ needs it, which names it.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import zipfile
 
-PREIMPORTED = ("engine", "engine.snapshot", "engine.state.state_map", "checkpoint.state_files",
-               "pyarrow", "pyarrow.ipc", "crc32c")
+PREIMPORTED = ("pyspark.worker", "engine.snapshot", "engine.state.state_map",
+               "engine.state.map_with_state", "engine.state.update_state", "engine.inputs",
+               "checkpoint.state_files", "pyarrow", "pyarrow.ipc", "crc32c")
+
+#: a zip Spark puts on the workers' path -> the file whose bytes name its version
+_ZIPPED = {"pyspark.zip": "pyspark/version.py", "py4j-": "py4j/version.py"}
+
+
+def _installed_twin(entry: str, path: list[str]) -> bool:
+    """Whether ``entry``, one of Spark's zips, has an identical version of its package installed in
+    a directory on ``path`` (not counting the zip)."""
+    name = os.path.basename(entry)
+    version_file = next((v for prefix, v in _ZIPPED.items() if name.startswith(prefix)), None)
+    if version_file is None or not name.endswith(".zip") or not os.path.isfile(entry):
+        return False
+    try:
+        with zipfile.ZipFile(entry) as z:
+            zipped = z.read(version_file)
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return False
+    for d in path:
+        if d == entry or not d or d.endswith(".zip") or d.endswith(".jar"):
+            continue
+        try:
+            with open(os.path.join(d, version_file), "rb") as f:
+                return f.read() == zipped
+        except OSError:
+            continue
+    return False
+
+
+def prefer_installed_pyspark(path: list[str] | None = None) -> list[str]:
+    """Remove from ``path`` (``sys.path``) Spark's zips whose package is installed, same version,
+    further along it; return what was removed. Call before anything imports PySpark."""
+    path = sys.path if path is None else path
+    dropped = [e for e in path if _installed_twin(e, path)]
+    for e in dropped:
+        path.remove(e)
+    return dropped
 
 
 def preimport() -> None:
@@ -30,6 +77,7 @@ def preimport() -> None:
 
 
 if __name__ == "__main__":
+    prefer_installed_pyspark()
     preimport()
     from pyspark.daemon import manager
 

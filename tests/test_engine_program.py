@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zipfile
 
 import pytest
 
@@ -333,28 +334,37 @@ from checkpoint import read_checkpoint
 from engine import StreamingContext
 sc = SparkContext(conf=SparkConf().setMaster("local[2]").set("spark.ui.enabled", "false"))
 sc.setLogLevel("ERROR")
-ssc = StreamingContext(sc, 0.2)
-ssc.checkpoint(sys.argv[1])
-ssc.textFileStream(sys.argv[2]).foreachRDD(lambda rdd: rdd.count())
+def setup():
+    ssc = StreamingContext(sc, 0.2)
+    ssc.textFileStream(sys.argv[2]).foreachRDD(lambda rdd: rdd.count())
+    return ssc
+ssc = StreamingContext.getOrCreate(sys.argv[1], setup)
+early = sc._jsc.sc().conf().get("spark.python.daemon.module", None)  # set before start()
 ssc.start()
 ssc.awaitTerminationOrTimeout(1.0)
 conf = sc._jsc.sc().conf()
 where = conf.get("spark.python.unix.domain.socket.dir")
 doubled = sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
+def worker_facts(_):
+    import pyspark, sys as s
+    return pyspark.__file__, "engine.state.state_map" in s.modules
+facts = sc.parallelize(range(2), 2).map(worker_facts).collect()
 mode = os.stat(where)
 sockets = [n for n in os.listdir(where) if n.endswith(".sock")]
 ssc.stop(stopSparkContext=False)
 print(json.dumps({"enabled": conf.get("spark.python.unix.domain.socket.enabled"), "dir": where,
                   "mode": stat.S_IMODE(mode.st_mode), "uid": mode.st_uid, "sockets": len(sockets),
-                  "doubled": doubled,
+                  "doubled": doubled, "early_daemon": early, "facts": facts,
                   "checkpointed": sorted(k for k, _ in read_checkpoint(sys.argv[1]).data["conf"])}))
 sc.stop()
 """
 
 
-def test_local_python_workers_are_reached_over_unix_sockets_in_a_private_directory(tmp_path):
-    """start() in local mode: the executor reaches its Python workers over Unix sockets in a
-    directory only this user can enter, removed at exit; the checkpoint's conf leaves both
+def test_local_python_workers_are_reached_over_unix_sockets_and_start_with_compiled_pyspark(tmp_path):
+    """getOrCreate in local mode, before start(): the executor's Python workers come from
+    sparkwal's daemon, which imports the installed (compiled) PySpark rather than Spark's zip and
+    the engine's task modules before it forks them; the executor reaches them over Unix sockets in
+    a directory only this user can enter, removed at exit; the checkpoint's conf leaves both socket
     settings out (the directory is this process's)."""
     (tmp_path / "in").mkdir()
     out = subprocess.run([sys.executable, "-c", _LOCAL_WORKERS_APP, str(tmp_path / "ckpt"), str(tmp_path / "in")],
@@ -366,6 +376,45 @@ def test_local_python_workers_are_reached_over_unix_sockets_in_a_private_directo
     assert seen["mode"] == 0o700 and seen["uid"] == os.getuid()
     assert seen["sockets"] >= 1  # the worker daemon's socket: the workers are reached through it
     assert seen["doubled"] == [0, 2, 4, 6]
+    assert seen["early_daemon"] == "engine.worker_daemon"
+    for pyspark_file, engine_imported in seen["facts"]:
+        assert ".zip" not in pyspark_file and os.path.isfile(pyspark_file)
+        assert engine_imported  # by the daemon: the task itself imports nothing of the engine
     assert not any(k.startswith("spark.python.unix.domain.socket") for k in seen["checkpointed"])
     assert "spark.master" in seen["checkpointed"]
     assert not os.path.exists(seen["dir"])  # removed when the driver exited
+
+
+def _zip_with(path, name, text):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(name, text)
+
+
+def test_the_worker_daemon_drops_sparks_zips_only_for_the_same_installed_versions(tmp_path):
+    from engine.worker_daemon import prefer_installed_pyspark
+
+    site = tmp_path / "site-packages"
+    for pkg, version in (("pyspark", "4.3.0"), ("py4j", "0.10.9.9")):
+        (site / pkg).mkdir(parents=True)
+        (site / pkg / "version.py").write_text(f"__version__ = '{version}'\n")
+    lib = tmp_path / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    _zip_with(lib / "pyspark.zip", "pyspark/version.py", "__version__ = '4.3.0'\n")
+    _zip_with(lib / "py4j-0.10.9.9-src.zip", "py4j/version.py", "__version__ = '0.10.9.9'\n")
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    user = str(tmp_path / "user")
+    path = [*zips, user, str(site)]
+    assert prefer_installed_pyspark(path) == zips
+    assert path == [user, str(site)]
+    # another version installed, or none: Spark's zip stays where Spark put it
+    (site / "pyspark" / "version.py").write_text("__version__ = '4.2.0'\n")
+    path = [*zips, str(site)]
+    assert prefer_installed_pyspark(path) == zips[1:]
+    assert path == [zips[0], str(site)]
+    path = [*zips, user]
+    assert prefer_installed_pyspark(path) == [] and path == [*zips, user]
+    # a zip that is not Spark's, or is damaged, is never touched
+    (lib / "other.zip").write_bytes(b"not a zip")
+    (lib / "pyspark.zip").write_bytes(b"damaged")
+    path = [str(lib / "other.zip"), str(lib / "pyspark.zip"), str(site)]
+    assert prefer_installed_pyspark(path) == [] and len(path) == 3
