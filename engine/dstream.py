@@ -404,6 +404,8 @@ class DStream:
             joined = a.leftOuterJoin(b, n)
             return joined.mapValues(lambda vs: invFunc(vs[0], vs[1]) if vs[1] is not None else vs[0])
 
+        from .state.update_state import ReducedWindowedDStream  # it builds on DStream
+
         return ReducedWindowedDStream(self._ssc, reduced, reduce_func, inv_reduce_func,
                                       _ms(windowDuration), slide)
 
@@ -412,6 +414,8 @@ class DStream:
         """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(initialRDD)
+        from .state.update_state import StateDStream, update_by_key  # they build on DStream
+
         step = update_by_key(updateFunc, self._partitions(numPartitions))
         return StateDStream(self._ssc, self, step, initialRDD)
 
@@ -519,6 +523,16 @@ def _save_text_atomically(rdd: RDD, path: str) -> None:
         fs.delete(old, True)
 
 
-# the stateful streams live in engine.state; their old names here keep older checkpoints' programs
-# (which refer to them by module) loadable
-from .state.update_state import ReducedWindowedDStream, StateDStream, update_by_key  # noqa: E402
+_MOVED_TO_STATE = ("ReducedWindowedDStream", "StateDStream", "update_by_key")
+
+
+def __getattr__(name: str):
+    """The stateful streams live in :mod:`engine.state.update_state`; their old names here keep older
+    checkpoints' programs (which refer to them by module) loadable. Looked up on use, not imported
+    at the end of this module: that import made ``engine.state.update_state`` fail when a worker
+    imported it first (it imports this module, which imported it back, half made)."""
+    if name in _MOVED_TO_STATE:
+        from .state import update_state
+
+        return getattr(update_state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -418,3 +418,36 @@ def test_the_worker_daemon_drops_sparks_zips_only_for_the_same_installed_version
     (lib / "pyspark.zip").write_bytes(b"damaged")
     path = [str(lib / "other.zip"), str(lib / "pyspark.zip"), str(site)]
     assert prefer_installed_pyspark(path) == [] and len(path) == 3
+
+
+_IMPORT_EACH_FIRST = """
+import importlib, json, pickle, pkgutil, sys
+import wal, checkpoint, tracker, engine
+names = sorted(m.name for p in (wal, checkpoint, tracker, engine)
+               for m in pkgutil.walk_packages(p.__path__, p.__name__ + "."))
+failed = []
+for name in names:
+    for k in [k for k in sys.modules if k.split(".")[0] in ("wal", "checkpoint", "tracker", "engine")]:
+        del sys.modules[k]
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        failed.append([name, repr(e)])
+old_name = pickle.loads(b"cengine.dstream\\nStateDStream\\n.")  # as older checkpoints' programs say it
+print(json.dumps({"modules": len(names), "failed": failed,
+                  "old_name": old_name.__module__ + "." + old_name.__name__}))
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """A Python worker imports whichever module its task's function lives in first (on a cluster,
+    from the shipped zip): no module may depend on another having been imported before it (an
+    import cycle once made ``engine.state.update_state`` fail on local-cluster executors). The
+    stateful streams' old names in ``engine.dstream`` still resolve."""
+    out = subprocess.run([sys.executable, "-c", _IMPORT_EACH_FIRST], capture_output=True, text=True,
+                         timeout=180, cwd=os.path.dirname(HERE),
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["modules"] > 40 and seen["failed"] == []
+    assert seen["old_name"] == "engine.state.update_state.StateDStream"
