@@ -107,13 +107,19 @@ def prepare(sc, conf) -> None:
         if not getattr(sc, "_sparkwal_code_shipped", False):
             ship_code(sc)
             sc._sparkwal_code_shipped = True
-    preimport_in_workers(sc, conf)
-    unix_sockets_for_workers(sc)
+    configure_local_workers(sc, conf)
     check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
     if check == "true" or (check == "auto" and not _is_local(master)):
         if not getattr(sc, "_sparkwal_executors_checked", False):
             check_executors(sc)
             sc._sparkwal_executors_checked = True
+
+
+def configure_local_workers(sc, conf) -> None:
+    """The Python workers' settings in ``local[...]`` mode (each is left alone when already set):
+    forked from sparkwal's daemon, reached over Unix sockets."""
+    preimport_in_workers(sc, conf)
+    unix_sockets_for_workers(sc)
 
 
 DAEMON_MODULE = "engine.worker_daemon"
@@ -165,12 +171,11 @@ def warm_workers_early(sc) -> threading.Thread | None:
     the workers (the daemon, the Unix sockets) and start Python workers in a background job, so
     that the daemon's start (0.3 s, then 0.7 s importing the engine) and the workers' overlap the
     driver's reading of a checkpoint instead of delaying the first batch of a restart. Called by
-    ``getOrCreate``; the job's failure (e.g. the context stopped under it) is only logged."""
+    ``getOrCreate`` (engine.program.get_or_create); the job's failure (e.g. the context stopped under it) is only logged."""
     if not _is_local(sc.master) or getattr(sc, "_sparkwal_workers_warmed", False):
         return None
     sc._sparkwal_workers_warmed = True
-    preimport_in_workers(sc, sc.getConf())
-    unix_sockets_for_workers(sc)
+    configure_local_workers(sc, sc.getConf())
 
     def run() -> None:
         try:

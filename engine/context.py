@@ -447,8 +447,6 @@ class StreamingContext:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
-        if SparkContext._active_spark_context is not None:
-            cluster.warm_workers_early(SparkContext._active_spark_context)
         ssc = get_or_create(StreamingContext, path, lambda: _setup(setupFunc), upgrade, storage_options)
         ssc._standby_requested = standby
         return ssc

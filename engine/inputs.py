@@ -8,6 +8,8 @@ from collections import deque
 
 from pyspark import RDD
 
+from wal.storage import resolve
+
 from .dstream import DStream
 
 
@@ -84,8 +86,6 @@ _CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
 def _os_path(path: str) -> str:
-    from wal.storage import resolve
-
     return resolve(path)[1]
 
 

@@ -77,9 +77,7 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
     if sc is None:
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
         sc = SparkContext(conf=conf)
-        from .cluster import warm_workers_early
-
-        warm_workers_early(sc)
+        cluster.warm_workers_early(sc)
     ssc = cls(sc, program["batch_ms"] / 1000, concurrentJobs=program["concurrent_jobs"])
     ssc._graph = program["graph"]
     for stream in ssc._graph.streams:
@@ -99,6 +97,8 @@ def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | 
 
     from .restart import CheckpointMismatchError, restore
 
+    if SparkContext._active_spark_context is not None:  # while the checkpoint is read
+        cluster.warm_workers_early(SparkContext._active_spark_context)
     for attempt in range(3):
         checkpoint = read_checkpoint(path, storage_options=storage_options)
         if checkpoint is None or upgrade:
