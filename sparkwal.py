@@ -5,14 +5,17 @@
     sparkwal wal repair DIR [--yes]           cut a torn tail; set damaged segments aside
     sparkwal checkpoint inspect DIR           a sparkwal app's or a Structured Streaming checkpoint
     sparkwal checkpoint verify DIR            every checkpoint file checked
-    sparkwal checkpoint repair DIR [--yes]    make a checkpoint restartable (plan shown first)
+    sparkwal checkpoint repair DIR [--yes]    make a checkpoint verify and restart (plan shown first)
     sparkwal checkpoint state DIR [--out F]   the newest state of each stateful stream, as a
                                               table (printed, or written as Parquet or Arrow)
 
 DIR is a local path or any fsspec URL (``--storage-option key=value``, repeatable, or the
-environment's credentials). ``--json`` prints one JSON object instead of text. Exit status: 0 all
-is well, 1 a problem was found (or a repair was only planned), 2 a usage error. Inspecting and
-verifying never write and never take a lock; repairing takes the writer's lock.
+environment's credentials). ``--json`` prints one JSON object instead of text. Exit status, the
+same for every verb: 0 all is well, 1 a problem was found (damage, a DIR that does not exist or
+is not a directory, a live writer or driver in the way, or a repair only planned), 2 a usage
+error. Inspecting and verifying never write and never take a lock; repairing creates nothing
+where there is nothing, takes the writer's lock and never deletes data: what it removes from
+the way it moves aside, renamed ``<name>.damaged-<ms>``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,28 @@ OK, PROBLEM, USAGE = 0, 1, 2
 
 class UsageError(ValueError):
     """A command line that cannot be carried out as written (exit status 2)."""
+
+
+class MissingDirectory(ValueError):
+    """DIR does not exist or is not a directory (exit status 1: a cron job's mistyped path must
+    not verify as a healthy, empty log)."""
+
+
+def _require_directory(args, what: str) -> None:
+    """Raise :class:`MissingDirectory` naming ``args.dir`` unless it is a directory (on an object
+    store: unless something is stored under it). Reads only."""
+    import os
+
+    from wal.storage import resolve
+
+    try:
+        storage, root = resolve(args.dir, _options(args.storage_option))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not storage.exists(root):
+        raise MissingDirectory(f"no such {what} directory: {args.dir}")
+    if storage.is_local and not os.path.isdir(root):
+        raise MissingDirectory(f"not a directory: {args.dir} (a {what} is a directory)")
 
 
 def _options(pairs: list[str]) -> dict | None:
@@ -61,7 +86,7 @@ class _Progress:
 def _emit(args, data: dict, lines: list[str]) -> None:
     if args.json:
         print(json.dumps(data, default=_jsonable, sort_keys=True))
-    else:
+    elif lines:
         print("\n".join(lines))
 
 
@@ -83,6 +108,7 @@ def _ms(ms: int | None) -> str:
 def _scan(args):
     from wal.inspect import scan_log
 
+    _require_directory(args, "log")
     progress = _Progress("scanning segments")
     try:
         return scan_log(args.dir, _options(args.storage_option), progress)
@@ -163,6 +189,7 @@ def wal_repair(args) -> int:
     from wal import LogLockedError
     from wal.inspect import repair_log
 
+    _require_directory(args, "log")  # repairing creates nothing where there is nothing
     progress = _Progress("scanning segments")
     try:
         steps, moved, applied = repair_log(args.dir, args.yes, _options(args.storage_option), progress)
@@ -187,7 +214,9 @@ def wal_repair(args) -> int:
 def checkpoint_inspect(args) -> int:
     from checkpoint.inspect import inspect_checkpoint
 
-    r = inspect_checkpoint(args.dir, _options(args.storage_option))
+    _require_directory(args, "checkpoint")
+    # everything checked, as `wal inspect` checks every record: the exit status says the same
+    r = inspect_checkpoint(args.dir, _options(args.storage_option), verify_state=True)
     lines = [f"checkpoint {r.url} ({r.kind})"]
     if r.newest is not None:
         data = r.newest.data
@@ -231,6 +260,7 @@ def checkpoint_state(args) -> int:
 
     from checkpoint.state_chains import read_state
 
+    _require_directory(args, "checkpoint")
     tables = read_state(args.dir, _options(args.storage_option))
     if args.stream:
         if args.stream not in tables:
@@ -273,41 +303,75 @@ def _per_stream(out: str, name: str) -> str:
 def checkpoint_verify(args) -> int:
     from checkpoint.inspect import inspect_checkpoint
 
+    _require_directory(args, "checkpoint")
     r = inspect_checkpoint(args.dir, _options(args.storage_option), verify_state=True)
     lines = [f"PROBLEM: {p}" for p in r.problems]
     lines.append(f"{'FAILED' if r.problems else 'OK'}: {r.url} ({r.kind}), {len(r.files)} checkpoint "
                  f"files, {len(r.code_parts)} code parts, "
                  f"{len(r.offsets.ids) if r.offsets else 0} offsets, {len(r.commits.ids) if r.commits else 0} commits, "
-                 f"{sum(s.snapshots for s in r.state)} state snapshots")
+                 f"{sum(s.snapshots for s in r.state)} state snapshots, "
+                 f"{sum(log.records for log in r.logs)} records in {len(r.logs)} write-ahead logs")
     _emit(args, {"checkpoint": r.url, "kind": r.kind, "problems": r.problems, "ok": not r.problems}, lines)
     return PROBLEM if r.problems else OK
 
 
 def checkpoint_repair(args) -> int:
+    """Everything that keeps a checkpoint from verifying, in one plan: damaged ``checkpoint-<t>``
+    files set aside (a restart reads the newest good one), its write-ahead logs repaired as
+    ``wal repair`` does, the offsets/commits made restartable. Refused while a driver leads it."""
     from checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
+    from checkpoint.dstream import set_aside_damaged
     from checkpoint.inspect import inspect_checkpoint
+    from wal import LogLockedError
+    from wal.inspect import plan_repair as plan_log_repair, repair_log
 
+    _require_directory(args, "checkpoint")
     options = _options(args.storage_option)
     r = inspect_checkpoint(args.dir, options)
-    if r.offsets is None:
-        _emit(args, {"checkpoint": r.url, "plan": None, "problems": r.problems},
-              [f"no offsets/commits logs in {r.url}: nothing this command repairs"]
-              + [f"PROBLEM: {p}" for p in r.problems])
-        return PROBLEM if r.problems else OK
-    offsets = OffsetSeqLog(f"{r.url}/offsets", options)
-    commits = CommitLog(f"{r.url}/commits", options)
-    plan = plan_repair(offsets, commits)
-    lines = [f"plan: {plan.reason}"] + [f"  delete {u}" for u in plan.delete]
-    data = {"checkpoint": r.url, "plan": plan, "applied": False}
-    if plan.delete and not args.yes:
-        lines.append("applied only with --yes (nothing was changed)")
-        _emit(args, data, lines)
+    if r.leader is not None and r.leader.held:
+        _emit(args, {"checkpoint": r.url, "error": "a driver leads it", "applied": False},
+              [f"cannot repair {r.url}: a running driver leads it ({r.leader.describe()}); stop it first"])
         return PROBLEM
-    if plan.delete:
-        repair(offsets, commits)
-        data["applied"] = True
-        lines.append("repaired")
-    _emit(args, data, lines)
+    data: dict = {"checkpoint": r.url, "applied": False}
+    damaged = set_aside_damaged(r.url, options, apply=args.yes)
+    data["checkpoint_files"] = [{"file": f, "problem": why, "moved_to": aside} for f, why, aside in damaged]
+    lines = [f"set aside damaged checkpoint file: {f} ({why})" + (f" -> {aside}" if aside else "")
+             for f, why, aside in damaged]
+    changes = bool(damaged)
+    data["logs"] = []
+    for log in r.logs:
+        steps = plan_log_repair(log)
+        if not steps:
+            continue
+        changes = True
+        moved: list[str] = []
+        if args.yes:
+            try:
+                steps, moved, _ = repair_log(log.url, True, options)
+            except LogLockedError as e:
+                _emit(args, {**data, "error": str(e)}, lines + [f"cannot repair: {e}"])
+                return PROBLEM
+        data["logs"].append({"log": log.url, "steps": steps, "moved_aside": moved})
+        lines += [f"{s.action}: {s.path} (keeps {s.keep_bytes} bytes, loses {s.lost_bytes} bytes)"
+                  for s in steps] + [f"damaged segment kept as {p}" for p in moved]
+    if r.offsets is not None:
+        offsets = OffsetSeqLog(f"{r.url}/offsets", options)
+        commits = CommitLog(f"{r.url}/commits", options)
+        plan = plan_repair(offsets, commits)
+        data["plan"] = plan
+        lines += [f"offsets/commits: {plan.reason}"] + [f"  delete {u}" for u in plan.delete]
+        if plan.delete:
+            changes = True
+            if args.yes:
+                repair(offsets, commits)
+    if not changes:
+        _emit(args, data, lines + [f"nothing to repair in {r.url}"])
+        return OK
+    if not args.yes:
+        _emit(args, data, lines + ["applied only with --yes (nothing was changed)"])
+        return PROBLEM
+    data["applied"] = True
+    _emit(args, data, lines + ["repaired"])
     return OK
 
 
@@ -326,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint": {
             "inspect": (checkpoint_inspect, "what a restart would use and where it would resume"),
             "verify": (checkpoint_verify, "check every checkpoint file"),
-            "repair": (checkpoint_repair, "make the offsets/commits restartable (with --yes)"),
+            "repair": (checkpoint_repair, "set damaged checkpoint files and log segments aside, make "
+                       "the offsets/commits restartable (with --yes)"),
             "state": (checkpoint_state, "the newest state of each stateful stream, as a table")},
     }
     for area, commands in verbs.items():
@@ -360,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"sparkwal: {e}", file=sys.stderr)
         return USAGE
+    except MissingDirectory as e:
+        _emit(args, {"dir": args.dir, "error": str(e), "ok": False}, [])
+        print(f"sparkwal: {e}", file=sys.stderr)
+        return PROBLEM
     except Exception as e:  # noqa: BLE001 (one clear line, not a traceback)
         print(f"sparkwal: {e}", file=sys.stderr)
         return PROBLEM

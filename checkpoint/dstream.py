@@ -26,6 +26,7 @@ import queue
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -100,6 +101,34 @@ def read_checkpoint(directory: str, *, storage_options: dict | None = None) -> C
     if tried:
         raise CheckpointError(f"no valid checkpoint in {directory}; tried: " + "; ".join(tried))
     return None
+
+
+def set_aside_damaged(directory: str, storage_options: dict | None = None, apply: bool = False
+                      ) -> list[tuple[str, str, str | None]]:
+    """``(file, what is wrong, where it was moved)`` for every checkpoint file of ``directory``
+    that fails its checks; with ``apply`` each is moved aside to ``<name>.damaged-<ms>`` (which
+    no reader takes for a checkpoint), never deleted, so that the newest good file is the one a
+    restart reads (it would skip a damaged one anyway) and a verification passes. The caller
+    makes sure no driver is writing the directory."""
+    storage, path = resolve(directory, storage_options)
+    out = []
+    for _time, _main, file_path in _checkpoint_files(storage, path):
+        try:
+            Checkpoint.decode(storage.read_file(file_path), storage.url(file_path))
+            continue
+        except FileNotFoundError:
+            continue
+        except CheckpointError as e:
+            reason = str(e)
+        aside = None
+        if apply:
+            data = storage.read_file(file_path)
+            aside = f"{file_path}.damaged-{time.time_ns() // 1_000_000}"
+            storage.put(aside, data)
+            storage.delete(file_path)
+            aside = storage.url(aside)
+        out.append((storage.url(file_path), reason, aside))
+    return out
 
 
 @dataclass(frozen=True)

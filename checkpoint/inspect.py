@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from wal.inspect import LogReport, scan_log
 from wal.storage import LeaderInfo, resolve
 
 from .code import CODE_FILE, read_code
@@ -51,6 +52,7 @@ class CheckpointReport:
     other: list[str] = field(default_factory=list)  # sub-directories known to sparkwal
     state: list[StateSummary] = field(default_factory=list)  # stateful streams' snapshots
     leader: LeaderInfo | None = None  # the driver leading the directory (or that last led it)
+    logs: list[LogReport] = field(default_factory=list)  # the write-ahead logs under it
     problems: list[str] = field(default_factory=list)
 
 
@@ -63,6 +65,20 @@ def _log_summary(log) -> LogSummary:
         except (CheckpointError, ValueError) as e:
             problems.append(str(e))
     return LogSummary(ids, problems)
+
+
+BLOCK_METADATA_DIR = "receivedBlockMetadata"  # tracker.block_tracker.WAL_DIR (below: no import up)
+RECEIVED_DATA_DIR = "receivedData"  # engine.receiver.blocks.RECEIVED_DATA_DIR, a log per stream
+
+
+def _write_ahead_logs(storage, root: str, subdirs: set[str]) -> list[str]:
+    """The URLs of the write-ahead logs a sparkwal checkpoint holds: the block tracker's, and
+    each receiver's data log."""
+    logs = [storage.url(storage.join(root, BLOCK_METADATA_DIR))] if BLOCK_METADATA_DIR in subdirs else []
+    if RECEIVED_DATA_DIR in subdirs:
+        data = storage.join(root, RECEIVED_DATA_DIR)
+        logs += [storage.url(storage.join(data, d)) for d in sorted(storage.list_dirs(data))]
+    return logs
 
 
 def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_state: bool = False
@@ -121,7 +137,12 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
             report.problems.append(str(e))
     if "sources" in subdirs:
         report.sources = sorted(storage.list_dirs(storage.join(root, "sources")))
-    report.other = sorted(d for d in subdirs if d in ("receivedBlockMetadata", "state", "rdds"))
+    report.other = sorted(d for d in subdirs if d in (BLOCK_METADATA_DIR, RECEIVED_DATA_DIR, "state", "rdds"))
+    for log_url in _write_ahead_logs(storage, root, subdirs):
+        log_report = scan_log(log_url, storage_options)
+        report.logs.append(log_report)
+        report.problems += [f"{s.path} at byte offset {s.problem[0]}: {s.problem[1]}"
+                            for s in log_report.problems]
     report.leader = storage.leader(root)  # read only: inspectors take no lock
     if report.newest is not None or report.code_parts or report.files:
         report.kind = "sparkwal"

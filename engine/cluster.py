@@ -7,9 +7,14 @@ probe job, one task per executor core, that imports everything tasks need: a mis
 :class:`ExecutorEnvironmentError` naming it, the hosts that lack it and the pip requirement, before
 any batch runs, instead of an ImportError deep inside a task's traceback.
 
+The workers' interpreter (:func:`choose_python`): ``spark.pyspark.python``, else ``PYSPARK_PYTHON``,
+else, in ``local[...]`` mode, the driver's own (``sys.executable``: same machine, same packages),
+where PySpark would run ``python3`` from ``PATH``, which may lack sparkwal's dependencies.
+
 ``spark.sparkwal.shipCode``: ``auto`` (default: ship when the master is not ``local[...]``),
-``true`` or ``false`` (the executors have sparkwal installed). ``spark.sparkwal.checkExecutors``
-(default true off ``local[...]``) turns the probe off.
+``true`` or ``false`` (the executors have sparkwal installed). ``spark.sparkwal.checkExecutors``:
+``auto`` (default: probe off ``local[...]``, and in ``local[...]`` mode when the workers run an
+interpreter other than the driver's), ``true`` or ``false``.
 
 The probe function is built from source so that cloudpickle sends it by value: unpickling it needs
 nothing from sparkwal.
@@ -22,6 +27,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import zipfile
@@ -79,7 +85,14 @@ def check_executors(sc, modules: tuple[str, ...] = (*PACKAGES, *REQUIREMENTS), s
     exec(compile(_PROBE_SOURCE, "<sparkwal executor probe>", "exec"), namespace)  # noqa: S102
     probe = namespace["probe"]
     n = slots or max(2, sc.defaultParallelism)
-    results = sc.parallelize(range(n), n).map(probe).collect()
+    python = sc.pythonExec
+    try:
+        results = sc.parallelize(range(n), n).map(probe).collect()
+    except Exception as e:  # noqa: BLE001  the interpreter did not start or died: say which
+        raise ExecutorEnvironmentError(
+            f"the executors' Python ({python}) could not run sparkwal's probe task: "
+            f"{_last_line(e)}. Set spark.pyspark.python (or PYSPARK_PYTHON) to an interpreter "
+            "that has sparkwal's dependencies") from None
     missing: dict[str, set[str]] = {}
     reasons: dict[str, str] = {}
     for host, _pid, lacks in results:
@@ -91,15 +104,54 @@ def check_executors(sc, modules: tuple[str, ...] = (*PACKAGES, *REQUIREMENTS), s
                  + (f": pip install '{REQUIREMENTS[name]}'" if name in REQUIREMENTS else "")
                  for name, hosts in sorted(missing.items())]
         raise ExecutorEnvironmentError(
-            "the executors' Python cannot import what sparkwal's tasks need:\n" + "\n".join(lines)
+            f"the executors' Python ({python}) cannot import what sparkwal's tasks need:\n"
+            + "\n".join(lines)
             + "\nInstall sparkwal's dependencies in the executors' Python (spark.pyspark.python / "
             "PYSPARK_PYTHON), or set spark.sparkwal.shipCode=true to ship sparkwal's own packages")
 
 
+def _last_line(error: BaseException) -> str:
+    """The gist of a failed job: the last line of a Python error inside a Py4J trace, else the
+    error's first line."""
+    text = str(error)
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith(("ModuleNotFoundError", "ImportError", "java.io.IOException",
+                            "FileNotFoundError", "PermissionError", "OSError")):
+            return line
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def configured_python(conf) -> str | None:
+    """The workers' interpreter the user chose (``spark.pyspark.python``, else ``PYSPARK_PYTHON``,
+    as spark-submit reads them), or None."""
+    return conf.get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON") or None
+
+
+def choose_python(sc, conf) -> str:
+    """Set the interpreter of the Python workers that run this context's functions (PySpark
+    reads ``sc.pythonExec`` when it wraps a function, so this holds for every RDD made after):
+    the configured one, else, in ``local[...]`` mode, ``sys.executable``. Returns it."""
+    chosen = configured_python(conf)
+    if chosen is None and _is_local(sc.master):
+        chosen = sys.executable
+    if chosen is not None and sc.pythonExec != chosen:
+        sc.pythonExec = chosen
+    return sc.pythonExec
+
+
+def _same_python(python: str) -> bool:
+    """Whether ``python`` is the driver's own interpreter (by path, not by what the path links
+    to: a virtualenv's python links to the base interpreter but has other packages)."""
+    found = shutil.which(python) or python
+    return os.path.abspath(found) == os.path.abspath(sys.executable)
+
+
 def prepare(sc, conf) -> None:
-    """Called by ``StreamingContext.start()``: ship the code and probe the executors (see the
-    module docstring for the settings)."""
+    """Called by ``StreamingContext.start()``: choose the workers' interpreter, ship the code
+    and probe the executors (see the module docstring for the settings)."""
     master = sc.master
+    python = choose_python(sc, conf)
     ship = conf.get("spark.sparkwal.shipCode", "auto").lower()
     if ship not in ("auto", "true", "false"):
         raise ValueError(f"spark.sparkwal.shipCode must be auto, true or false, got {ship!r}")
@@ -109,7 +161,9 @@ def prepare(sc, conf) -> None:
             sc._sparkwal_code_shipped = True
     configure_local_workers(sc, conf)
     check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
-    if check == "true" or (check == "auto" and not _is_local(master)):
+    if check not in ("auto", "true", "false"):
+        raise ValueError(f"spark.sparkwal.checkExecutors must be auto, true or false, got {check!r}")
+    if check == "true" or (check == "auto" and (not _is_local(master) or not _same_python(python))):
         if not getattr(sc, "_sparkwal_executors_checked", False):
             check_executors(sc)
             sc._sparkwal_executors_checked = True
@@ -117,8 +171,10 @@ def prepare(sc, conf) -> None:
 
 def configure_local_workers(sc, conf) -> None:
     """The Python workers' settings in ``local[...]`` mode (each is left alone when already set):
-    forked from sparkwal's daemon, reached over Unix sockets."""
-    preimport_in_workers(sc, conf)
+    forked from sparkwal's daemon (when they run the driver's interpreter, which can import it),
+    reached over Unix sockets."""
+    if _same_python(choose_python(sc, conf)):
+        preimport_in_workers(sc, conf)
     unix_sockets_for_workers(sc)
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, write_code
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from wal import SYSTEM_CLOCK, Clock, FencedError
+from wal import SYSTEM_CLOCK, Clock, FencedError, resolve
 
-from .dstream import DStream, TransformedDStream, UnionDStream, _ms
+from .dstream import DStream, TransformedDStream, UnionDStream, _ms, describe_times
+from .backlog import WARN_INTERVALS_KEY, BacklogWatch
 from .graph import DStreamGraph
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener, StreamingListenerStreamingStarted
@@ -118,12 +120,20 @@ class StreamingContext:
         #: batch times a restart regenerates without running their outputs (see restart.rerun)
         self._skip_outputs_ms: set[int] = set()
         self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
+        #: The batch times a graceful stop gave up waiting for (its timeout passed): a restart
+        #: runs them.
+        self.batches_left_for_restart: list[int] = []
         self._error: BaseException | None = None
         self._lock = threading.RLock()
         self._conf = sparkContext.getConf()  # a copy, read once: each getConf() is a JVM round trip
+        cluster.choose_python(sparkContext, self._conf)  # before any Python function is wrapped
         jobs = concurrentJobs or int(self._conf.get("spark.streaming.concurrentJobs", "1"))
         self._scheduler = JobScheduler(self, jobs)
         self._generator = JobGenerator(self)
+        self._listeners.append(BacklogWatch(
+            self._batch_ms, float(self._conf.get(WARN_INTERVALS_KEY, "3")), self._clock,
+            lambda: len(set(self._scheduler.pending_times()) | set(self._generator.queued_times())),
+            self._post))
 
     # ------------------------------------------------------------------ properties
 
@@ -160,9 +170,13 @@ class StreamingContext:
         """Write checkpoints (data only) and state snapshots to ``directory``, a path or any fsspec
         URL that both the driver and Spark's tasks can reach (``storage_options`` are that
         filesystem's options, e.g. an S3 endpoint; tasks receive them too). None turns
-        checkpointing off, as in Spark."""
+        checkpointing off, as in Spark. The directory is created at once, as Spark's
+        ``checkpoint()`` does (on an object store there is nothing to create)."""
         self._check_not_started("Setting a checkpoint directory")
         directory = _checkpoint_path(directory, "directory")
+        if directory is not None:
+            storage, root = resolve(directory, storage_options)
+            storage.makedirs(root)
         self._checkpoint_dir = directory
         self._storage_options = storage_options if directory is not None else None
         # Spark's RDD checkpoint directory (<directory>/rdds) is set by start(), once this
@@ -273,6 +287,10 @@ class StreamingContext:
                     self._leadership.take()
             self._start_active()
             self._leader_event.set()
+        if self._conf.get("spark.streaming.stopGracefullyOnShutdown", "false").lower() == "true":
+            from .signals import stop_gracefully_on_signals
+
+            stop_gracefully_on_signals(self)
         self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
 
     def _start_active(self) -> None:
@@ -386,15 +404,11 @@ class StreamingContext:
             if self._state == ACTIVE and not self._is_standby:
                 self._stop_receivers(stopGraceFully)
                 self._generator.timer.stop()
-                if stopGraceFully:
-                    timeout = float(self._conf.get("spark.streaming.gracefulStopTimeout",
-                                                           str(10 * self._batch_ms / 1000)))
-                    if not self._scheduler.wait_idle(timeout):
-                        log.warning("graceful stop: batches still running after %s s", timeout)
-                else:
-                    self._scheduler.cancel_all()
-                self._scheduler.stop(wait=stopGraceFully)
-                self._generator.stop()
+                finished = stopGraceFully and self._await_batches()
+                if not finished:
+                    self._scheduler.abandon()
+                self._scheduler.stop(wait=finished)
+                self._generator.stop(cancel_queued=not finished)
                 if self._checkpoint_writer is not None:
                     try:
                         self._checkpoint_writer.stop()
@@ -414,6 +428,31 @@ class StreamingContext:
             self._terminated.set()
         if stopSparkContext:
             self._sc.stop()
+
+    def _graceful_stop_timeout_s(self) -> float:
+        """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
+        intervals); Spark reads it as milliseconds when it has no unit."""
+        value = self._conf.get("spark.streaming.gracefulStopTimeout", None)
+        if value is None:
+            return 10 * self._batch_ms / 1000
+        return parse_duration_ms(value, "spark.streaming.gracefulStopTimeout", default_unit="ms") / 1000
+
+    def _await_batches(self) -> bool:
+        """A graceful stop's wait: every batch due so far generated and run, within
+        ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
+        the restart (they are in the checkpoint, logged in the batch log or due again: nothing
+        is lost), named in :attr:`batches_left_for_restart` and in one warning."""
+        timeout = self._graceful_stop_timeout_s()
+        deadline = time.monotonic() + timeout
+        if self._generator.drain(timeout) and self._scheduler.wait_idle(max(0.0, deadline - time.monotonic())):
+            return True
+        left = sorted(set(self._scheduler.pending_times()) | set(self._generator.queued_times()))
+        self.batches_left_for_restart = left
+        if left:
+            log.warning("graceful stop: %s not done within spark.streaming.gracefulStopTimeout "
+                        "(%.1f s) left for the restart (nothing is lost: a restart runs them)",
+                        describe_times(left), timeout)
+        return not left
 
     @staticmethod
     def getActive() -> StreamingContext | None:

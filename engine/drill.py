@@ -288,13 +288,20 @@ def check_outputs(workdir: str, files: int, runs: list[AppRun]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kills", type=int, default=None,
+    """The drill; exit statuses in :mod:`engine.app_args` (1: something was lost or counted
+    twice, or the app failed; 2: a mistake in the arguments or the environment, found before
+    any JVM starts)."""
+    from . import app_args as a
+
+    ap = argparse.ArgumentParser(prog="python -m engine.drill", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=a.__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--kills", type=a.count, default=None,
                     help="kills to make (default 5; with --duration: until it ends)")
-    ap.add_argument("--duration", type=float, default=None, help="drill for this many seconds")
-    ap.add_argument("--files", type=int, default=40, help="input files at most (one per batch)")
+    ap.add_argument("--duration", type=a.positive_seconds, default=None, help="drill for this many seconds")
+    ap.add_argument("--files", type=a.positive_count, default=40, help="input files at most (one per batch)")
     ap.add_argument("--report", help="write the report (JSON) here")
-    ap.add_argument("--batch", type=float, default=1.0)
+    ap.add_argument("--batch", type=a.positive_seconds, default=1.0, help="batch duration in seconds")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", help="work directory (default: a new temporary one, removed after)")
     ap.add_argument("--upgrade", action="store_true",
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["files", "receiver", "direct"], default="files")
     ap.add_argument("--master", default="local[2]",
                     help="the app's Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
-    ap.add_argument("--standalone", type=int, metavar="N",
+    ap.add_argument("--standalone", type=a.positive_count, metavar="N",
                     help="start a standalone cluster of N workers (pyspark's spark-class) on 127.0.0.1 "
                     "for the drill and run the app there")
     ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
@@ -310,7 +317,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="a hot standby driver always runs beside the active one and takes over "
                     "when it is killed (files mode: engine/standby_drill.py)")
     args = ap.parse_args(argv)
-    workdir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkwal-drill-"))
+    a.check_environment(ap)
+    a.check_master(ap, args.master)
+    if args.kinds is not None:
+        if args.mode != "receiver":
+            ap.error("--kinds is for --mode receiver")
+        unknown = set(args.kinds.split(",")) - {"driver", "executor", "worker"}
+        if unknown or not args.kinds:
+            ap.error(f"--kinds {args.kinds!r}: choose among driver,executor,worker")
+    if args.upgrade and (args.mode != "files" or args.standby):
+        ap.error("--upgrade is for --mode files without --standby")
+    if args.report:
+        report_dir = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(report_dir):
+            ap.error(f"--report {args.report}: no such directory {report_dir}")
+    workdir = a.usable_directory(ap, args.dir, "--dir") if args.dir else tempfile.mkdtemp(prefix="sparkwal-drill-")
+    stopped_by: list[str] = []
+
+    def on_signal(signum, _frame):  # unwinds the drill: its finally blocks kill the apps
+        stopped_by.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
         if args.standalone:
             from .standalone import StandaloneCluster
@@ -319,12 +348,20 @@ def main(argv: list[str] | None = None) -> int:
                 r = _run_mode(args, workdir, cluster.url)
         else:
             r = _run_mode(args, workdir, args.master)
+    except KeyboardInterrupt:
+        print(f"sparkwal-drill: stopped on {stopped_by[0] if stopped_by else 'SIGINT'}: the apps were "
+              "killed and nothing was checked", file=sys.stderr)
+        return a.FAILED
+    except RuntimeError as e:  # the app could not run: one line, and where its log is
+        logs = os.path.join(workdir, "logs")
+        print(f"sparkwal-drill: {e}" + (f" (its output: {logs})" if args.dir else ""), file=sys.stderr)
+        return a.FAILED
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
     _print_summary(args.mode, r)
     write_report(r, args.report)
-    return 0 if r["ok"] else 1
+    return a.OK if r["ok"] else a.FAILED
 
 
 def _run_mode(args, workdir: str, master: str) -> dict:

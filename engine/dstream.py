@@ -29,6 +29,16 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
+def describe_times(times_ms: list[int]) -> str:
+    """A count and a range of batch times, for a line a person reads: ``3 batches (12:00:01 ..
+    12:00:03)`` (a restart after hours down re-runs thousands)."""
+    if not times_ms:
+        return "no batches"
+    clock = [_time(t).strftime("%H:%M:%S") for t in (min(times_ms), max(times_ms))]
+    span = clock[0] if len(times_ms) == 1 else f"{clock[0]} .. {clock[1]}"
+    return f"{len(times_ms)} batch{'es' if len(times_ms) != 1 else ''} ({span})"
+
+
 def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000.0)
 

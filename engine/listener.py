@@ -109,6 +109,22 @@ class StreamingListenerStandbyReady:
         return self.took_ms
 
 
+@dataclass(frozen=True)
+class StreamingListenerBacklog:
+    """sparkwal's event: the batches' scheduling delay passed ``spark.sparkwal.backlog.warnIntervals``
+    batch intervals (``state`` "falling_behind"), is still growing (``"still_behind"``, at most
+    once a minute) or came back under one interval (``"caught_up"``). ``backlog``: batches due and
+    not yet started when it was measured; ``batch_time_ms``: the batch that measured it."""
+
+    state: str
+    scheduling_delay_ms: int
+    backlog: int
+    batch_time_ms: int
+
+    def schedulingDelay(self) -> int:
+        return self.scheduling_delay_ms
+
+
 class StreamingListener:
     """Override the callbacks you need; they run on the scheduler's threads, so keep them short."""
 
@@ -138,6 +154,9 @@ class StreamingListener:
 
     def onStandbyReady(self, standbyReady: StreamingListenerStandbyReady) -> None:
         """sparkwal's: this context, a standby, is hot (see engine.standby)."""
+
+    def onBacklog(self, backlog: StreamingListenerBacklog) -> None:
+        """sparkwal's: the app fell behind, is still behind, or caught up (see engine.backlog)."""
 
     # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:

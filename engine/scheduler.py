@@ -98,6 +98,7 @@ class JobScheduler:
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
         self._pending: dict[int, _JobSet] = {}
         self._lock = threading.Condition()
+        self._abandoned = False  # a stop gave up on the queued batches: none starts any more
 
     def pending_times(self) -> list[int]:
         with self._lock:
@@ -116,6 +117,11 @@ class JobScheduler:
             self._pool.submit(self._run, js, job)
 
     def _run(self, js: _JobSet, job: Job) -> None:
+        if self._abandoned:  # picked up just as a stop gave up: left for the restart
+            with self._lock:
+                self._pending.pop(js.time_ms, None)
+                self._lock.notify_all()
+            return
         ssc, sc = self._ssc, self._ssc.sparkContext
         sc.setJobGroup(job_group(js.time_ms), f"streaming batch {js.time_ms}", interruptOnCancel=True)
         now = ssc._clock.now_ms()
@@ -178,6 +184,20 @@ class JobScheduler:
             with self._lock:
                 self._lock.wait_for(lambda: not self._pending, min(0.1, remaining))
 
+    def abandon(self) -> None:
+        """A stop that does not wait: batches not started never start (they stay in the
+        checkpoint for the restart), running ones are cancelled."""
+        self._abandoned = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for t, js in list(self._pending.items()):
+                with js.lock:
+                    started = js.start_ms is not None
+                if not started:
+                    del self._pending[t]
+            self._lock.notify_all()
+        self.cancel_all()
+
     def stop(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
@@ -195,9 +215,34 @@ class JobGenerator:
         self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")
         self.last_processed_ms: int | None = None
         self._processed = threading.Condition()
+        self._queued: set[int] = set()  # batch times queued for generation, not generated yet
+        self._queued_lock = threading.Lock()
 
     def _on_tick(self, time_ms: int) -> None:
-        self._events.submit(self._guard, self.generate_jobs, time_ms)
+        self._queue_generation(time_ms)
+
+    def _queue_generation(self, time_ms: int) -> None:
+        with self._queued_lock:
+            self._queued.add(time_ms)
+        self._events.submit(self._guard, self._generate_queued, time_ms)
+
+    def _generate_queued(self, time_ms: int) -> None:
+        with self._queued_lock:
+            self._queued.discard(time_ms)
+        self.generate_jobs(time_ms)
+
+    def queued_times(self) -> list[int]:
+        """Batch times due but not generated yet (a restart's backlog waits here)."""
+        with self._queued_lock:
+            return sorted(self._queued)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every event queued so far has run; False on timeout."""
+        try:
+            self._events.submit(lambda: None).result(timeout_s)
+            return True
+        except (TimeoutError, RuntimeError):
+            return False
 
     def _guard(self, fn: Callable, *args) -> None:
         try:
@@ -222,7 +267,7 @@ class JobGenerator:
     def rerun(self, times_ms: list[int]) -> None:
         """Regenerate and submit batches of a restarted context, in order."""
         for t in times_ms:
-            self._events.submit(self._guard, self.generate_jobs, t)
+            self._queue_generation(t)
 
     def on_batch_completion(self, time_ms: int) -> None:
         self._events.submit(self._guard, self._clear_metadata, time_ms)
@@ -238,6 +283,8 @@ class JobGenerator:
             self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
             self._processed.notify_all()
 
-    def stop(self) -> None:
+    def stop(self, cancel_queued: bool = False) -> None:
+        """Stop the timer and the event thread; ``cancel_queued`` drops the events not started
+        (a stop that gave up waiting: those batches are left to the restart)."""
         self.timer.stop()
-        self._events.shutdown(wait=True)
+        self._events.shutdown(wait=True, cancel_futures=cancel_queued)

@@ -30,8 +30,11 @@ then one line per completed batch, as Spark's UI would show it (``batch 12:03:04
 records (3/s) | scheduling 12 ms, processing 340 ms``), and a summary when it stops (with the
 batches a restart re-ran); with ``--json`` these are JSON events instead (``context`` with
 ``recovery``, ``batch_completed``, ``stopped``), which is what tools read. Spark's start-up WARN
-lines are left out unless ``--verbose``. SIGTERM stops gracefully. Runs until ``--seconds`` have passed (0: until
-stopped).
+lines are left out unless ``--verbose``. SIGTERM or SIGINT, to the job or to its process group,
+stops it gracefully within ``spark.streaming.gracefulStopTimeout`` (batches not done by then are
+left to the restart). Runs until ``--seconds`` have passed (0: until stopped). A mistake in the
+arguments or the environment is one line and exit status 2, before Spark starts; the exit
+statuses are listed in :mod:`engine.app_args`.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import argparse
 import json
 import operator
 import os
-import signal
 import sys
 import threading
 import time
@@ -163,10 +165,16 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
 
         def onDriverTakeover(self, takeover):
             _emit({"event": "takeover", "epoch": takeover.epoch, "resumed_from_ms": takeover.resumed_from_ms,
-                   "took_ms": takeover.took_ms, "rerun_batches": list(takeover.rerun_batch_times)},
+                   "took_ms": takeover.took_ms, "rerun_batches": len(takeover.rerun_batch_times),
+                   "rerun": _times(list(takeover.rerun_batch_times))},
                   json_events, f"took over the stream at epoch {takeover.epoch} in {takeover.took_ms} ms"
                   + (f", re-running {len(takeover.rerun_batch_times)} batches" if takeover.rerun_batch_times
                      else ""))
+
+        def onBacklog(self, backlog):
+            if json_events:  # for people, the engine's warning line says it (on stderr)
+                _emit({"event": backlog.state, "scheduling_delay_ms": backlog.scheduling_delay_ms,
+                       "backlog": backlog.backlog, "batch_ms": backlog.batch_time_ms}, True, "")
 
         def onBatchCommitted(self, committed):
             if json_events:  # for tools only: the progress line shows completed batches
@@ -241,52 +249,68 @@ def _clock(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
 
 
+def _times(times_ms: list[int]) -> dict:
+    """A list of batch times as a JSON event gives it: a count and a range (a restart after
+    hours down re-runs thousands)."""
+    return {"count": len(times_ms), "first_ms": min(times_ms, default=None),
+            "last_ms": max(times_ms, default=None)}
+
+
 def _recovered(ssc, json_events: bool) -> None:
     """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
     WAL blocks replayed (nothing for a new context with nothing logged)."""
+    from engine.dstream import describe_times
+
     blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
-    event = {"event": "recovered", "rerun_batches": ssc.rerun_batch_times,
-             "committed_batches_skipped": ssc.skipped_batch_times,
+    reran, skipped = ssc.rerun_batch_times, ssc.skipped_batch_times
+    event = {"event": "recovered", "rerun_batches": len(reran), "rerun": _times(reran),
+             "committed_batches_skipped": len(skipped),
              "logged_batches_replayed": len(blog.rerun_times) if blog is not None else 0,
              "blocks_replayed": tracker.recovered_block_additions if tracker is not None else 0}
     if not any(event[k] for k in ("rerun_batches", "committed_batches_skipped", "blocks_replayed")):
         return
-    reran = ssc.rerun_batch_times
-    text = (f"recovered: re-running {len(reran)} batches"
-            + (f" ({_clock(reran[0])}..{_clock(reran[-1])})" if reran else "")
+    text = (f"recovered: re-running {describe_times(reran)}"
             + (f", {event['logged_batches_replayed']} of them with their logged offsets"
                if event["logged_batches_replayed"] else "")
-            + (f"; {len(ssc.skipped_batch_times)} committed batch(es) not output again"
-               if ssc.skipped_batch_times else "")
+            + (f"; {len(skipped)} committed batch(es) not output again" if skipped else "")
             + (f"; {event['blocks_replayed']} received blocks replayed from the WAL"
                if event["blocks_replayed"] else ""))
     _emit(event, json_events, text)
 
 
-def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str) -> None:
-    reran = ssc.rerun_batch_times
+def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str, signal_name: str | None) -> None:
+    from engine.dstream import describe_times
+
+    reran, left = ssc.rerun_batch_times, ssc.batches_left_for_restart
     p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
     _emit({"event": "stopped", "outputs": outputs, "batches": p.batches, "records": p.records,
-           "files": p.files, "rerun_batches": reran, "processing_p50_ms": p50}, json_events,
-          f"stopped after {p.batches} batches: {p.files} files, {p.records} records, processing "
-          f"p50 {p50} ms" + (f"; the restart re-ran {len(reran)} batches "
-                             f"({', '.join(_clock(t) for t in reran)})" if reran else "")
+           "files": p.files, "rerun_batches": len(reran), "rerun": _times(reran),
+           "left_for_restart": _times(left), "signal": signal_name, "processing_p50_ms": p50},
+          json_events,
+          (f"stopped on {signal_name}" if signal_name else "stopped")
+          + f" after {p.batches} batches: {p.files} files, {p.records} records, processing "
+          f"p50 {p50} ms" + (f"; the restart re-ran {describe_times(reran)}" if reran else "")
+          + (f"; {describe_times(left)} left for the next restart (graceful stop timeout)" if left else "")
           + f"; {outputs} batch outputs in {out_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> argparse.ArgumentParser:
+    from engine import app_args as a
+
+    ap = argparse.ArgumentParser(prog="python -m engine.wordcount", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=a.__doc__.split("\n\n", 1)[1])
     ap.add_argument("--dir", default="wordcount-run", help="work directory (input/output/checkpoint)")
-    ap.add_argument("--batch", type=float, default=1.0, help="batch duration in seconds")
-    ap.add_argument("--files", type=int, default=20, help="files the bundled generator writes (0: none)")
-    ap.add_argument("--seconds", type=float, default=25, help="run time (0: until stopped)")
+    ap.add_argument("--batch", type=a.positive_seconds, default=1.0, help="batch duration in seconds")
+    ap.add_argument("--files", type=a.count, default=20, help="files the bundled generator writes (0: none)")
+    ap.add_argument("--seconds", type=a.non_negative_seconds, default=25, help="run time (0: until stopped)")
     ap.add_argument("--upgrade", action="store_true",
                     help="recover this program's graph with the checkpoint's data (code-free)")
     ap.add_argument("--master", default="local[2]",
                     help="Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
     ap.add_argument("--source", choices=["files", "receiver", "filelog"], default="files",
                     help="input mode")
-    ap.add_argument("--source-port", type=int, help="receiver mode: the AckedLineSource's port")
+    ap.add_argument("--source-port", type=a.port, help="receiver mode: the AckedLineSource's port")
     ap.add_argument("--source-secret-env", default="SPARKWAL_SOURCE_SECRET",
                     help="receiver mode: the environment variable holding the source's secret")
     ap.add_argument("--checkpoint", help="checkpoint directory, a path or any fsspec URL "
@@ -304,12 +328,44 @@ def main(argv: list[str] | None = None) -> int:
                     "spark.streaming.driver.leaseTimeout=10s")
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
-    workdir = os.path.abspath(args.dir)
-    os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
+    return ap
 
+
+def _fail(message: str, status: int) -> int:
+    print(f"sparkwal-wordcount: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The main job; exit statuses in :mod:`engine.app_args` (every mistake found here is one
+    line and status 2, before the JVM starts)."""
+    from engine import app_args as a
+
+    ap = _parser()
+    args = ap.parse_args(argv)
+    a.check_environment(ap)
+    a.check_master(ap, args.master)
+    confs = a.check_key_values(ap, args.conf, "--conf")
+    from wal.storage import parse_storage_options
+
+    try:
+        options = parse_storage_options(args.storage_option)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.source == "receiver" and args.source_port is not None and not os.environ.get(args.source_secret_env):
+        ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
+    if args.standby and args.source != "files":
+        ap.error("--standby runs the files mode's app (leave out --source)")
+    a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
+    a.local_path_is_directory(ap, args.input, "--input")
+    workdir = a.usable_directory(ap, args.dir, "--dir")
+    os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    from engine.signals import StopSignals, jvm_ignores_stop_signals
+
+    signals = StopSignals()  # before the JVM starts: a signal then ends the job quietly
+    stop = signals.requested
     from pyspark import SparkConf, SparkContext
 
     receiver = source = None
@@ -325,8 +381,6 @@ def main(argv: list[str] | None = None) -> int:
             port = source.address[1]
             with open(port_file, "w") as f:
                 f.write(str(port))
-        if not os.environ.get(args.source_secret_env):
-            ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
         receiver = ("127.0.0.1", port, args.source_secret_env)
 
     conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount")
@@ -336,29 +390,35 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
-    for pair in args.conf:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            ap.error(f"--conf takes KEY=VALUE, got {pair!r}")
+    for key, value in confs:
         conf.set(key, value)
     if receiver is not None:  # executors' receivers read the source's secret from their environment
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
-    sc = SparkContext.getOrCreate(conf)
+    try:
+        sc = SparkContext.getOrCreate(conf)
+    except Exception as e:  # noqa: BLE001  (one line, not a Py4J trace)
+        if stop.is_set():
+            return _fail(f"stopped on {signals.signal_name} while Spark was starting", a.OK)
+        return _fail(f"Spark did not start: {a.one_line(e)}", a.FAILED)
+    jvm_ignores_stop_signals(sc)  # the Python driver decides how to stop (engine.signals)
     sc.setLogLevel("WARN" if args.verbose else "ERROR")
     direct = args.source == "filelog"
     if direct:
         os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
-    from wal.storage import parse_storage_options
+    from engine.cluster import ExecutorEnvironmentError
+    from wal import FencedError
 
     try:
-        options = parse_storage_options(args.storage_option)
-    except ValueError as e:
-        ap.error(str(e))
-    ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
-                          receiver=receiver, direct=direct, checkpoint=args.checkpoint,
-                          storage_options=options, input_url=args.input, standby=args.standby)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
+                              receiver=receiver, direct=direct, checkpoint=args.checkpoint,
+                              storage_options=options, input_url=args.input, standby=args.standby)
+        ssc.start()
+    except ExecutorEnvironmentError as e:
+        sc.stop()
+        return _fail(str(e).replace("\n", "; "), a.USAGE)
+    except Exception as e:  # noqa: BLE001
+        sc.stop()
+        return _fail(f"could not start: {a.one_line(e)}", a.FAILED)
 
     def generate() -> None:
         if source is not None:
@@ -386,9 +446,6 @@ def main(argv: list[str] | None = None) -> int:
                 return
             write_input_file(os.path.join(workdir, "input"), i)
 
-    from wal import FencedError
-
-    ssc.start()
     try:
         if ssc.isStandby():
             lead = ssc._leadership.storage.leader(ssc._leadership.path)
@@ -407,19 +464,27 @@ def main(argv: list[str] | None = None) -> int:
                 break
     except FencedError as e:
         _emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
-        print(f"sparkwal-wordcount: this driver was fenced and wrote nothing more: {e}", file=sys.stderr)
         ssc.stop(stopSparkContext=True, stopGraceFully=False)
-        return 3
+        return _fail(f"this driver was fenced and wrote nothing more: {e}", a.FENCED)
+    except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
+        _emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
+        ssc.stop(stopSparkContext=True, stopGraceFully=False)
+        return _fail(f"a batch failed, the job stopped (a restart resumes from the checkpoint): "
+                     f"{a.one_line(e)}", a.FAILED)
+    if stop.is_set():
+        _emit({"event": "stopping", "signal": signals.signal_name}, args.json,
+              f"{signals.signal_name}: stopping gracefully (at most "
+              f"{ssc._graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
         from engine.direct_wordcount import read_results
 
         _summary(ssc, progress, args.json, read_results(workdir)["batches"],
-                 os.path.join(workdir, "output.db"))
-        return 0
+                 os.path.join(workdir, "output.db"), signals.signal_name)
+        return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"))
-    return 0
+    _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
+    return a.OK
 
 
 if __name__ == "__main__":

@@ -76,9 +76,27 @@ def preimport() -> None:
             pass
 
 
+def quiet_when_the_executor_hangs_up() -> None:
+    """A worker whose executor closed its socket (a task cancelled by a stop, or the JVM
+    stopping) ends quietly: PySpark's daemon prints a ``BrokenPipeError`` trace for each such
+    worker on the driver's stderr in local mode, where nobody is left to read the result."""
+    import pyspark.daemon as daemon
+
+    run_worker = daemon.worker
+
+    def worker(sock, authenticated):
+        try:
+            return run_worker(sock, authenticated)
+        except (BrokenPipeError, ConnectionResetError):
+            return 1  # the daemon's child then waits for the socket to close and exits
+
+    daemon.worker = worker  # manager() looks the name up at each fork
+
+
 if __name__ == "__main__":
     prefer_installed_pyspark()
     preimport()
+    quiet_when_the_executor_hangs_up()
     from pyspark.daemon import manager
 
     manager()

@@ -1,0 +1,151 @@
+"""What the main job and the drill check on their command lines before any JVM starts: a mistake
+is one line naming the argument and the value, plus usage, and exit status 2 (argparse's), not a
+traceback after a JVM started.
+
+Exit statuses shared by ``python -m engine.wordcount`` and ``python -m engine.drill``:
+
+* 0 done (also after a graceful stop on SIGTERM or SIGINT);
+* 1 the app failed (a batch's error; the drill: something lost or counted twice);
+* 2 a usage or environment mistake (a bad argument, an unusable path, a package missing from
+  this interpreter or from the executors' interpreter, no Java);
+* 3 the main job's driver was fenced: another driver leads its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import re
+import shutil
+import sys
+
+OK, FAILED, USAGE, FENCED = 0, 1, 2, 3
+
+#: module -> what provides it, for a line that says what to install
+NEEDED = {"pyspark": "pyspark", "pyarrow": "pyarrow", "msgpack": "msgpack", "crc32c": "crc32c",
+          "fsspec": "fsspec"}
+
+_MASTER = re.compile(r"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]"
+                     r"|spark://\S+|yarn|k8s://\S+")
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def non_negative_seconds(text: str) -> float:
+    """argparse type: 0 or a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number of seconds, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
+    return value
+
+
+def positive_count(text: str) -> int:
+    value = count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    value = count(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text!r}")
+    return value
+
+
+def check_master(ap: argparse.ArgumentParser, master: str, flag: str = "--master") -> None:
+    if not _MASTER.fullmatch(master):
+        ap.error(f"{flag} {master!r}: not a Spark master (local[N], local-cluster[N,C,MB], "
+                 "spark://HOST:PORT, yarn, k8s://...)")
+
+
+def check_key_values(ap: argparse.ArgumentParser, pairs: list[str], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            ap.error(f"{flag} takes KEY=VALUE, got {pair!r}")
+        out.append((key, value))
+    return out
+
+
+def usable_directory(ap: argparse.ArgumentParser, path: str, flag: str) -> str:
+    """``path`` as an absolute directory, created if missing; a path that is a file, or that
+    cannot be created or written, is a usage error naming it."""
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        ap.error(f"{flag} {path}: not a directory")
+    try:
+        os.makedirs(full, exist_ok=True)
+    except OSError as e:
+        ap.error(f"{flag} {path}: cannot create it ({e.strerror})")
+    if not os.access(full, os.W_OK | os.X_OK):
+        ap.error(f"{flag} {path}: not writable")
+    return full
+
+
+def local_path_is_directory(ap: argparse.ArgumentParser, url: str | None, flag: str) -> None:
+    """A local ``url`` (no scheme, or ``file://``) that names a file is a usage error."""
+    if url and ("://" not in url or url.startswith("file://")):
+        path = url[len("file://"):] if url.startswith("file://") else url
+        if os.path.exists(path) and not os.path.isdir(path):
+            ap.error(f"{flag} {url}: not a directory")
+
+
+def check_environment(ap: argparse.ArgumentParser, extra: dict[str, str] | None = None) -> None:
+    """The packages the job imports, and Java for Spark, in this interpreter: one line naming
+    what is missing and how to get it."""
+    missing = [pkg for module, pkg in {**NEEDED, **(extra or {})}.items()
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        ap.error(f"this Python ({sys.executable}) lacks {', '.join(missing)}: run it from the "
+                 "virtualenv the README sets up (.venv/bin/python), or pip install "
+                 + " ".join(missing))
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and not os.path.isfile(os.path.join(java_home, "bin", "java")):
+        ap.error(f"JAVA_HOME={java_home} holds no bin/java: Spark needs Java 17 or 21")
+    if not java_home and shutil.which("java") is None:
+        ap.error("no java on PATH and no JAVA_HOME: Spark needs Java 17 or 21")
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: a Py4J error's Java exception and its message (not its trace), a
+    Python error inside a task as its last line, else ``Type: message``."""
+    java = getattr(error, "java_exception", None)
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # noqa: BLE001  the JVM may be gone
+            text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):  # a Python task's own error, inside a Java trace
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception): ", line) and not line.startswith(("at ", "org.", "java.")):
+            return line
+    return lines[0] if lines else type(error).__name__
