@@ -51,6 +51,11 @@ class StopSignals:
         self.requested = threading.Event()
         self.signal_name: str | None = None
         self._on_signal = on_signal
+        self.install()
+
+    def install(self) -> None:
+        """(Re)install the handlers: PySpark's ``SparkContext`` replaces SIGINT's with one that
+        cancels every job and raises KeyboardInterrupt, so call this again once it started."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 

@@ -401,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"stopped on {signals.signal_name} while Spark was starting", a.OK)
         return _fail(f"Spark did not start: {a.one_line(e)}", a.FAILED)
     jvm_ignores_stop_signals(sc)  # the Python driver decides how to stop (engine.signals)
+    signals.install()  # PySpark's SparkContext took SIGINT over
     sc.setLogLevel("WARN" if args.verbose else "ERROR")
     direct = args.source == "filelog"
     if direct:

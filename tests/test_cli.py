@@ -165,3 +165,74 @@ def test_a_sparkwal_app_checkpoint_and_a_damaged_code_part(spark_context, tmp_pa
     code.write_bytes(code.read_bytes()[:-1] + b"!")
     out = sparkwal("checkpoint", "verify", ckpt, expect=1).stdout
     assert f"{code}: checksum mismatch" in out
+
+
+@pytest.mark.parametrize("area, verb", [("wal", "inspect"), ("wal", "verify"), ("wal", "repair"),
+                                        ("checkpoint", "inspect"), ("checkpoint", "verify"),
+                                        ("checkpoint", "repair"), ("checkpoint", "state")])
+def test_a_missing_or_wrong_path_is_a_problem_named_never_ok_and_nothing_is_created(tmp_path, area, verb):
+    missing = tmp_path / "no" / "such"
+    for extra in ([], ["--yes"]) if verb == "repair" else ([],):
+        proc = sparkwal(area, verb, missing, *extra, expect=1)
+        assert "OK" not in proc.stdout and str(missing) in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "no").exists()  # repair made no directory, no lock
+    report = as_json(sparkwal(area, verb, missing, "--json", expect=1))
+    assert report["ok"] is False and str(missing) in report["error"]
+    regular = tmp_path / "a-file"
+    regular.write_text("x")
+    assert f"not a directory: {regular}" in sparkwal(area, verb, regular, expect=1).stderr
+
+
+def _checkpoint_with_a_damaged_file_and_log(tmp_path):
+    from checkpoint import Checkpoint, CheckpointWriter
+
+    ckpt = tmp_path / "ckpt"
+    writer = CheckpointWriter(str(ckpt))
+    for t in (1000, 2000, 3000):
+        writer.write(Checkpoint(t, [], {"batch_ms": 1000}))
+    writer.stop()
+    newest = ckpt / "checkpoint-3000"
+    newest.write_bytes(newest.read_bytes()[:-1] + b"!")  # a flipped byte: checksum mismatch
+    log_dir = ckpt / "receivedBlockMetadata"
+    make_log(log_dir)
+    sealed = log_dir / sorted(p for p in os.listdir(log_dir) if p.startswith("log-"))[0]
+    data = bytearray(sealed.read_bytes())
+    data[8 + 12 + 3] ^= 0x01
+    sealed.write_bytes(bytes(data))
+    return ckpt, newest, sealed
+
+
+def test_inspect_and_verify_agree_on_a_damaged_checkpoint_and_its_logs(tmp_path):
+    ckpt, newest, sealed = _checkpoint_with_a_damaged_file_and_log(tmp_path)
+    for verb in ("inspect", "verify"):
+        out = sparkwal("checkpoint", verb, ckpt, expect=1).stdout
+        assert f"{newest}: checksum mismatch" in out and f"{sealed} at byte offset 8" in out
+    sparkwal("wal", "inspect", ckpt / "receivedBlockMetadata", expect=1)  # the same exit status
+
+
+def test_checkpoint_repair_sets_damaged_files_aside_so_verify_passes(tmp_path):
+    from checkpoint import read_checkpoint
+
+    ckpt, newest, sealed = _checkpoint_with_a_damaged_file_and_log(tmp_path)
+    damaged = newest.read_bytes()
+    plan = sparkwal("checkpoint", "repair", ckpt, expect=1).stdout
+    assert f"set aside damaged checkpoint file: {newest}" in plan and "set aside damaged segment" in plan
+    assert "only with --yes" in plan and newest.read_bytes() == damaged  # nothing changed
+    done = as_json(sparkwal("checkpoint", "repair", ckpt, "--yes", "--json", expect=0))
+    assert done["applied"] and open(done["checkpoint_files"][0]["moved_to"], "rb").read() == damaged
+    assert not newest.exists() and as_json(sparkwal("checkpoint", "verify", ckpt, "--json", expect=0))["ok"]
+    assert read_checkpoint(str(ckpt)).checkpoint_time_ms == 2000  # a restart reads the newest good one
+    assert "nothing to repair" in sparkwal("checkpoint", "repair", ckpt, "--yes", expect=0).stdout
+
+
+def test_checkpoint_repair_refuses_while_a_driver_leads(tmp_path):
+    from wal import resolve
+
+    ckpt, newest, _ = _checkpoint_with_a_damaged_file_and_log(tmp_path)
+    storage, root = resolve(str(ckpt))
+    lead = storage.lead(root)
+    try:
+        out = sparkwal("checkpoint", "repair", ckpt, "--yes", expect=1).stdout
+        assert "a running driver leads it" in out and newest.exists()
+    finally:
+        lead.release()

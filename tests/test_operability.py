@@ -1,0 +1,338 @@
+"""A ported app runs where pyspark.streaming ran, and every mistake a user makes gets one clear
+line: the workers' interpreter, the checkpoint directory, the main job's and the drill's
+arguments and environment, signals and the graceful stop's timeout, falling behind, packaging.
+Driven as a user would: subprocesses in their own process groups, their exit status and output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from engine import StreamingContext, StreamingListener
+from engine.backlog import BacklogWatch
+from wal import ManualClock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PORT_APP = os.path.join(ROOT, "tests", "port_app.py")
+TRACES = ("Traceback", "Py4J", "py4j.protocol", "RejectedExecutionException", "ConnectionRefusedError",
+          "\tat org.apache")
+
+
+def _env(**changes) -> dict:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+    env.pop("PYSPARK_PYTHON", None)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def _script(path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _events(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out
+
+
+def run_port_app(tmp_path, env: dict, batches: int, *conf: str, timeout: float = 180
+                 ) -> tuple[int, list[dict], str]:
+    proc = subprocess.run([sys.executable, PORT_APP, str(tmp_path), str(batches), *conf], capture_output=True,
+                          text=True, env=env, cwd=str(tmp_path), timeout=timeout,
+                          start_new_session=True)
+    return proc.returncode, _events(proc.stdout), proc.stderr
+
+
+# ------------------------------------------------------------------ 1. the workers' interpreter
+
+
+@pytest.mark.slow
+def test_local_workers_run_the_drivers_interpreter_when_none_is_configured(tmp_path):
+    """The README's set-up runs ``.venv/bin/python app.py`` with the virtualenv not activated:
+    ``python3`` on PATH is another interpreter, without sparkwal's dependencies (here one that
+    cannot even import PySpark). The workers must run the driver's own."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "python3", f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")
+    env = _env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    status, events, stderr = run_port_app(tmp_path, env, 4, timeout=240)
+    started = [e for e in events if e["event"] == "started"]
+    assert started and started[0]["python"] == sys.executable, (status, events, stderr[-3000:])
+    totals = [e["totals"] for e in events if e["event"] == "batch" and e["totals"]]
+    assert totals and totals[-1] == {"a": 2, "b": 2, "c": 1}, (events, stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_a_configured_interpreter_that_lacks_a_module_fails_start_naming_both(tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "crc32c.py").write_text("raise ImportError('crc32c is not installed here')\n")
+    python = _script(tmp_path / "python-without-crc32c",
+                     f"#!/bin/sh\nPYTHONPATH={hide}:$PYTHONPATH exec {sys.executable} \"$@\"\n")
+    status, events, stderr = run_port_app(tmp_path, _env(PYSPARK_PYTHON=python), 4)
+    errors = [e for e in events if e["event"] == "error"]
+    assert status == 3 and errors, (status, events, stderr[-3000:])
+    assert errors[0]["type"] == "ExecutorEnvironmentError"
+    assert python in errors[0]["message"] and "crc32c" in errors[0]["message"]
+
+
+# ------------------------------------------------------------------ 2. the checkpoint directory
+
+
+def test_checkpoint_creates_its_directory_at_once(spark_context, tmp_path, memory_url):
+    ssc = StreamingContext(spark_context, 1)
+    ssc.checkpoint(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir()  # as Spark's checkpoint() mkdirs it
+    ssc.checkpoint(memory_url + "/ckpt")
+    from wal import resolve
+
+    storage, root = resolve(memory_url + "/ckpt")
+    assert storage.exists(root)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        ssc.checkpoint(str(tmp_path / "file" / "ckpt"))
+
+
+# ------------------------------------------------------------------ 4. mistakes before the JVM
+
+
+def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout: float = 60):
+    return subprocess.run([*(python or [sys.executable]), "-m", module, *map(str, args)],
+                          capture_output=True, text=True, env=_env(), cwd=cwd or ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("module, args, names", [
+    ("engine.wordcount", ["--batch", "0"], "argument --batch: must be a positive number of seconds, got '0'"),
+    ("engine.wordcount", ["--batch", "nan"], "argument --batch"),
+    ("engine.wordcount", ["--files", "-3"], "argument --files"),
+    ("engine.wordcount", ["--master", "locl[2]"], "--master 'locl[2]': not a Spark master"),
+    ("engine.wordcount", ["--conf", "spark.x"], "--conf takes KEY=VALUE, got 'spark.x'"),
+    ("engine.wordcount", ["--storage-option", "x"], "key=value"),
+    ("engine.wordcount", ["--source-port", "0"], "argument --source-port"),
+    ("engine.drill", ["--batch", "-1"], "argument --batch"),
+    ("engine.drill", ["--kills", "x"], "argument --kills"),
+    ("engine.drill", ["--kinds", "driver"], "--kinds is for --mode receiver"),
+    ("engine.drill", ["--mode", "receiver", "--kinds", "driver,disk"], "choose among driver,executor,worker"),
+])
+def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, names, tmp_path):
+    proc = _job(module, *args, "--dir", tmp_path / "work")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert names in last and "Traceback" not in proc.stderr
+    assert "SparkContext" not in proc.stderr and "log4j" not in proc.stderr  # no JVM started
+    assert not (tmp_path / "work").exists()  # found before anything was made
+
+
+@pytest.mark.parametrize("module", ["engine.wordcount", "engine.drill"])
+def test_an_unusable_dir_is_named(module, tmp_path):
+    regular = tmp_path / "a-file"
+    regular.write_text("not a directory")
+    proc = _job(module, "--dir", regular)
+    assert proc.returncode == 2 and f"--dir {regular}: not a directory" in proc.stderr.splitlines()[-1]
+    proc = _job(module, "--dir", regular / "below")
+    assert proc.returncode == 2 and f"--dir {regular / 'below'}: cannot create it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_interpreter_without_the_packages_is_told_what_to_install(tmp_path):
+    """``python3 -m engine.wordcount`` from a checkout, with an interpreter that has no PySpark
+    (-S: no site-packages): one line naming the interpreter and the packages."""
+    proc = _job("engine.wordcount", "--dir", tmp_path / "work", python=[sys._base_executable, "-S"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "lacks pyspark" in last and ".venv/bin/python" in last
+
+
+# ------------------------------------------------------------------ 5. stopping
+
+
+class MainJob:
+    """``python -m engine.wordcount --json`` in its own process group, its events read as they come."""
+
+    def __init__(self, workdir, *args):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--seconds", "0", "--json",
+             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+            cwd=ROOT, start_new_session=True)
+        self.events: list[dict] = []
+        self.changed = threading.Condition()
+        self.stderr = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read(self) -> None:
+        for event in map(_events, self.proc.stdout):
+            with self.changed:
+                self.events += event
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def _read_stderr(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def wait_for(self, predicate, timeout: float = 180) -> list[dict]:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: predicate(self.events) or self.proc.poll() is not None, timeout)
+        assert ok and predicate(self.events), (self.events[-5:], self.proc.poll())
+        return self.events
+
+    def finish(self, timeout: float = 120) -> int:
+        status = self.proc.wait(timeout)
+        self.proc.stdout.close()
+        return status
+
+
+def _batches(events) -> int:
+    return sum(e["event"] == "batch_completed" for e in events)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_group", [True, False], ids=["SIGTERM to the group", "SIGINT to the driver"])
+def test_a_signal_is_a_graceful_stop_without_traces_and_the_checkpoint_resumes(tmp_path, to_group):
+    job = MainJob(tmp_path, "--files", "30")
+    job.wait_for(lambda es: _batches(es) >= 3)
+    if to_group:
+        os.killpg(job.proc.pid, signal.SIGTERM)  # the Python driver and its JVM both get it
+    else:
+        os.kill(job.proc.pid, signal.SIGINT)
+    assert job.finish() == 0
+    stopped = [e for e in job.events if e["event"] == "stopped"]
+    assert stopped and stopped[0]["signal"] == ("SIGTERM" if to_group else "SIGINT")
+    assert not any(t in job.stderr for t in TRACES), job.stderr[-3000:]
+    done = stopped[0]["files"]
+    again = MainJob(tmp_path, "--files", "30")
+    again.wait_for(lambda es: any(e["event"] == "context" for e in es))
+    assert [e["recovery"] for e in again.events if e["event"] == "context"] == ["checkpoint"]
+    again.wait_for(lambda es: _batches(es) >= 2)
+    os.killpg(again.proc.pid, signal.SIGTERM)
+    assert again.finish() == 0
+    outputs = [json.load(open(tmp_path / "output" / n)) for n in os.listdir(tmp_path / "output")]
+    counted = sorted(f for o in outputs for f in o["files"])
+    assert len(counted) == len(set(counted)) and len(counted) >= done  # nothing lost or doubled
+
+
+@pytest.mark.slow
+def test_stop_gracefully_on_shutdown_makes_a_ported_app_stop_on_sigterm(tmp_path):
+    """Spark's ``spark.streaming.stopGracefullyOnShutdown``: an app of the user's own, SIGTERM to
+    its process group (its JVM included), stops gracefully with no trace."""
+    proc = subprocess.Popen([sys.executable, PORT_APP, str(tmp_path), "0",
+                             "spark.streaming.stopGracefullyOnShutdown=true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            cwd=str(tmp_path), start_new_session=True)
+    events = []
+    for line in proc.stdout:
+        events += _events(line)
+        if sum(e["event"] == "batch" for e in events) >= 2:
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+    rest, stderr = proc.communicate(timeout=120)
+    events += _events(rest)
+    assert proc.returncode == 0 and events[-1]["event"] == "stopped", (events[-3:], stderr[-3000:])
+    assert not any(t in stderr for t in TRACES), stderr[-3000:]
+    assert "SIGTERM received: stopping the streaming context gracefully" in stderr
+
+
+def test_a_graceful_stop_gives_up_after_its_timeout_and_leaves_the_rest_to_the_restart(spark_context):
+    """Batches queued behind a slow one: after ``spark.streaming.gracefulStopTimeout`` (Spark's
+    default, 10 batch intervals: 1 s here) the stop cancels the running batch and returns; the
+    batches not done are named and never run (a restart runs them), where it used to run every
+    queued batch first."""
+    clock = ManualClock(0)
+    ssc = StreamingContext(spark_context, 0.1, clock=clock)
+    running, submitted, ran = threading.Event(), [], []
+
+    def output(t, rdd):
+        ran.append(int(t.timestamp() * 1000))
+        if len(ran) == 1:
+            running.set()
+            rdd.map(slow_task).count()  # a long Spark job: the next batches queue up behind it
+
+    def slow_task(x):  # by value in the task (a test module is not importable by the workers)
+        import time
+
+        time.sleep(120)  # the workload of a slow batch (the stop cancels it long before)
+        return x
+
+    class Submitted(StreamingListener):
+        def onBatchSubmitted(self, batchSubmitted):
+            submitted.append(batchSubmitted.batchInfo().batch_time_ms)
+
+    ssc.queueStream([], default=spark_context.parallelize([1], 1)).foreachRDD(output)
+    ssc.addStreamingListener(Submitted())
+    ssc.start()
+    for _ in range(6):
+        clock.advance(100)
+    assert running.wait(60)
+    while len(submitted) < 6:  # the timer thread has fired every batch due
+        ssc.awaitTerminationOrTimeout(0.05)
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+    assert ssc.batches_left_for_restart == [100, 200, 300, 400, 500, 600]
+    assert ran == [100], "no batch left for the restart ran, and the slow one was cancelled"
+
+
+# ------------------------------------------------------------------ 6. falling behind
+
+
+class _Info:
+    def __init__(self, batch_ms: int, delay_ms: int):
+        self.batch_time_ms, self.scheduling_delay_ms = batch_ms, delay_ms
+
+
+class _Started:
+    def __init__(self, batch_ms, delay_ms):
+        self.info = _Info(batch_ms, delay_ms)
+
+    def batchInfo(self):
+        return self.info
+
+
+def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_recovers(caplog):
+    clock, posted = ManualClock(0), []
+    watch = BacklogWatch(1000, 3, clock, lambda: 7, lambda name, event: posted.append(event))
+    with caplog.at_level("WARNING", logger="engine.backlog"):
+        for delay in (500, 2000, 3500, 5000, 9000):  # passes 3 intervals at 3.5 s
+            clock.advance(1000)
+            watch.onBatchStarted(_Started(clock.now_ms(), delay))
+        clock.advance(60_000)
+        watch.onBatchStarted(_Started(clock.now_ms(), 3200))  # a minute on, not grown since said
+        watch.onBatchStarted(_Started(clock.now_ms(), 8000))  # grown: said again
+        clock.advance(10_000)
+        watch.onBatchStarted(_Started(clock.now_ms(), 20000))  # growing, but within the minute
+        watch.onBatchStarted(_Started(clock.now_ms(), 900))  # under one interval: caught up
+        watch.onBatchStarted(_Started(clock.now_ms(), 800))
+    assert [(e.state, e.scheduling_delay_ms, e.backlog) for e in posted] == [
+        ("falling_behind", 3500, 7), ("still_behind", 8000, 7), ("caught_up", 900, 7)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and "falling behind: scheduling delay 3.5 s" in lines[0]
+    assert "7 batches queued or running" in lines[0] and lines[2].startswith("caught up")
+
+
+# ------------------------------------------------------------------ 7. packaging
+
+
+def test_benchmarks_are_not_installed_as_a_top_level_package(tmp_path):
+    """Run from outside the checkout, the installed project offers its library only."""
+    proc = subprocess.run([sys.executable, "-c", "import importlib.util as u, json; print(json.dumps("
+                           "[u.find_spec(n) is not None for n in ('benchmarks', 'engine', 'wal', 'sparkwal')]))"],
+                          capture_output=True, text=True, cwd=str(tmp_path), env=_env(PYTHONPATH=None))
+    assert json.loads(proc.stdout) == [False, True, True, True], proc.stderr
