@@ -31,26 +31,24 @@ _MASTER = re.compile(r"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|local-cluster\[[1-9
                      r"|spark://\S+|yarn|k8s://\S+")
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type: a positive, finite number of seconds."""
+def _seconds(text: str, least: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and least == "a positive"):
+        raise argparse.ArgumentTypeError(f"must be {least} number of seconds, got {text!r}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    return _seconds(text, "a positive")
 
 
 def non_negative_seconds(text: str) -> float:
     """argparse type: 0 or a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive number of seconds, got {text!r}")
-    return value
+    return _seconds(text, "0 or a positive")
 
 
 def count(text: str) -> int:

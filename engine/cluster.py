@@ -144,7 +144,12 @@ def _same_python(python: str) -> bool:
     """Whether ``python`` is the driver's own interpreter (by path, not by what the path links
     to: a virtualenv's python links to the base interpreter but has other packages)."""
     found = shutil.which(python) or python
-    return os.path.abspath(found) == os.path.abspath(sys.executable)
+    try:  # the same file in the same bin directory (python and python3 of one virtualenv)
+        return (os.path.samefile(found, sys.executable)
+                and os.path.samefile(os.path.dirname(os.path.abspath(found)),
+                                     os.path.dirname(os.path.abspath(sys.executable))))
+    except OSError:  # no such interpreter: not the driver's (the probe says what is wrong)
+        return False
 
 
 def prepare(sc, conf) -> None:

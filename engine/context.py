@@ -123,6 +123,7 @@ class StreamingContext:
         #: The batch times a graceful stop gave up waiting for (its timeout passed): a restart
         #: runs them.
         self.batches_left_for_restart: list[int] = []
+        self._graceful_deadline: float | None = None  # set by stop()
         self._error: BaseException | None = None
         self._lock = threading.RLock()
         self._conf = sparkContext.getConf()  # a copy, read once: each getConf() is a JVM round trip
@@ -402,6 +403,7 @@ class StreamingContext:
                 return
             self._stopping = True
             if self._state == ACTIVE and not self._is_standby:
+                self._graceful_deadline = time.monotonic() + self._graceful_stop_timeout_s()
                 self._stop_receivers(stopGraceFully)
                 self._generator.timer.stop()
                 finished = stopGraceFully and self._await_batches()
@@ -437,14 +439,21 @@ class StreamingContext:
             return 10 * self._batch_ms / 1000
         return parse_duration_ms(value, "spark.streaming.gracefulStopTimeout", default_unit="ms") / 1000
 
+    def _graceful_remaining_s(self) -> float:
+        """What is left of a graceful stop's timeout (its receivers' wait and its batches'
+        share one ``spark.streaming.gracefulStopTimeout``)."""
+        if self._graceful_deadline is None:
+            return self._graceful_stop_timeout_s()
+        return max(0.0, self._graceful_deadline - time.monotonic())
+
     def _await_batches(self) -> bool:
         """A graceful stop's wait: every batch due so far generated and run, within
         ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
         the restart (they are in the checkpoint, logged in the batch log or due again: nothing
         is lost), named in :attr:`batches_left_for_restart` and in one warning."""
         timeout = self._graceful_stop_timeout_s()
-        deadline = time.monotonic() + timeout
-        if self._generator.drain(timeout) and self._scheduler.wait_idle(max(0.0, deadline - time.monotonic())):
+        if (self._generator.drain(self._graceful_remaining_s())
+                and self._scheduler.wait_idle(self._graceful_remaining_s())):
             return True
         left = sorted(set(self._scheduler.pending_times()) | set(self._generator.queued_times()))
         self.batches_left_for_restart = left

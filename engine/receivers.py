@@ -37,7 +37,7 @@ def stop_receivers(ssc, graceful: bool) -> None:
     then waits until every received block is in a batch, before the timer stops."""
     if ssc._receiver_tracker is None:
         return
-    timeout = ssc._graceful_stop_timeout_s()
+    timeout = ssc._graceful_remaining_s()
     ssc._receiver_tracker.stop(graceful, timeout)
     if graceful:
         deadline = time.monotonic() + timeout

@@ -354,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.source == "receiver" and args.source_port is not None and not os.environ.get(args.source_secret_env):
         ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
-    if args.standby and args.source != "files":
-        ap.error("--standby runs the files mode's app (leave out --source)")
     a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
     a.local_path_is_directory(ap, args.input, "--input")
     workdir = a.usable_directory(ap, args.dir, "--dir")

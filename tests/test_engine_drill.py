@@ -43,9 +43,11 @@ def test_the_main_job_reports_its_batches_and_what_a_restart_recovered(tmp_path)
     first = events_of(tmp_path, "--files", 2, "--seconds", 4)
     assert first[0] == {"event": "context", "recovery": "new"}
     assert sum(e["records"] for e in first if e["event"] == "batch_completed") == 6  # 3 lines a file
-    assert first[-1]["event"] == "stopped" and first[-1]["records"] == 6 and first[-1]["rerun_batches"] == []
+    assert first[-1]["event"] == "stopped" and first[-1]["records"] == 6 and first[-1]["rerun_batches"] == 0
     again = events_of(tmp_path, "--files", 3, "--seconds", 4)
     assert again[0] == {"event": "context", "recovery": "checkpoint"}
     stopped = again[-1]
     assert stopped["rerun_batches"], "the batches due while the app was down are re-run"
+    rerun = stopped["rerun"]  # a count and a range, not every batch time
+    assert rerun["count"] == stopped["rerun_batches"] and rerun["first_ms"] <= rerun["last_ms"]
     assert stopped["records"] == 3 and stopped["outputs"] == 3  # the third file, counted once
