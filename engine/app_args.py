@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 OK, FAILED, USAGE, FENCED = 0, 1, 2, 3
@@ -129,6 +130,31 @@ def check_environment(ap: argparse.ArgumentParser, extra: dict[str, str] | None 
         ap.error(f"JAVA_HOME={java_home} holds no bin/java: Spark needs Java 17 or 21")
     if not java_home and shutil.which("java") is None:
         ap.error("no java on PATH and no JAVA_HOME: Spark needs Java 17 or 21")
+
+
+def check_worker_python(ap: argparse.ArgumentParser, master: str, confs: list[tuple[str, str]]) -> None:
+    """In ``local[...]`` mode, an interpreter configured for the workers (``--conf
+    spark.pyspark.python=...`` or ``PYSPARK_PYTHON``) other than this one is tried before the JVM
+    starts: one that does not run, or cannot import what sparkwal's tasks need, is one line
+    naming it and the modules (off local mode, ``start()``'s probe on the executors says it)."""
+    from .cluster import PACKAGES, REQUIREMENTS, _is_local, _same_python
+
+    python = dict(confs).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    if not python or not _is_local(master) or _same_python(python):
+        return
+    where = ("spark.pyspark.python" if dict(confs).get("spark.pyspark.python") else "PYSPARK_PYTHON")
+    modules = ("pyspark", *PACKAGES, *REQUIREMENTS)
+    probe = ("import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] "
+             "if importlib.util.find_spec(m) is None))")
+    try:
+        out = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ap.error(f"{where}={python}: the workers' interpreter does not run ({getattr(e, 'strerror', None) or e})")
+    if out.returncode != 0:
+        ap.error(f"{where}={python}: the workers' interpreter failed (exit status {out.returncode})")
+    if out.stdout.split():
+        ap.error(f"{where}={python}: the workers' interpreter cannot import {', '.join(out.stdout.split())} "
+                 f"(leave {where} unset to run the workers on this interpreter, {sys.executable})")
 
 
 def one_line(error: BaseException) -> str:

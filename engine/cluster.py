@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -110,15 +111,17 @@ def check_executors(sc, modules: tuple[str, ...] = (*PACKAGES, *REQUIREMENTS), s
             "PYSPARK_PYTHON), or set spark.sparkwal.shipCode=true to ship sparkwal's own packages")
 
 
+_GIST = re.compile(r"(?:ModuleNotFoundError|ImportError|java\.io\.IOException|PermissionError|"
+                   r"FileNotFoundError|OSError|SyntaxError): [^\n]*")
+
+
 def _last_line(error: BaseException) -> str:
-    """The gist of a failed job: the last line of a Python error inside a Py4J trace, else the
-    error's first line."""
+    """The gist of a failed probe job: the last import or start-up error named anywhere in its
+    (Py4J) trace, else the error's first line."""
     text = str(error)
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith(("ModuleNotFoundError", "ImportError", "java.io.IOException",
-                            "FileNotFoundError", "PermissionError", "OSError")):
-            return line
+    found = _GIST.findall(text)
+    if found:
+        return next((f for f in found if "Cannot run program" in f), found[-1]).strip()
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 

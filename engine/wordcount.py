@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     a.check_environment(ap)
     a.check_master(ap, args.master)
     confs = a.check_key_values(ap, args.conf, "--conf")
+    a.check_worker_python(ap, args.master, confs)
     from wal.storage import parse_storage_options
 
     try:

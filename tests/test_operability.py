@@ -107,6 +107,9 @@ def test_checkpoint_creates_its_directory_at_once(spark_context, tmp_path, memor
 
     storage, root = resolve(memory_url + "/ckpt")
     assert storage.exists(root)
+    fresh = tmp_path / "made-by-getOrCreate"  # Spark's test_get_or_create_and_get_active_or_create
+    StreamingContext.getOrCreate(str(fresh), lambda: StreamingContext(spark_context, 1))
+    assert fresh.is_dir()  # removes it in its tearDown: it must exist before start()
     (tmp_path / "file").write_text("x")
     with pytest.raises(OSError):
         ssc.checkpoint(str(tmp_path / "file" / "ckpt"))
@@ -160,6 +163,18 @@ def test_an_interpreter_without_the_packages_is_told_what_to_install(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "lacks pyspark" in last and ".venv/bin/python" in last
+
+
+def test_a_workers_interpreter_that_cannot_serve_is_named_before_the_jvm(tmp_path):
+    bare = _script(tmp_path / "bare-python", f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")
+    for python, says in ((bare, "the workers' interpreter cannot import pyspark"),
+                         (str(tmp_path / "no-such-python"), "the workers' interpreter does not run")):
+        proc = subprocess.run([sys.executable, "-m", "engine.wordcount", "--dir", str(tmp_path / "work")],
+                              capture_output=True, text=True, env=_env(PYSPARK_PYTHON=python), cwd=ROOT,
+                              timeout=60)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and f"PYSPARK_PYTHON={python}: {says}" in last, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "log4j" not in proc.stderr
 
 
 # ------------------------------------------------------------------ 5. stopping
