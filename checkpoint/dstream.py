@@ -114,7 +114,8 @@ def set_aside_damaged(directory: str, storage_options: dict | None = None, apply
     out = []
     for _time, _main, file_path in _checkpoint_files(storage, path):
         try:
-            Checkpoint.decode(storage.read_file(file_path), storage.url(file_path))
+            data = storage.read_file(file_path)
+            Checkpoint.decode(data, storage.url(file_path))
             continue
         except FileNotFoundError:
             continue
@@ -122,7 +123,6 @@ def set_aside_damaged(directory: str, storage_options: dict | None = None, apply
             reason = str(e)
         aside = None
         if apply:
-            data = storage.read_file(file_path)
             aside = f"{file_path}.damaged-{time.time_ns() // 1_000_000}"
             storage.put(aside, data)
             storage.delete(file_path)

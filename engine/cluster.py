@@ -56,7 +56,7 @@ class ExecutorEnvironmentError(RuntimeError):
     """Executors cannot import what sparkwal's tasks need (the message names it)."""
 
 
-def _is_local(master: str) -> bool:
+def is_local_master(master: str) -> bool:
     return master.startswith("local[") or master == "local"
 
 
@@ -136,14 +136,14 @@ def choose_python(sc, conf) -> str:
     reads ``sc.pythonExec`` when it wraps a function, so this holds for every RDD made after):
     the configured one, else, in ``local[...]`` mode, ``sys.executable``. Returns it."""
     chosen = configured_python(conf)
-    if chosen is None and _is_local(sc.master):
+    if chosen is None and is_local_master(sc.master):
         chosen = sys.executable
     if chosen is not None and sc.pythonExec != chosen:
         sc.pythonExec = chosen
     return sc.pythonExec
 
 
-def _same_python(python: str) -> bool:
+def is_drivers_python(python: str) -> bool:
     """Whether ``python`` is the driver's own interpreter (by path, not by what the path links
     to: a virtualenv's python links to the base interpreter but has other packages)."""
     found = shutil.which(python) or python
@@ -163,7 +163,7 @@ def prepare(sc, conf) -> None:
     ship = conf.get("spark.sparkwal.shipCode", "auto").lower()
     if ship not in ("auto", "true", "false"):
         raise ValueError(f"spark.sparkwal.shipCode must be auto, true or false, got {ship!r}")
-    if ship == "true" or (ship == "auto" and not _is_local(master)):
+    if ship == "true" or (ship == "auto" and not is_local_master(master)):
         if not getattr(sc, "_sparkwal_code_shipped", False):
             ship_code(sc)
             sc._sparkwal_code_shipped = True
@@ -171,7 +171,7 @@ def prepare(sc, conf) -> None:
     check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
     if check not in ("auto", "true", "false"):
         raise ValueError(f"spark.sparkwal.checkExecutors must be auto, true or false, got {check!r}")
-    if check == "true" or (check == "auto" and (not _is_local(master) or not _same_python(python))):
+    if check == "true" or (check == "auto" and (not is_local_master(master) or not is_drivers_python(python))):
         if not getattr(sc, "_sparkwal_executors_checked", False):
             check_executors(sc)
             sc._sparkwal_executors_checked = True
@@ -181,7 +181,7 @@ def configure_local_workers(sc, conf) -> None:
     """The Python workers' settings in ``local[...]`` mode (each is left alone when already set):
     forked from sparkwal's daemon (when they run the driver's interpreter, which can import it),
     reached over Unix sockets."""
-    if _same_python(choose_python(sc, conf)):
+    if is_drivers_python(choose_python(sc, conf)):
         preimport_in_workers(sc, conf)
     unix_sockets_for_workers(sc)
 
@@ -193,7 +193,7 @@ def preimport_in_workers(sc, conf) -> None:
     """In ``local[...]`` mode, Python workers forked from :mod:`engine.worker_daemon` (sparkwal
     imported once, in the daemon). Set on the running context's configuration, which Spark reads
     when it starts a daemon: workers started before keep the plain daemon."""
-    if not _is_local(sc.master):
+    if not is_local_master(sc.master):
         return
     if conf.get("spark.sparkwal.preimportWorkers", "true").lower() != "true":
         return
@@ -236,7 +236,7 @@ def warm_workers_early(sc) -> threading.Thread | None:
     that the daemon's start (0.3 s, then 0.7 s importing the engine) and the workers' overlap the
     driver's reading of a checkpoint instead of delaying the first batch of a restart. Called by
     ``getOrCreate`` (engine.program.get_or_create); the job's failure (e.g. the context stopped under it) is only logged."""
-    if not _is_local(sc.master) or getattr(sc, "_sparkwal_workers_warmed", False):
+    if not is_local_master(sc.master) or getattr(sc, "_sparkwal_workers_warmed", False):
         return None
     sc._sparkwal_workers_warmed = True
     configure_local_workers(sc, sc.getConf())
@@ -268,7 +268,7 @@ def unix_sockets_for_workers(sc) -> str | None:
     Unix socket Spark's workers skip their shared-secret handshake). Left alone when the setting
     is made already or when the directory's path would be too long for a socket address; workers
     started before keep TCP. Returns the directory, or None."""
-    if not _is_local(sc.master) or not hasattr(socket, "AF_UNIX"):
+    if not is_local_master(sc.master) or not hasattr(socket, "AF_UNIX"):
         return None
     jconf = sc._jsc.sc().conf()
     if jconf.contains(UDS_ENABLED):

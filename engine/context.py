@@ -403,7 +403,7 @@ class StreamingContext:
                 return
             self._stopping = True
             if self._state == ACTIVE and not self._is_standby:
-                self._graceful_deadline = time.monotonic() + self._graceful_stop_timeout_s()
+                self._graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
                 self._stop_receivers(stopGraceFully)
                 self._generator.timer.stop()
                 finished = stopGraceFully and self._await_batches()
@@ -431,7 +431,7 @@ class StreamingContext:
         if stopSparkContext:
             self._sc.stop()
 
-    def _graceful_stop_timeout_s(self) -> float:
+    def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
         intervals); Spark reads it as milliseconds when it has no unit."""
         value = self._conf.get("spark.streaming.gracefulStopTimeout", None)
@@ -443,7 +443,7 @@ class StreamingContext:
         """What is left of a graceful stop's timeout (its receivers' wait and its batches'
         share one ``spark.streaming.gracefulStopTimeout``)."""
         if self._graceful_deadline is None:
-            return self._graceful_stop_timeout_s()
+            return self.graceful_stop_timeout_s()
         return max(0.0, self._graceful_deadline - time.monotonic())
 
     def _await_batches(self) -> bool:
@@ -451,7 +451,7 @@ class StreamingContext:
         ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
         the restart (they are in the checkpoint, logged in the batch log or due again: nothing
         is lost), named in :attr:`batches_left_for_restart` and in one warning."""
-        timeout = self._graceful_stop_timeout_s()
+        timeout = self.graceful_stop_timeout_s()
         if (self._generator.drain(self._graceful_remaining_s())
                 and self._scheduler.wait_idle(self._graceful_remaining_s())):
             return True

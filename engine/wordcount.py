@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     if stop.is_set():
         _emit({"event": "stopping", "signal": signals.signal_name}, args.json,
               f"{signals.signal_name}: stopping gracefully (at most "
-              f"{ssc._graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
+              f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
         from engine.direct_wordcount import read_results
