@@ -172,12 +172,15 @@ class StreamingContext:
         URL that both the driver and Spark's tasks can reach (``storage_options`` are that
         filesystem's options, e.g. an S3 endpoint; tasks receive them too). None turns
         checkpointing off, as in Spark. The directory is created at once, as Spark's
-        ``checkpoint()`` does (on an object store there is nothing to create)."""
+        ``checkpoint()`` does (on an object store there is nothing to create), and a relative
+        path is made absolute, as Spark qualifies it."""
         self._check_not_started("Setting a checkpoint directory")
         directory = _checkpoint_path(directory, "directory")
         if directory is not None:
             storage, root = resolve(directory, storage_options)
             storage.makedirs(root)
+            if "://" not in directory:  # qualified, as Spark's checkpoint() does: tasks run elsewhere
+                directory = root
         self._checkpoint_dir = directory
         self._storage_options = storage_options if directory is not None else None
         # Spark's RDD checkpoint directory (<directory>/rdds) is set by start(), once this
@@ -471,7 +474,7 @@ class StreamingContext:
     @staticmethod
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
                     *, upgrade: bool = False, storage_options: dict | None = None,
-                    standby: bool = False) -> StreamingContext:
+                    standby: bool = False, clock: Clock | None = None) -> StreamingContext:
         """pyspark's contract: ``setupFunc()`` makes the context only when ``checkpointPath``
         holds no valid checkpoint (the context is then checkpointed there); otherwise the context
         is rebuilt from the checkpoint: its graph with every function, its inputs, state and
@@ -482,7 +485,8 @@ class StreamingContext:
         be the checkpoint's (else :class:`CheckpointMismatchError` names the first difference),
         and the checkpoint's data (inputs, state, pending batches) is applied to the new code,
         which never runs the old code. It also recovers checkpoints written before they held
-        the program's code. Recovering without it runs the code stored in the checkpoint
+        the program's code. ``clock`` is the clock a context recovered from the checkpoint runs
+        on (as the constructor's; ``setupFunc`` makes its own context). Recovering without it runs the code stored in the checkpoint
         directory: trust that directory like the program itself.
 
         ``standby=True``: if a live driver leads ``checkpointPath``, the context's ``start()``
@@ -495,7 +499,8 @@ class StreamingContext:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
-        ssc = get_or_create(StreamingContext, path, lambda: _setup(setupFunc), upgrade, storage_options)
+        ssc = get_or_create(StreamingContext, path, lambda: _setup(setupFunc), upgrade, storage_options,
+                            clock=clock)
         ssc._standby_requested = standby
         return ssc
 

@@ -201,6 +201,8 @@ class FileInputDStream(InputDStream):
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
                 _read_remote(self.storage_options, self.record_length))
+        files = [os.path.abspath(f) for f in files]  # a relative directory is the driver's: the
+        # Python workers run in another working directory
         if self.record_length is not None:  # Hadoop's new API: a split per block of each file
             return self._sc.binaryRecords(",".join(files), self.record_length)
         small, large = [], []

@@ -66,7 +66,7 @@ def checkpoint_conf(sc: SparkContext) -> list[list[str]]:
                   if k not in _PER_RUN_KEYS and not _SECRET.search(k))
 
 
-def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None):
+def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None, clock=None):
     """A context of class ``cls`` rebuilt from ``checkpoint`` and its code part."""
     body = read_code(path, checkpoint.data["code"], storage_options)
     program = cloudpickle.loads(body)
@@ -78,7 +78,7 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
         sc = SparkContext(conf=conf)
         cluster.warm_workers_early(sc)
-    ssc = cls(sc, program["batch_ms"] / 1000, concurrentJobs=program["concurrent_jobs"])
+    ssc = cls(sc, program["batch_ms"] / 1000, concurrentJobs=program["concurrent_jobs"], clock=clock)
     ssc._graph = program["graph"]
     for stream in ssc._graph.streams:
         stream._attach(ssc)
@@ -90,7 +90,7 @@ def recover(cls, checkpoint: Checkpoint, path: str, storage_options: dict | None
     return ssc
 
 
-def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | None):
+def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | None, clock=None):
     """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
     data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
     from checkpoint import read_checkpoint
@@ -109,7 +109,7 @@ def get_or_create(cls, path: str, setup, upgrade: bool, storage_options: dict | 
                 "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
                 "applies its data to the graph that setupFunc builds")
         try:
-            ssc = recover(cls, checkpoint, path, storage_options)
+            ssc = recover(cls, checkpoint, path, storage_options, clock)
         except CheckpointError as e:
             # a running driver (this one's standby reads beside it) deletes an earlier run's code
             # part once no checkpoint names it: a newer checkpoint names the current one

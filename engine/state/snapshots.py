@@ -23,7 +23,9 @@ and deleted once two newer checkpoints (a main file and its .bk) no longer refer
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 
 from pyspark import StorageLevel
 
@@ -58,8 +60,13 @@ class StateSnapshots:
         return int(conf.get("spark.sparkwal.state.deltasPerFull", str(DELTAS_PER_FULL)))
 
     def restore(self, data: dict) -> None:
-        """From a checkpoint's ``state`` entry."""
+        """From a checkpoint's ``state`` entry. A relative path (a checkpoint made in a relative
+        directory before ``checkpoint()`` qualified it) is the driver's: tasks get it absolute."""
         self.by_stream = parse_state(data)
+        for state in self.by_stream.values():
+            for t, ref in state.snapshots.items():
+                if "://" not in ref.url and not os.path.isabs(ref.url):
+                    state.snapshots[t] = dataclasses.replace(ref, url=os.path.abspath(ref.url))
 
     def checkpoint_data(self) -> dict:
         return {str(i): s.to_json() for i, s in self.by_stream.items()}

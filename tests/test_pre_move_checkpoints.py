@@ -1,0 +1,100 @@
+"""Checkpoints written before the engine moved into rooms (issue 31) still recover: the programs
+in them were pickled by module path (``engine.wordcount``'s functions, the DStream classes of
+``engine.dstream``, ``engine.inputs`` and ``engine.state``), so each of those paths must still
+import. The fixtures (``fixtures/pre_move``, made by ``fixtures/make_pre_move_checkpoints.py`` at
+commit 5caa667) hold the main job's checkpoint and a stateful app's; both are recovered here and
+run one new batch on top of their state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from checkpoint import read_checkpoint
+from engine import StreamingContext, StreamingListener
+from wal import ManualClock
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pre_move"
+
+
+class Completed(StreamingListener):
+    def __init__(self):
+        self.times: list[int] = []
+        self._cond = threading.Condition()
+
+    def onBatchCompleted(self, batchCompleted):
+        with self._cond:
+            self.times.append(batchCompleted.batchInfo().batch_time_ms)
+            self._cond.notify_all()
+
+    def wait_for(self, t: int, timeout: float = 60) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: t in self.times, timeout), f"batch {t} not completed"
+
+
+def put_file(directory: str, name: str, text: str, mtime_ms: int) -> None:
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.utime(tmp, (mtime_ms / 1000, mtime_ms / 1000))
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def recover(tmp_path, monkeypatch, name: str):
+    """The fixture's copy in tmp_path (its programs use relative paths), recovered on a manual
+    clock half a batch after its checkpoint: returns the context, the clock, the listener and the
+    checkpoint's time."""
+    shutil.copytree(FIXTURES / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    checkpoint = f"{name}/checkpoint"
+    cp_ms = read_checkpoint(checkpoint).checkpoint_time_ms
+    clock = ManualClock(cp_ms + 500)
+
+    def setup():
+        raise AssertionError("the checkpoint was not recovered: setupFunc ran")
+    ssc = StreamingContext.getOrCreate(checkpoint, setup, clock=clock)
+    assert ssc.recovery == "checkpoint"
+    done = Completed()
+    ssc.addStreamingListener(done)
+    return ssc, clock, done, cp_ms
+
+
+def test_the_main_jobs_pre_move_checkpoint_recovers_with_its_totals(spark_context, tmp_path, monkeypatch):
+    from engine.wordcount import expected_counts, file_lines
+
+    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, "wordcount")
+    try:
+        ssc.start()
+        put_file("wordcount/input", "f000003.txt", "\n".join(file_lines(3)) + "\n", cp_ms + 900)
+        clock.set_ms(cp_ms + 1000)
+        done.wait_for(cp_ms + 1000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    out = json.loads(Path(f"wordcount/output/batch-{cp_ms + 1000}.json").read_text())
+    assert out["files"] == ["f3"]
+    assert out["totals"] == expected_counts(range(4))  # the fixture counted files 0-2
+
+
+def test_a_stateful_apps_pre_move_checkpoint_recovers_its_state_and_window(spark_context, tmp_path,
+                                                                            monkeypatch):
+    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, "stateful")
+    try:
+        ssc.start()
+        put_file("stateful/input", "2.txt", "a d\n", cp_ms + 900)
+        clock.set_ms(cp_ms + 1000)
+        done.wait_for(cp_ms + 1000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+    def output(kind):
+        return dict(map(tuple, json.loads(Path(f"stateful/{kind}/batch-{cp_ms + 1000}.json").read_text())))
+    assert output("totals") == {"a": 2, "b": 2, "c": 2, "d": 1}  # updateStateByKey: 'a b', 'b c c', 'a d'
+    assert output("mapped") == {"a": 2, "d": 1}  # mapWithState's running count of the keys seen
+    assert output("window")["a"] == 1 and output("window")["d"] == 1
