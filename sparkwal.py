@@ -320,7 +320,7 @@ def checkpoint_repair(args) -> int:
     files set aside (a restart reads the newest good one), its write-ahead logs repaired as
     ``wal repair`` does, the offsets/commits made restartable. Refused while a driver leads it."""
     from checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
-    from checkpoint.dstream import set_aside_damaged
+    from checkpoint.checkpoint_file import set_aside_damaged
     from checkpoint.inspect import inspect_checkpoint
     from wal import LogLockedError
     from wal.inspect import plan_repair as plan_log_repair, repair_log

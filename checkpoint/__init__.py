@@ -4,12 +4,12 @@ Built on the storage seam of :mod:`wal.storage` (atomic create-if-absent, atomic
 """
 
 from .code import read_code, write_code
-from .dstream import Checkpoint, CheckpointWriter, CheckpointWriterStatistics, read_checkpoint
+from .checkpoint_file import Checkpoint, CheckpointWriter, CheckpointWriterStatistics, read_checkpoint
 from .errors import (BatchRangeError, CheckpointError, MalformedLogError, RestartError,
                      UnsupportedLogVersionError)
 from .metadata_log import MetadataLog, parse_version, verify_batch_ids
 from .offsets import CommitLog, CommitMetadata, OffsetMap, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
-from .restart import RepairPlan, RestartPoint, plan_repair, repair, resolve_restart
+from .resume import RepairPlan, RestartPoint, plan_repair, repair, resolve_restart
 
 __all__ = [
     "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointWriter",

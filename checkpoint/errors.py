@@ -32,3 +32,9 @@ class BatchRangeError(CheckpointError):
 
 class RestartError(CheckpointError):
     """The offset and commit logs do not determine where to restart; says what to do."""
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint was written by a different program: another DStream graph or batch
+    duration, or an offset log that does not go with it. Not a :class:`CheckpointError` (the
+    checkpoint is sound; the program is not the one that wrote it)."""

@@ -16,10 +16,10 @@ from wal.inspect import LogReport, scan_log
 from wal.storage import LeaderInfo, resolve
 
 from .code import CODE_FILE, read_code
-from .dstream import CHECKPOINT_FILE, Checkpoint
+from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
 from .errors import CheckpointError
 from .offsets import CommitLog, OffsetSeqLog
-from .restart import RestartPoint, resolve_restart
+from .resume import RestartPoint, resolve_restart
 from .state_chains import StateSummary, summarize_state
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from .dstream import read_checkpoint
+from .checkpoint_file import read_checkpoint
 from .state_files import (PICKLED, SnapshotError, _column, merge_chain, part_rows, read_manifest,
                           read_part)
 

@@ -23,9 +23,9 @@ _HOMES = {
         "StreamingListenerOutputOperationStarted", "StreamingListenerReceiverError",
         "StreamingListenerReceiverStarted", "StreamingListenerReceiverStopped",
         "StreamingListenerStandbyReady", "StreamingListenerStreamingStarted"],
-    ".leadership": ["DriverAlreadyActiveError"],
+    ".driver.leadership": ["DriverAlreadyActiveError"],
     ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],
-    ".snapshot": ["SnapshotError"],
+    ".state.snapshot_tasks": ["SnapshotError"],
     ".state.map_with_state": ["State", "StateSpec"],
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}

@@ -4,37 +4,31 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
-from checkpoint import Checkpoint, CheckpointWriter, write_code
-from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from wal import SYSTEM_CLOCK, Clock, FencedError, resolve
+from checkpoint import read_checkpoint
+from checkpoint.errors import CheckpointError, CheckpointMismatchError
+from tracker import ReceivedBlockTracker
+from wal import Clock, resolve
 
-from .dstream import DStream, TransformedDStream, UnionDStream, _ms, describe_times
-from .backlog import WARN_INTERVALS_KEY, BacklogWatch
-from .graph import DStreamGraph
+from .driver import Driver
+from .driver.program import load_program, warm_active_workers
+from .driver.recovery import restore
+from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
+from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
 from .inputs import FileInputDStream, QueueInputDStream
-from .listener import StreamingListener, StreamingListenerStreamingStarted
-from .program import checkpoint_conf, get_or_create, serialize_program
-from .scheduler import JobGenerator, JobScheduler
-from . import batches, checkpointing, cluster, receivers, restart, standby
-from .restart import CheckpointMismatchError  # noqa: F401  (re-exported)
-from .leadership import (LEASE_TIMEOUT_KEY, DriverLeadership, confirm_leadership, fence,
-                         parse_duration_ms)
+from .listener import StreamingListener
+from .receiver.input import ReceiverInputDStream
+from .receiver.socket_receiver import SocketReceiver
 from .sources.batch_log import BatchLog
-from .state import StateSnapshots
+from .sources.direct import DirectInputDStream
 
 log = logging.getLogger(__name__)
 
-INITIALIZED, ACTIVE, STOPPED = "INITIALIZED", "ACTIVE", "STOPPED"
-
-
-class StreamingContextStateError(RuntimeError):
-    """An operation not allowed in the context's current state."""
+__all__ = ["ACTIVE", "INITIALIZED", "STOPPED", "CheckpointMismatchError", "StreamingContext",
+           "StreamingContextStateError"]
 
 
 def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:
@@ -67,102 +61,79 @@ class StreamingContext:
     """Runs a graph of DStreams on ``sparkContext`` every ``batchDuration`` seconds.
 
     ``clock`` (a :class:`wal.ManualClock` in tests) drives batch times; ``concurrentJobs``
-    defaults to ``spark.streaming.concurrentJobs`` (1).
+    defaults to ``spark.streaming.concurrentJobs`` (1). The machinery behind it is its
+    :attr:`driver` (:mod:`engine.driver`).
     """
-
-    _active: StreamingContext | None = None
-    _active_lock = threading.Lock()
 
     def __init__(self, sparkContext: SparkContext, batchDuration: float | None = None, *,
                  clock: Clock | None = None, concurrentJobs: int | None = None):
         if batchDuration is None or batchDuration <= 0:
             raise ValueError(f"batchDuration must be a positive number of seconds, got {batchDuration!r}")
-        self._sc = sparkContext
-        self._batch_ms = _ms(batchDuration)
-        self._clock = clock or SYSTEM_CLOCK
-        self._graph = DStreamGraph()
-        self._listeners: list[StreamingListener] = []
-        self._input_infos = InputInfoTracker()
-        self._checkpoint_dir: str | None = None
-        self._storage_options: dict | None = None  # fsspec options of the checkpoint directory
-        self._checkpoint_writer: CheckpointWriter | None = None
-        self._state = INITIALIZED
-        self._restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
-        #: How this context came to be: "new" (built by the program), "checkpoint" (rebuilt from
-        #: a checkpoint, code included) or "upgrade" (the program's graph, the checkpoint's data).
-        self.recovery = "new"
-        self._code_name: str | None = None  # the checkpoint's code part (written by start())
-        #: The batch times a restart re-runs (pending when the driver died, or due while it was
-        #: down), set by start() on a recovered context.
-        self.rerun_batch_times: list[int] = []
-        #: The committed batch times a restart found among those to re-run: their outputs do
-        #: not run again (their RDDs are recomputed only if later state needs them).
-        self.skipped_batch_times: list[int] = []
-        self._conf_pairs: list[list[str]] = []
-        self._snapshots = StateSnapshots(self)
-        self._checkpoints_written = 0
-        self._code_parts_cleaned = False  # earlier runs' code parts deleted (see checkpointing)
-        self._batch_log: BatchLog | None = None  # made by start() when checkpointing
-        self._block_tracker: ReceivedBlockTracker | None = None  # made by start()
-        self._receiver_tracker = None  # made by start() when there are receiver inputs
-        self._cleanup_floors: dict[int, list[int]] = {}  # checkpoint time -> oldest batch it may re-run
-        self._floors_lock = threading.Lock()  # not self._lock: stop() holds that while the writer ends
-        self._terminated = threading.Event()
-        self._standby_requested = False  # getOrCreate(..., standby=True)
-        self._is_standby = False
-        self._prepared_program: tuple[bytes, list[list[str]]] | None = None  # a standby's
-        self._leadership: DriverLeadership | None = None  # made by start() when checkpointing
-        self._leader_event = threading.Event()  # set once this context is the active driver
-        self._standby_stop = threading.Event()
-        self._standby_thread: threading.Thread | None = None
-        self._fenced: BaseException | None = None
-        self._succeeded_ms = -1  # the newest batch whose outputs all succeeded
-        #: batch times a restart regenerates without running their outputs (see restart.rerun)
-        self._skip_outputs_ms: set[int] = set()
-        self._stopping = False  # errors of jobs cancelled by stop() are not the app's errors
-        #: The batch times a graceful stop gave up waiting for (its timeout passed): a restart
-        #: runs them.
-        self.batches_left_for_restart: list[int] = []
-        self._graceful_deadline: float | None = None  # set by stop()
-        self._error: BaseException | None = None
-        self._lock = threading.RLock()
-        self._conf = sparkContext.getConf()  # a copy, read once: each getConf() is a JVM round trip
-        cluster.choose_python(sparkContext, self._conf)  # before any Python function is wrapped
-        jobs = concurrentJobs or int(self._conf.get("spark.streaming.concurrentJobs", "1"))
-        self._scheduler = JobScheduler(self, jobs)
-        self._generator = JobGenerator(self)
-        self._listeners.append(BacklogWatch(
-            self._batch_ms, float(self._conf.get(WARN_INTERVALS_KEY, "3")), self._clock,
-            lambda: len(set(self._scheduler.pending_times()) | set(self._generator.queued_times())),
-            self._post))
+        self._driver = Driver(self, sparkContext, to_ms(batchDuration), clock, concurrentJobs)
 
     # ------------------------------------------------------------------ properties
 
     @property
+    def driver(self) -> Driver:
+        """The :class:`engine.driver.Driver` behind this context: what the engine's streams and
+        tools read (its checkpoint directory, leadership, trackers, event bus); not pyspark's API."""
+        return self._driver
+
+    @property
     def sparkContext(self) -> SparkContext:
-        return self._sc
+        return self._driver.sc
+
+    @property
+    def recovery(self) -> str:
+        """How this context came to be: "new" (built by the program), "checkpoint" (rebuilt from
+        a checkpoint, code included), "upgrade" (the program's graph, the checkpoint's data) or
+        "takeover" (a standby that took the stream over)."""
+        return self._driver.recovery
+
+    @property
+    def rerun_batch_times(self) -> list[int]:
+        """The batch times a restart re-runs (pending when the driver died, or due while it was
+        down), set by start() on a recovered context."""
+        return self._driver.rerun_batch_times
+
+    @property
+    def skipped_batch_times(self) -> list[int]:
+        """The committed batch times a restart found among those to re-run: their outputs do
+        not run again (their RDDs are recomputed only if later state needs them)."""
+        return self._driver.skipped_batch_times
+
+    @property
+    def batches_left_for_restart(self) -> list[int]:
+        """The batch times a graceful stop gave up waiting for (its timeout passed): a restart
+        runs them."""
+        return self._driver.batches_left_for_restart
 
     @property
     def receivedBlockTracker(self) -> ReceivedBlockTracker | None:
         """The tracker every batch asks for its received blocks first (None before start())."""
-        return self._block_tracker
+        return self._driver.block_tracker
 
     @property
     def receiverTracker(self):
         """The driver side of the receivers (endpoint, placement, statistics), made by start()
         when the graph has receiver inputs; else None."""
-        return self._receiver_tracker
+        return self._driver.receiver_tracker
 
     @property
     def batchLog(self) -> BatchLog | None:
         """The offsets/commits logs that number and commit the batches (None before start() or
         without a checkpoint); see :mod:`engine.sources.batch_log`."""
-        return self._batch_log
+        return self._driver.batch_log
+
+    @property
+    def leaderEpoch(self) -> int | None:
+        """The epoch at which this driver leads its checkpoint directory (None: not leading)."""
+        return self._driver.leader_epoch
 
     def _check_not_started(self, what: str) -> None:
-        if self._state != INITIALIZED:
+        if self._driver.state != INITIALIZED:
             raise StreamingContextStateError(
-                f"{what} after starting a context is not supported (the context is {self._state})")
+                f"{what} after starting a context is not supported (the context is {self._driver.state})")
 
     # ------------------------------------------------------------------ configuration
 
@@ -181,27 +152,29 @@ class StreamingContext:
             storage.makedirs(root)
             if "://" not in directory:  # qualified, as Spark's checkpoint() does: tasks run elsewhere
                 directory = root
-        self._checkpoint_dir = directory
-        self._storage_options = storage_options if directory is not None else None
+        self._driver.checkpoint_dir = directory
+        self._driver.storage_options = storage_options if directory is not None else None
         # Spark's RDD checkpoint directory (<directory>/rdds) is set by start(), once this
         # driver leads the directory: Spark creates it at once, and a standby writes nothing
 
     def remember(self, duration: float) -> None:
         """Keep each stream's RDDs for at least ``duration`` seconds."""
         self._check_not_started("Changing the remember duration")
-        self._graph.remember_ms = _ms(duration)
+        self._driver.graph.remember_ms = to_ms(duration)
 
     def addStreamingListener(self, streamingListener: StreamingListener) -> None:
-        self._listeners.append(streamingListener)
+        """Subscribe ``streamingListener`` to the driver's events (:mod:`engine.driver.events`)."""
+        self._driver.events.subscribe(streamingListener)
 
     # ------------------------------------------------------------------ inputs
 
     def queueStream(self, rdds: Sequence, oneAtATime: bool = True, default=None) -> DStream:
         """A stream of the given RDDs (or lists, parallelized): one per batch, or all at once."""
         self._check_not_started("Adding new inputs")
+        sc = self._driver.sc
         if default is not None and not isinstance(default, RDD):
-            default = self._sc.parallelize(default)
-        rdds = [r if isinstance(r, RDD) else self._sc.parallelize(list(r)) for r in rdds]
+            default = sc.parallelize(default)
+        rdds = [r if isinstance(r, RDD) else sc.parallelize(list(r)) for r in rdds]
         return QueueInputDStream(self, rdds, oneAtATime, default)
 
     def textFileStream(self, directory: str, newFilesOnly: bool = True, *,
@@ -227,14 +200,10 @@ class StreamingContext:
         """The stream of what ``receiver`` (an :class:`engine.Receiver`) stores; it runs on an
         executor, occupying one core, from ``start()`` to ``stop()``."""
         self._check_not_started("Adding new inputs")
-        from .receiver.input import ReceiverInputDStream
-
         return ReceiverInputDStream(self, receiver)
 
     def socketTextStream(self, hostname: str, port: int, storageLevel=None) -> DStream:
         """UTF-8 lines read from ``hostname:port`` over TCP (reconnecting when it drops)."""
-        from .receiver import SocketReceiver
-
         return self.receiverStream(SocketReceiver(hostname, port, storageLevel))
 
     def directStream(self, source, fromOffsets: dict | None = None, *,
@@ -246,8 +215,6 @@ class StreamingContext:
         offset}) is where a stream without a checkpoint starts (else the source's initial offsets);
         a checkpoint's offset log takes precedence."""
         self._check_not_started("Adding new inputs")
-        from .sources.direct import DirectInputDStream
-
         return DirectInputDStream(self, source, fromOffsets, failOnDataLoss)
 
     def union(self, *dstreams: DStream) -> DStream:
@@ -265,211 +232,58 @@ class StreamingContext:
 
     def start(self) -> None:
         """Start the streams. With a checkpoint directory the context first leads it (see
-        :mod:`engine.leadership`): a directory led by a live driver makes this raise
+        :mod:`engine.driver.leadership`): a directory led by a live driver makes this raise
         :class:`DriverAlreadyActiveError`, having written nothing, unless the context came from
         ``getOrCreate(..., standby=True)``: it then returns at once as a standby
         (:meth:`isStandby`), which takes over when the leader dies (:meth:`awaitLeadership`)."""
-        with StreamingContext._active_lock:
-            if self._state == ACTIVE:
-                log.warning("StreamingContext has already been started")
-                return
-            if self._state == STOPPED:
-                raise StreamingContextStateError("StreamingContext has already been stopped")
-            active = StreamingContext._active
-            if active is not None and active._state == ACTIVE:
-                raise StreamingContextStateError("Only one StreamingContext may be started in this process")
-            self._graph.validate()
-            self._snapshots.check_directory()
-            cluster.prepare(self._sc, self._conf)  # sparkwal's code on the executors, or a clear error
-            if self._checkpoint_dir is not None:
-                self._leadership = DriverLeadership(self._checkpoint_dir, self._storage_options,
-                                                    self._lease_timeout_ms())
-                if self._standby_requested and self._leadership.try_take() is None:
-                    standby.become_standby(self)
-                    return
-                if not self._standby_requested:
-                    self._leadership.take()
-            self._start_active()
-            self._leader_event.set()
-        if self._conf.get("spark.streaming.stopGracefullyOnShutdown", "false").lower() == "true":
-            from .signals import stop_gracefully_on_signals
-
-            stop_gracefully_on_signals(self)
-        self._post("onStreamingStarted", StreamingListenerStreamingStarted(self._clock.now_ms()))
-
-    def _start_active(self) -> None:
-        """Everything a leading driver starts (under ``_active_lock``, leadership held)."""
-        try:
-            if self._checkpoint_dir is not None:  # the code part first: it may refuse the graph
-                code, self._conf_pairs = self._prepared_program or self._prepare_program()
-                self._code_name = write_code(self._checkpoint_dir, code, self._storage_options)
-                if "://" not in self._checkpoint_dir or self._checkpoint_dir.startswith("file://"):
-                    # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
-                    # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
-                    # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
-                    self._sc.setCheckpointDir(f"{self._checkpoint_dir.rstrip('/')}/rdds")
-            self._block_tracker = self._make_block_tracker()
-            if self._checkpoint_dir is not None:
-                self._checkpoint_writer = CheckpointWriter(self._checkpoint_dir,
-                                                           storage_options=self._storage_options,
-                                                           on_written=self._on_checkpoint_written,
-                                                           on_error=self._on_checkpoint_error,
-                                                           lock=self._lead())
-        except BaseException:
-            if self._leadership is not None:
-                self._leadership.release()
-            raise
-        try:
-            batches.start_batch_log(self)
-            if self._restored is None:
-                first = restart.fresh_start(self)
-            else:
-                first = restart.restart(self)
-        except BaseException:
-            if self._checkpoint_writer is not None:
-                self._checkpoint_writer.stop()
-            self._block_tracker.stop()
-            if self._leadership is not None:
-                self._leadership.release()
-            raise
-        if self._leadership is not None:
-            self._leadership.keep(self._on_fenced)
-        self._start_receivers()
-        self._generator.timer.start(first)
-        self._state = ACTIVE
-        StreamingContext._active = self
-
-    def _prepare_program(self) -> tuple[bytes, list[list[str]]]:
-        """The checkpoint's code part and conf pairs, as a leader writes them at start (a
-        standby prepares them while it waits: 50-100 ms less for a takeover)."""
-        return serialize_program(self), checkpoint_conf(self._sc)
+        self._driver.start()
 
     def isStandby(self) -> bool:
         """True while this context is a started standby, waiting to take over its checkpoint
         directory from the driver that leads it."""
-        return self._is_standby
+        return self._driver.is_standby
+
+    def currentLeader(self):
+        """The driver that leads this context's checkpoint directory, as the directory's lock
+        records it (``holder``, ``epoch``, ``describe()``); None when none does (or there is no
+        checkpoint directory, or the context has not started)."""
+        return self._driver.current_leader()
 
     def awaitLeadership(self, timeout: float | None = None) -> bool:
         """Block until this context is the active driver (True), or ``timeout`` seconds passed,
         or it stopped (False). An error of the takeover is raised here."""
-        self._leader_event.wait(timeout)
-        self._raise_error()
-        return self._leader_event.is_set() and self._state == ACTIVE and not self._is_standby
-
-    @property
-    def leaderEpoch(self) -> int | None:
-        """The epoch at which this driver leads its checkpoint directory (None: not leading)."""
-        lead = self._lead()
-        return lead.epoch if lead is not None else None
-
-    def _lead(self):
-        return self._leadership.held if self._leadership is not None else None
-
-    def _lease_timeout_ms(self) -> int:
-        return parse_duration_ms(self._conf.get(LEASE_TIMEOUT_KEY, "30s"), LEASE_TIMEOUT_KEY)
-
-    def _on_fenced(self, error: BaseException) -> None:
-        fence(self, error)
-
-    def _on_checkpoint_error(self, error: BaseException) -> None:
-        if isinstance(error, FencedError):
-            fence(self, error)
-
-    def _confirm_leadership(self) -> None:
-        confirm_leadership(self)
+        driver = self._driver
+        driver.leader_event.wait(timeout)
+        driver.raise_error()
+        return driver.leader_event.is_set() and driver.state == ACTIVE and not driver.is_standby
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops; an error raised in a batch is raised here."""
-        self._terminated.wait(timeout)
-        self._raise_error()
+        self._driver.terminated.wait(timeout)
+        self._driver.raise_error()
 
     def awaitTerminationOrTimeout(self, timeout: float) -> bool:
         """True if the context stopped (or failed) within ``timeout`` seconds."""
-        stopped = self._terminated.wait(timeout)
-        self._raise_error()
+        stopped = self._driver.terminated.wait(timeout)
+        self._driver.raise_error()
         return stopped
-
-    def _raise_error(self) -> None:
-        if self._fenced is not None:  # the cause of whatever failed after it (a write refused, ...)
-            raise self._fenced
-        if self._error is not None:
-            raise self._error
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
         """Stop the streams (a standby just stops waiting: the active driver is not touched), then
         give up the leadership; ``stopSparkContext`` stops the SparkContext too."""
-        self._standby_stop.set()
-        if self._standby_thread is not None and self._standby_thread is not threading.current_thread():
-            self._standby_thread.join()
-        with self._lock:
-            if self._state == STOPPED:
-                return
-            self._stopping = True
-            if self._state == ACTIVE and not self._is_standby:
-                self._graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
-                self._stop_receivers(stopGraceFully)
-                self._generator.timer.stop()
-                finished = stopGraceFully and self._await_batches()
-                if not finished:
-                    self._scheduler.abandon()
-                self._scheduler.stop(wait=finished)
-                self._generator.stop(cancel_queued=not finished)
-                if self._checkpoint_writer is not None:
-                    try:
-                        self._checkpoint_writer.stop()
-                    except Exception:
-                        if self._fenced is None:
-                            raise
-                self._block_tracker.stop()
-                for s in batches.direct_inputs(self):
-                    s.stop()
-            if self._leadership is not None:
-                self._leadership.release()
-            self._state = STOPPED
-            self._leader_event.set()  # awaitLeadership returns (False)
-            with StreamingContext._active_lock:
-                if StreamingContext._active is self:
-                    StreamingContext._active = None
-            self._terminated.set()
+        self._driver.stop(stopGraceFully)
         if stopSparkContext:
-            self._sc.stop()
+            self._driver.sc.stop()
 
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
         intervals); Spark reads it as milliseconds when it has no unit."""
-        value = self._conf.get("spark.streaming.gracefulStopTimeout", None)
-        if value is None:
-            return 10 * self._batch_ms / 1000
-        return parse_duration_ms(value, "spark.streaming.gracefulStopTimeout", default_unit="ms") / 1000
-
-    def _graceful_remaining_s(self) -> float:
-        """What is left of a graceful stop's timeout (its receivers' wait and its batches'
-        share one ``spark.streaming.gracefulStopTimeout``)."""
-        if self._graceful_deadline is None:
-            return self.graceful_stop_timeout_s()
-        return max(0.0, self._graceful_deadline - time.monotonic())
-
-    def _await_batches(self) -> bool:
-        """A graceful stop's wait: every batch due so far generated and run, within
-        ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
-        the restart (they are in the checkpoint, logged in the batch log or due again: nothing
-        is lost), named in :attr:`batches_left_for_restart` and in one warning."""
-        timeout = self.graceful_stop_timeout_s()
-        if (self._generator.drain(self._graceful_remaining_s())
-                and self._scheduler.wait_idle(self._graceful_remaining_s())):
-            return True
-        left = sorted(set(self._scheduler.pending_times()) | set(self._generator.queued_times()))
-        self.batches_left_for_restart = left
-        if left:
-            log.warning("graceful stop: %s not done within spark.streaming.gracefulStopTimeout "
-                        "(%.1f s) left for the restart (nothing is lost: a restart runs them)",
-                        describe_times(left), timeout)
-        return not left
+        return self._driver.graceful_stop_timeout_s()
 
     @staticmethod
     def getActive() -> StreamingContext | None:
-        with StreamingContext._active_lock:
-            return StreamingContext._active
+        with Driver.active_lock:
+            return Driver.active.context if Driver.active is not None else None
 
     @staticmethod
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
@@ -486,22 +300,22 @@ class StreamingContext:
         and the checkpoint's data (inputs, state, pending batches) is applied to the new code,
         which never runs the old code. It also recovers checkpoints written before they held
         the program's code. ``clock`` is the clock a context recovered from the checkpoint runs
-        on (as the constructor's; ``setupFunc`` makes its own context). Recovering without it runs the code stored in the checkpoint
-        directory: trust that directory like the program itself.
+        on (as the constructor's; ``setupFunc`` makes its own context). Recovering without
+        ``upgrade`` runs the code stored in the checkpoint directory: trust that directory like
+        the program itself.
 
         ``standby=True``: if a live driver leads ``checkpointPath``, the context's ``start()``
         returns at once and it waits as a hot standby (``isStandby()``), writing nothing, until
         it takes the stream over from the newest checkpoint when that driver dies (see
-        :mod:`engine.standby`); with no live leader it starts as the active driver."""
+        :mod:`engine.driver.standby`); with no live leader it starts as the active driver."""
         path = _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         if path is None:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
-        ssc = get_or_create(StreamingContext, path, lambda: _setup(setupFunc), upgrade, storage_options,
-                            clock=clock)
-        ssc._standby_requested = standby
+        ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
+        ssc._driver.standby_requested = standby
         return ssc
 
     @staticmethod
@@ -515,72 +329,51 @@ class StreamingContext:
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
             checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options, standby=standby)
 
-    # ------------------------------------------------------------------ internals
 
-    def _plan_batch(self, time_ms: int) -> bool:
-        return batches.plan_batch(self, time_ms)
+def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> StreamingContext:
+    """A context rebuilt from ``checkpoint`` and its code part (:mod:`engine.driver.program`)."""
+    sc, program = load_program(checkpoint, path, storage_options)
+    ssc = StreamingContext(sc, program.batch_ms / 1000, concurrentJobs=program.concurrent_jobs,
+                           clock=clock)
+    ssc._driver.graph = program.graph
+    for stream in program.graph.streams:
+        stream.attach(ssc)
+    ssc.checkpoint(path, storage_options=storage_options)
+    restore(ssc._driver, checkpoint)
+    log.info("recovered the program and its state from the checkpoint in %s", path)
+    return ssc
 
-    def _make_block_tracker(self) -> ReceivedBlockTracker:
-        return receivers.make_block_tracker(self)
 
-    def _start_receivers(self) -> None:
-        receivers.start_receivers(self)
-
-    def _stop_receivers(self, graceful: bool) -> None:
-        receivers.stop_receivers(self, graceful)
-
-    def _on_batch_done(self, time_ms: int, info) -> None:
-        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
-        if ok:
-            self._succeeded_ms = max(self._succeeded_ms, time_ms)
-        if self._batch_log is not None:
-            self._batch_log.batch_done(time_ms, ok)
-        self._snapshots.on_batch_done(time_ms)
-        for s in batches.direct_inputs(self):
-            s.on_batch_completed(info)
-        if self._receiver_tracker is not None:
-            self._receiver_tracker.on_batch_completed(time_ms, info)
-
-    def _cleanup_old_blocks(self, thresh_ms: int) -> None:
-        if thresh_ms < self._clock.now_ms():
-            self._block_tracker.cleanup_old_batches(thresh_ms)
-            if self._receiver_tracker is not None:
-                self._receiver_tracker.cleanup_old_blocks(thresh_ms)
-
-    def _post(self, callback: str, event) -> None:
-        for listener in list(self._listeners):
-            try:
-                getattr(listener, callback)(event)
-            except Exception:  # noqa: BLE001
-                log.warning("listener %r failed in %s", listener, callback, exc_info=True)
-
-    def _report_error(self, error: BaseException, time_ms: int | None) -> None:
-        if self._stopping:
-            log.info("batch %s ended by stop(): %s", time_ms, error)
-            return
-        log.error("error in batch %s: %s", time_ms, error)
-        if self._error is None:
-            self._error = error
-        self._terminated.set()
-
-    def _report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:
+def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None,
+                   clock) -> StreamingContext:
+    """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
+    data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
+    warm_active_workers()  # while the checkpoint is read
+    checkpoint = None
+    for attempt in range(3):
+        checkpoint = read_checkpoint(path, storage_options=storage_options)
+        if checkpoint is None or upgrade:
+            break
+        if not checkpoint.data.get("code"):
+            raise CheckpointMismatchError(
+                f"the checkpoint in {path} holds no program code (it was written by an earlier "
+                "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
+                "applies its data to the graph that setupFunc builds")
         try:
-            self._input_infos.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
-        except TrackerError:  # a re-generated batch (after a restart) reports its input again
-            pass
-
-    def _max_remember_ms(self) -> int:
-        return max((s.remember_ms or 0) for s in self._graph.streams) if self._graph.streams else 0
-
-    def _checkpoint_rdd(self, stream: DStream, time_ms: int, rdd: RDD) -> None:
-        """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
-        stream's RDD, when the context checkpoints, is cut later by its snapshot instead (see
-        ``_snapshot_state``); others are checkpointed locally (no files to clean up)."""
-        if not (stream.must_checkpoint and self._checkpoint_dir is not None):
-            rdd.localCheckpoint()
-
-    def _on_checkpoint_written(self, time_ms: int) -> None:
-        checkpointing.on_checkpoint_written(self, time_ms)
-
-    def _do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
-        checkpointing.do_checkpoint(self, time_ms, clear_later)
+            ssc = _recover(checkpoint, path, storage_options, clock)
+        except CheckpointError as e:
+            # a running driver (this one's standby reads beside it) deletes an earlier run's code
+            # part once no checkpoint names it: a newer checkpoint names the current one
+            if "code part named by the checkpoint is missing" not in str(e) or attempt == 2:
+                raise
+            log.info("%s; reading the newest checkpoint again", e)
+            continue
+        ssc._driver.recovery = "checkpoint"
+        return ssc
+    ssc = setup()
+    if ssc._driver.checkpoint_dir is None:
+        ssc.checkpoint(path, storage_options=storage_options)
+    if checkpoint is not None:
+        restore(ssc._driver, checkpoint)
+        ssc._driver.recovery = "upgrade"
+    return ssc

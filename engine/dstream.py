@@ -13,7 +13,7 @@ import threading
 import types
 from datetime import datetime
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .context import StreamingContext
 
 
-def _ms(seconds: float) -> int:
+def to_ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
@@ -57,6 +57,27 @@ class Job(NamedTuple):
 
 
 class DStream:
+    #: The stateful operations (``updateStateByKey``, ``mapWithState``, an inverse
+    #: ``reduceByKeyAndWindow``), by name: their streams subclass DStream, so they are defined in
+    #: :mod:`engine.state` and registered there (:meth:`operation`); importing
+    #: :mod:`engine.context` imports it, so every context has them.
+    operations: ClassVar[dict[str, Callable]] = {}
+
+    @staticmethod
+    def operation(name: str) -> Callable:
+        """Register the decorated ``build(parent, *args)`` as the stateful operation ``name``."""
+        def register(build: Callable) -> Callable:
+            DStream.operations[name] = build
+            return build
+        return register
+
+    def _stateful(self, name: str, *args) -> DStream:
+        build = DStream.operations.get(name)
+        if build is None:
+            raise RuntimeError(f"{name} is defined in engine.state, which is not imported "
+                               "(import engine.context or engine.state first)")
+        return build(self, *args)
+
     def __init__(self, ssc: StreamingContext, dependencies: list[DStream], slide_ms: int | None = None):
         self._ssc = ssc
         self._sc = ssc.sparkContext
@@ -71,7 +92,7 @@ class DStream:
         self.must_checkpoint = False
         self._lock = threading.RLock()
         self.creation_site = creation_site()  # "map at app.py:12": names it in errors
-        ssc._graph.register(self)
+        ssc.driver.graph.register(self)
 
     # ------------------------------------------------------------------ pickling (the code part)
 
@@ -91,7 +112,7 @@ class DStream:
         self.generated_rdds, self._superseded = {}, {}
         self._lock = threading.RLock()
 
-    def _attach(self, ssc: StreamingContext) -> None:
+    def attach(self, ssc: StreamingContext) -> None:
         """Bind an unpickled stream to the context that recovers it."""
         self._ssc, self._sc = ssc, ssc.sparkContext
 
@@ -108,7 +129,7 @@ class DStream:
         """How long dependencies must remember their RDDs for this stream."""
         return self.remember_ms
 
-    def _initialize(self, zero_time_ms: int) -> None:
+    def initialize(self, zero_time_ms: int) -> None:
         if self.zero_time_ms is not None and self.zero_time_ms != zero_time_ms:
             raise RuntimeError(f"{self} initialized with two zero times")
         self.zero_time_ms = zero_time_ms
@@ -122,13 +143,13 @@ class DStream:
         if self.remember_ms is None or self.remember_ms < minimum:
             self.remember_ms = minimum
         for d in self.dependencies:
-            d._initialize(zero_time_ms)
+            d.initialize(zero_time_ms)
 
-    def _remember(self, duration_ms: int) -> None:
+    def remember_at_least(self, duration_ms: int) -> None:
         if duration_ms is not None and (self.remember_ms is None or duration_ms > self.remember_ms):
             self.remember_ms = duration_ms
         for d in self.dependencies:
-            d._remember(self.parent_remember_ms())
+            d.remember_at_least(self.parent_remember_ms())
 
     def is_time_valid(self, time_ms: int) -> bool:
         if self.zero_time_ms is None:
@@ -149,7 +170,7 @@ class DStream:
                 if self.storage_level is not None:
                     rdd.persist(self.storage_level)
                 if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
-                    self._ssc._checkpoint_rdd(self, time_ms, rdd)
+                    self._ssc.driver.checkpoint_rdd(self, time_ms, rdd)
                 self.generated_rdds[time_ms] = rdd
             return rdd
 
@@ -172,15 +193,16 @@ class DStream:
         for d in self.dependencies:
             d.clear_metadata(time_ms)
 
-    def _slice_ms(self, from_ms: int, to_ms: int) -> list[RDD]:
+    def rdds_between(self, from_ms: int, until_ms: int) -> list[RDD]:
+        """The RDDs of the batch times from ``from_ms`` to ``until_ms`` (both included)."""
         if self.zero_time_ms is None:
             raise RuntimeError(f"{self} has not been initialized")
         z, s = self.zero_time_ms, self.slide_ms
-        to_ms = z + ((to_ms - z) // s) * s
+        until_ms = z + ((until_ms - z) // s) * s
         from_ms = z + ((from_ms - z) // s) * s
         out = []
         t = from_ms
-        while t <= to_ms:
+        while t <= until_ms:
             if t >= z:
                 rdd = self.get_or_compute(t)
                 if rdd is not None:
@@ -309,7 +331,7 @@ class DStream:
 
     def checkpoint(self, interval: float) -> DStream:
         """Checkpoint this stream's RDDs every ``interval`` seconds (bounds their lineage)."""
-        self.checkpoint_ms = _ms(interval)
+        self.checkpoint_ms = to_ms(interval)
         if self.storage_level is None:
             self.storage_level = StorageLevel.MEMORY_ONLY
         return self
@@ -352,21 +374,21 @@ class DStream:
         """The RDDs of this stream from ``begin`` to ``end`` (datetimes or epoch seconds)."""
         def ms(x):
             return int(round((x.timestamp() if isinstance(x, datetime) else x) * 1000))
-        return self._slice_ms(ms(begin), ms(end))
+        return self.rdds_between(ms(begin), ms(end))
 
     def _validate_window_param(self, window: float, slide: float | None) -> None:
         d = self.slide_ms
-        if _ms(window) % d != 0:
+        if to_ms(window) % d != 0:
             raise ValueError("windowDuration must be multiple of the parent dstream's slide (batch) "
                              f"duration ({d} ms)")
-        if slide and _ms(slide) % d != 0:
+        if slide and to_ms(slide) % d != 0:
             raise ValueError("slideDuration must be multiple of the parent dstream's slide (batch) "
                              f"duration ({d} ms)")
 
     def window(self, windowDuration: float, slideDuration: float | None = None) -> DStream:
         self._validate_window_param(windowDuration, slideDuration)
-        return WindowedDStream(self._ssc, self, _ms(windowDuration),
-                               _ms(slideDuration) if slideDuration else self.slide_ms)
+        return WindowedDStream(self._ssc, self, to_ms(windowDuration),
+                               to_ms(slideDuration) if slideDuration else self.slide_ms)
 
     def reduceByWindow(self, reduceFunc: Callable, invReduceFunc: Callable | None,
                        windowDuration: float, slideDuration: float) -> DStream:
@@ -400,7 +422,7 @@ class DStream:
         self._validate_window_param(windowDuration, slideDuration)
         n = self._partitions(numPartitions)
         reduced = self.reduceByKey(func, n)
-        slide = _ms(slideDuration) if slideDuration else self.slide_ms
+        slide = to_ms(slideDuration) if slideDuration else self.slide_ms
         if invFunc is None:
             return reduced.window(windowDuration, slideDuration).reduceByKey(func, n)
 
@@ -414,30 +436,21 @@ class DStream:
             joined = a.leftOuterJoin(b, n)
             return joined.mapValues(lambda vs: invFunc(vs[0], vs[1]) if vs[1] is not None else vs[0])
 
-        from .state.update_state import ReducedWindowedDStream  # it builds on DStream
-
-        return ReducedWindowedDStream(self._ssc, reduced, reduce_func, inv_reduce_func,
-                                      _ms(windowDuration), slide)
+        return reduced._stateful("reduceByKeyAndWindow", reduce_func, inv_reduce_func,
+                                 to_ms(windowDuration), slide)
 
     def updateStateByKey(self, updateFunc: Callable, numPartitions: int | None = None,
                          initialRDD: RDD | list | None = None) -> DStream:
         """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(initialRDD)
-        from .state.update_state import StateDStream, update_by_key  # they build on DStream
-
-        step = update_by_key(updateFunc, self._partitions(numPartitions))
-        return StateDStream(self._ssc, self, step, initialRDD)
+        return self._stateful("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD)
 
     def mapWithState(self, spec) -> DStream:
         """Spark's mapWithState: ``spec`` (a :class:`engine.StateSpec`) calls its function once per
         record of a batch and once per key timing out; the result is the stream of the values it
         returns, with ``stateSnapshots()`` for the state itself."""
-        from .state.map_with_state import MapWithStateDStream, StateSpec  # they build on DStream
-
-        if not isinstance(spec, StateSpec):
-            raise TypeError(f"mapWithState takes a StateSpec, not {type(spec).__name__}")
-        return MapWithStateDStream(self._ssc, self, spec)
+        return self._stateful("mapWithState", spec)
 
 
 class TransformedDStream(DStream):
@@ -483,7 +496,7 @@ class WindowedDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         parent = self.dependencies[0]
-        rdds = parent._slice_ms(time_ms - self.window_ms + parent.slide_ms, time_ms)
+        rdds = parent.rdds_between(time_ms - self.window_ms + parent.slide_ms, time_ms)
         return self._sc.union(rdds) if rdds else self._sc.emptyRDD()
 
 
@@ -495,7 +508,7 @@ class ForEachDStream(DStream):
         super().__init__(ssc, [parent])
         self._func = func
         self.op_name = op_name
-        self.output_op_id = ssc._graph.add_output(self)
+        self.output_op_id = ssc.driver.graph.add_output(self)
 
     def compute(self, time_ms: int) -> RDD | None:
         return None

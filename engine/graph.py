@@ -56,9 +56,9 @@ class DStreamGraph:
     def start(self, zero_time_ms: int) -> None:
         self.zero_time_ms = zero_time_ms
         for o in self.outputs:
-            o._initialize(zero_time_ms)
+            o.initialize(zero_time_ms)
         for o in self.outputs:
-            o._remember(self.remember_ms)
+            o.remember_at_least(self.remember_ms)
 
     def generate_jobs(self, time_ms: int) -> list[Job]:
         jobs = []

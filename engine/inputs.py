@@ -19,8 +19,8 @@ class InputDStream(DStream):
     receiver_based = False  # True: its data arrives as blocks tracked by the ReceivedBlockTracker
 
     def __init__(self, ssc):
-        super().__init__(ssc, [], ssc._batch_ms)
-        ssc._graph.add_input(self)
+        super().__init__(ssc, [], ssc.driver.batch_ms)
+        ssc.driver.graph.add_input(self)
 
     def checkpoint_data(self) -> dict:
         """What recovery needs to regenerate this stream's RDDs (msgpack-serialisable)."""
@@ -169,7 +169,7 @@ class FileInputDStream(InputDStream):
         self._start_threshold_ms = 0
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
         if new_files_only:
-            self._start_threshold_ms = ssc._clock.now_ms() - self.MTIME_SLACK_MS
+            self._start_threshold_ms = ssc.driver.clock.now_ms() - self.MTIME_SLACK_MS
             self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory, storage_options)
                                       if mtime > self._start_threshold_ms}
 
@@ -177,8 +177,8 @@ class FileInputDStream(InputDStream):
     def remember_files_ms(self) -> int:
         return -(-self.MIN_REMEMBER_MS // self.slide_ms) * self.slide_ms
 
-    def _initialize(self, zero_time_ms: int) -> None:
-        super()._initialize(zero_time_ms)
+    def initialize(self, zero_time_ms: int) -> None:
+        super().initialize(zero_time_ms)
         self.remember_ms = max(self.remember_ms, self.remember_files_ms)
 
     def _find_new_files(self, time_ms: int) -> list[str]:
@@ -195,14 +195,14 @@ class FileInputDStream(InputDStream):
                 self.batch_files[time_ms] = files
                 self._recent.update(files)
         # like Spark, a file stream reports 0 records (counting lines would need another job)
-        self._ssc._report_input(time_ms, self, 0, {"files": files})
+        self._ssc.driver.report_input(time_ms, self, 0, {"files": files})
         if not files:
             return self._sc.emptyRDD()
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
                 _read_remote(self.storage_options, self.record_length))
-        files = [os.path.abspath(f) for f in files]  # a relative directory is the driver's: the
-        # Python workers run in another working directory
+        # a relative directory is the driver's: the Python workers run in another working directory
+        files = [f if "://" in f else os.path.abspath(f) for f in files]
         if self.record_length is not None:  # Hadoop's new API: a split per block of each file
             return self._sc.binaryRecords(",".join(files), self.record_length)
         small, large = [], []

@@ -125,6 +125,41 @@ class StreamingListenerBacklog:
         return self.scheduling_delay_ms
 
 
+@dataclass(frozen=True)
+class StreamingListenerCheckpointWritten:
+    """sparkwal's event: the DStream checkpoint of ``checkpoint_time_ms`` is durable (written at
+    the driver's leadership ``epoch``; None: not leading), ``took_ms`` after it was handed to the
+    writer. Posted on the checkpoint writer's thread."""
+
+    checkpoint_time_ms: int
+    epoch: int | None
+    took_ms: int
+
+    def checkpointTime(self) -> int:
+        return self.checkpoint_time_ms
+
+
+@dataclass(frozen=True)
+class StreamingListenerDriverRestarted:
+    """sparkwal's event: this driver started from a checkpoint directory that held a stream
+    (``recovery``: "checkpoint", "upgrade" or "takeover"; ``checkpoint_time_ms`` None: only the
+    batch log was there). ``rerun_batch_times`` re-run; ``skipped_batch_times`` were committed
+    and do not output again."""
+
+    recovery: str
+    checkpoint_time_ms: int | None
+    rerun_batch_times: tuple[int, ...]
+    skipped_batch_times: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StreamingListenerDriverFenced:
+    """sparkwal's event: this driver lost the leadership of its checkpoint directory (another
+    driver leads at a newer epoch); it stops running and writing at once."""
+
+    reason: str
+
+
 class StreamingListener:
     """Override the callbacks you need; they run on the scheduler's threads, so keep them short."""
 
@@ -150,13 +185,22 @@ class StreamingListener:
         """sparkwal's: a batch's commit is durable (contexts with a checkpoint)."""
 
     def onDriverTakeover(self, driverTakeover: StreamingListenerDriverTakeover) -> None:
-        """sparkwal's: this context, a standby, took the stream over (see engine.standby)."""
+        """sparkwal's: this context, a standby, took the stream over (see engine.driver.standby)."""
 
     def onStandbyReady(self, standbyReady: StreamingListenerStandbyReady) -> None:
-        """sparkwal's: this context, a standby, is hot (see engine.standby)."""
+        """sparkwal's: this context, a standby, is hot (see engine.driver.standby)."""
 
     def onBacklog(self, backlog: StreamingListenerBacklog) -> None:
-        """sparkwal's: the app fell behind, is still behind, or caught up (see engine.backlog)."""
+        """sparkwal's: the app fell behind, is still behind, or caught up (see engine.driver.backlog)."""
+
+    def onCheckpointWritten(self, checkpointWritten: StreamingListenerCheckpointWritten) -> None:
+        """sparkwal's: a DStream checkpoint is durable."""
+
+    def onDriverRestarted(self, driverRestarted: StreamingListenerDriverRestarted) -> None:
+        """sparkwal's: this driver resumed a stream from its checkpoint directory."""
+
+    def onDriverFenced(self, driverFenced: StreamingListenerDriverFenced) -> None:
+        """sparkwal's: this driver was fenced (another leads its checkpoint directory)."""
 
     # Receiver callbacks (pyspark.streaming's names), with a ReceiverInfo in each event.
     def onReceiverStarted(self, receiverStarted) -> None:
@@ -226,3 +270,24 @@ class StreamingListenerReceiverError(_ReceiverEvent):
 
 class StreamingListenerReceiverStopped(_ReceiverEvent):
     pass
+
+
+#: The listener callback each event goes to (see :class:`engine.driver.events.EventBus`).
+CALLBACKS: dict[type, str] = {
+    StreamingListenerStreamingStarted: "onStreamingStarted",
+    StreamingListenerBatchSubmitted: "onBatchSubmitted",
+    StreamingListenerBatchStarted: "onBatchStarted",
+    StreamingListenerBatchCompleted: "onBatchCompleted",
+    StreamingListenerOutputOperationStarted: "onOutputOperationStarted",
+    StreamingListenerOutputOperationCompleted: "onOutputOperationCompleted",
+    StreamingListenerBatchCommitted: "onBatchCommitted",
+    StreamingListenerDriverTakeover: "onDriverTakeover",
+    StreamingListenerStandbyReady: "onStandbyReady",
+    StreamingListenerBacklog: "onBacklog",
+    StreamingListenerCheckpointWritten: "onCheckpointWritten",
+    StreamingListenerDriverRestarted: "onDriverRestarted",
+    StreamingListenerDriverFenced: "onDriverFenced",
+    StreamingListenerReceiverStarted: "onReceiverStarted",
+    StreamingListenerReceiverError: "onReceiverError",
+    StreamingListenerReceiverStopped: "onReceiverStopped",
+}

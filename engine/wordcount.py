@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if ssc.isStandby():
-            lead = ssc._leadership.storage.leader(ssc._leadership.path)
+            lead = ssc.currentLeader()
             _emit({"event": "standby", "leader": lead.holder if lead else None,
                    "leader_epoch": lead.epoch if lead else None}, args.json,
                   f"standby: waiting to take over from {lead.describe() if lead else 'the active driver'}")

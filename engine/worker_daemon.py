@@ -27,7 +27,7 @@ import os
 import sys
 import zipfile
 
-PREIMPORTED = ("pyspark.worker", "engine.snapshot", "engine.state.state_map",
+PREIMPORTED = ("pyspark.worker", "engine.state.snapshot_tasks", "engine.state.state_map",
                "engine.state.map_with_state", "engine.state.update_state", "engine.inputs",
                "checkpoint.state_files", "pyarrow", "pyarrow.ipc", "crc32c")
 

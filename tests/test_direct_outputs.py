@@ -174,7 +174,7 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
     def setup(clock, done):
         def make():
             ssc = StreamingContext(spark_context, 0.5, clock=clock)
-            ssc._conf.set("spark.sparkwal.batchLog.enabled", "true")
+            ssc.driver.conf.set("spark.sparkwal.batchLog.enabled", "true")
             ssc.checkpoint(str(tmp_path / "ckpt"))
             seen = outputs
             ssc.textFileStream(str(indir)).foreachRDD(lambda t, rdd: seen.append(len(rdd.collect())))
@@ -192,7 +192,7 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
     assert outputs == [2]
     clock2, done2 = ManualClock(1200), Completed()
     ssc2 = StreamingContext.getOrCreate(str(tmp_path / "ckpt"), setup(clock2, done2), upgrade=True)
-    ssc2._conf.set("spark.sparkwal.batchLog.enabled", "true")
+    ssc2.driver.conf.set("spark.sparkwal.batchLog.enabled", "true")
     ssc2.start()
     assert ssc2.skipped_batch_times == [500] and 500 not in ssc2.rerun_batch_times
     for t in ssc2.rerun_batch_times:

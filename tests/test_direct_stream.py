@@ -206,7 +206,7 @@ def test_a_partition_removed_with_unread_records_is_data_loss(spark_context, tmp
     append(app.logdir / "a", "a0", "a1")
     clock, done = ManualClock(0), Completed()
     ssc = app.setup(clock, done)()
-    ssc._conf.set("spark.streaming.direct.maxRatePerPartition", "2")  # 1 record per batch
+    ssc.driver.conf.set("spark.streaming.direct.maxRatePerPartition", "2")  # 1 record per batch
     run(ssc, clock, done, 500)
     assert app.lines[500] == ["a0"]  # the batch saw a1 but was limited to a0
     (app.logdir / "a").unlink()
@@ -222,7 +222,7 @@ def test_rate_limit_per_partition(spark_context, tmp_path):
     append(app.logdir / "b", "b0")
     clock, done = ManualClock(0), Completed()
     ssc = app.setup(clock, done)()
-    ssc._conf.set("spark.streaming.kafka.maxRatePerPartition", "4")  # 2 per 0.5 s batch
+    ssc.driver.conf.set("spark.streaming.kafka.maxRatePerPartition", "4")  # 2 per 0.5 s batch
     run(ssc, clock, done, 2000)
     ssc.stop(stopSparkContext=False)
     assert [len(app.lines[t]) for t in (500, 1000, 1500, 2000)] == [3, 2, 1, 0]
@@ -246,8 +246,8 @@ def test_backpressure_initial_rate_is_split_by_lag(spark_context, tmp_path):
     append(app.logdir / "b", "b0", "b1")
     clock, done = ManualClock(0), Completed()
     ssc = app.setup(clock, done)()
-    ssc._conf.set("spark.streaming.backpressure.enabled", "true")
-    ssc._conf.set("spark.streaming.backpressure.initialRate", "8")  # 4 records per 0.5 s batch
+    ssc.driver.conf.set("spark.streaming.backpressure.enabled", "true")
+    ssc.driver.conf.set("spark.streaming.backpressure.initialRate", "8")  # 4 records per 0.5 s batch
     run(ssc, clock, done, 500)
     ssc.stop(stopSparkContext=False)
     # a has 3/4 of the lag: 8 * 6/8 = 6/s -> 3 per batch; b 2/s -> 1

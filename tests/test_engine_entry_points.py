@@ -122,7 +122,7 @@ def test_get_or_create_with_no_checkpoint_path_just_calls_setup(spark_context):
         return ssc
 
     ssc = StreamingContext.getOrCreate(None, setup)
-    assert made == [ssc] and ssc._checkpoint_dir is None  # nothing read, nothing set
+    assert made == [ssc] and ssc.driver.checkpoint_dir is None  # nothing read, nothing set
     assert StreamingContext.getActiveOrCreate(None, setup) is made[-1] and len(made) == 2
     ssc.queueStream([], default=[1]).foreachRDD(lambda rdd: None)
     ssc.start()
@@ -153,7 +153,7 @@ def test_setup_func_is_required(spark_context, tmp_path):
 
 def test_a_path_like_checkpoint_path_is_accepted(spark_context, tmp_path):
     ssc = StreamingContext.getOrCreate(tmp_path / "ckpt", lambda: StreamingContext(spark_context, 0.5))
-    assert ssc._checkpoint_dir == str(tmp_path / "ckpt")
+    assert ssc.driver.checkpoint_dir == str(tmp_path / "ckpt")
 
 
 def test_a_file_stream_reads_the_lines_sparks_text_file_reads(spark_context, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
 from engine import CheckpointMismatchError, StreamingContext, StreamingListener
-from engine.program import CheckpointSerializationError
+from engine.driver.program import CheckpointSerializationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -274,7 +274,7 @@ def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, 
         return ssc
 
     first = StreamingContext.getOrCreate(ckpt, setup)
-    described = first._graph.describe()
+    described = first.driver.graph.describe()
     first.start()
     batches = Batches()
     first.addStreamingListener(batches)
@@ -282,8 +282,8 @@ def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, 
     first.stop(stopSparkContext=False)
 
     again = StreamingContext.getOrCreate(ckpt, lambda: pytest.fail("setupFunc ran"))
-    assert again.recovery == "checkpoint" and again._graph.describe() == described
-    assert [s.creation_site.split(" at ")[0] for s in again._graph.streams[:3]] == [
+    assert again.recovery == "checkpoint" and again.driver.graph.describe() == described
+    assert [s.creation_site.split(" at ")[0] for s in again.driver.graph.streams[:3]] == [
         "queueStream", "textFileStream", "flatMap"]
     again.start()
     batches = Batches()
@@ -291,7 +291,7 @@ def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, 
     move_in(indir, "w.txt", "x y")
     batches.wait_until(lambda: batches.done >= 2)
     again.stop(stopSparkContext=False)
-    assert again._error is None
+    assert again.driver.error is None
 
 
 def test_earlier_runs_code_parts_are_deleted_once_no_checkpoint_names_them(spark_context, tmp_path):

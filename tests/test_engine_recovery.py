@@ -144,7 +144,7 @@ def test_get_or_create_without_a_checkpoint_just_builds(spark_context, tmp_path)
         return ssc
 
     ssc = StreamingContext.getOrCreate(str(tmp_path / "none"), setup)
-    assert created == [ssc] and ssc._restored is None
+    assert created == [ssc] and ssc.driver.restored is None
     assert StreamingContext.getActiveOrCreate(str(tmp_path / "none"), setup) is not None
 
 

@@ -183,7 +183,7 @@ def test_a_lost_cached_state_is_recomputed_from_the_last_full_snapshot_and_the_i
     floors = {}
 
     def lose_every_cached_partition(ssc, t):
-        snapshots = ssc._snapshots
+        snapshots = ssc.driver.snapshots
         floors[t] = (snapshots.floor(t), dict(snapshots.roots),
                      {i: sorted(s.snapshots) for i, s in snapshots.by_stream.items()})
         if t in (2500, 4000):

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from engine import StreamingContext, StreamingListener
-from engine.backlog import BacklogWatch
+from engine.driver.backlog import BacklogWatch
 from wal import ManualClock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -324,7 +324,7 @@ class _Started:
 def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_recovers(caplog):
     clock, posted = ManualClock(0), []
     watch = BacklogWatch(1000, 3, clock, lambda: 7, lambda name, event: posted.append(event))
-    with caplog.at_level("WARNING", logger="engine.backlog"):
+    with caplog.at_level("WARNING", logger="engine.driver.backlog"):
         for delay in (500, 2000, 3500, 5000, 9000):  # passes 3 intervals at 3.5 s
             clock.advance(1000)
             watch.onBatchStarted(_Started(clock.now_ms(), delay))

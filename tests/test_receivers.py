@@ -13,7 +13,7 @@ from pyspark import cloudpickle
 
 from engine import Receiver, StreamingContext, StreamingListener
 from engine.receiver import ReceiverNotStartedError, SocketReceiver
-from engine.receiver.tracker import total_cores
+from engine.receiver.receiver_tracker import total_cores
 from wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
 
 # the receivers below run in Spark's Python workers, which cannot import this test module

@@ -106,7 +106,7 @@ class WaitingClock(ManualClock):
 
 @pytest.mark.parametrize("holder", ["dead", "alive"])
 def test_a_driver_waits_out_a_lease_and_fails_only_if_its_holder_renews_it(memory_url, holder):
-    from engine.leadership import DriverLeadership
+    from engine.driver.leadership import DriverLeadership
 
     clock = WaitingClock(0)
     storage, path = resolve(f"{memory_url}/ckpt")

@@ -22,7 +22,7 @@ from checkpoint.state_files import (
     snapshot_files,
 )
 from engine import SnapshotError
-from engine.snapshot import apply_delta, read_chain, write_snapshot
+from engine.state.snapshot_tasks import apply_delta, read_chain, write_snapshot
 
 
 @pytest.mark.parametrize("values, arrow_type", [

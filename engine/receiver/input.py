@@ -39,17 +39,17 @@ class ReceiverInputDStream(InputDStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         ssc = self._ssc
-        blocks = ssc._block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
-        ssc._report_input(time_ms, self, sum(b.num_records or 0 for b in blocks),
+        blocks = ssc.driver.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
+        ssc.driver.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks),
                           {"blocks": len(blocks)})
         if not blocks:
             return self._sc.emptyRDD()
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
-            wal_dir = receiver_wal_dir(ssc._checkpoint_dir, self.input_id)
+            wal_dir = receiver_wal_dir(ssc.driver.checkpoint_dir, self.input_id)
             items = [(b.block_id, list(b.wal_handle)) for b in blocks]
             return self._sc.parallelize(items, len(items)).flatMap(
-                partial(_read_wal_blocks, wal_dir, ssc._storage_options, self.input_id))
+                partial(_read_wal_blocks, wal_dir, ssc.driver.storage_options, self.input_id))
         if logged:
             log.error("stream %d batch %d mixes blocks in the WAL and on executors", self.input_id, time_ms)
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
@@ -57,7 +57,7 @@ class ReceiverInputDStream(InputDStream):
     def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:
         """WAL off: blocks on the executors that received them; those whose executor is gone
         are dropped with a warning (Spark's behaviour)."""
-        tracker = self._ssc._receiver_tracker
+        tracker = self._ssc.driver.receiver_tracker
         live = tracker.live_executor_ids() if tracker is not None else None
         ids, locations = [], []
         for b in blocks:

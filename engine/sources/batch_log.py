@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass
 
 from checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
-from checkpoint.restart import resolve_restart
+from checkpoint.resume import resolve_restart
 
 from .protocol import OffsetRange, TopicPartition
 

@@ -164,7 +164,7 @@ class DirectInputDStream(InputDStream):
                 starts[tp] = self._backwards(tp, start, latest[tp])
         self._seen = dict(latest)
         lags = {tp: latest[tp] - s for tp, s in starts.items()}
-        limits = rate_limits(lags, self._ssc._batch_ms, self._estimated_rate(), *self._rate_conf())
+        limits = rate_limits(lags, self._ssc.driver.batch_ms, self._estimated_rate(), *self._rate_conf())
         ends = {tp: s + (lags[tp] if limits is None else min(lags[tp], limits[tp]))
                 for tp, s in starts.items()}
         ranges = [OffsetRange(tp.topic, tp.partition, starts[tp], ends[tp]) for tp in sorted(
@@ -199,10 +199,10 @@ class DirectInputDStream(InputDStream):
         rate = self._rate_controller.latest_rate
         if rate > 0:
             return rate
-        return _conf_float(self._ssc._conf, "spark.streaming.backpressure.initialRate")
+        return _conf_float(self._ssc.driver.conf, "spark.streaming.backpressure.initialRate")
 
     def _rate_conf(self) -> tuple[float, float]:
-        conf = self._ssc._conf
+        conf = self._ssc.driver.conf
         return (_conf_float(conf, "spark.streaming.kafka.maxRatePerPartition",
                             "spark.streaming.direct.maxRatePerPartition"),
                 _conf_float(conf, "spark.streaming.kafka.minRatePerPartition", default=1.0))
@@ -225,7 +225,7 @@ class DirectInputDStream(InputDStream):
     def compute(self, time_ms: int) -> RDD | None:
         ranges = self.offset_ranges(time_ms)
         with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
-        self._ssc._report_input(time_ms, self, sum(r.count() for r in with_data),
+        self._ssc.driver.report_input(time_ms, self, sum(r.count() for r in with_data),
                                 {"offsetRanges": [list(r) for r in with_data]})
         if not with_data:
             rdd = self._sc.emptyRDD()

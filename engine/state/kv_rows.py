@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyspark import RDD
 
-from ..snapshot import is_hash_partitioned
+from .snapshot_tasks import is_hash_partitioned
 
 
 def _equal(a, b) -> bool:

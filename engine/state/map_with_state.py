@@ -24,7 +24,7 @@ from functools import partial
 
 from pyspark import RDD, StorageLevel
 
-from ..dstream import DStream, TransformedDStream, _ms
+from ..dstream import DStream, TransformedDStream, to_ms
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 
@@ -99,7 +99,7 @@ class StateSpec:
     def timeout(self, idleDuration: float) -> StateSpec:
         if idleDuration <= 0:
             raise ValueError(f"the timeout must be positive, not {idleDuration}")
-        self._timeout_ms = _ms(idleDuration)
+        self._timeout_ms = to_ms(idleDuration)
         return self
 
 
@@ -288,3 +288,10 @@ class MapWithStateDStream(DStream):
         """The state's snapshot interval (Spark forwards it to the internal state stream)."""
         self._state_stream.checkpoint(interval)
         return self
+
+
+@DStream.operation("mapWithState")
+def map_with_state(parent: DStream, spec) -> DStream:
+    if not isinstance(spec, StateSpec):
+        raise TypeError(f"mapWithState takes a StateSpec, not {type(spec).__name__}")
+    return MapWithStateDStream(parent.context(), parent, spec)

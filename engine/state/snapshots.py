@@ -29,11 +29,11 @@ import os
 
 from pyspark import StorageLevel
 
+from checkpoint.errors import CheckpointMismatchError
 from checkpoint.state_chains import SnapshotRef, StreamState, parse_state
 from checkpoint.state_files import read_manifest
 
-from ..restart import CheckpointMismatchError
-from ..snapshot import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
+from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ CHAINS_KEPT = 3
 
 
 class StateSnapshots:
-    def __init__(self, ssc):
-        self._ssc = ssc
+    def __init__(self, driver):
+        self._driver = driver
         self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
         self.roots: dict[int, int] = {}  # stream index -> batch time its state's lineage starts at
@@ -56,7 +56,7 @@ class StateSnapshots:
 
     @property
     def deltas_per_full(self) -> int:
-        conf = self._ssc.sparkContext.getConf()
+        conf = self._driver.sc.getConf()
         return int(conf.get("spark.sparkwal.state.deltasPerFull", str(DELTAS_PER_FULL)))
 
     def restore(self, data: dict) -> None:
@@ -74,18 +74,18 @@ class StateSnapshots:
     def check_directory(self) -> None:
         """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
         filesystem (private to each process) cannot hold them."""
-        ssc = self._ssc
-        stateful = [s for s in ssc._graph.streams if s.must_checkpoint]
-        if stateful and ssc._checkpoint_dir is not None and ssc._checkpoint_dir.startswith("memory://"):
+        driver = self._driver
+        stateful = [s for s in driver.graph.streams if s.must_checkpoint]
+        if stateful and driver.checkpoint_dir is not None and driver.checkpoint_dir.startswith("memory://"):
             raise ValueError(
-                f"checkpoint directory {ssc._checkpoint_dir}: {stateful[0]} snapshots its state "
+                f"checkpoint directory {driver.checkpoint_dir}: {stateful[0]} snapshots its state "
                 "from Spark's tasks, which cannot see this process's memory:// filesystem; use a "
                 "local or shared directory")
 
     def _read(self, stream, state: StreamState, time_ms: int, checkpoint_time_ms: int | None = None):
-        ssc = self._ssc
+        driver = self._driver
         try:
-            rows, partitioned = read_chain(ssc._sc, state.chain(time_ms), ssc._storage_options)
+            rows, partitioned = read_chain(driver.sc, state.chain(time_ms), driver.storage_options)
         except SnapshotError as e:
             if checkpoint_time_ms is None:
                 raise
@@ -100,7 +100,7 @@ class StateSnapshots:
         """The snapshot times a restart re-running ``first_ms`` onwards serves ``index``'s state
         from: the newest one before ``first_ms`` (at it, for mapWithState, whose re-run batches must
         call the function again, and every later one of those)."""
-        stream = self._ssc._graph.streams[index]
+        stream = self._driver.graph.streams[index]
         times = sorted(state.snapshots)
         usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
         if not usable and times:
@@ -122,16 +122,16 @@ class StateSnapshots:
         preloaded = self._preloaded.get((index, t))
         if preloaded is not None and preloaded[0] == url:
             return preloaded[1]
-        stream = self._ssc._graph.streams[index]
+        stream = self._driver.graph.streams[index]
         advanced = self._advance(stream, index, state, t) if self._preloaded else None
         return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
     def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int) -> None:
         """Serve each stateful stream's state from its newest snapshot a restart can use.
         ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
-        ssc = self._ssc
+        driver = self._driver
         for index, state in self.by_stream.items():
-            stream = ssc._graph.streams[index]
+            stream = driver.graph.streams[index]
             later = self._restart_times(index, state, first_ms, checkpoint_time_ms)
             for t in later:
                 stream.generated_rdds[t] = self._load(index, state, t, checkpoint_time_ms)
@@ -149,7 +149,7 @@ class StateSnapshots:
         into RDDs cached in this driver's executors (the caller materialises the returned new ones
         now, so that the takeover's first batch finds them there, then calls
         :meth:`drop_unwanted`). A delta whose base is held already is applied to it, partition by
-        partition (:func:`engine.snapshot.apply_delta`): the standby reads only the keys changed
+        partition (:func:`engine.state.snapshot_tasks.apply_delta`): the standby reads only the keys changed
         since its last look, and the whole state only at a full snapshot."""
         self._wanted, new = set(), []
         for index, state in self.by_stream.items():
@@ -166,7 +166,7 @@ class StateSnapshots:
 
     def _advance(self, stream, index: int, state: StreamState, t: int):
         """The state at delta ``t`` from preloaded state of its chain and the deltas after it
-        (:func:`engine.snapshot.apply_delta`), or None when none of its chain is held."""
+        (:func:`engine.state.snapshot_tasks.apply_delta`), or None when none of its chain is held."""
         chain = state.chain(t)
         for start in range(len(chain) - 2, -1, -1):
             held = self._preloaded.get((index, chain[start].time_ms))
@@ -174,12 +174,12 @@ class StateSnapshots:
                 break
         else:
             return None
-        rdd, ssc = held[1], self._ssc
+        rdd, driver = held[1], self._driver
         for before, ref in zip(chain[start:], chain[start + 1:]):
             if not stream.state_partitioned(rdd):
                 return None
-            rows = apply_delta(ssc._sc, stream.state_rows(rdd, before.time_ms), ref,
-                               rdd.getNumPartitions(), ssc._storage_options)
+            rows = apply_delta(driver.sc, stream.state_rows(rdd, before.time_ms), ref,
+                               rdd.getNumPartitions(), driver.storage_options)
             if rows is None:
                 return None
             rdd = stream.state_from_rows(rows, True)
@@ -193,7 +193,7 @@ class StateSnapshots:
         """Forget preloaded state outside ``keep``; unpersist what no stream serves."""
         for key in [k for k in self._preloaded if k not in keep]:
             _url, rdd = self._preloaded.pop(key)
-            stream = self._ssc._graph.streams[key[0]]
+            stream = self._driver.graph.streams[key[0]]
             if stream.generated_rdds.get(key[1]) is not rdd:
                 rdd.unpersist(blocking=False)
 
@@ -204,15 +204,15 @@ class StateSnapshots:
         deltas = chain[1:]
         if len(deltas) >= self.deltas_per_full or sum(r.bytes for r in deltas) >= max(chain[0].bytes, 1):
             return True
-        manifest = read_manifest(state.snapshots[previous].url, self._ssc._storage_options)
+        manifest = read_manifest(state.snapshots[previous].url, self._driver.storage_options)
         return (len(manifest["parts"]) != rdd.getNumPartitions()
                 or not manifest.get("partitioned") or not stream.state_partitioned(rdd))
 
     def _due(self, time_ms: int):
         """(index, stream, its state RDD at ``time_ms``) of each stream whose snapshot is due."""
-        if self._ssc._checkpoint_dir is None:
+        if self._driver.checkpoint_dir is None:
             return
-        for index, stream in enumerate(self._ssc._graph.streams):
+        for index, stream in enumerate(self._driver.graph.streams):
             if not stream.must_checkpoint or not stream.checkpoint_ms:
                 continue
             if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
@@ -229,11 +229,11 @@ class StateSnapshots:
     def snapshot_due(self, time_ms: int) -> None:
         """Snapshot the state of stateful streams due at ``time_ms`` (data, our own files:
         referenced by the checkpoint, deleted when retired), then serve it read back."""
-        ssc = self._ssc
+        driver = self._driver
         for index, stream, rdd in list(self._due(time_ms)):
             state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
-            epoch = ssc.leaderEpoch  # in the name: see checkpoint.state_files
-            url = (f"{ssc._checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            epoch = driver.leader_epoch  # in the name: see checkpoint.state_files
+            url = (f"{driver.checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
                    + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None
@@ -244,7 +244,7 @@ class StateSnapshots:
                 rows = stream.state_rows(rdd, time_ms)
             manifest = write_snapshot(rows, url, time_ms=time_ms, base_ms=base,
                                       partitioned=stream.state_partitioned(rdd),
-                                      storage_options=ssc._storage_options, fence=ssc._lead())
+                                      storage_options=driver.storage_options, fence=driver.lead())
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
             if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
                 stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
@@ -264,7 +264,7 @@ class StateSnapshots:
         for written_then, path in self._retired:
             if self.checkpoints_written >= written_then + 2:
                 try:
-                    delete_snapshot(path, self._ssc._storage_options)
+                    delete_snapshot(path, self._driver.storage_options)
                 except Exception:  # noqa: BLE001
                     log.warning("could not delete old state snapshot %s", path, exc_info=True)
             else:
@@ -277,7 +277,7 @@ class StateSnapshots:
         due, rdds = self._unpersist_later
         if rdds and time_ms >= due:
             self._unpersist_later = (0, [])
-            served = [r for s in self._ssc._graph.streams for r in list(s.generated_rdds.values())]
+            served = [r for s in self._driver.graph.streams for r in list(s.generated_rdds.values())]
             for rdd in rdds:
                 if not any(rdd is r for r in served):
                     rdd.unpersist(blocking=False)
@@ -290,9 +290,9 @@ class StateSnapshots:
         The running state's lineage starts at the last full snapshot it was read back from: an
         executor that loses the cached state recomputes the batches since then from their inputs,
         which must be kept too."""
-        ssc = self._ssc
-        zero = ssc._graph.zero_time_ms or 0
-        for index, stream in enumerate(ssc._graph.streams):
+        driver = self._driver
+        zero = driver.graph.zero_time_ms or 0
+        for index, stream in enumerate(driver.graph.streams):
             if not stream.must_checkpoint:
                 continue
             times = self.by_stream.get(index, StreamState("")).snapshots

@@ -46,11 +46,11 @@ class ReducedWindowedDStream(KeyValueState, DStream):
         previous_begin = current_begin - self.slide_ms
         previous = self.get_or_compute(previous_end) if previous_end > self.zero_time_ms else None
         if previous is not None and self.window_ms >= 5 * self.slide_ms:
-            old = parent._slice_ms(previous_begin + parent.slide_ms, current_begin)
+            old = parent.rdds_between(previous_begin + parent.slide_ms, current_begin)
             subtracted = self._inv(previous, self._sc.union(old)) if old else previous
-            new = parent._slice_ms(previous_end + parent.slide_ms, time_ms)
+            new = parent.rdds_between(previous_end + parent.slide_ms, time_ms)
             return self._reduce(subtracted, self._sc.union(new)) if new else subtracted
-        current = parent._slice_ms(current_begin + parent.slide_ms, time_ms)
+        current = parent.rdds_between(current_begin + parent.slide_ms, time_ms)
         return self._reduce(None, self._sc.union(current)) if current else None
 
 
@@ -140,3 +140,16 @@ def update_by_key(func, n: int):
         return both.mapPartitions(partial(_update_partition, func=func), preservesPartitioning=True)
 
     return step
+
+
+@DStream.operation("reduceByKeyAndWindow")
+def reduce_by_key_and_window(reduced: DStream, reduce_func, inv_reduce_func, window_ms: int,
+                             slide_ms: int) -> DStream:
+    """An inverse ``reduceByKeyAndWindow`` over the per-batch ``reduced`` stream."""
+    return ReducedWindowedDStream(reduced.context(), reduced, reduce_func, inv_reduce_func,
+                                  window_ms, slide_ms)
+
+
+@DStream.operation("updateStateByKey")
+def update_state_by_key(parent: DStream, update_func, num_partitions: int, initial: RDD | None) -> DStream:
+    return StateDStream(parent.context(), parent, update_by_key(update_func, num_partitions), initial)

@@ -1,6 +1,6 @@
 """The context's DStream checkpoints: what each one holds, and what follows once one is durable.
 
-A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.dstream`'s)::
+A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.checkpoint_file`'s)::
 
     {"fingerprint", "graph": the graph's identity and description (a restart must match it),
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
@@ -14,81 +14,84 @@ A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.dstream`'s):
 from __future__ import annotations
 
 import logging
+import time
 
 from checkpoint import Checkpoint, CheckpointError
 from checkpoint.code import delete_code_parts_except
-from checkpoint.dstream import CHECKPOINT_FILE
+from checkpoint.checkpoint_file import CHECKPOINT_FILE
 from wal.storage import resolve
 
 log = logging.getLogger(__name__)
 
 
-def on_checkpoint_written(ssc, time_ms: int) -> None:
+def on_checkpoint_written(driver, time_ms: int) -> int:
     """Once a checkpoint is durable, forget the block allocations no restart from it can need
     (older than its pending batches and the remember duration), and delete retired state
-    snapshots once two newer checkpoints (a main file and its .bk) no longer reference them."""
-    with ssc._floors_lock:
-        floor = ssc._cleanup_floors[time_ms].pop(0)
-        if not ssc._cleanup_floors[time_ms]:
-            del ssc._cleanup_floors[time_ms]
-    floor = min(floor, time_ms - ssc._max_remember_ms())
+    snapshots once two newer checkpoints (a main file and its .bk) no longer reference them.
+    Returns how long the checkpoint took to write, in ms (from its hand-over to the writer)."""
+    with driver.floors_lock:
+        floor, handed = driver.cleanup_floors[time_ms].pop(0)
+        if not driver.cleanup_floors[time_ms]:
+            del driver.cleanup_floors[time_ms]
+    floor = min(floor, time_ms - driver.max_remember_ms())
     try:  # runs on the checkpoint writer's thread, which must not die of it
-        ssc._cleanup_old_blocks(floor)
+        driver.cleanup_old_blocks(floor)
     except Exception:  # noqa: BLE001
         log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
-    if ssc._batch_log is not None:  # step 5 of the batch protocol may follow
-        ssc._batch_log.checkpoint_durable(time_ms, floor)
-    ssc._checkpoints_written += 1
-    if ssc._code_name and not ssc._code_parts_cleaned and ssc._checkpoints_written >= ssc._checkpoint_writer.keep:
+    if driver.batch_log is not None:  # step 5 of the batch protocol may follow
+        driver.batch_log.checkpoint_durable(time_ms, floor)
+    driver.checkpoints_written += 1
+    if driver.code_name and not driver.code_parts_cleaned and driver.checkpoints_written >= driver.checkpoint_writer.keep:
         try:
-            ssc._code_parts_cleaned = delete_unused_code_parts(ssc)
+            driver.code_parts_cleaned = delete_unused_code_parts(driver)
         except Exception:  # noqa: BLE001
-            log.warning("could not delete old code parts in %s", ssc._checkpoint_dir, exc_info=True)
-    ssc._snapshots.on_checkpoint_written()
+            log.warning("could not delete old code parts in %s", driver.checkpoint_dir, exc_info=True)
+    driver.snapshots.on_checkpoint_written()
+    return int((time.monotonic() - handed) * 1000)
 
 
-def do_checkpoint(ssc, time_ms: int, clear_later: bool) -> None:
+def do_checkpoint(driver, time_ms: int, clear_later: bool) -> None:
     """The checkpoint of ``time_ms``: at its generation, and at its completion (``clear_later``).
     A completion that snapshots state is written twice: first at once (the batch is done; its
     state is still the previous snapshot's chain plus its lineage), then with the snapshot, which
     takes a Spark job. A driver killed during that job thus re-runs no batch it had completed
     (each write at one time replaces the previous, kept as the ``.bk``)."""
-    if ssc._checkpoint_writer is None:
+    if driver.checkpoint_writer is None:
         return
-    if clear_later and ssc._snapshots.any_due(time_ms):
-        _write(ssc, time_ms, clear_later)
-        ssc._snapshots.snapshot_due(time_ms)
-    _write(ssc, time_ms, clear_later)
+    if clear_later and driver.snapshots.any_due(time_ms):
+        _write(driver, time_ms, clear_later)
+        driver.snapshots.snapshot_due(time_ms)
+    _write(driver, time_ms, clear_later)
 
 
-def _write(ssc, time_ms: int, clear_later: bool) -> None:
+def _write(driver, time_ms: int, clear_later: bool) -> None:
     data = {
-        "fingerprint": ssc._graph.fingerprint(),
-        "graph": ssc._graph.describe(),
-        "batch_ms": ssc._batch_ms,
-        "zero_time_ms": ssc._graph.zero_time_ms,
-        "inputs": {str(s.input_id): s.checkpoint_data() for s in ssc._graph.inputs},
-        "state": ssc._snapshots.checkpoint_data(),
-        "batch_log_latest": ssc._batch_log.latest_logged_id() if ssc._batch_log is not None else -1,
-        "code": ssc._code_name,
-        "conf": ssc._conf_pairs,
+        "fingerprint": driver.graph.fingerprint(),
+        "graph": driver.graph.describe(),
+        "batch_ms": driver.batch_ms,
+        "zero_time_ms": driver.graph.zero_time_ms,
+        "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
+        "state": driver.snapshots.checkpoint_data(),
+        "batch_log_latest": driver.batch_log.latest_logged_id() if driver.batch_log is not None else -1,
+        "code": driver.code_name,
+        "conf": driver.conf_pairs,
         # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
         # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
-        "completed_ms": time_ms if clear_later and time_ms == ssc._succeeded_ms else None,
-        "leader_epoch": ssc.leaderEpoch,
+        "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
+        "leader_epoch": driver.leader_epoch,
     }
-    pending = ssc._scheduler.pending_times()
-    floor = ssc._snapshots.floor(min([time_ms, *pending]))
-    with ssc._floors_lock:
-        ssc._cleanup_floors.setdefault(time_ms, []).append(floor)
-    ssc._checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+    pending = driver.scheduler.pending_times()
+    floor = driver.snapshots.floor(min([time_ms, *pending]))
+    with driver.floors_lock:
+        driver.cleanup_floors.setdefault(time_ms, []).append((floor, time.monotonic()))
+    driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
 
 
-def delete_unused_code_parts(ssc) -> bool:
+def delete_unused_code_parts(driver) -> bool:
     """Delete earlier runs' code parts once no checkpoint file left names one (True: done). A
     file name says nothing: an earlier run that fell behind may have left checkpoints named after
     later batch times than this run's, which then outlive this run's first ones."""
-    storage, root = resolve(ssc._checkpoint_dir, ssc._storage_options)
+    storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
     named = set()
     for info in storage.list_files(root):
         if CHECKPOINT_FILE.fullmatch(info.name):
@@ -96,7 +99,7 @@ def delete_unused_code_parts(ssc) -> bool:
                 named.add(Checkpoint.decode(storage.read_file(info.path), info.path).data.get("code"))
             except (FileNotFoundError, CheckpointError):
                 return False  # replaced or retired meanwhile: look again after the next one
-    if named - {ssc._code_name}:
+    if named - {driver.code_name}:
         return False
-    delete_code_parts_except(ssc._checkpoint_dir, ssc._code_name, ssc._storage_options)
+    delete_code_parts_except(driver.checkpoint_dir, driver.code_name, driver.storage_options)
     return True

@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 from wal import SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, resolve
 
+from ..listener import StreamingListenerDriverFenced
+
 log = logging.getLogger(__name__)
 
 LEASE_TIMEOUT_KEY = "spark.streaming.driver.leaseTimeout"
@@ -137,30 +139,31 @@ class DriverLeadership:
             self.held = None
 
 
-def fence(ssc, error: BaseException) -> None:
-    """``ssc``'s leadership is lost: stop running and writing at once (self-fencing); the error
+def fence(driver, error: BaseException) -> None:
+    """``driver``'s leadership is lost: stop running and writing at once (self-fencing); the error
     ends ``awaitTermination``."""
-    if ssc._fenced is not None:
+    if driver.fenced is not None:
         return
-    ssc._fenced = error
+    driver.fenced = error
     log.error("this driver was fenced and stops: %s", error)
-    ssc._generator.timer.stop()
+    driver.events.post(StreamingListenerDriverFenced(str(error)))
+    driver.generator.timer.stop()
     try:
-        ssc._sc.cancelAllJobs()
+        driver.sc.cancelAllJobs()
     except Exception:  # noqa: BLE001
         log.warning("could not cancel the running jobs", exc_info=True)
-    ssc._report_error(error, None)
+    driver.report_error(error, None)
 
 
-def confirm_leadership(ssc) -> None:
+def confirm_leadership(driver) -> None:
     """Before a batch's jobs (its inputs logged): its epoch must be the current one, asked of the
     store now (an object-store lease; a local lock is current while held)."""
-    if ssc._fenced is not None:
-        raise ssc._fenced
-    lead = ssc._lead()
+    if driver.fenced is not None:
+        raise driver.fenced
+    lead = driver.lead()
     if lead is not None:
         try:
             lead.confirm()
         except FencedError as e:
-            fence(ssc, e)
+            fence(driver, e)
             raise

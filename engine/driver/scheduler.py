@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 from tracker import BatchInfo
 
-from .dstream import Job
-from .listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
+from ..dstream import Job
+from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
 
 if TYPE_CHECKING:
-    from .context import StreamingContext
+    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ class _JobSet:
 
 
 class JobScheduler:
-    def __init__(self, ssc: StreamingContext, concurrent_jobs: int):
-        self._ssc = ssc
+    def __init__(self, driver: Driver, concurrent_jobs: int):
+        self._driver = driver
         self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
         self._pending: dict[int, _JobSet] = {}
@@ -107,12 +107,12 @@ class JobScheduler:
     def submit(self, time_ms: int, jobs: list[Job], input_infos: dict) -> None:
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
-            self._ssc._on_batch_done(time_ms, None)
+            self._driver.on_batch_done(time_ms, None)
             return
-        js = _JobSet(time_ms, jobs, input_infos, self._ssc._clock.now_ms())
+        js = _JobSet(time_ms, jobs, input_infos, self._driver.clock.now_ms())
         with self._lock:
             self._pending[time_ms] = js
-        self._ssc._post("onBatchSubmitted", StreamingListenerBatchSubmitted(js.info()))
+        self._driver.events.post(StreamingListenerBatchSubmitted(js.info()))
         for job in jobs:
             self._pool.submit(self._run, js, job)
 
@@ -122,45 +122,45 @@ class JobScheduler:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
             return
-        ssc, sc = self._ssc, self._ssc.sparkContext
+        driver, sc = self._driver, self._driver.sc
         sc.setJobGroup(job_group(js.time_ms), f"streaming batch {js.time_ms}", interruptOnCancel=True)
-        now = ssc._clock.now_ms()
+        now = driver.clock.now_ms()
         with js.lock:
             first = js.start_ms is None
             if first:
                 js.start_ms = now
         if first:
-            ssc._post("onBatchStarted", StreamingListenerBatchStarted(js.info()))
+            driver.events.post(StreamingListenerBatchStarted(js.info()))
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
         with js.lock:
             js.ops[job.output_op_id] = op
-        ssc._post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
+        driver.events.post(StreamingListenerOutputOperationStarted(op))
         failure = None
         try:
-            if ssc._fenced is not None:  # another driver leads: this one outputs nothing more
-                raise ssc._fenced
+            if driver.fenced is not None:  # another driver leads: this one outputs nothing more
+                raise driver.fenced
             job.run()
         except BaseException as e:  # noqa: BLE001
             failure = f"{type(e).__name__}: {e}"
-            ssc._report_error(e, js.time_ms)
+            driver.report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
-        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, ssc._clock.now_ms(), failure)
-        ssc._post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
+        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, driver.clock.now_ms(), failure)
+        driver.events.post(StreamingListenerOutputOperationCompleted(op))
         with js.lock:
             js.ops[job.output_op_id] = op
             js.done += 1
             complete = js.done == len(js.jobs)
             if complete:
-                js.end_ms = self._ssc._clock.now_ms()
+                js.end_ms = self._driver.clock.now_ms()
         if complete:
             with self._lock:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
             info = js.info()
-            self._ssc._on_batch_done(js.time_ms, info)
-            self._ssc._post("onBatchCompleted", StreamingListenerBatchCompleted(info))
-            self._ssc._generator.on_batch_completion(js.time_ms)
+            self._driver.on_batch_done(js.time_ms, info)
+            self._driver.events.post(StreamingListenerBatchCompleted(info))
+            self._driver.generator.on_batch_completion(js.time_ms)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no batch is running or queued; False on timeout."""
@@ -176,7 +176,7 @@ class JobScheduler:
             if not pending:
                 return
             for t in pending:
-                self._ssc.sparkContext.cancelJobGroup(job_group(t))
+                self._driver.sc.cancelJobGroup(job_group(t))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("batches %s still running after cancelling them for %s s", pending, timeout_s)
@@ -209,9 +209,9 @@ def job_group(time_ms: int) -> str:
 class JobGenerator:
     """Turns batch times into job sets; clears metadata and checkpoints, in order."""
 
-    def __init__(self, ssc: StreamingContext):
-        self._ssc = ssc
-        self.timer = RecurringTimer(ssc._clock, ssc._batch_ms, self._on_tick, "JobGenerator")
+    def __init__(self, driver: Driver):
+        self._driver = driver
+        self.timer = RecurringTimer(driver.clock, driver.batch_ms, self._on_tick, "JobGenerator")
         self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")
         self.last_processed_ms: int | None = None
         self._processed = threading.Condition()
@@ -248,21 +248,21 @@ class JobGenerator:
         try:
             fn(*args)
         except BaseException as e:  # noqa: BLE001
-            self._ssc._report_error(e, args[0] if args else None)
+            self._driver.report_error(e, args[0] if args else None)
 
     def generate_jobs(self, time_ms: int) -> None:
-        ssc = self._ssc
+        driver = self._driver
         try:
-            ssc._block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
-            if not ssc._plan_batch(time_ms):  # ranges planned and logged, unless committed
+            driver.block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
+            if not driver.plan_batch(time_ms):  # ranges planned and logged, unless committed
                 return
-            ssc._confirm_leadership()  # outputs run only under an epoch confirmed current
-            jobs = ssc._graph.generate_jobs(time_ms)
+            driver.confirm_leadership()  # outputs run only under an epoch confirmed current
+            jobs = driver.graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
-            ssc._report_error(e, time_ms)
+            driver.report_error(e, time_ms)
             return
-        ssc._scheduler.submit(time_ms, jobs, ssc._input_infos.get_info(time_ms))
-        ssc._do_checkpoint(time_ms, clear_later=False)
+        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms))
+        driver.do_checkpoint(time_ms, clear_later=False)
 
     def rerun(self, times_ms: list[int]) -> None:
         """Regenerate and submit batches of a restarted context, in order."""
@@ -273,12 +273,12 @@ class JobGenerator:
         self._events.submit(self._guard, self._clear_metadata, time_ms)
 
     def _clear_metadata(self, time_ms: int) -> None:
-        ssc = self._ssc
-        ssc._graph.clear_metadata(time_ms)
-        ssc._do_checkpoint(time_ms, clear_later=True)
-        if ssc._checkpoint_writer is None:  # else once the checkpoint is durable
-            ssc._cleanup_old_blocks(time_ms - ssc._max_remember_ms())
-        ssc._input_infos.cleanup(time_ms - ssc._max_remember_ms())
+        driver = self._driver
+        driver.graph.clear_metadata(time_ms)
+        driver.do_checkpoint(time_ms, clear_later=True)
+        if driver.checkpoint_writer is None:  # else once the checkpoint is durable
+            driver.cleanup_old_blocks(time_ms - driver.max_remember_ms())
+        driver.input_infos.cleanup(time_ms - driver.max_remember_ms())
         with self._processed:
             self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
             self._processed.notify_all()

@@ -11,12 +11,9 @@ from __future__ import annotations
 import logging
 
 from checkpoint import Checkpoint
+from checkpoint.errors import CheckpointMismatchError
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint was written by a different graph or batch duration."""
 
 
 def _first_difference(old: str, new: str) -> str:
@@ -29,87 +26,87 @@ def _first_difference(old: str, new: str) -> str:
     return "the fingerprint differs"
 
 
-def restore(ssc, checkpoint: Checkpoint) -> None:
-    """Apply ``checkpoint``'s data to ``ssc``'s graph (which must be the checkpoint's)."""
+def restore(driver, checkpoint: Checkpoint) -> None:
+    """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's)."""
     data = checkpoint.data
-    if data.get("batch_ms") != ssc._batch_ms:
+    if data.get("batch_ms") != driver.batch_ms:
         raise CheckpointMismatchError(
-            f"the checkpoint in {ssc._checkpoint_dir} was written with a batch duration of "
-            f"{data.get('batch_ms')} ms, this program uses {ssc._batch_ms} ms")
-    if data.get("fingerprint") != ssc._graph.fingerprint():
+            f"the checkpoint in {driver.checkpoint_dir} was written with a batch duration of "
+            f"{data.get('batch_ms')} ms, this program uses {driver.batch_ms} ms")
+    if data.get("fingerprint") != driver.graph.fingerprint():
         raise CheckpointMismatchError(
-            f"the DStream graph changed since the checkpoint in {ssc._checkpoint_dir} was "
-            f"written: {_first_difference(data.get('graph', ''), ssc._graph.describe())}. "
+            f"the DStream graph changed since the checkpoint in {driver.checkpoint_dir} was "
+            f"written: {_first_difference(data.get('graph', ''), driver.graph.describe())}. "
             "Restore the original graph, or start from a new checkpoint directory")
-    for s in ssc._graph.inputs:
+    for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
-    ssc._snapshots.restore(data.get("state", {}))
-    ssc._restored = checkpoint
+    driver.snapshots.restore(data.get("state", {}))
+    driver.restored = checkpoint
     log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
              checkpoint.pending_times_ms)
 
 
-def restart(ssc) -> int:
+def restart(driver) -> int:
     """Spark's restart rule: re-run the pending batches and every batch time from the
     checkpoint time up to the restart time, plus every logged uncommitted batch; return the
     first new batch time. Committed batches among them do not run their outputs again."""
-    cp = ssc._restored
+    cp = driver.restored
     zero = cp.data["zero_time_ms"]
-    check_batch_log_agrees(ssc, cp, zero)
-    ssc._graph.start(zero)
-    restart_ms = ssc._generator.timer.restart_time(zero)
-    down = list(range(cp.checkpoint_time_ms, restart_ms, ssc._batch_ms))
-    logged = ssc._batch_log.rerun_times if ssc._batch_log is not None else []
+    check_batch_log_agrees(driver, cp, zero)
+    driver.graph.start(zero)
+    restart_ms = driver.generator.timer.restart_time(zero)
+    down = list(range(cp.checkpoint_time_ms, restart_ms, driver.batch_ms))
+    logged = driver.batch_log.rerun_times if driver.batch_log is not None else []
     times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if t < restart_ms})
-    ssc._snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
-    return rerun(ssc, times, restart_ms)
+    driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
+    return rerun(driver, times, restart_ms)
 
 
-def fresh_start(ssc) -> int:
+def fresh_start(driver) -> int:
     """A context made by the program. If the checkpoint directory's offset log has batches
     (a driver killed before its first DStream checkpoint), the logged uncommitted ones re-run
     with their logged ranges and times, and batch ids continue."""
-    first = ssc._generator.timer.start_time()
-    blog = ssc._batch_log
+    first = driver.generator.timer.start_time()
+    blog = driver.batch_log
     if blog is None or blog.latest_logged_id() < 0:
-        ssc._graph.start(first - ssc._batch_ms)
+        driver.graph.start(first - driver.batch_ms)
         return first
     anchor = (blog.rerun_times or blog.logged_times()[-1:])[0]
-    zero = anchor - ssc._batch_ms
-    ssc._graph.start(zero)
-    return rerun(ssc, list(blog.rerun_times), ssc._generator.timer.restart_time(zero))
+    zero = anchor - driver.batch_ms
+    driver.graph.start(zero)
+    return rerun(driver, list(blog.rerun_times), driver.generator.timer.restart_time(zero))
 
 
-def rerun(ssc, times: list[int], restart: int) -> int:
+def rerun(driver, times: list[int], restart: int) -> int:
     """Queue ``times`` for re-generation (committed ones skip their jobs, as does the batch of a
     checkpoint written after all its outputs succeeded); return ``restart``."""
-    blog = ssc._batch_log
-    completed = ssc._restored.data.get("completed_ms") if ssc._restored is not None else None
+    blog = driver.batch_log
+    completed = driver.restored.data.get("completed_ms") if driver.restored is not None else None
     if blog is None and completed is not None:  # with a batch log, its commits say it
-        ssc._skip_outputs_ms = {completed}
-    ssc.skipped_batch_times = [t for t in times if (blog is not None and blog.is_committed(t))
-                               or t in ssc._skip_outputs_ms]
-    ssc.rerun_batch_times = [t for t in times if t not in set(ssc.skipped_batch_times)]
+        driver.skip_outputs_ms = {completed}
+    driver.skipped_batch_times = [t for t in times if (blog is not None and blog.is_committed(t))
+                               or t in driver.skip_outputs_ms]
+    driver.rerun_batch_times = [t for t in times if t not in set(driver.skipped_batch_times)]
     log.info("restarting: re-running batches %s (committed, outputs not re-run: %s), then new "
-             "batches from %d", ssc.rerun_batch_times, ssc.skipped_batch_times, restart)
-    ssc._generator.rerun(times)
+             "batches from %d", driver.rerun_batch_times, driver.skipped_batch_times, restart)
+    driver.generator.rerun(times)
     return restart
 
 
-def check_batch_log_agrees(ssc, cp: Checkpoint, zero: int) -> None:
+def check_batch_log_agrees(driver, cp: Checkpoint, zero: int) -> None:
     """The offset log must hold every batch the checkpoint saw logged, on its batch grid."""
-    blog = ssc._batch_log
+    blog = driver.batch_log
     if blog is None:
         return
     expected = cp.data.get("batch_log_latest", -1)
     if blog.latest_logged_id() < expected:
         raise CheckpointMismatchError(
-            f"the checkpoint of batch {cp.checkpoint_time_ms} in {ssc._checkpoint_dir} was "
+            f"the checkpoint of batch {cp.checkpoint_time_ms} in {driver.checkpoint_dir} was "
             f"written after batch id {expected} was logged, but {blog.offsets.path} ends at "
             f"{blog.latest_logged_id()}: the offset log was lost or restored from an older "
             "copy; restore it (or start from a new checkpoint directory)")
     for t in blog.logged_times():
-        if (t - zero) % ssc._batch_ms:
+        if (t - zero) % driver.batch_ms:
             raise CheckpointMismatchError(
                 f"{blog.offsets.file_url(blog.batch_id(t))} logs batch time {t}, which is not "
-                f"on this checkpoint's batch grid (zero time {zero}, {ssc._batch_ms} ms)")
+                f"on this checkpoint's batch grid (zero time {zero}, {driver.batch_ms} ms)")

@@ -14,7 +14,7 @@ directory, no output), and keeps itself ready:
   (:meth:`engine.state.snapshots.StateSnapshots.preload`: a delta snapshot is applied to the
   state held, only a full one is read whole), so a takeover re-reads only what was written since.
   Listeners get ``onStandbyReady`` once the warm-up and the first of these reads are done;
-* **polling** the leadership (:meth:`engine.leadership.DriverLeadership.wait_for`) on another
+* **polling** the leadership (:meth:`engine.driver.leadership.DriverLeadership.wait_for`) on another
   thread, so that no job of the tail delays it: every 10 ms on a local directory, at the lease's
   expiry on an object store.
 
@@ -30,13 +30,17 @@ standby; a fenced leader never becomes a standby again (its context has stopped)
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 
 from checkpoint import read_checkpoint
 
-from . import restart
-from .listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
+from ..cluster import start_python_workers
+from .recovery import restore
+from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
                        StreamingListenerStreamingStarted)
 
 log = logging.getLogger(__name__)
@@ -45,19 +49,16 @@ TAIL_EVERY_S = 0.5
 REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
 
 
-def become_standby(ssc) -> None:
-    """Make a started ``ssc`` (under ``_active_lock``) a standby and start waiting."""
-    from .context import ACTIVE, StreamingContext
-
-    holder = ssc._leadership.storage.leader(ssc._leadership.path)
-    log.info("%s is led by %s: this context is a hot standby", ssc._checkpoint_dir,
+def become_standby(driver) -> None:
+    """Make a started ``driver`` (under ``Driver.active_lock``) a standby and start waiting."""
+    holder = driver.leadership.storage.leader(driver.leadership.path)
+    log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
              holder.describe() if holder else "another driver")
-    ssc._prepared_program = ssc._prepare_program()  # (an unpicklable graph fails start() here too)
-    ssc._is_standby = True
-    ssc._state = ACTIVE
-    StreamingContext._active = ssc
-    ssc._standby_thread = threading.Thread(target=_stand_by, args=(ssc,), name="standby", daemon=True)
-    ssc._standby_thread.start()
+    driver.prepared_program = driver.prepare_program()  # (an unpicklable graph fails start() here too)
+    driver.is_standby = True
+    driver.activate()
+    driver.standby_thread = threading.Thread(target=_stand_by, args=(driver,), name="standby", daemon=True)
+    driver.standby_thread.start()
 
 
 class _Tail:
@@ -68,8 +69,8 @@ class _Tail:
     JOB_GROUP = "sparkwal-standby"
     PRELOAD_GROUP = "sparkwal-standby-preload"
 
-    def __init__(self, ssc):
-        self._ssc = ssc
+    def __init__(self, driver):
+        self._driver = driver
         self._began = time.monotonic()
         self._ready = False  # onStandbyReady posted
         self.checkpoint = None
@@ -77,7 +78,7 @@ class _Tail:
         self._stop = threading.Event()
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
         self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
-        conf = ssc.sparkContext.getConf()
+        conf = driver.sc.getConf()
         self.preload_state = conf.get("spark.sparkwal.standby.preloadState", "true").lower() == "true"
 
     def start(self) -> None:
@@ -90,38 +91,38 @@ class _Tail:
         state (or applies deltas to it), and its first batch's tasks wait for the partitions
         being read rather than read them again."""
         self._stop.set()
-        sc = self._ssc.sparkContext
+        sc = self._driver.sc
         sc.cancelJobGroup(self.JOB_GROUP)
         if not keep_preload:
             sc.cancelJobGroup(self.PRELOAD_GROUP)
 
     def _run(self) -> None:
-        self._ssc.sparkContext.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
+        self._driver.sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         while not self._stop.is_set():
             try:
                 self.poll()
                 if not self._ready and not self._stop.is_set():
                     self._ready = True
                     cp = self.checkpoint
-                    self._ssc._post("onStandbyReady", StreamingListenerStandbyReady(
+                    self._driver.events.post(StreamingListenerStandbyReady(
                         cp.checkpoint_time_ms if cp else None,
                         int((time.monotonic() - self._began) * 1000)))
             except Exception:  # noqa: BLE001  a cancelled job, a checkpoint being replaced, ...
                 if not self._stop.is_set():
-                    log.debug("tailing %s", self._ssc._checkpoint_dir, exc_info=True)
+                    log.debug("tailing %s", self._driver.checkpoint_dir, exc_info=True)
             self._stop.wait(TAIL_EVERY_S)
 
     def poll(self) -> None:
         now = time.monotonic()
         if now >= self._next_warm:  # the whole warm-up once, then keep the workers alive
-            warm_up(self._ssc.sparkContext, light=self._next_warm > 0)
+            warm_up(self._driver.sc, light=self._next_warm > 0)
             self._next_warm = now + REWARM_EVERY_S
         with self.lock:
             if self._stop.is_set():
                 return
             loaded = self.read_newest(preload=self.preload_state)
         if loaded:  # outside the lock: a takeover goes on beside it
-            sc = self._ssc.sparkContext
+            sc = self._driver.sc
             sc.setJobGroup(self.PRELOAD_GROUP, "hot standby: state preload", interruptOnCancel=True)
             try:
                 for rdd in loaded:
@@ -132,29 +133,29 @@ class _Tail:
                 sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         with self.lock:  # what the newest look no longer needs, now that it is read
             if not self._stop.is_set():
-                self._ssc._snapshots.drop_unwanted()
+                self._driver.snapshots.drop_unwanted()
 
     def read_newest(self, preload: bool) -> list:
         """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`
         held); with ``preload``, also register the state a takeover from it would start from,
         and return the RDDs that still need reading."""
-        ssc = self._ssc
+        driver = self._driver
         try:
-            cp = read_checkpoint(ssc._checkpoint_dir, storage_options=ssc._storage_options)
+            cp = read_checkpoint(driver.checkpoint_dir, storage_options=driver.storage_options)
         except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
-            log.debug("tailing %s", ssc._checkpoint_dir, exc_info=True)
+            log.debug("tailing %s", driver.checkpoint_dir, exc_info=True)
             return []
         seen = self.checkpoint
         if cp is None or (seen is not None and cp.checkpoint_time_ms == seen.checkpoint_time_ms
                           and cp.pending_times_ms == seen.pending_times_ms
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
-        restart.restore(ssc, cp)
+        restore(driver, cp)
         self.checkpoint = cp
         if not preload:
             return []
         first = min([cp.checkpoint_time_ms, *cp.pending_times_ms])
-        return ssc._snapshots.preload(first, cp.checkpoint_time_ms)
+        return driver.snapshots.preload(first, cp.checkpoint_time_ms)
 
 
 WORKERS_PER_CORE = 8
@@ -168,12 +169,6 @@ def warm_up(sc, light: bool = False) -> None:
     each batch's group runs in a Python worker of its own, nested and streaming into the next (a
     new worker's first task cost 0.2-0.4 s more here). ``light``: only the workers, which Spark
     ends after a minute idle. Its files are temporary ones, outside the checkpoint directory."""
-    import os
-    import shutil
-    import tempfile
-
-    from .cluster import start_python_workers
-
     start_python_workers(sc, WORKERS_PER_CORE)
     if light:
         return
@@ -195,50 +190,48 @@ def warm_up(sc, light: bool = False) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _stand_by(ssc) -> None:
-    tail = _Tail(ssc)
+def _stand_by(driver) -> None:
+    tail = _Tail(driver)
     tail.start()
     try:
-        lead = ssc._leadership.wait_for(ssc._standby_stop)
+        lead = driver.leadership.wait_for(driver.standby_stop)
     except BaseException as e:  # noqa: BLE001
         with tail.lock:
             tail.stop()
-        ssc._report_error(e, None)
-        ssc._leader_event.set()  # awaitLeadership returns, raising the error
+        driver.report_error(e, None)
+        driver.leader_event.set()  # awaitLeadership returns, raising the error
         return
     if lead is None:  # stopped while waiting
         with tail.lock:
             tail.stop()
         return
     try:
-        take_over(ssc, tail)
+        take_over(driver, tail)
     except BaseException as e:  # noqa: BLE001  (what had started was stopped by _start_active)
-        ssc._is_standby = True  # stop() then ends it as the standby it still is
-        ssc._leadership.release()
-        ssc._report_error(e, None)
-        ssc._leader_event.set()  # awaitLeadership returns, raising the error
+        driver.is_standby = True  # stop() then ends it as the standby it still is
+        driver.leadership.release()
+        driver.report_error(e, None)
+        driver.leader_event.set()  # awaitLeadership returns, raising the error
 
 
-def take_over(ssc, tail: _Tail) -> None:
+def take_over(driver, tail: _Tail) -> None:
     """Held leadership in hand: resume the stream from the newest checkpoint, as the leader."""
-    from .context import StreamingContext
-
     began = time.monotonic()
-    with StreamingContext._active_lock, ssc._lock, tail.lock:
+    with driver.active_lock, driver.lock, tail.lock:
         tail.stop(keep_preload=True)
-        if ssc._standby_stop.is_set():
-            ssc._leadership.release()
+        if driver.standby_stop.is_set():
+            driver.leadership.release()
             return
         tail.read_newest(preload=False)  # whatever the old leader wrote since the last look
         cp = tail.checkpoint
-        ssc._is_standby = False
-        ssc.recovery = "takeover"
-        ssc._start_active()
+        driver.is_standby = False
+        driver.recovery = "takeover"
+        driver.start_active()
     took = int((time.monotonic() - began) * 1000)
-    event = StreamingListenerDriverTakeover(ssc.leaderEpoch or 0, cp.checkpoint_time_ms if cp else None,
-                                            took, tuple(ssc.rerun_batch_times))
+    event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
+                                            took, tuple(driver.rerun_batch_times))
     log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
-                ssc._checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
-    ssc._post("onDriverTakeover", event)
-    ssc._post("onStreamingStarted", StreamingListenerStreamingStarted(ssc._clock.now_ms()))
-    ssc._leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look
+                driver.checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
+    driver.events.post(event)
+    driver.events.post(StreamingListenerStreamingStarted(driver.clock.now_ms()))
+    driver.leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from .listener import StreamingListener, StreamingListenerBacklog
+from ..listener import StreamingListener, StreamingListenerBacklog
 
 log = logging.getLogger(__name__)
 

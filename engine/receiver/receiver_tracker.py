@@ -38,7 +38,7 @@ from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
-    from ..context import StreamingContext
+    from ..driver import Driver
     from .input import ReceiverInputDStream
 
 log = logging.getLogger(__name__)
@@ -86,12 +86,12 @@ def _receiver_partition(config: SupervisorConfig, receiver, _rows):
 
 
 class ReceiverTracker:
-    def __init__(self, ssc: StreamingContext, inputs: list[ReceiverInputDStream]):
-        self._ssc, self._sc = ssc, ssc.sparkContext
-        conf = ssc._conf
+    def __init__(self, driver: Driver, inputs: list[ReceiverInputDStream]):
+        self._driver, self._sc = driver, driver.sc
+        conf = driver.conf
         self._inputs = {s.input_id: s for s in inputs}
         self._secret = wire.new_secret()
-        self.wal_enabled = (ssc._checkpoint_dir is not None
+        self.wal_enabled = (driver.checkpoint_dir is not None
                             and _bool(conf, "spark.streaming.receiver.writeAheadLog.enable", "true"))
         self._driver_host = conf.get("spark.driver.host", "127.0.0.1")
         self._max_unprocessed = int(conf.get("spark.streaming.receiver.maxUnprocessedBytes",
@@ -118,11 +118,11 @@ class ReceiverTracker:
             conf_map = dict(conf.getAll())
             for sid in self._inputs:
                 self._rate_controllers[sid] = RateController(
-                    sid, create_rate_estimator(ssc._batch_ms, conf_map), partial(self.update_rate_limit, sid))
+                    sid, create_rate_estimator(driver.batch_ms, conf_map), partial(self.update_rate_limit, sid))
         self._base_config = dict(
             app_id=self._sc.applicationId, driver_host=self._driver_host,
-            checkpoint_dir=ssc._checkpoint_dir if self.wal_enabled else None,
-            storage_options=ssc._storage_options if self.wal_enabled else None,
+            checkpoint_dir=driver.checkpoint_dir if self.wal_enabled else None,
+            storage_options=driver.storage_options if self.wal_enabled else None,
             block_interval_ms=_ms_conf(conf.get("spark.streaming.blockInterval", "200ms")),
             block_queue_size=int(conf.get("spark.streaming.blockQueueSize", "10")),
             max_buffered_records=int(conf.get("spark.streaming.receiver.maxBufferedRecords", "100000")),
@@ -131,7 +131,7 @@ class ReceiverTracker:
             restart_delay_ms=_ms_conf(conf.get("spark.streaming.receiverRestartDelay", "2000")),
             wal_rolling_interval_s=float(conf.get(
                 "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")),
-            leader_epoch=ssc.leaderEpoch)
+            leader_epoch=driver.leader_epoch)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -242,7 +242,7 @@ class ReceiverTracker:
             c.stop()
         if not self.wal_enabled and self._sc.master.startswith("local["):
             remove_local_blocks(self._sc.applicationId,
-                                self._ssc._conf.get("spark.local.dir", tempfile.gettempdir()).split(",")[0])
+                                self._driver.conf.get("spark.local.dir", tempfile.gettempdir()).split(",")[0])
 
     @property
     def running(self) -> bool:
@@ -279,7 +279,7 @@ class ReceiverTracker:
             info = self._infos[stream_id] = ReceiverInfo(stream_id, typ, True, host, executor_id,
                                                          worker_pid=worker_pid)
         log.info("registered receiver for stream %d on executor %s (%s)", stream_id, executor_id, host)
-        self._ssc._post("onReceiverStarted", StreamingListenerReceiverStarted(info))
+        self._driver.events.post(StreamingListenerReceiverStarted(info))
         return True, ""
 
     def on_add_block(self, conn: Connection, block: list, host: str, executor_id: str,
@@ -303,7 +303,7 @@ class ReceiverTracker:
                 waited = True
                 self._lock.wait(0.5)
             self._counts["add_block_waits"] += waited
-        if not self._ssc._block_tracker.add_block(info):
+        if not self._driver.block_tracker.add_block(info):
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
@@ -326,9 +326,9 @@ class ReceiverTracker:
             old = self._infos[stream_id]
             info = self._infos[stream_id] = ReceiverInfo(
                 stream_id, old.name_, old.active_, old.location_, old.executor_id_, message, error or "",
-                self._ssc._clock.now_ms(), old.worker_pid)
+                self._driver.clock.now_ms(), old.worker_pid)
         log.warning("receiver of stream %d reported: %s %s", stream_id, message, error or "")
-        self._ssc._post("onReceiverError", StreamingListenerReceiverError(info))
+        self._driver.events.post(StreamingListenerReceiverError(info))
 
     def on_deregister(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
         if self._conn_stream.get(conn) == stream_id:
@@ -350,9 +350,9 @@ class ReceiverTracker:
             info = self._infos[sid] = ReceiverInfo(
                 sid, old.name_, False, old.location_, old.executor_id_,
                 message if error else old.last_error_message, error or old.last_error,
-                self._ssc._clock.now_ms() if error else old.last_error_time_ms, old.worker_pid)
+                self._driver.clock.now_ms() if error else old.last_error_time_ms, old.worker_pid)
         log.info("receiver of stream %d stopped: %s", sid, message)
-        self._ssc._post("onReceiverStopped", StreamingListenerReceiverStopped(info))
+        self._driver.events.post(StreamingListenerReceiverStopped(info))
 
     # ---------------------------------------------------------------- from the engine
 
@@ -365,7 +365,7 @@ class ReceiverTracker:
 
     def on_batch_completed(self, time_ms: int, batch: BatchInfo | None) -> None:
         """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers."""
-        blocks = self._ssc._block_tracker.get_blocks_of_batch(time_ms)
+        blocks = self._driver.block_tracker.get_blocks_of_batch(time_ms)
         with self._lock:
             freed = 0
             for infos in blocks.values():

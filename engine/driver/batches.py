@@ -1,0 +1,58 @@
+"""The context's side of the batch protocol (:mod:`engine.sources.batch_log`): which inputs are
+direct, when the offsets/commits logs are kept, planning and logging each batch."""
+
+from __future__ import annotations
+
+import logging
+
+from ..listener import StreamingListenerBatchCommitted
+from ..sources.batch_log import BatchLog
+from ..sources.direct import DirectInputDStream
+
+log = logging.getLogger(__name__)
+
+
+def direct_inputs(driver) -> list:
+    return [s for s in driver.graph.inputs if isinstance(s, DirectInputDStream)]
+
+
+def start_batch_log(driver) -> None:
+    """The offsets/commits logs, read back; then the direct inputs learn where they resume.
+    With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
+    the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
+    never re-run after a restart, whatever its inputs), ``false`` never (direct inputs then
+    re-plan from their initial offsets: at-least-once at best)."""
+    mode = driver.conf.get("spark.sparkwal.batchLog.enabled", "auto").lower()
+    if mode not in ("auto", "true", "false"):
+        raise ValueError(f"spark.sparkwal.batchLog.enabled must be auto, true or false, got {mode!r}")
+    wanted = mode == "true" or (mode == "auto" and bool(direct_inputs(driver)))
+    if driver.checkpoint_dir is not None and wanted:
+        sync = driver.conf.get("spark.sparkwal.batchLog.fsync", "true").lower() != "false"
+        retain = int(driver.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+        driver.batch_log = BatchLog(driver.checkpoint_dir, direct_inputs(driver),
+                                   storage_options=driver.storage_options, sync=sync,
+                                   retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
+                                   lock=driver.lead())
+        driver.batch_log.recover()
+    for s in direct_inputs(driver):
+        s.start_planning(driver.batch_log, driver.conf, driver.batch_ms)
+
+
+def plan_batch(driver, time_ms: int) -> bool:
+    """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
+    blog = driver.batch_log
+    if blog is not None and blog.is_committed(time_ms):
+        log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
+                 blog.batch_id(time_ms))
+        return False
+    if time_ms in driver.skip_outputs_ms:
+        log.info("batch %d completed before the restart: its outputs are not run again", time_ms)
+        return False
+    ends = [s.plan(time_ms) for s in direct_inputs(driver)]
+    if blog is not None:
+        blog.log_batch(time_ms, ends, {})
+    return True
+
+
+def on_batch_committed(driver, batch_id: int, time_ms: int) -> None:
+    driver.events.post(StreamingListenerBatchCommitted(batch_id, time_ms))

@@ -1,0 +1,358 @@
+"""The driver behind a :class:`engine.StreamingContext`: one object owning its state.
+
+``StreamingContext`` keeps pyspark's API; everything that runs the stream works on a
+:class:`Driver`: the checkpoint directory and its storage options, the leadership and its epoch,
+the batch log, the state snapshots, the block and receiver trackers, the job generator and
+scheduler, and the :class:`~engine.driver.events.EventBus` that listeners subscribe to. The
+driver's modules read and change these attributes only through this object (a test walks the
+package's syntax trees to keep it so).
+
+Its lifecycle is Spark's ``StreamingContext.start``/``stop`` (``StreamingContext.scala``): lead the
+checkpoint directory (:mod:`.leadership`) or stand by (:mod:`.standby`), write the program's code
+part, recover or start the batch log (:mod:`.batches`) and the batches (:mod:`.recovery`), start the
+receivers (:mod:`.receiver_lifecycle`) and the timer (:mod:`.scheduler`); checkpoints as in
+:mod:`.checkpointing`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pyspark import RDD, SparkContext
+
+from checkpoint import Checkpoint, CheckpointWriter, write_code
+from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
+from wal import SYSTEM_CLOCK, Clock, FencedError
+
+from .. import cluster
+from ..dstream import describe_times
+from ..graph import DStreamGraph
+from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted,
+                        StreamingListenerStreamingStarted)
+from ..signals import stop_gracefully_on_signals
+from ..sources.batch_log import BatchLog
+from ..state import StateSnapshots
+from . import batches, checkpointing, leadership, receiver_lifecycle, recovery, standby
+from .backlog import WARN_INTERVALS_KEY, BacklogWatch
+from .events import EventBus
+from .program import checkpoint_conf, serialize_program
+from .scheduler import JobGenerator, JobScheduler
+from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
+
+log = logging.getLogger(__name__)
+
+
+class Driver:
+    """The state and lifecycle of one streaming driver. ``context`` is the
+    :class:`engine.StreamingContext` it runs for (what :meth:`StreamingContext.getActive`
+    returns); ``clock`` drives batch times (a :class:`wal.ManualClock` in tests)."""
+
+    #: The driver started in this process (one at a time, as Spark allows), under ``active_lock``.
+    active: Driver | None = None
+    active_lock = threading.Lock()
+
+    def __init__(self, context, sc: SparkContext, batch_ms: int, clock: Clock | None,
+                 concurrent_jobs: int | None):
+        self.context = context
+        self.sc = sc
+        self.conf = sc.getConf()  # a copy, read once: each getConf() is a JVM round trip
+        self.batch_ms = batch_ms
+        self.clock = clock or SYSTEM_CLOCK
+        self.graph = DStreamGraph()
+        self.events = EventBus()
+        self.input_infos = InputInfoTracker()
+        self.checkpoint_dir: str | None = None
+        self.storage_options: dict | None = None  # fsspec options of the checkpoint directory
+        self.checkpoint_writer: CheckpointWriter | None = None
+        self.state = INITIALIZED
+        self.restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
+        #: "new" (built by the program), "checkpoint" (rebuilt from a checkpoint, code included),
+        #: "upgrade" (the program's graph, the checkpoint's data) or "takeover" (a standby's).
+        self.recovery = "new"
+        self.code_name: str | None = None  # the checkpoint's code part (written at start)
+        self.rerun_batch_times: list[int] = []  # see StreamingContext.rerun_batch_times
+        self.skipped_batch_times: list[int] = []
+        self.batches_left_for_restart: list[int] = []
+        self.conf_pairs: list[list[str]] = []
+        self.snapshots = StateSnapshots(self)
+        self.checkpoints_written = 0
+        self.code_parts_cleaned = False  # earlier runs' code parts deleted (see checkpointing)
+        self.batch_log: BatchLog | None = None  # made at start when checkpointing
+        self.block_tracker: ReceivedBlockTracker | None = None  # made at start
+        self.receiver_tracker = None  # made at start when there are receiver inputs
+        #: checkpoint time -> (oldest batch it may re-run, when it was handed to the writer), per write
+        self.cleanup_floors: dict[int, list[tuple[int, float]]] = {}
+        self.floors_lock = threading.Lock()  # not self.lock: stop() holds that while the writer ends
+        self.terminated = threading.Event()
+        self.standby_requested = False  # getOrCreate(..., standby=True)
+        self.is_standby = False
+        self.prepared_program: tuple[bytes, list[list[str]]] | None = None  # a standby's
+        self.leadership: leadership.DriverLeadership | None = None  # made at start when checkpointing
+        self.leader_event = threading.Event()  # set once this driver is the active one
+        self.standby_stop = threading.Event()
+        self.standby_thread: threading.Thread | None = None
+        self.fenced: BaseException | None = None
+        self.succeeded_ms = -1  # the newest batch whose outputs all succeeded
+        self.skip_outputs_ms: set[int] = set()  # regenerated without outputs (see recovery.rerun)
+        self.stopping = False  # errors of jobs cancelled by stop() are not the app's errors
+        self.graceful_deadline: float | None = None  # set by stop()
+        self.error: BaseException | None = None
+        self.lock = threading.RLock()
+        cluster.choose_python(sc, self.conf)  # before any Python function is wrapped
+        jobs = concurrent_jobs or int(self.conf.get("spark.streaming.concurrentJobs", "1"))
+        self.scheduler = JobScheduler(self, jobs)
+        self.generator = JobGenerator(self)
+        self.events.subscribe(BacklogWatch(
+            self.batch_ms, float(self.conf.get(WARN_INTERVALS_KEY, "3")), self.clock,
+            lambda: len(set(self.scheduler.pending_times()) | set(self.generator.queued_times())),
+            self.events.post))
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Lead the checkpoint directory (or stand by) and start the stream; see
+        ``StreamingContext.start``."""
+        with Driver.active_lock:
+            if self.state == ACTIVE:
+                log.warning("StreamingContext has already been started")
+                return
+            if self.state == STOPPED:
+                raise StreamingContextStateError("StreamingContext has already been stopped")
+            if Driver.active is not None and Driver.active.state == ACTIVE:
+                raise StreamingContextStateError("Only one StreamingContext may be started in this process")
+            self.graph.validate()
+            self.snapshots.check_directory()
+            cluster.prepare(self.sc, self.conf)  # sparkwal's code on the executors, or a clear error
+            if self.checkpoint_dir is not None:
+                self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
+                                                              self.lease_timeout_ms())
+                if self.standby_requested and self.leadership.try_take() is None:
+                    standby.become_standby(self)
+                    return
+                if not self.standby_requested:
+                    self.leadership.take()
+            self.start_active()
+            self.leader_event.set()
+        if self.conf.get("spark.streaming.stopGracefullyOnShutdown", "false").lower() == "true":
+            stop_gracefully_on_signals(self.context)
+        self.events.post(StreamingListenerStreamingStarted(self.clock.now_ms()))
+
+    def activate(self) -> None:
+        """This driver is the process's started one (a leader, or a standby waiting)."""
+        self.state = ACTIVE
+        Driver.active = self
+
+    def start_active(self) -> None:
+        """Everything a leading driver starts (under ``active_lock``, leadership held)."""
+        try:
+            if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
+                code, self.conf_pairs = self.prepared_program or self.prepare_program()
+                self.code_name = write_code(self.checkpoint_dir, code, self.storage_options)
+                if "://" not in self.checkpoint_dir or self.checkpoint_dir.startswith("file://"):
+                    # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
+                    # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
+                    # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
+                    self.sc.setCheckpointDir(f"{self.checkpoint_dir.rstrip('/')}/rdds")
+            self.block_tracker = receiver_lifecycle.make_block_tracker(self)
+            if self.checkpoint_dir is not None:
+                self.checkpoint_writer = CheckpointWriter(self.checkpoint_dir,
+                                                          storage_options=self.storage_options,
+                                                          on_written=self.on_checkpoint_written,
+                                                          on_error=self.on_checkpoint_error,
+                                                          lock=self.lead())
+        except BaseException:
+            if self.leadership is not None:
+                self.leadership.release()
+            raise
+        try:
+            batches.start_batch_log(self)
+            first = recovery.fresh_start(self) if self.restored is None else recovery.restart(self)
+        except BaseException:
+            if self.checkpoint_writer is not None:
+                self.checkpoint_writer.stop()
+            self.block_tracker.stop()
+            if self.leadership is not None:
+                self.leadership.release()
+            raise
+        if self.leadership is not None:
+            self.leadership.keep(self.on_fenced)
+        receiver_lifecycle.start_receivers(self)
+        self.generator.timer.start(first)
+        self.activate()
+        if self.recovery != "new" or self.rerun_batch_times or self.skipped_batch_times:
+            self.events.post(StreamingListenerDriverRestarted(
+                self.recovery, self.restored.checkpoint_time_ms if self.restored else None,
+                tuple(self.rerun_batch_times), tuple(self.skipped_batch_times)))
+
+    def prepare_program(self) -> tuple[bytes, list[list[str]]]:
+        """The checkpoint's code part and conf pairs, as a leader writes them at start (a
+        standby prepares them while it waits: 50-100 ms less for a takeover)."""
+        return serialize_program(self), checkpoint_conf(self.sc)
+
+    # ------------------------------------------------------------------ leadership
+
+    def lead(self):
+        """The held lock of the checkpoint directory (None: not leading one)."""
+        return self.leadership.held if self.leadership is not None else None
+
+    @property
+    def leader_epoch(self) -> int | None:
+        lead = self.lead()
+        return lead.epoch if lead is not None else None
+
+    def current_leader(self):
+        """Who leads the checkpoint directory now, as its lock records it (holder, epoch,
+        ``describe()``); None: no directory, or nobody leads it."""
+        if self.leadership is None:
+            return None
+        return self.leadership.storage.leader(self.leadership.path)
+
+    def lease_timeout_ms(self) -> int:
+        return leadership.parse_duration_ms(self.conf.get(leadership.LEASE_TIMEOUT_KEY, "30s"),
+                                            leadership.LEASE_TIMEOUT_KEY)
+
+    def on_fenced(self, error: BaseException) -> None:
+        leadership.fence(self, error)
+
+    def on_checkpoint_error(self, error: BaseException) -> None:
+        if isinstance(error, FencedError):
+            leadership.fence(self, error)
+
+    def confirm_leadership(self) -> None:
+        leadership.confirm_leadership(self)
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, graceful: bool) -> None:
+        """Stop the stream (a standby just stops waiting), then give up the leadership."""
+        self.standby_stop.set()
+        if self.standby_thread is not None and self.standby_thread is not threading.current_thread():
+            self.standby_thread.join()
+        with self.lock:
+            if self.state == STOPPED:
+                return
+            self.stopping = True
+            if self.state == ACTIVE and not self.is_standby:
+                self.graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
+                receiver_lifecycle.stop_receivers(self, graceful)
+                self.generator.timer.stop()
+                finished = graceful and self.await_batches()
+                if not finished:
+                    self.scheduler.abandon()
+                self.scheduler.stop(wait=finished)
+                self.generator.stop(cancel_queued=not finished)
+                if self.checkpoint_writer is not None:
+                    try:
+                        self.checkpoint_writer.stop()
+                    except Exception:
+                        if self.fenced is None:
+                            raise
+                self.block_tracker.stop()
+                for s in batches.direct_inputs(self):
+                    s.stop()
+            if self.leadership is not None:
+                self.leadership.release()
+            self.state = STOPPED
+            self.leader_event.set()  # awaitLeadership returns (False)
+            with Driver.active_lock:
+                if Driver.active is self:
+                    Driver.active = None
+            self.terminated.set()
+
+    def graceful_stop_timeout_s(self) -> float:
+        """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
+        intervals); Spark reads it as milliseconds when it has no unit."""
+        value = self.conf.get("spark.streaming.gracefulStopTimeout", None)
+        if value is None:
+            return 10 * self.batch_ms / 1000
+        return leadership.parse_duration_ms(value, "spark.streaming.gracefulStopTimeout",
+                                            default_unit="ms") / 1000
+
+    def graceful_remaining_s(self) -> float:
+        """What is left of a graceful stop's timeout (its receivers' wait and its batches'
+        share one ``spark.streaming.gracefulStopTimeout``)."""
+        if self.graceful_deadline is None:
+            return self.graceful_stop_timeout_s()
+        return max(0.0, self.graceful_deadline - time.monotonic())
+
+    def await_batches(self) -> bool:
+        """A graceful stop's wait: every batch due so far generated and run, within
+        ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
+        the restart (they are in the checkpoint, logged in the batch log or due again: nothing
+        is lost), named in :attr:`batches_left_for_restart` and in one warning."""
+        timeout = self.graceful_stop_timeout_s()
+        if (self.generator.drain(self.graceful_remaining_s())
+                and self.scheduler.wait_idle(self.graceful_remaining_s())):
+            return True
+        left = sorted(set(self.scheduler.pending_times()) | set(self.generator.queued_times()))
+        self.batches_left_for_restart = left
+        if left:
+            log.warning("graceful stop: %s not done within spark.streaming.gracefulStopTimeout "
+                        "(%.1f s) left for the restart (nothing is lost: a restart runs them)",
+                        describe_times(left), timeout)
+        return not left
+
+    def raise_error(self) -> None:
+        if self.fenced is not None:  # the cause of whatever failed after it (a write refused, ...)
+            raise self.fenced
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------------ batches
+
+    def plan_batch(self, time_ms: int) -> bool:
+        return batches.plan_batch(self, time_ms)
+
+    def on_batch_done(self, time_ms: int, info) -> None:
+        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
+        if ok:
+            self.succeeded_ms = max(self.succeeded_ms, time_ms)
+        if self.batch_log is not None:
+            self.batch_log.batch_done(time_ms, ok)
+        self.snapshots.on_batch_done(time_ms)
+        for s in batches.direct_inputs(self):
+            s.on_batch_completed(info)
+        if self.receiver_tracker is not None:
+            self.receiver_tracker.on_batch_completed(time_ms, info)
+
+    def cleanup_old_blocks(self, thresh_ms: int) -> None:
+        if thresh_ms < self.clock.now_ms():
+            self.block_tracker.cleanup_old_batches(thresh_ms)
+            if self.receiver_tracker is not None:
+                self.receiver_tracker.cleanup_old_blocks(thresh_ms)
+
+    def report_error(self, error: BaseException, time_ms: int | None) -> None:
+        if self.stopping:
+            log.info("batch %s ended by stop(): %s", time_ms, error)
+            return
+        log.error("error in batch %s: %s", time_ms, error)
+        if self.error is None:
+            self.error = error
+        self.terminated.set()
+
+    def report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:
+        try:
+            self.input_infos.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
+        except TrackerError:  # a re-generated batch (after a restart) reports its input again
+            pass
+
+    def max_remember_ms(self) -> int:
+        return max((s.remember_ms or 0) for s in self.graph.streams) if self.graph.streams else 0
+
+    def checkpoint_rdd(self, stream, time_ms: int, rdd: RDD) -> None:
+        """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
+        stream's RDD, when the driver checkpoints, is cut later by its snapshot instead (see
+        :mod:`engine.state.snapshots`); others are checkpointed locally (no files to clean up)."""
+        if not (stream.must_checkpoint and self.checkpoint_dir is not None):
+            rdd.localCheckpoint()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
+        checkpointing.do_checkpoint(self, time_ms, clear_later)
+
+    def on_checkpoint_written(self, time_ms: int) -> None:
+        took_ms = checkpointing.on_checkpoint_written(self, time_ms)
+        self.events.post(StreamingListenerCheckpointWritten(time_ms, self.leader_epoch, took_ms))

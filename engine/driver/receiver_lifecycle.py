@@ -1,0 +1,45 @@
+"""The driver's receiver-based inputs: their block tracker (and its WAL), starting and stopping
+their receivers."""
+
+from __future__ import annotations
+
+import time
+
+from tracker import ReceivedBlockTracker
+
+from ..receiver.receiver_tracker import ReceiverTracker
+
+
+def make_block_tracker(driver) -> ReceivedBlockTracker:
+    """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
+    checkpoint directory (recovered on restart) unless
+    ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
+    Spark: an acknowledged block must survive the driver)."""
+    ids = [s.input_id for s in driver.graph.inputs if s.receiver_based]
+    enabled = driver.conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
+    logged = bool(ids) and driver.checkpoint_dir is not None and enabled.lower() == "true"
+    return ReceivedBlockTracker(ids, driver.checkpoint_dir if logged else None, clock=driver.clock,
+                                storage_options=driver.storage_options if logged else None,
+                                recover_from_wal=logged and driver.restored is not None,
+                                lock=driver.lead() if logged else None)
+
+
+def start_receivers(driver) -> None:
+    # receiver-based inputs with a receiver to run (others get their blocks from elsewhere)
+    receivers = [s for s in driver.graph.inputs if getattr(s, "receiver", None) is not None]
+    if receivers:
+        driver.receiver_tracker = ReceiverTracker(driver, receivers)
+        driver.receiver_tracker.start()
+
+
+def stop_receivers(driver, graceful: bool) -> None:
+    """Spark's first stop step: receivers stop (each pushing its last block); a graceful stop
+    then waits until every received block is in a batch, before the timer stops."""
+    if driver.receiver_tracker is None:
+        return
+    timeout = driver.graceful_remaining_s()
+    driver.receiver_tracker.stop(graceful, timeout)
+    if graceful:
+        deadline = time.monotonic() + timeout
+        while driver.block_tracker.has_unallocated_blocks() and time.monotonic() < deadline:
+            driver.terminated.wait(0.05)  # the timer allocates them to the next batches
