@@ -8,6 +8,8 @@
     sparkwal checkpoint repair DIR [--yes]    make a checkpoint verify and restart (plan shown first)
     sparkwal checkpoint state DIR [--out F]   the newest state of each stateful stream, as a
                                               table (printed, or written as Parquet or Arrow)
+    sparkwal run wordcount [ARGS]             the main job (python -m engine.wordcount ARGS)
+    sparkwal drill [ARGS]                     the kill-and-restart drill (python -m engine.drill ARGS)
 
 DIR is a local path or any fsspec URL (``--storage-option key=value``, repeatable, or the
 environment's credentials). ``--json`` prints one JSON object instead of text. Exit status, the
@@ -146,10 +148,11 @@ def wal_inspect(args) -> int:
 
 def _records(args):
     """Every record, with the tracker's events decoded in a ``receivedBlockMetadata`` log."""
+    from checkpoint.layout import RECEIVED_BLOCK_METADATA
     from wal.inspect import iter_records
 
     decode = None
-    if args.dir.rstrip("/").endswith("receivedBlockMetadata"):
+    if args.dir.rstrip("/").endswith(RECEIVED_BLOCK_METADATA):
         from tracker import decode_event
 
         decode = decode_event
@@ -321,6 +324,7 @@ def checkpoint_repair(args) -> int:
     ``wal repair`` does, the offsets/commits made restartable. Refused while a driver leads it."""
     from checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
     from checkpoint.checkpoint_file import set_aside_damaged
+    from checkpoint.layout import CheckpointLayout
     from checkpoint.inspect import inspect_checkpoint
     from wal import LogLockedError
     from wal.inspect import plan_repair as plan_log_repair, repair_log
@@ -355,8 +359,9 @@ def checkpoint_repair(args) -> int:
         lines += [f"{s.action}: {s.path} (keeps {s.keep_bytes} bytes, loses {s.lost_bytes} bytes)"
                   for s in steps] + [f"damaged segment kept as {p}" for p in moved]
     if r.offsets is not None:
-        offsets = OffsetSeqLog(f"{r.url}/offsets", options)
-        commits = CommitLog(f"{r.url}/commits", options)
+        paths = CheckpointLayout(r.url)
+        offsets = OffsetSeqLog(paths.offsets, options)
+        commits = CommitLog(paths.commits, options)
         plan = plan_repair(offsets, commits)
         data["plan"] = plan
         lines += [f"offsets/commits: {plan.reason}"] + [f"  delete {u}" for u in plan.delete]
@@ -382,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkwal", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint}")
+    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint,run,drill}")
     verbs = {
         "wal": {"inspect": (wal_inspect, "segments, records and the writer's lock or lease"),
                 "verify": (wal_verify, "read every record with its checks"),
@@ -419,6 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("run", "drill"):  # the apps, with their own arguments
+        from engine.apps import run_from_command
+
+        return run_from_command(argv)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -18,7 +18,7 @@ the batches whose time falls in the next ``--seconds`` are measured, alike for b
 (records of those batches / the window), processing and scheduling delay (p50, max), and the fraction
 of their records that were fsync'd to the receiver WAL before the batch ran. sparkwal stores a block
 durably (fsync) before reporting it, and the app counts, per batch, the records of blocks carrying a
-WAL handle; Spark's receiver WAL writes with hflush and never fsyncs (reference A.1), so its fraction
+WAL handle; Spark's receiver WAL writes with hflush and never fsyncs (FileBasedWriteAheadLogWriter.scala), so its fraction
 is 0 by construction.
 """
 

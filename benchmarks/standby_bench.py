@@ -229,7 +229,7 @@ def _moto_process() -> tuple[subprocess.Popen, str, int]:
     polling of the drivers' events, and answer the drivers late."""
     import socket
 
-    from engine.standalone import free_port
+    from engine.apps.standalone import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

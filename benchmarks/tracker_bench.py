@@ -20,7 +20,8 @@ import shutil
 import sys
 import time
 
-from tracker import (WAL_DIR, BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
+from checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
+from tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
                      ReceivedBlockInfo, ReceivedBlockTracker, encode_event)
 from wal import FileBasedWriteAheadLog, RecordHandle
 
@@ -28,7 +29,7 @@ from .baselines import run_writers
 
 
 def add_blocks(root: str, threads: int, per_thread: int) -> dict:
-    tracker = ReceivedBlockTracker(range(threads), root)
+    tracker = ReceivedBlockTracker(range(threads), os.path.join(root, WAL_DIR))
     ids = itertools.count()
 
     def add(_payload) -> None:
@@ -75,7 +76,7 @@ def write_events(root: str, n_events: int) -> int:
 
 def recover(root: str) -> dict:
     t0 = time.perf_counter()
-    tracker = ReceivedBlockTracker(range(4), root, recover_from_wal=True)
+    tracker = ReceivedBlockTracker(range(4), os.path.join(root, WAL_DIR), recover_from_wal=True)
     secs = time.perf_counter() - t0
     batches = len(tracker.allocated_batch_times())
     tracker.stop()

@@ -38,6 +38,7 @@ from wal.storage import Lock, Storage, resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError
+from .layout import CHECKPOINT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ class CheckpointWriter:
 
     def _write_one(self, time_ms: int, blob: bytes) -> None:
         self._latest = max(self._latest, time_ms)
-        path = self._storage.join(self._dir, f"checkpoint-{self._latest}")
+        path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{self._latest}")
         for attempt in range(1, self._max_attempts + 1):
             try:
                 if self._lock is not None:

@@ -31,6 +31,7 @@ from wal.storage import resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError
+from .layout import CODE_PREFIX
 
 MAGIC = b"SWCODE"
 FORMAT_VERSION = 1
@@ -40,7 +41,7 @@ CODE_FILE = re.compile(r"code-([0-9a-f]{16})")
 
 def code_name(body: bytes) -> str:
     """The file name of the code part holding ``body``."""
-    return f"code-{hashlib.sha256(body).hexdigest()[:16]}"
+    return f"{CODE_PREFIX}{hashlib.sha256(body).hexdigest()[:16]}"
 
 
 def encode_code(body: bytes) -> bytes:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from wal.inspect import LogReport, scan_log
 from wal.storage import LeaderInfo, resolve
 
+from . import layout
 from .code import CODE_FILE, read_code
 from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
 from .errors import CheckpointError
@@ -67,16 +68,15 @@ def _log_summary(log) -> LogSummary:
     return LogSummary(ids, problems)
 
 
-BLOCK_METADATA_DIR = "receivedBlockMetadata"  # tracker.block_tracker.WAL_DIR (below: no import up)
-RECEIVED_DATA_DIR = "receivedData"  # engine.receiver.blocks.RECEIVED_DATA_DIR, a log per stream
 
 
 def _write_ahead_logs(storage, root: str, subdirs: set[str]) -> list[str]:
     """The URLs of the write-ahead logs a sparkwal checkpoint holds: the block tracker's, and
     each receiver's data log."""
-    logs = [storage.url(storage.join(root, BLOCK_METADATA_DIR))] if BLOCK_METADATA_DIR in subdirs else []
-    if RECEIVED_DATA_DIR in subdirs:
-        data = storage.join(root, RECEIVED_DATA_DIR)
+    paths = layout.CheckpointLayout(storage.url(root))
+    logs = [paths.block_metadata] if layout.RECEIVED_BLOCK_METADATA in subdirs else []
+    if layout.RECEIVED_DATA in subdirs:
+        data = storage.join(root, layout.RECEIVED_DATA)
         logs += [storage.url(storage.join(data, d)) for d in sorted(storage.list_dirs(data))]
     return logs
 
@@ -120,14 +120,15 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
                                        verify=verify_state)
         report.problems += [p for s in report.state for p in s.problems]
 
-    if "metadata" in names:
+    if layout.METADATA in names:
         try:
-            report.metadata = json.loads(storage.read_file(names["metadata"].path))
+            report.metadata = json.loads(storage.read_file(names[layout.METADATA].path))
         except ValueError as e:
-            report.problems.append(f"{storage.url(names['metadata'].path)}: not JSON ({e})")
-    if "offsets" in subdirs or "commits" in subdirs:
-        offsets = OffsetSeqLog(storage.join(report.url, "offsets"), storage_options)
-        commits = CommitLog(storage.join(report.url, "commits"), storage_options)
+            report.problems.append(f"{storage.url(names[layout.METADATA].path)}: not JSON ({e})")
+    if layout.OFFSETS in subdirs or layout.COMMITS in subdirs:
+        paths = layout.CheckpointLayout(report.url)
+        offsets = OffsetSeqLog(paths.offsets, storage_options)
+        commits = CommitLog(paths.commits, storage_options)
         report.offsets, report.commits = _log_summary(offsets), _log_summary(commits)
         report.problems += report.offsets.problems + report.commits.problems
         try:
@@ -135,9 +136,10 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
         except (CheckpointError, ValueError) as e:
             report.restart_problem = str(e)
             report.problems.append(str(e))
-    if "sources" in subdirs:
-        report.sources = sorted(storage.list_dirs(storage.join(root, "sources")))
-    report.other = sorted(d for d in subdirs if d in (BLOCK_METADATA_DIR, RECEIVED_DATA_DIR, "state", "rdds"))
+    if layout.SOURCES in subdirs:
+        report.sources = sorted(storage.list_dirs(storage.join(root, layout.SOURCES)))
+    report.other = sorted(d for d in subdirs if d in (layout.RECEIVED_BLOCK_METADATA, layout.RECEIVED_DATA,
+                                                      layout.STATE, layout.RDDS))
     for log_url in _write_ahead_logs(storage, root, subdirs):
         log_report = scan_log(log_url, storage_options)
         report.logs.append(log_report)

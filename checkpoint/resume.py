@@ -1,5 +1,6 @@
-"""Where a restarted query resumes: Spark's rules for pairing the offset and commit logs (B.7),
-with errors that say what is wrong and a repair plan where Spark only says "batch N doesn't exist".
+"""Where a restarted query resumes: Spark's rules for pairing the offset and commit logs
+(``MicroBatchExecution.populateStartOffsets``, sql/core/src/main/scala/org/apache/spark/sql/
+execution/streaming/MicroBatchExecution.scala), with errors that say what is wrong and a repair plan where Spark only says "batch N doesn't exist".
 
 Rules, with ``N`` the latest batch in ``offsets/`` and ``C`` the latest in ``commits/``:
 

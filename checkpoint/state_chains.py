@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .checkpoint_file import read_checkpoint
-from .state_files import (PICKLED, SnapshotError, _column, merge_chain, part_rows, read_manifest,
+from .state_files import (PICKLED, SnapshotError, arrow_column, merge_chain, part_rows, read_manifest,
                           read_part)
 
 
@@ -86,8 +86,8 @@ def chain_rows(chain: list[SnapshotRef], storage_options: dict | None = None) ->
 def state_table(state: dict, name: str) -> pa.Table:
     """``{key: (value, updated_ms)}`` as a ``key``/``value`` table, typed where it can be."""
     keys = list(state)
-    key_col, key_pickled = _column(keys)
-    value_col, value_pickled = _column([v for v, _ in state.values()])
+    key_col, key_pickled = arrow_column(keys)
+    value_col, value_pickled = arrow_column([v for v, _ in state.values()])
     pickled = ",".join(n for n, p in (("key", key_pickled), ("value", value_pickled)) if p)
     return pa.table({"key": key_col, "value": value_col}).replace_schema_metadata(
         {PICKLED: pickled.encode(), b"sparkwal.stream": name.encode()})

@@ -84,7 +84,7 @@ def _same(a, b) -> bool:
     return a == b or (a != a and b != b)  # NaN reads back as NaN
 
 
-def _column(values: list) -> tuple[pa.Array, bool]:
+def arrow_column(values: list) -> tuple[pa.Array, bool]:
     """``values`` as a typed Arrow array when that reads back exactly, else pickled (True)."""
     types = set(map(type, values))
     types.discard(type(None))
@@ -104,8 +104,8 @@ def _column(values: list) -> tuple[pa.Array, bool]:
 
 def rows_table(keys: list, values: list, updated_ms: list[int], removed: list[bool] | None = None) -> pa.Table:
     """One part's rows as a table (see the module's docstring for the columns)."""
-    key_col, key_pickled = _column(keys)
-    value_col, value_pickled = _column(values)
+    key_col, key_pickled = arrow_column(keys)
+    value_col, value_pickled = arrow_column(values)
     columns = {"key": key_col, "value": value_col, "updated_ms": pa.array(updated_ms, pa.int64())}
     if removed is not None:
         columns["removed"] = pa.array(removed, pa.bool_())

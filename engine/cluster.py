@@ -31,6 +31,7 @@ import socket
 import sys
 import tempfile
 import threading
+import weakref
 import zipfile
 
 log = logging.getLogger(__name__)
@@ -164,17 +165,33 @@ def prepare(sc, conf) -> None:
     if ship not in ("auto", "true", "false"):
         raise ValueError(f"spark.sparkwal.shipCode must be auto, true or false, got {ship!r}")
     if ship == "true" or (ship == "auto" and not is_local_master(master)):
-        if not getattr(sc, "_sparkwal_code_shipped", False):
+        if not _done(sc, "code shipped"):
             ship_code(sc)
-            sc._sparkwal_code_shipped = True
+            _mark_done(sc, "code shipped")
     configure_local_workers(sc, conf)
     check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
     if check not in ("auto", "true", "false"):
         raise ValueError(f"spark.sparkwal.checkExecutors must be auto, true or false, got {check!r}")
     if check == "true" or (check == "auto" and (not is_local_master(master) or not is_drivers_python(python))):
-        if not getattr(sc, "_sparkwal_executors_checked", False):
+        if not _done(sc, "executors checked"):
             check_executors(sc)
-            sc._sparkwal_executors_checked = True
+            _mark_done(sc, "executors checked")
+
+
+#: What was done once per SparkContext (its code shipped, its executors checked, its workers
+#: warmed), forgotten with the context.
+_DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DONE_LOCK = threading.Lock()
+
+
+def _done(sc, what: str) -> bool:
+    with _DONE_LOCK:
+        return what in _DONE.get(sc, ())
+
+
+def _mark_done(sc, what: str) -> None:
+    with _DONE_LOCK:
+        _DONE.setdefault(sc, set()).add(what)
 
 
 def configure_local_workers(sc, conf) -> None:
@@ -236,9 +253,9 @@ def warm_workers_early(sc) -> threading.Thread | None:
     that the daemon's start (0.3 s, then 0.7 s importing the engine) and the workers' overlap the
     driver's reading of a checkpoint instead of delaying the first batch of a restart. Called by
     ``getOrCreate`` (engine.context._get_or_create); the job's failure (e.g. the context stopped under it) is only logged."""
-    if not is_local_master(sc.master) or getattr(sc, "_sparkwal_workers_warmed", False):
+    if not is_local_master(sc.master) or _done(sc, "workers warmed"):
         return None
-    sc._sparkwal_workers_warmed = True
+    _mark_done(sc, "workers warmed")
     configure_local_workers(sc, sc.getConf())
 
     def run() -> None:

@@ -5,22 +5,22 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .dstream import DStream, ForEachDStream, Job
 
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
-#: The modules whose public functions are DStream operations (the main job's module is not one).
-_API_FILES = {os.path.join(_ENGINE_DIR, name) for name in ("dstream.py", "context.py", "inputs.py",
-                                                                 os.path.join("sources", "direct.py"))}
+_APPS_DIR = os.path.join(_ENGINE_DIR, "apps") + os.sep
+
+
+def _is_engine_file(path: str) -> bool:
+    """The engine's own code, whose public functions are DStream operations (its apps' are not)."""
+    path = os.path.abspath(path)
+    return path.startswith(_ENGINE_DIR + os.sep) and not path.startswith(_APPS_DIR)
 
 
 def creation_site() -> str:
     """``"<operation> at <file>:<line>"``: the public engine call that is creating a stream, and
     where the program called it (for errors that must name a DStream operation)."""
     frame, op = sys._getframe(1), "?"
-    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _API_FILES:
+    while frame is not None and _is_engine_file(frame.f_code.co_filename):
         if not frame.f_code.co_name.startswith("_"):
             op = frame.f_code.co_name
         frame = frame.f_back
@@ -31,20 +31,20 @@ def creation_site() -> str:
 
 class DStreamGraph:
     def __init__(self) -> None:
-        self.streams: list[DStream] = []
+        self.streams: list = []  # every DStream, parents first
         self.inputs: list = []
-        self.outputs: list[ForEachDStream] = []
+        self.outputs: list = []  # the output streams (ForEachDStream)
         self.zero_time_ms: int | None = None
         self.remember_ms: int | None = None
 
-    def register(self, stream: DStream) -> None:
+    def register(self, stream) -> None:
         self.streams.append(stream)
 
     def add_input(self, stream) -> None:
         stream.input_id = len(self.inputs)
         self.inputs.append(stream)
 
-    def add_output(self, stream: ForEachDStream) -> int:
+    def add_output(self, stream) -> int:
         """Register an output operation; return its id (its index)."""
         self.outputs.append(stream)
         return len(self.outputs) - 1
@@ -60,7 +60,7 @@ class DStreamGraph:
         for o in self.outputs:
             o.remember_at_least(self.remember_ms)
 
-    def generate_jobs(self, time_ms: int) -> list[Job]:
+    def generate_jobs(self, time_ms: int) -> list:
         jobs = []
         for o in self.outputs:
             job = o.generate_job(time_ms)

@@ -32,7 +32,7 @@ def main() -> None:
 
     from engine import StreamingContext, StreamingListener
     from engine.sinks import SQLiteSink
-    from engine.wordcount import build
+    from engine.apps.wordcount import build
 
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
@@ -52,6 +52,10 @@ def main() -> None:
             if crash_at == "commit" and _had_data[0]:
                 die()
 
+        def onCheckpointWritten(self, e):  # the checkpoint is durable, its cleanup done
+            if crash_at == "checkpoint" and _had_data[0] and committed_data:
+                die()
+
     _had_data = [False]
     commit_batch = SQLiteSink.commit_batch
 
@@ -67,14 +71,6 @@ def main() -> None:
         return result
 
     SQLiteSink.commit_batch = patched
-    written = StreamingContext._on_checkpoint_written
-
-    def on_written(self, time_ms):
-        written(self, time_ms)
-        if crash_at == "checkpoint" and _had_data[0] and committed_data:
-            die()
-
-    StreamingContext._on_checkpoint_written = on_written
     ssc, _ = build(sc, workdir, 0.5, json_events=True, direct=True)
     ssc.addStreamingListener(Crash())
     ssc.start()

@@ -1,4 +1,4 @@
-"""Port of Spark's ReceivedBlockTrackerSuite (reference D.2), case by case, plus SPARK-23991's
+"""Port of Spark's ReceivedBlockTrackerSuite, case by case, plus SPARK-23991's
 failure scenario under random injected WAL failures and a 100,000-block allocation."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from tracker import (WAL_DIR, BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
+from checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
+from tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
                      ReceivedBlockInfo, ReceivedBlockTracker, decode_event, encode_event)
 from wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
 from wal.segment import HEADER, encode_frames, parse_segment_name
@@ -24,7 +25,7 @@ def block_infos(n=5, stream=STREAM):
 
 
 def make(checkpoint_dir=None, clock=None, recover=False, **kw):
-    return ReceivedBlockTracker([STREAM], None if checkpoint_dir is None else str(checkpoint_dir),
+    return ReceivedBlockTracker([STREAM], None if checkpoint_dir is None else os.path.join(str(checkpoint_dir), WAL_DIR),
                                 recover_from_wal=recover, clock=clock or ManualClock(10_000),
                                 rolling_interval_s=1, **kw)
 
@@ -322,14 +323,14 @@ def test_tracker_on_every_backend(storage_url):
     """On object stores the tracker's WAL writes one object per group (no append)."""
     base, options = storage_url
     clock = ManualClock(10_000)
-    tracker = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options)
+    tracker = ReceivedBlockTracker([STREAM], f"{base}/{WAL_DIR}", clock=clock, storage_options=options)
     infos = block_infos(4)
     for b in infos[:3]:
         assert tracker.add_block(b)
     assert tracker.allocate_blocks_to_batch(10_000)
     assert tracker.add_block(infos[3])
     tracker.stop()
-    recovered = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options,
+    recovered = ReceivedBlockTracker([STREAM], f"{base}/{WAL_DIR}", clock=clock, storage_options=options,
                                      recover_from_wal=True)
     assert recovered.get_blocks_of_batch(10_000) == {STREAM: infos[:3]}
     assert recovered.get_unallocated_blocks(STREAM) == infos[3:]

@@ -72,7 +72,7 @@ def test_wal_inspect_and_verify_a_healthy_log_and_see_a_live_writer(tmp_path):
 
 
 def test_records_of_a_tracker_log_are_decoded(tmp_path):
-    tracker = ReceivedBlockTracker([0], str(tmp_path))
+    tracker = ReceivedBlockTracker([0], str(tmp_path / "receivedBlockMetadata"))
     assert tracker.add_block(ReceivedBlockInfo(0, 7, "input-0-1"))
     tracker.allocate_blocks_to_batch(1000)
     tracker.stop()
@@ -236,3 +236,15 @@ def test_checkpoint_repair_refuses_while_a_driver_leads(tmp_path):
         assert "a running driver leads it" in out and newest.exists()
     finally:
         lead.release()
+
+
+def test_sparkwal_runs_the_apps_with_their_own_arguments():
+    """``sparkwal run wordcount`` and ``sparkwal drill`` are the apps' own command lines (their
+    checks and exit statuses); a missing or unknown app is one line naming the apps, status 2."""
+    for args, says in ((["run"], "an app to run is missing; apps: wordcount"),
+                       (["run", "wordcont"], "unknown app 'wordcont'; apps: wordcount"),
+                       (["run", "wordcount", "--batch", "0"], "argument --batch: must be a positive"),
+                       (["drill", "--kills", "x"], "argument --kills")):
+        proc = sparkwal(*args, expect=2)
+        assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert "--source" in sparkwal("run", "wordcount", "--help", expect=0).stdout

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from engine.direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from engine.drill import AppRun
+from engine.apps.direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
+from engine.apps.drill_runs import AppRun
 
-from engine.standalone import StandaloneCluster
+from engine.apps.standalone import StandaloneCluster
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}

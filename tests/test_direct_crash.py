@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 from checkpoint import CommitLog, OffsetSeqLog
-from engine import direct_drill
-from engine.direct_wordcount import append_lines, expected_direct_counts, read_results
+from engine.apps import direct_drill
+from engine.apps.direct_wordcount import append_lines, expected_direct_counts, read_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

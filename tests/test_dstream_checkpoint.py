@@ -1,4 +1,4 @@
-"""DStream checkpoint files: CheckpointSuite's file behaviours (reference A.3, D.5), fallbacks, failures."""
+"""DStream checkpoint files: CheckpointSuite's file behaviours (streaming/src/test/scala/org/apache/spark/streaming/CheckpointSuite.scala), fallbacks, failures."""
 
 from __future__ import annotations
 

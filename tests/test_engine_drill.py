@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.drill import run
+from engine.apps.drill import run
 
 pytestmark = pytest.mark.slow
 

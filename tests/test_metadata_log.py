@@ -1,4 +1,4 @@
-"""Port of Spark's HDFSMetadataLogSuite (reference D.7) plus races and listing rules, on every backend."""
+"""Port of Spark's HDFSMetadataLogSuite plus races and listing rules, on every backend."""
 
 from __future__ import annotations
 

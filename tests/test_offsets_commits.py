@@ -1,4 +1,4 @@
-"""Ports of OffsetSeqLogSuite and CommitLogSuite (reference D.7) with Spark's golden files (A.8)."""
+"""Ports of OffsetSeqLogSuite and CommitLogSuite with Spark's golden files (sql/core/src/test/resources/structured-streaming/)."""
 
 from __future__ import annotations
 

@@ -323,7 +323,7 @@ class _Started:
 
 def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_recovers(caplog):
     clock, posted = ManualClock(0), []
-    watch = BacklogWatch(1000, 3, clock, lambda: 7, lambda name, event: posted.append(event))
+    watch = BacklogWatch(1000, 3, clock, lambda: 7, posted.append)
     with caplog.at_level("WARNING", logger="engine.driver.backlog"):
         for delay in (500, 2000, 3500, 5000, 9000):  # passes 3 intervals at 3.5 s
             clock.advance(1000)

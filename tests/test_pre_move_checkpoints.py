@@ -11,31 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 
-import pytest
-
 from checkpoint import read_checkpoint
-from engine import StreamingContext, StreamingListener
+from engine import StreamingContext
+from test_engine_recovery import Completed
 from wal import ManualClock
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pre_move"
-
-
-class Completed(StreamingListener):
-    def __init__(self):
-        self.times: list[int] = []
-        self._cond = threading.Condition()
-
-    def onBatchCompleted(self, batchCompleted):
-        with self._cond:
-            self.times.append(batchCompleted.batchInfo().batch_time_ms)
-            self._cond.notify_all()
-
-    def wait_for(self, t: int, timeout: float = 60) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: t in self.times, timeout), f"batch {t} not completed"
 
 
 def put_file(directory: str, name: str, text: str, mtime_ms: int) -> None:

@@ -1,4 +1,4 @@
-"""Ports of RateLimiterSuite and PIDRateEstimatorSuite (reference B.9, D.6), plus the token bucket
+"""Ports of RateLimiterSuite and PIDRateEstimatorSuite, plus the token bucket
 on a manual clock and the RateController."""
 
 from __future__ import annotations

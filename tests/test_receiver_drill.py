@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.receiver.drill import run
+from engine.apps.receiver_drill import run
 
 pytestmark = pytest.mark.slow
 

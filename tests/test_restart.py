@@ -1,4 +1,4 @@
-"""resolve_restart: every rule of Spark's offset/commit pairing (reference B.7), gaps and repair."""
+"""resolve_restart: every rule of Spark's offset/commit pairing (MicroBatchExecution.populateStartOffsets), gaps and repair."""
 
 from __future__ import annotations
 

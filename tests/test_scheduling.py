@@ -1,4 +1,4 @@
-"""Port of Spark's ReceiverSchedulingPolicySuite (reference D.6), case by case."""
+"""Port of Spark's ReceiverSchedulingPolicySuite, case by case."""
 
 from __future__ import annotations
 

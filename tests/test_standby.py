@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from engine import DriverAlreadyActiveError, StreamingContext, StreamingListener
-from engine.drill import AppRun, check_outputs, start_input, wait_until_counted
+from engine.apps.drill_runs import AppRun, check_outputs, start_input, wait_until_counted
 from wal import FencedError, FileBasedWriteAheadLog, LeaderHeldError, ManualClock, resolve
+from wal.locks import lease_path
 
 
 # ------------------------------------------------------------------ leadership (wal/storage.py)
@@ -71,7 +72,7 @@ def test_a_holder_that_sees_a_newer_epoch_is_fenced(memory_url):
     clock = ManualClock(0)
     old = storage.lead(path, clock=clock, lease_ms=30_000)
     # another driver took epoch 2 (say, after a clock jump on its machine): one conditional create
-    storage.put_if_absent(storage._lease_path(path, 2), b'{"epoch": 2, "holder": "pid 7 on elsewhere", '
+    storage.put_if_absent(lease_path(storage, path, 2), b'{"epoch": 2, "holder": "pid 7 on elsewhere", '
                           b'"expires_ms": 99999999}')
     with pytest.raises(FencedError, match="epoch 2 was taken by pid 7 on elsewhere"):
         old.confirm()
@@ -261,7 +262,7 @@ def test_getorcreate_standby_needs_a_checkpoint_directory(spark_context):
 def test_three_takeovers_in_a_row_lose_nothing_and_count_nothing_twice(tmp_path):
     """The drill's standby mode: the active driver's process group killed three times, a fresh
     standby started after each takeover; every file counted once, the running state exact."""
-    from engine.standby_drill import run
+    from engine.apps.standby_drill import run
 
     r = run(kills=3, files=14, batch=1.0, seed=5, workdir=str(tmp_path), gap_s=(1.5, 4.0))
     assert r["kills"] == 3 and r["takeovers"] == 3 and r["failures"] == [], r
@@ -326,7 +327,7 @@ def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_it
 
 @pytest.mark.slow
 def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
-    from engine import direct_drill
+    from engine.apps import direct_drill
 
     r = direct_drill.run(kills=2, batch=1.0, seed=11, workdir=str(tmp_path), standby=True)
     assert r["kills"] == 2 and r["lines_appended"] > 0
@@ -335,7 +336,7 @@ def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
 
 @pytest.mark.slow
 def test_a_reliable_receiver_loses_nothing_acknowledged_across_takeovers(tmp_path):
-    from engine.receiver import drill as receiver_drill
+    from engine.apps import receiver_drill
 
     r = receiver_drill.run(1, 240, 1.0, 13, str(tmp_path), kinds=("driver",), standby=True,
                            min_gap_s=2.0, max_gap_s=4.0)

@@ -1,4 +1,4 @@
-"""The storage seam on every backend (port of CheckpointFileManagerSuite, reference B.8, D.7)."""
+"""The storage seam on every backend (port of Spark SQL's CheckpointFileManagerSuite)."""
 
 from __future__ import annotations
 

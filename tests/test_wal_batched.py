@@ -1,4 +1,4 @@
-"""BatchedWriteAheadLog: group commit, Spark's batching rules, shutdown (reference B.1, D.1)."""
+"""BatchedWriteAheadLog: group commit, Spark's batching rules, shutdown (Spark's streaming/src/main/scala/org/apache/spark/streaming/util/BatchedWriteAheadLog.scala)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """sparkwal's driver-side tracking: received blocks on the WAL, input infos, receiver scheduling,
 rate control. Built on :mod:`wal`."""
 
-from .block_tracker import WAL_DIR, ReceivedBlockTracker
+from .block_tracker import ReceivedBlockTracker
 from .events import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent, EventFormatError,
                      ReceivedBlockInfo, decode_event, encode_event)
 from .input_info import BatchInfo, InputInfoTracker, StreamInputInfo, TrackerError
@@ -14,5 +14,5 @@ __all__ = [
     "EventFormatError", "ExecutorLocation", "HostLocation", "InputInfoTracker", "PIDRateEstimator",
     "RateController", "RateLimiter", "ReceivedBlockInfo", "ReceivedBlockTracker",
     "ReceiverSchedulingPolicy", "ReceiverState", "ReceiverTrackingInfo", "StreamInputInfo",
-    "TrackerError", "WAL_DIR", "create_rate_estimator", "decode_event", "encode_event",
+    "TrackerError", "create_rate_estimator", "decode_event", "encode_event",
 ]

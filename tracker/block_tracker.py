@@ -30,20 +30,20 @@ from .events import (ADD, ALLOC, CLEAN, BatchAllocationEvent, BatchCleanupEvent,
 
 log = logging.getLogger(__name__)
 
-WAL_DIR = "receivedBlockMetadata"
 
 
 class ReceivedBlockTracker:
     """Driver-side tracking of received blocks for ``stream_ids``.
 
-    With ``checkpoint_dir`` the events go to ``<checkpoint_dir>/receivedBlockMetadata``, a
+    With ``wal_dir`` (under a checkpoint directory: ``receivedBlockMetadata``, Spark's name, which
+    :mod:`checkpoint.layout` gives the caller) the events go to a
     :class:`BatchedWriteAheadLog` over a durable :class:`FileBasedWriteAheadLog` (one object per
     group on stores without append); without one nothing is logged and nothing survives a restart.
     ``lock``: the driver's leadership of the checkpoint directory (a ``wal.Leadership``), which
     the WAL then writes under instead of taking a lock of its own.
     """
 
-    def __init__(self, stream_ids: Iterable[int], checkpoint_dir: str | None = None, *,
+    def __init__(self, stream_ids: Iterable[int], wal_dir: str | None = None, *,
                  recover_from_wal: bool = False, clock: Clock | None = None,
                  storage_options: dict | None = None, rolling_interval_s: float = 60,
                  batching_timeout_s: float = 5.0, durability: Durability | str = Durability.FSYNC,
@@ -55,8 +55,7 @@ class ReceivedBlockTracker:
         self._allocations: dict[int, dict[int, list[ReceivedBlockInfo]]] = {}
         self._last_allocated: int | None = None
         self.wal: WriteAheadLog | None = None
-        if checkpoint_dir is not None:
-            wal_dir = f"{checkpoint_dir.rstrip('/')}/{WAL_DIR}"
+        if wal_dir is not None:
             storage, _ = resolve(wal_dir, storage_options)
             self.wal = BatchedWriteAheadLog(
                 FileBasedWriteAheadLog(wal_dir, rolling_interval_s=rolling_interval_s, clock=self._clock,

@@ -55,7 +55,8 @@ class ReceivedBlockInfo:
     def set_block_id_invalid(self) -> None:
         self.is_block_id_valid = False
 
-    def _encode(self) -> list:
+    def to_raw(self) -> list:
+        """The encoded list of the layout above (:func:`block_from_raw` reads it back)."""
         h = self.wal_handle
         return [self.stream_id, self.num_records, self.block_id,
                 None if h is None else [h[0], h[1], h[2]], self.metadata]
@@ -97,10 +98,10 @@ Event = BlockAdditionEvent | BatchAllocationEvent | BatchCleanupEvent
 
 def encode_event(event: Event) -> bytes:
     if isinstance(event, BlockAdditionEvent):
-        body = [FORMAT_VERSION, ADD, event.block._encode()]
+        body = [FORMAT_VERSION, ADD, event.block.to_raw()]
     elif isinstance(event, BatchAllocationEvent):
         body = [FORMAT_VERSION, ALLOC, event.time_ms,
-                [[sid, [b._encode() for b in blocks]] for sid, blocks in event.blocks.items()]]
+                [[sid, [b.to_raw() for b in blocks]] for sid, blocks in event.blocks.items()]]
     elif isinstance(event, BatchCleanupEvent):
         body = [FORMAT_VERSION, CLEAN, list(event.times_ms)]
     else:

@@ -1,4 +1,5 @@
-"""Rate control for receivers (reference B.9): a token bucket, Spark's PID estimator and the
+"""Rate control for receivers (Spark's streaming/src/main/scala/org/apache/spark/streaming/
+receiver/RateLimiter.scala and scheduler/rate/PIDRateEstimator.scala): a token bucket, Spark's PID estimator and the
 controller that feeds the estimator from completed batches.
 """
 

@@ -1,4 +1,5 @@
-"""Where receivers run: Spark's ReceiverSchedulingPolicy (reference B.6).
+"""Where receivers run: Spark's ReceiverSchedulingPolicy
+(streaming/src/main/scala/org/apache/spark/streaming/scheduler/ReceiverSchedulingPolicy.scala).
 
 ``schedule_receivers`` places all receivers at start-up in three steps: (1) receivers with a
 preferred host go to that host's least-loaded executor (or to the bare host when it has none);

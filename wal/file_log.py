@@ -28,33 +28,19 @@ from crc32c import crc32c
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptRecordError, FencedError, LogLockedError, WalError
-from .segment import (
-    FRAME_HEADER,
-    FRAME_HEADER_LEN,
-    HEADER,
-    HEADER_LEN,
-    LEN_CRC,
-    MAX_RECORD,
-    ScanResult,
-    SegmentName,
-    decode_frame,
-    encode_frames,
-    frame_header,
-    iter_segment,
-    parse_segment_name,
-    segment_file_name,
-)
+from .segment import (FRAME_HEADER, FRAME_HEADER_LEN, HEADER, HEADER_LEN, LEN_CRC, MAX_RECORD,
+                      ScanResult, SegmentName, encode_frames, frame_header, iter_segment,
+                      parse_segment_name, segment_file_name)
+from .segment_reads import read_record, read_segments
 from .storage import AppendFile, Lock, Storage, resolve
 
 log = logging.getLogger(__name__)
 
-_PARALLEL_READS = 8
 #: From this payload size a single-record write hands the header and the payload to one
 #: ``writev`` instead of joining them (a copy that costs more than the second iovec).
 _WRITEV_MIN = 4096
 # hot-path names bound once (a global or attribute lookup per record is measurable here)
 _FRAME_HEADER_PACK = FRAME_HEADER.pack
-_FRAME_HEADER_UNPACK = FRAME_HEADER.unpack_from
 _LEN_CRC_PACK = LEN_CRC.pack
 _os_write, _os_writev, _os_fdatasync = os.write, os.writev, os.fdatasync
 _new_handle = tuple.__new__  # RecordHandle(...) without the NamedTuple's Python-level __new__
@@ -384,19 +370,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         """The record at ``handle``: one ``pread`` of its frame, both CRCs checked."""
         if self._closed:
             raise WalError(f"{self.log_dir}: read after close()")
-        path, offset, length = handle
-        try:
-            buf = self._storage.read_range(path, offset, FRAME_HEADER_LEN + length)
-        except FileNotFoundError:
-            raise WalError(f"cannot read {handle}: segment {path} does not exist "
-                           "(cleaned, or written elsewhere)") from None
-        if len(buf) == FRAME_HEADER_LEN + length:
-            n, pcrc, hcrc = _FRAME_HEADER_UNPACK(buf, 0)
-            payload = buf[FRAME_HEADER_LEN:]  # the one copy: it is also what the CRC checks
-            if n == length and crc32c(buf[:8]) == hcrc and crc32c(payload) == pcrc:
-                return payload
-        # something failed: decode_frame names it (file, offset, what)
-        return decode_frame(buf[:FRAME_HEADER_LEN], buf[FRAME_HEADER_LEN:], path, offset, length)
+        return read_record(self._storage, handle)
 
     def read_all(self) -> Iterator[bytes]:
         """Every record in the log, oldest segment first. Lazy; safe to run while writing."""
@@ -405,37 +379,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         with self._lock:
             # the writer knows its segments (minus those it is deleting); a reader looks
             segments = list(self._segments) if self._dir_lock is not None else self._list_segments()
-        if self._close_after_write and len(segments) > 1:
-            return self._read_parallel(segments)
-        return self._read_sequential(segments)
-
-    def _read_segment(self, seg: SegmentName, newest: bool) -> Iterator[bytes]:
-        try:
-            f = self._storage.open_read(seg.path)
-        except FileNotFoundError:
-            return  # cleaned while we were reading
-        with f:
-            yield from iter_segment(f, seg.path, newest=newest)
-
-    def _read_sequential(self, segments: list[SegmentName]) -> Iterator[bytes]:
-        last = len(segments) - 1
-        for i, seg in enumerate(segments):
-            yield from self._read_segment(seg, i == last)
-
-    def _read_parallel(self, segments: list[SegmentName]) -> Iterator[bytes]:
-        """Many small objects: fetch up to 8 at once, yield in order."""
-        last = len(segments) - 1
-        with ThreadPoolExecutor(_PARALLEL_READS, thread_name_prefix="wal-read") as pool:
-            futures = [pool.submit(lambda s, n: list(self._read_segment(s, n)), seg, i == last)
-                       for i, seg in enumerate(segments[:_PARALLEL_READS])]
-            for i in range(len(segments)):
-                records = futures[i].result()
-                nxt = i + _PARALLEL_READS
-                if nxt <= last:
-                    futures.append(pool.submit(lambda s, n: list(self._read_segment(s, n)),
-                                               segments[nxt], nxt == last))
-                futures[i] = None
-                yield from records
+        return read_segments(self._storage, segments, parallel=self._close_after_write)
 
     # ---------------------------------------------------------------- cleaning
 

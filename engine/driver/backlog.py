@@ -57,4 +57,4 @@ class BacklogWatch(StreamingListener):
                         "batches take longer than the %.1f s interval",
                         "falling behind" if state == "falling_behind" else "still behind",
                         delay_ms / 1000, delay_ms / self.batch_ms, backlog, self.batch_ms / 1000)
-        self._post("onBacklog", StreamingListenerBacklog(state, delay_ms, backlog, batch_ms))
+        self._post(StreamingListenerBacklog(state, delay_ms, backlog, batch_ms))

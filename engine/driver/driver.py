@@ -23,6 +23,7 @@ import time
 from pyspark import RDD, SparkContext
 
 from checkpoint import Checkpoint, CheckpointWriter, write_code
+from checkpoint.layout import CheckpointLayout
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from wal import SYSTEM_CLOCK, Clock, FencedError
 
@@ -154,7 +155,7 @@ class Driver:
                     # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
                     # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
                     # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
-                    self.sc.setCheckpointDir(f"{self.checkpoint_dir.rstrip('/')}/rdds")
+                    self.sc.setCheckpointDir(CheckpointLayout(self.checkpoint_dir).rdds)
             self.block_tracker = receiver_lifecycle.make_block_tracker(self)
             if self.checkpoint_dir is not None:
                 self.checkpoint_writer = CheckpointWriter(self.checkpoint_dir,

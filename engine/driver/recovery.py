@@ -1,4 +1,6 @@
-"""Restarting a context from its checkpoint and its batch log (Spark's restart rule, B.5/B.7).
+"""Restarting a context from its checkpoint and its batch log. Spark's restart rule:
+``JobGenerator.restart`` (streaming/src/main/scala/org/apache/spark/streaming/scheduler/
+JobGenerator.scala); the batch log's, ``MicroBatchExecution.populateStartOffsets``.
 
 A restored context re-runs its checkpoint's pending batches, every batch time from the
 checkpoint time up to the restart time, and every batch the offset log holds uncommitted; a

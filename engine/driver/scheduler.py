@@ -1,4 +1,5 @@
-"""Batch timing and execution: RecurringTimer, JobGenerator, JobScheduler (reference B.5).
+"""Batch timing and execution: RecurringTimer, JobGenerator, JobScheduler (Spark's
+streaming/src/main/scala/org/apache/spark/streaming/util/RecurringTimer.scala, scheduler/JobGenerator.scala, scheduler/JobScheduler.scala).
 
 The timer fires at every batch time on the context's clock (a ManualClock makes tests
 deterministic). The generator turns each time into a job set on one event thread, where clearing
@@ -15,7 +16,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tracker import BatchInfo
 
@@ -24,9 +24,6 @@ from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
-
-if TYPE_CHECKING:
-    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +89,7 @@ class _JobSet:
 
 
 class JobScheduler:
-    def __init__(self, driver: Driver, concurrent_jobs: int):
+    def __init__(self, driver, concurrent_jobs: int):
         self._driver = driver
         self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
@@ -209,7 +206,7 @@ def job_group(time_ms: int) -> str:
 class JobGenerator:
     """Turns batch times into job sets; clears metadata and checkpoints, in order."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver):
         self._driver = driver
         self.timer = RecurringTimer(driver.clock, driver.batch_ms, self._on_tick, "JobGenerator")
         self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")

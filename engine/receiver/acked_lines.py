@@ -151,7 +151,7 @@ class AckedLineSource:
     def _ack_loop(self, sock: socket.socket) -> None:
         try:
             while True:
-                (seq,) = _ACK.unpack(wire._recv_exact(sock, _ACK.size))
+                (seq,) = _ACK.unpack(wire.recv_exact(sock, _ACK.size))
                 with self._cond:
                     end = self._chunks.get(seq)
                     if end is None:
@@ -243,10 +243,10 @@ class AckedLineReceiver(Receiver):
             return
         try:
             while self._running:
-                seq, n = _CHUNK.unpack(wire._recv_exact(sock, _CHUNK.size))
+                seq, n = _CHUNK.unpack(wire.recv_exact(sock, _CHUNK.size))
                 if not 0 < n <= MAX_CHUNK:
                     raise wire.ProtocolError(f"chunk {seq} of {n} bytes outside 1..{MAX_CHUNK}")
-                lines = wire._recv_exact(sock, n).decode("utf-8", errors="replace").split("\n")
+                lines = wire.recv_exact(sock, n).decode("utf-8", errors="replace").split("\n")
                 self.storeBlock(lines, {"seq": seq})  # durable and recorded when it returns
                 sock.sendall(_ACK.pack(seq))
         except (OSError, ConnectionError, wire.ProtocolError) as e:

@@ -32,11 +32,11 @@ import threading
 
 import crc32c
 
+from checkpoint.layout import CheckpointLayout
 from wal import Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
 
 log = logging.getLogger(__name__)
 
-RECEIVED_DATA_DIR = "receivedData"
 LOCAL_MAGIC = b"SWBK"
 _CRC = struct.Struct(">I")
 
@@ -59,7 +59,7 @@ def block_time_ms(block_id: str) -> int:
 
 
 def receiver_wal_dir(checkpoint_dir: str, stream_id: int, epoch: int | None = None) -> str:
-    base = f"{checkpoint_dir.rstrip('/')}/{RECEIVED_DATA_DIR}/{stream_id}"
+    base = CheckpointLayout(checkpoint_dir).received_data_stream(stream_id)
     return base if epoch is None else f"{base}-e{epoch}"
 
 
@@ -68,7 +68,7 @@ def earlier_wal_dirs(checkpoint_dir: str, stream_id: int, epoch: int | None,
     """The receiver WAL directories of ``stream_id`` written under epochs before ``epoch``."""
     if epoch is None:
         return []
-    storage, root = resolve(f"{checkpoint_dir.rstrip('/')}/{RECEIVED_DATA_DIR}", storage_options)
+    storage, root = resolve(CheckpointLayout(checkpoint_dir).received_data, storage_options)
     try:
         names = storage.list_dirs(root)
     except FileNotFoundError:

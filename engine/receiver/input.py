@@ -1,5 +1,7 @@
 """ReceiverInputDStream: each batch's RDD is the blocks its receiver stored (one partition per
-block), read back from wherever they live (reference B.4)."""
+block), read back from wherever they live (Spark's
+``ReceiverInputDStream`` and ``WriteAheadLogBackedBlockRDD``: streaming/src/main/scala/org/apache/spark/streaming/dstream/ReceiverInputDStream.scala,
+rdd/WriteAheadLogBackedBlockRDD.scala)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class ReceiverInputDStream(InputDStream):
             raise TypeError(f"receiverStream takes an engine.Receiver, got {type(receiver).__name__}")
         super().__init__(ssc)
         self.receiver = receiver
-        receiver._stream_id = self.input_id
+        receiver.bind(self.input_id)
 
     def compute(self, time_ms: int) -> RDD | None:
         ssc = self._ssc

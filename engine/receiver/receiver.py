@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .supervisor import ReceiverSupervisor
+from typing import Any
 
 
 class ReceiverNotStartedError(RuntimeError):
@@ -30,7 +27,14 @@ class Receiver:
     def __init__(self, storageLevel: Any = None):
         self.storageLevel = storageLevel
         self._stream_id: int | None = None
-        self._supervisor: ReceiverSupervisor | None = None
+        self._supervisor = None  # a ReceiverSupervisor, on the executor
+
+    def bind(self, stream_id: int, supervisor=None) -> None:
+        """Called by the engine: the stream this receiver feeds and, on its executor, the
+        supervisor that stores what it receives."""
+        self._stream_id = stream_id
+        if supervisor is not None:
+            self._supervisor = supervisor
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -57,7 +61,7 @@ class Receiver:
             raise ReceiverNotStartedError("the receiver has no stream id until ssc.receiverStream() takes it")
         return self._stream_id
 
-    def _sup(self) -> ReceiverSupervisor:
+    def _sup(self):
         if self._supervisor is None:
             raise ReceiverNotStartedError(
                 f"{type(self).__name__} is not running: store/restart/stop work only on an executor, "

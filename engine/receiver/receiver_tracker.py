@@ -1,4 +1,5 @@
-"""The driver side of receivers: Spark's ReceiverTracker (reference B.6).
+"""The driver side of receivers: Spark's ReceiverTracker
+(streaming/src/main/scala/org/apache/spark/streaming/scheduler/ReceiverTracker.scala).
 
 It owns the endpoint receivers connect to, runs every receiver as a one-partition Spark job
 placed by :class:`tracker.ReceiverSchedulingPolicy`, and starts it again (as a new job, wherever
@@ -38,7 +39,6 @@ from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
-    from ..driver import Driver
     from .input import ReceiverInputDStream
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def _receiver_partition(config: SupervisorConfig, receiver, _rows):
 
 
 class ReceiverTracker:
-    def __init__(self, driver: Driver, inputs: list[ReceiverInputDStream]):
+    def __init__(self, driver, inputs: list[ReceiverInputDStream]):
         self._driver, self._sc = driver, driver.sc
         conf = driver.conf
         self._inputs = {s.input_id: s for s in inputs}

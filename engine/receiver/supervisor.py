@@ -202,8 +202,7 @@ class ReceiverSupervisor:
                 rate_limiter=RateLimiter(c.max_rate, c.initial_rate, clock=self._clock),
                 new_block_id=self._new_block_id)
             self._generator.start()
-            self.receiver._stream_id = c.stream_id
-            self.receiver._supervisor = self
+            self.receiver.bind(c.stream_id, self)
             self._start_receiver()
             self._stop_event.wait()
         finally:
@@ -287,7 +286,7 @@ class ReceiverSupervisor:
         handle = self._handler.store(block_id, data)
         info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
         ok, message = self._conn.request(
-            wire.ADD_BLOCK, [info._encode(), self.location.host, self.location.executor_id, len(data)],
+            wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data)],
             timeout_s=None)
         if not ok:
             raise RuntimeError(f"the driver did not record block {block_id}: {message}")

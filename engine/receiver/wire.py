@@ -81,7 +81,7 @@ def new_secret() -> bytes:
     return os.urandom(32)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -99,7 +99,7 @@ def server_handshake(sock: socket.socket, secret: bytes, label: bytes) -> None:
     """Authenticate the client (raises :class:`AuthenticationError`), then prove ourselves."""
     server_nonce = os.urandom(NONCE_LEN)
     sock.sendall(MAGIC + bytes([VERSION]) + server_nonce)
-    hello = _recv_exact(sock, len(MAGIC) + 1 + MAC_LEN + NONCE_LEN)
+    hello = recv_exact(sock, len(MAGIC) + 1 + MAC_LEN + NONCE_LEN)
     if hello[:4] != MAGIC:
         raise ProtocolError(f"not a sparkwal client (first bytes {hello[:4]!r})")
     if hello[4] != VERSION:
@@ -112,13 +112,13 @@ def server_handshake(sock: socket.socket, secret: bytes, label: bytes) -> None:
 
 def client_handshake(sock: socket.socket, secret: bytes, label: bytes) -> None:
     """Prove we know the secret, then check that the server does too."""
-    greeting = _recv_exact(sock, len(MAGIC) + 1 + NONCE_LEN)
+    greeting = recv_exact(sock, len(MAGIC) + 1 + NONCE_LEN)
     if greeting[:4] != MAGIC or greeting[4] != VERSION:
         raise ProtocolError(f"not a sparkwal server of version {VERSION} (got {greeting[:5]!r})")
     server_nonce = greeting[5:]
     client_nonce = os.urandom(NONCE_LEN)
     sock.sendall(MAGIC + bytes([VERSION]) + _mac(secret, label + b"/client", server_nonce) + client_nonce)
-    proof = _recv_exact(sock, MAC_LEN)
+    proof = recv_exact(sock, MAC_LEN)
     if not hmac.compare_digest(proof, _mac(secret, label + b"/server", client_nonce, server_nonce)):
         raise AuthenticationError("the server does not know the secret")
 
@@ -167,8 +167,8 @@ def decode_frame(body: bytes) -> tuple[int, int, list]:
 
 def read_frame(sock: socket.socket) -> tuple[int, int, list]:
     """The next frame; ConnectionError at a clean end, ProtocolError on anything malformed."""
-    header = _recv_exact(sock, _LEN.size)
+    header = recv_exact(sock, _LEN.size)
     (n,) = _LEN.unpack(header)
     if not 0 < n <= MAX_FRAME:
         raise ProtocolError(f"frame length {n} outside 1..{MAX_FRAME}")
-    return decode_frame(_recv_exact(sock, n))
+    return decode_frame(recv_exact(sock, n))

@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass
 
 from checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from checkpoint.layout import CheckpointLayout
 from checkpoint.resume import resolve_restart
 
 from .protocol import OffsetRange, TopicPartition
@@ -94,11 +95,11 @@ class BatchLog:
                  sync: bool = True, retain: int = 100, on_commit=None, lock=None):
         if retain < 1:
             raise ValueError(f"minBatchesToRetain must be >= 1, got {retain}")
-        base = directory.rstrip("/")
         self.directory = directory
-        self.offsets = OffsetSeqLog(f"{base}/offsets", storage_options, sync=sync)
-        self.commits = CommitLog(f"{base}/commits", storage_options, sync=sync)
-        self._base, self._options, self._sync = base, storage_options, sync
+        self._layout = CheckpointLayout(directory)
+        self.offsets = OffsetSeqLog(self._layout.offsets, storage_options, sync=sync)
+        self.commits = CommitLog(self._layout.commits, storage_options, sync=sync)
+        self._options, self._sync = storage_options, sync
         self.inputs = list(inputs)  # the direct inputs, in input order
         self.retain = retain
         self._on_commit = on_commit  # (batch_id, time_ms) after each commit file
@@ -193,7 +194,7 @@ class BatchLog:
         return ranges, ends
 
     def _initial_log(self, stream) -> _InitialLog:
-        return _InitialLog(f"{self._base}/sources/{stream.input_id}", self._options, sync=self._sync)
+        return _InitialLog(self._layout.source_start(stream.input_id), self._options, sync=self._sync)
 
     def initial_offsets(self, stream) -> dict[TopicPartition, int] | None:
         log_ = self._initial_log(stream)

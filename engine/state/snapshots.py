@@ -30,6 +30,7 @@ import os
 from pyspark import StorageLevel
 
 from checkpoint.errors import CheckpointMismatchError
+from checkpoint.layout import CheckpointLayout
 from checkpoint.state_chains import SnapshotRef, StreamState, parse_state
 from checkpoint.state_files import read_manifest
 
@@ -233,7 +234,7 @@ class StateSnapshots:
         for index, stream, rdd in list(self._due(time_ms)):
             state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
             epoch = driver.leader_epoch  # in the name: see checkpoint.state_files
-            url = (f"{driver.checkpoint_dir.rstrip('/')}/state/{index}-{time_ms}"
+            url = (CheckpointLayout(driver.checkpoint_dir).state_snapshot(index, time_ms)
                    + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None

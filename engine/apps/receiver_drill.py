@@ -17,9 +17,9 @@ import signal
 import threading
 import time
 
-from ..drill import AppRun, pct, read_outputs
-from ..wordcount import expected_line_counts, receiver_line
-from .acked_lines import AckedLineSource
+from .drill_runs import AppRun, pct, read_outputs
+from .wordcount_data import expected_line_counts, receiver_line
+from ..receiver.acked_lines import AckedLineSource
 
 SECRET_ENV = "SPARKWAL_DRILL_SOURCE_SECRET"
 

@@ -19,7 +19,7 @@ import threading
 import time
 
 from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from .drill import AppRun, kill_budget, kill_remaining, pct
+from .drill_runs import AppRun, kill_budget, kill_remaining, pct
 
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,

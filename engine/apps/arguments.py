@@ -137,7 +137,7 @@ def check_worker_python(ap: argparse.ArgumentParser, master: str, confs: list[tu
     spark.pyspark.python=...`` or ``PYSPARK_PYTHON``) other than this one is tried before the JVM
     starts: one that does not run, or cannot import what sparkwal's tasks need, is one line
     naming it and the modules (off local mode, ``start()``'s probe on the executors says it)."""
-    from .cluster import PACKAGES, REQUIREMENTS, is_drivers_python, is_local_master
+    from engine.cluster import PACKAGES, REQUIREMENTS, is_drivers_python, is_local_master
 
     python = dict(confs).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
     if not python or not is_local_master(master) or is_drivers_python(python):

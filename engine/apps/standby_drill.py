@@ -14,12 +14,11 @@ the kill, p50/p95, and the takeovers' own durations as the new active reported t
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 
-from .drill import (AppRun, check_outputs, kill_budget, kill_remaining, pct, start_input,
+from .drill_runs import (AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
                     wait_until_counted)
 
 
@@ -39,11 +38,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     """``gap_s``: the kill comes a random time in this range after the standby waits."""
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=5)
-    input_dir = os.path.join(workdir, "input")
-    os.makedirs(input_dir, exist_ok=True)
-    os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
-    stop, stop_input = threading.Event(), threading.Event()
-    generator, generated = start_input(input_dir, files, batch, stop, stop_input)
+    input_dir, stop, stop_input, generator, generated = start_file_input(workdir, files, batch)
     args = ("--master", master, *extra_args)
     active = AppRun(workdir, batch, extra_args=args)
     runs = [active]

@@ -1,0 +1,449 @@
+"""The main job: a local Spark streaming word count over files appearing in a directory.
+
+    python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
+                               [--master local[2]] [--source files|receiver|filelog] [--upgrade]
+                               [--json]
+
+* ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
+  one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
+  id, so a verifier knows what to expect). Without it, files are expected from elsewhere (the
+  drill writes them).
+* ``--source receiver``: the input is lines ``r<id> <word> ...`` from a reliable receiver
+  (:class:`engine.receiver.acked_lines.AckedLineReceiver`, receiver WAL on). With ``--source-port``
+  it connects to an :class:`AckedLineSource` there (the drill's; the secret in the environment
+  variable named by ``--source-secret-env``); without it the job runs its own source, fed with
+  ``--files`` x 3 lines.
+* ``--source filelog``: a direct stream (exactly once) over the append-only files of
+  ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`engine.apps.direct_wordcount`. With
+  ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
+  drill's appender). It also emits ``batch_committed`` events.
+* ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
+  "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
+  ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
+  restart: output is idempotent.
+* ``WORKDIR/checkpoint``: the checkpoint; restarting with the same WORKDIR resumes from it.
+
+On restart the context comes back from the checkpoint, program included (pyspark's
+``getOrCreate`` contract); ``--upgrade`` instead applies the checkpoint's data to this program's
+graph (code-free recovery, for a new version of the program). A line says which path was taken,
+then one line per completed batch, as Spark's UI would show it (``batch 12:03:04: 1 files, 3
+records (3/s) | scheduling 12 ms, processing 340 ms``), and a summary when it stops (with the
+batches a restart re-ran); with ``--json`` these are JSON events instead (``context`` with
+``recovery``, ``batch_completed``, ``stopped``), which is what tools read. Spark's start-up WARN
+lines are left out unless ``--verbose``. SIGTERM or SIGINT, to the job or to its process group,
+stops it gracefully within ``spark.streaming.gracefulStopTimeout`` (batches not done by then are
+left to the restart). Runs until ``--seconds`` have passed (0: until stopped). A mistake in the
+arguments or the environment is one line and exit status 2, before Spark starts; the exit
+statuses are listed in :mod:`engine.apps.arguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import sys
+import threading
+import time
+
+from .wordcount_data import receiver_line, write_input_file
+
+#: batch time -> lines the batch counted, for the progress line (the output operation runs in the
+#: driver before the batch completes; a file stream reports no record counts, as in Spark)
+BATCH_RECORDS: dict[int, int] = {}
+
+
+def save_batch(out_url: str, t, rdd) -> None:
+    """The output operation: one JSON file per batch time that read files, replaced atomically."""
+    from wal import resolve
+
+    storage, out_dir = resolve(out_url)
+    batch_ms = int(round(t.timestamp() * 1000))
+    out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
+    for (kind, key), n in rdd.reduceByKey(operator.add).collect():
+        out[kind][key] = n
+    BATCH_RECORDS[batch_ms] = sum(out["file"].values())
+    if not out["file"]:
+        return
+    body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "file_counts": out["file"],
+                       "counts": out["word"], "totals": out["total"]}, sort_keys=True)
+    storage.put(storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
+
+
+_EMIT_LOCK = threading.Lock()
+
+
+def _emit(event: dict, json_events: bool, text: str) -> None:
+    line = json.dumps(event, sort_keys=True) if json_events else text
+    with _EMIT_LOCK:  # listeners print from several threads: one whole line at a time
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
+          receiver: tuple[str, int, str] | None = None, direct: bool = False,
+          checkpoint: str | None = None, storage_options: dict | None = None,
+          input_url: str | None = None, standby: bool = False):
+    """The app's context and its progress listener: the context made by ``setup`` on a fresh work
+    directory, else recovered from its checkpoint (code included; with ``upgrade``, this
+    program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
+    an AckedLineSource to read instead of files. ``checkpoint`` (default ``WORKDIR/checkpoint``)
+    may be any fsspec URL, with ``storage_options``; ``input_url`` is the direct mode's log
+    directory (default ``WORKDIR/log``)."""
+    from engine import StreamingContext, StreamingListener
+    from engine.apps import wordcount as app  # this module by its importable name (see setup)
+    from wal import resolve
+
+    input_dir = os.path.join(workdir, "input")
+    checkpoint_url = checkpoint or os.path.join(workdir, "checkpoint")
+    out_url = os.path.join(workdir, "output")
+    out_storage, out_dir = resolve(out_url)
+    out_storage.makedirs(out_dir)
+
+    class Progress(StreamingListener):
+        """One line per batch, as Spark's UI would show it; totals for the summary."""
+
+        def __init__(self):
+            self.batches = self.records = self.files = 0
+            self.processing_ms: list[int] = []
+
+        def onReceiverStarted(self, started):
+            r = started.receiverInfo()
+            _emit({"event": "receiver_started", "stream_id": r.streamId(), "executor_id": r.executorId(),
+                   "host": r.location(), "worker_pid": r.worker_pid}, json_events,
+                  f"receiver {r.streamId()} ({r.name()}) started on executor {r.executorId()} ({r.location()})")
+
+        def onReceiverStopped(self, stopped):
+            r = stopped.receiverInfo()
+            _emit({"event": "receiver_stopped", "stream_id": r.streamId(), "executor_id": r.executorId(),
+                   "error": r.lastError()}, json_events,
+                  f"receiver {r.streamId()} stopped on executor {r.executorId()}"
+                  + (f": {r.lastErrorMessage()}" if r.lastError() else ""))
+
+        def onDriverTakeover(self, takeover):
+            _emit({"event": "takeover", "epoch": takeover.epoch, "resumed_from_ms": takeover.resumed_from_ms,
+                   "took_ms": takeover.took_ms, "rerun_batches": len(takeover.rerun_batch_times),
+                   "rerun": _times(list(takeover.rerun_batch_times))},
+                  json_events, f"took over the stream at epoch {takeover.epoch} in {takeover.took_ms} ms"
+                  + (f", re-running {len(takeover.rerun_batch_times)} batches" if takeover.rerun_batch_times
+                     else ""))
+
+        def onBacklog(self, backlog):
+            if json_events:  # for people, the engine's warning line says it (on stderr)
+                _emit({"event": backlog.state, "scheduling_delay_ms": backlog.scheduling_delay_ms,
+                       "backlog": backlog.backlog, "batch_ms": backlog.batch_time_ms}, True, "")
+
+        def onBatchCommitted(self, committed):
+            if json_events:  # for tools only: the progress line shows completed batches
+                _emit({"event": "batch_committed", "batch_id": committed.batchId(),
+                       "batch_ms": committed.batchTime()}, True, "")
+
+        def onBatchCompleted(self, batchCompleted):
+            info = batchCompleted.batchInfo()
+            files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
+            records = app.BATCH_RECORDS.pop(info.batch_time_ms, 0)
+            if receiver is not None or direct:  # these inputs report their records, as in Spark
+                records = info.num_records
+            self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
+            self.processing_ms.append(info.processing_delay_ms or 0)
+            _emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
+                   "records": records, "scheduling_ms": info.scheduling_delay_ms,
+                   "processing_ms": info.processing_delay_ms},
+                  json_events,
+                  f"batch {_clock(info.batch_time_ms)}: "
+                  + (f"{files} files, " if receiver is None and not direct else "")
+                  + f"{records} records "
+                  f"({records / batch:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
+                  f"processing {info.processing_delay_ms} ms")
+
+    def setup():
+        ssc = StreamingContext(sc, batch)
+        ssc.checkpoint(checkpoint_url, storage_options=storage_options)
+        if direct:
+            from engine.apps.direct_wordcount import setup_direct
+
+            setup_direct(ssc, workdir, input_url, storage_options)
+            return ssc
+        if receiver is None:
+            source = ssc.textFileStream(input_dir, newFilesOnly=False)
+        else:
+            from engine.receiver.acked_lines import AckedLineReceiver
+
+            host, port, secret_env = receiver
+            source = ssc.receiverStream(AckedLineReceiver(host, port, secret_env=secret_env))
+        lines = source.map(str.split).filter(bool)
+        words = lines.flatMap(lambda ws: ws[1:]).map(lambda w: (w, 1))
+        # snapshot the state every 2 batches (Spark's default, 10 s, means re-computing up to 10
+        # batches of state after a crash: seconds of Spark jobs)
+        totals = words.updateStateByKey(lambda new, total: sum(new) + (total or 0)).checkpoint(2 * batch)
+
+        def tag(batch_lines, batch_totals):
+            """One RDD of ((kind, key), n): lines per file, words counted, running totals."""
+            def tagged(ws):
+                return [(("file", ws[0]), 1)] + [(("word", w), 1) for w in ws[1:]]
+            return (batch_lines.flatMap(tagged)
+                    .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
+
+        # through the importable module, not __main__: cloudpickle pickles a function of __main__
+        # by value, and a recovered one would count into a copy of BATCH_RECORDS
+        lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: app.save_batch(out_url, t, rdd))
+        return ssc
+
+    ssc = StreamingContext.getOrCreate(checkpoint_url, setup, upgrade=upgrade,
+                                       storage_options=storage_options, standby=standby)
+    progress = Progress()
+    ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
+    described = {"new": "a new context (no checkpoint)",
+                 "checkpoint": "recovered from the checkpoint (program and state)",
+                 "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
+    _emit({"event": "context", "recovery": ssc.recovery}, json_events,
+          f"context: {described[ssc.recovery]}")
+    return ssc, progress
+
+
+def _clock(ms: int) -> str:
+    """A batch time as the wall-clock time Spark's UI shows."""
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def _times(times_ms: list[int]) -> dict:
+    """A list of batch times as a JSON event gives it: a count and a range (a restart after
+    hours down re-runs thousands)."""
+    return {"count": len(times_ms), "first_ms": min(times_ms, default=None),
+            "last_ms": max(times_ms, default=None)}
+
+
+def _recovered(ssc, json_events: bool) -> None:
+    """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
+    WAL blocks replayed (nothing for a new context with nothing logged)."""
+    from engine.dstream import describe_times
+
+    blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
+    reran, skipped = ssc.rerun_batch_times, ssc.skipped_batch_times
+    event = {"event": "recovered", "rerun_batches": len(reran), "rerun": _times(reran),
+             "committed_batches_skipped": len(skipped),
+             "logged_batches_replayed": len(blog.rerun_times) if blog is not None else 0,
+             "blocks_replayed": tracker.recovered_block_additions if tracker is not None else 0}
+    if not any(event[k] for k in ("rerun_batches", "committed_batches_skipped", "blocks_replayed")):
+        return
+    text = (f"recovered: re-running {describe_times(reran)}"
+            + (f", {event['logged_batches_replayed']} of them with their logged offsets"
+               if event["logged_batches_replayed"] else "")
+            + (f"; {len(skipped)} committed batch(es) not output again" if skipped else "")
+            + (f"; {event['blocks_replayed']} received blocks replayed from the WAL"
+               if event["blocks_replayed"] else ""))
+    _emit(event, json_events, text)
+
+
+def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str, signal_name: str | None) -> None:
+    from engine.dstream import describe_times
+
+    reran, left = ssc.rerun_batch_times, ssc.batches_left_for_restart
+    p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
+    _emit({"event": "stopped", "outputs": outputs, "batches": p.batches, "records": p.records,
+           "files": p.files, "rerun_batches": len(reran), "rerun": _times(reran),
+           "left_for_restart": _times(left), "signal": signal_name, "processing_p50_ms": p50},
+          json_events,
+          (f"stopped on {signal_name}" if signal_name else "stopped")
+          + f" after {p.batches} batches: {p.files} files, {p.records} records, processing "
+          f"p50 {p50} ms" + (f"; the restart re-ran {describe_times(reran)}" if reran else "")
+          + (f"; {describe_times(left)} left for the next restart (graceful stop timeout)" if left else "")
+          + f"; {outputs} batch outputs in {out_dir}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from engine.apps import arguments as a
+
+    ap = argparse.ArgumentParser(prog="python -m engine.wordcount", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=a.__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--dir", default="wordcount-run", help="work directory (input/output/checkpoint)")
+    ap.add_argument("--batch", type=a.positive_seconds, default=1.0, help="batch duration in seconds")
+    ap.add_argument("--files", type=a.count, default=20, help="files the bundled generator writes (0: none)")
+    ap.add_argument("--seconds", type=a.non_negative_seconds, default=25, help="run time (0: until stopped)")
+    ap.add_argument("--upgrade", action="store_true",
+                    help="recover this program's graph with the checkpoint's data (code-free)")
+    ap.add_argument("--master", default="local[2]",
+                    help="Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
+    ap.add_argument("--source", choices=["files", "receiver", "filelog"], default="files",
+                    help="input mode")
+    ap.add_argument("--source-port", type=a.port, help="receiver mode: the AckedLineSource's port")
+    ap.add_argument("--source-secret-env", default="SPARKWAL_SOURCE_SECRET",
+                    help="receiver mode: the environment variable holding the source's secret")
+    ap.add_argument("--checkpoint", help="checkpoint directory, a path or any fsspec URL "
+                    "(default WORKDIR/checkpoint)")
+    ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
+                    "(default WORKDIR/log)")
+    ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
+                    help="an fsspec option of --checkpoint and --input (repeatable); credentials "
+                    "are best left to the environment (see the README)")
+    ap.add_argument("--standby", action="store_true",
+                    help="run as a hot standby of the driver leading --dir's checkpoint (no input "
+                    "of its own; takes the stream over when that driver dies; runs until stopped)")
+    ap.add_argument("--conf", action="append", metavar="KEY=VALUE", default=[],
+                    help="a Spark configuration entry (repeatable), e.g. "
+                    "spark.streaming.driver.leaseTimeout=10s")
+    ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
+    ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
+    return ap
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"sparkwal-wordcount: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The main job; exit statuses in :mod:`engine.apps.arguments` (every mistake found here is one
+    line and status 2, before the JVM starts)."""
+    from engine.apps import arguments as a
+
+    ap = _parser()
+    args = ap.parse_args(argv)
+    a.check_environment(ap)
+    a.check_master(ap, args.master)
+    confs = a.check_key_values(ap, args.conf, "--conf")
+    a.check_worker_python(ap, args.master, confs)
+    from wal.storage import parse_storage_options
+
+    try:
+        options = parse_storage_options(args.storage_option)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.source == "receiver" and args.source_port is not None and not os.environ.get(args.source_secret_env):
+        ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
+    a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
+    a.local_path_is_directory(ap, args.input, "--input")
+    workdir = a.usable_directory(ap, args.dir, "--dir")
+    os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    from engine.signals import StopSignals, jvm_ignores_stop_signals
+
+    signals = StopSignals()  # before the JVM starts: a signal then ends the job quietly
+    stop = signals.requested
+    from pyspark import SparkConf, SparkContext
+
+    receiver = source = None
+    if args.source == "receiver":
+        port = args.source_port
+        if port is None:  # a demo: the job feeds its own source
+            from engine.receiver.acked_lines import AckedLineSource
+
+            os.environ.setdefault(args.source_secret_env, os.urandom(16).hex())
+            port_file = os.path.join(workdir, "source-port")  # a recovered receiver reconnects here
+            port = int(open(port_file).read()) if os.path.exists(port_file) else 0
+            source = AckedLineSource(os.environ[args.source_secret_env], port=port)
+            port = source.address[1]
+            with open(port_file, "w") as f:
+                f.write(str(port))
+        receiver = ("127.0.0.1", port, args.source_secret_env)
+
+    conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1"))
+    if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
+        quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
+    for key, value in confs:
+        conf.set(key, value)
+    if receiver is not None:  # executors' receivers read the source's secret from their environment
+        conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
+    try:
+        sc = SparkContext.getOrCreate(conf)
+    except Exception as e:  # noqa: BLE001  (one line, not a Py4J trace)
+        if stop.is_set():
+            return _fail(f"stopped on {signals.signal_name} while Spark was starting", a.OK)
+        return _fail(f"Spark did not start: {a.one_line(e)}", a.FAILED)
+    jvm_ignores_stop_signals(sc)  # the Python driver decides how to stop (engine.signals)
+    signals.install()  # PySpark's SparkContext took SIGINT over
+    sc.setLogLevel("WARN" if args.verbose else "ERROR")
+    direct = args.source == "filelog"
+    if direct:
+        os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
+    from engine.cluster import ExecutorEnvironmentError
+    from wal import FencedError
+
+    try:
+        ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
+                              receiver=receiver, direct=direct, checkpoint=args.checkpoint,
+                              storage_options=options, input_url=args.input, standby=args.standby)
+        ssc.start()
+    except ExecutorEnvironmentError as e:
+        sc.stop()
+        return _fail(str(e).replace("\n", "; "), a.USAGE)
+    except Exception as e:  # noqa: BLE001
+        sc.stop()
+        return _fail(f"could not start: {a.one_line(e)}", a.FAILED)
+
+    def generate() -> None:
+        if source is not None:
+            for i in range(args.files):
+                if stop.wait(args.batch):
+                    return
+                source.offer(receiver_line(3 * i + j) for j in range(3))
+            return
+        if receiver is not None:
+            return
+        if direct:
+            from engine.apps.direct_wordcount import PARTITIONS, append_lines, logged_lines
+
+            have = logged_lines(os.path.join(workdir, "log"))
+            for i in range(sum(have.values()) // 3, args.files):
+                if stop.wait(args.batch):
+                    return
+                p = PARTITIONS[i % len(PARTITIONS)]
+                append_lines(os.path.join(workdir, "log"), p, have.get(p, 0), 3)
+                have[p] = have.get(p, 0) + 3
+            return
+        existing = len([n for n in os.listdir(os.path.join(workdir, "input")) if n.endswith(".txt")])
+        for i in range(existing, args.files):
+            if stop.wait(args.batch):
+                return
+            write_input_file(os.path.join(workdir, "input"), i)
+
+    try:
+        if ssc.isStandby():
+            lead = ssc.currentLeader()
+            _emit({"event": "standby", "leader": lead.holder if lead else None,
+                   "leader_epoch": lead.epoch if lead else None}, args.json,
+                  f"standby: waiting to take over from {lead.describe() if lead else 'the active driver'}")
+            while not stop.is_set() and not ssc.awaitLeadership(0.2):
+                pass
+        else:
+            threading.Thread(target=generate, daemon=True).start()
+        if not stop.is_set():
+            _recovered(ssc, args.json)
+        deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if ssc.awaitTerminationOrTimeout(0.2):
+                break
+    except FencedError as e:
+        _emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
+        ssc.stop(stopSparkContext=True, stopGraceFully=False)
+        return _fail(f"this driver was fenced and wrote nothing more: {e}", a.FENCED)
+    except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
+        _emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
+        ssc.stop(stopSparkContext=True, stopGraceFully=False)
+        return _fail(f"a batch failed, the job stopped (a restart resumes from the checkpoint): "
+                     f"{a.one_line(e)}", a.FAILED)
+    if stop.is_set():
+        _emit({"event": "stopping", "signal": signals.signal_name}, args.json,
+              f"{signals.signal_name}: stopping gracefully (at most "
+              f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
+    ssc.stop(stopSparkContext=True, stopGraceFully=True)
+    if direct:
+        from engine.apps.direct_wordcount import read_results
+
+        _summary(ssc, progress, args.json, read_results(workdir)["batches"],
+                 os.path.join(workdir, "output.db"), signals.signal_name)
+        return a.OK
+    outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
+    _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
+    return a.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The machinery under every DStream, as in Spark's ``DStream.scala``: a stream generates at most
+one RDD per valid batch time (a multiple of its slide duration after the zero time), remembers
+generated RDDs for ``remember`` milliseconds, and forgets (and unpersists) older ones; pickled
+into a checkpoint's code part, it leaves out its context and what lives only in a running driver.
+:class:`engine.dstream.DStream` adds pyspark.streaming's API on top.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+
+from pyspark import RDD, StorageLevel
+
+from .graph import creation_site
+
+
+class StreamMachinery:
+    def __init__(self, ssc, dependencies: list[StreamMachinery], slide_ms: int | None = None):
+        self._ssc = ssc
+        self._sc = ssc.sparkContext
+        self.dependencies = dependencies
+        self.slide_ms = slide_ms if slide_ms is not None else dependencies[0].slide_ms
+        self.generated_rdds: dict[int, RDD] = {}
+        self._superseded: dict[int, RDD] = {}  # replaced RDDs, maybe still used by running jobs
+        self.zero_time_ms: int | None = None
+        self.remember_ms: int | None = None
+        self.storage_level: StorageLevel | None = None
+        self.checkpoint_ms: int | None = None
+        self.must_checkpoint = False
+        self._lock = threading.RLock()
+        self.creation_site = creation_site()  # "map at app.py:12": names it in errors
+        ssc.driver.graph.register(self)
+
+    # ------------------------------------------------------------------ pickling (the code part)
+
+    #: What a pickled stream leaves out: its context and what lives only in a running driver.
+    _transient = ("_ssc", "_sc", "generated_rdds", "_superseded", "_lock")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in self._transient:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in self._transient:
+            setattr(self, name, None)
+        self.generated_rdds, self._superseded = {}, {}
+        self._lock = threading.RLock()
+
+    def attach(self, ssc) -> None:
+        """Bind an unpickled stream to the context (a StreamingContext) that recovers it."""
+        self._ssc, self._sc = ssc, ssc.sparkContext
+
+    def __class_getitem__(cls, item):  # DStream[T] in annotations, as pyspark's Generic DStream
+        return types.GenericAlias(cls, item)
+
+    # ------------------------------------------------------------------ machinery
+
+    @property
+    def _slideDuration(self) -> float:  # pyspark's attribute name, in seconds
+        return self.slide_ms / 1000.0
+
+    def parent_remember_ms(self) -> int:
+        """How long dependencies must remember their RDDs for this stream."""
+        return self.remember_ms
+
+    def initialize(self, zero_time_ms: int) -> None:
+        if self.zero_time_ms is not None and self.zero_time_ms != zero_time_ms:
+            raise RuntimeError(f"{self} initialized with two zero times")
+        self.zero_time_ms = zero_time_ms
+        if self.must_checkpoint and self.checkpoint_ms is None:  # Spark's: >= 10 s, whole slides
+            self.checkpoint_ms = -(-10_000 // self.slide_ms) * self.slide_ms
+        if self.checkpoint_ms is not None and (self.checkpoint_ms < self.slide_ms
+                                               or self.checkpoint_ms % self.slide_ms):
+            raise ValueError(f"the checkpoint interval of {self} ({self.checkpoint_ms} ms) must be a "
+                             f"multiple of its slide duration ({self.slide_ms} ms)")
+        minimum = self.slide_ms if self.checkpoint_ms is None else max(self.slide_ms, 2 * self.checkpoint_ms)
+        if self.remember_ms is None or self.remember_ms < minimum:
+            self.remember_ms = minimum
+        for d in self.dependencies:
+            d.initialize(zero_time_ms)
+
+    def remember_at_least(self, duration_ms: int) -> None:
+        if duration_ms is not None and (self.remember_ms is None or duration_ms > self.remember_ms):
+            self.remember_ms = duration_ms
+        for d in self.dependencies:
+            d.remember_at_least(self.parent_remember_ms())
+
+    def is_time_valid(self, time_ms: int) -> bool:
+        if self.zero_time_ms is None:
+            raise RuntimeError(f"{self} has not been initialized")
+        return time_ms > self.zero_time_ms and (time_ms - self.zero_time_ms) % self.slide_ms == 0
+
+    def compute(self, time_ms: int) -> RDD | None:
+        raise NotImplementedError
+
+    def get_or_compute(self, time_ms: int) -> RDD | None:
+        with self._lock:
+            if time_ms in self.generated_rdds:
+                return self.generated_rdds[time_ms]
+            if not self.is_time_valid(time_ms):
+                return None
+            rdd = self.compute(time_ms)
+            if rdd is not None:
+                if self.storage_level is not None:
+                    rdd.persist(self.storage_level)
+                if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
+                    self._ssc.driver.checkpoint_rdd(self, time_ms, rdd)
+                self.generated_rdds[time_ms] = rdd
+            return rdd
+
+    def replace_rdd(self, time_ms: int, old: RDD, new: RDD) -> None:
+        """Serve ``new`` (same contents, e.g. read back from a snapshot) for ``time_ms`` from now
+        on; ``old`` stays cached until the time is forgotten, as jobs may still be using it."""
+        with self._lock:
+            if self.generated_rdds.get(time_ms) is old:
+                self.generated_rdds[time_ms] = new
+                self._superseded[time_ms] = old
+
+    def clear_metadata(self, time_ms: int) -> None:
+        """Forget RDDs older than ``time_ms - remember``; unpersist them."""
+        with self._lock:
+            for rdds in (self.generated_rdds, self._superseded):
+                for t in [t for t in rdds if t <= time_ms - self.remember_ms]:
+                    rdd = rdds.pop(t)
+                    if self.storage_level is not None:
+                        rdd.unpersist(blocking=False)
+        for d in self.dependencies:
+            d.clear_metadata(time_ms)
+
+    def rdds_between(self, from_ms: int, until_ms: int) -> list[RDD]:
+        """The RDDs of the batch times from ``from_ms`` to ``until_ms`` (both included)."""
+        if self.zero_time_ms is None:
+            raise RuntimeError(f"{self} has not been initialized")
+        z, s = self.zero_time_ms, self.slide_ms
+        until_ms = z + ((until_ms - z) // s) * s
+        from_ms = z + ((from_ms - z) // s) * s
+        out = []
+        t = from_ms
+        while t <= until_ms:
+            if t >= z:
+                rdd = self.get_or_compute(t)
+                if rdd is not None:
+                    out.append(rdd)
+            t += s
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(slide={self.slide_ms} ms)"

@@ -1,0 +1,187 @@
+"""The code's structure, read from its syntax trees: no module reaches into another object's
+private fields, imports form no circle, the layers point one way (``engine -> tracker -> wal``,
+``engine -> checkpoint -> wal``), the apps sit on top, and every module stays small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("wal", "checkpoint", "tracker", "engine")
+MAX_LINES = 450
+
+#: Private names of other projects that have no public equivalent: PySpark's Py4J gateway and
+#: JVM handles (the brief allows Spark core's JVM API through Py4J), confluent-kafka's
+#: end-of-partition code, and CPython's frame access for creation sites.
+FOREIGN_PRIVATE = {"_jvm", "_jsc", "_jrdd", "_jrdd_deserializer", "_active_spark_context",
+                   "_PARTITION_EOF", "_getframe"}
+
+
+def modules() -> dict[str, Path]:
+    found = {"sparkwal": ROOT / "sparkwal.py"}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = modules()
+
+
+def tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+
+
+def own_names(module: ast.Module) -> set[str]:
+    """Names a module defines: functions, classes, attributes of self/cls, variables, arguments."""
+    names = set()
+    for node in ast.walk(module):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def private_accesses(name: str) -> list[str]:
+    module = tree(name)
+    own = own_names(module)
+    found = []
+    for node in ast.walk(module):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in own and node.attr not in FOREIGN_PRIVATE:
+                found.append(f"{MODULES[name].relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{MODULES[name].relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}"
+                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def runtime_imports(name: str) -> set[str]:
+    """The project modules ``name`` imports when it runs (any nesting), and the packages they
+    live in; ``if TYPE_CHECKING:`` blocks and a PEP 562 ``__getattr__`` (the pickled-name shims:
+    see engine.dstream) are not run on import and are left out."""
+    module = tree(name)
+    skipped: set[int] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            skipped.update(id(n) for n in ast.walk(node))
+    is_package = MODULES[name].name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(module):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = (name if is_package else name.rsplit(".", 1)[0]).split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    targets.add(f"{base}.{alias.name}")
+                elif base in MODULES:
+                    targets.add(base)
+    for target in list(targets):  # importing a.b.c runs the packages a.b (unless name is inside)
+        parts = target.split(".")
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            if package in MODULES and not name.startswith(package + "."):
+                targets.add(package)
+    targets.discard(name)
+    return targets
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_reaches_into_another_objects_private_fields():
+    found = [hit for name in MODULES for hit in private_accesses(name)]
+    assert found == []
+
+
+def test_the_private_field_check_catches_a_reach_in():
+    """The check above can fail: a reach into another object's field is found."""
+    module = ast.parse("def f(ssc):\n    return ssc._graph\n")
+    own = own_names(module)
+    reaches = [n for n in ast.walk(module) if isinstance(n, ast.Attribute) and n.attr not in own]
+    assert [ast.unparse(n) for n in reaches] == ["ssc._graph"]
+
+
+def test_imports_form_no_circle():
+    edges = {name: runtime_imports(name) for name in MODULES}
+    assert circles(edges) == []
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+def test_layers_point_one_way():
+    """wal imports no other layer; checkpoint and tracker only wal (and not each other); nothing
+    below engine imports it; the library's core never imports its apps (but for the shims that
+    keep ``python -m engine.wordcount``/``engine.drill`` and older checkpoints working), and
+    the apps never import the driver's room (they use StreamingContext)."""
+    allowed = {"wal": {"wal"}, "checkpoint": {"checkpoint", "wal"}, "tracker": {"tracker", "wal"}}
+    shims = {"engine.wordcount", "engine.direct_wordcount", "engine.drill"}
+    wrong = []
+    for name in MODULES:
+        layer = name.split(".")[0]
+        for target in runtime_imports(name):
+            if layer in allowed and target.split(".")[0] not in allowed[layer]:
+                wrong.append(f"{name} -> {target}")
+            if target.startswith("engine.apps") and not name.startswith("engine.apps") \
+                    and name not in shims and name != "sparkwal":
+                wrong.append(f"{name} -> {target} (an app)")
+            if name.startswith("engine.apps") and target.startswith("engine.driver"):
+                wrong.append(f"{name} -> {target} (the driver's room)")
+    assert wrong == []
+
+
+def test_every_module_stays_small():
+    big = {str(path.relative_to(ROOT)): n for path in MODULES.values()
+           if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert big == {}

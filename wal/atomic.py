@@ -1,0 +1,101 @@
+"""Durable, atomic writes: fsync'ed temporary files made visible by ``link`` (create-if-absent)
+or ``rename`` (replace) on a local filesystem, and their object-store equivalents. The
+guarantees are listed in :mod:`wal.storage`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+
+from .append_files import fsync_dir
+
+log = logging.getLogger(__name__)
+
+#: ``memory://`` is process-local: its create-if-absent is a check and store under this lock.
+MEMORY_LOCK = threading.Lock()
+_warned_non_atomic: set[str] = set()
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_temp(path: str, data: bytes, sync: bool = True) -> str:
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def local_put_if_absent(path: str, data: bytes, sync: bool = True) -> bool:
+    if os.path.lexists(path):
+        return False
+    tmp = write_temp(path, data, sync)
+    try:
+        os.link(tmp, path)  # atomic, and refuses to replace an existing name
+    except FileExistsError:
+        return False
+    finally:
+        unlink_quietly(tmp)
+    if sync:
+        fsync_dir(os.path.dirname(path))
+    return True
+
+
+def local_put(path: str, data: bytes) -> None:
+    tmp = write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    fsync_dir(os.path.dirname(path))
+
+
+def object_put_if_absent(storage, path: str, data: bytes) -> bool:
+    if storage.is_memory:
+        with MEMORY_LOCK:
+            if storage.fs.exists(path):
+                return False
+            storage.fs.pipe_file(path, bytes(data))
+            return True
+    if not storage.atomic_create and storage.protocol not in _warned_non_atomic:
+        _warned_non_atomic.add(storage.protocol)
+        log.warning("%s:// has no atomic create-if-absent; concurrent writers may race", storage.protocol)
+    try:
+        storage.fs.pipe_file(path, bytes(data), mode="create")
+    except FileExistsError:
+        return False
+    except OSError as e:  # some clients surface HTTP 412 as a generic OSError
+        if "412" in str(e) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
+            return False
+        raise
+    finally:
+        storage.fs.invalidate_cache(path)
+    return True
+
+
+def object_put(storage, path: str, data: bytes) -> None:
+    if storage.is_memory:
+        with MEMORY_LOCK:
+            storage.fs.pipe_file(path, bytes(data))
+        return
+    storage.fs.pipe_file(path, bytes(data))
+    storage.fs.invalidate_cache(path)

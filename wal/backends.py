@@ -1,0 +1,415 @@
+"""The storage backends behind :func:`wal.storage.resolve`: :class:`LocalStorage` (plain ``os``
+calls) and :class:`FsspecStorage` (any fsspec filesystem), both implementing :class:`Storage`.
+Their atomic writes are :mod:`wal.atomic`'s, their locks :mod:`wal.locks`'; the guarantees are
+listed in :mod:`wal.storage`."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from . import atomic, locks
+from .append_files import (
+    CAN_MAP,
+    AppendFile,
+    FsspecAppendFile,
+    LocalAppendFile,
+    MappedAppendFile,
+    fsync_dir,
+)
+from .clock import SYSTEM_CLOCK, Clock
+from .errors import WalError
+from .locks import LeaderInfo, Leadership, Lock, WriterInfo
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str
+    path: str
+    size: int
+    mtime_ms: int | None = None  #: last modification, whole ms (None: the backend does not say)
+
+
+class Storage(ABC):
+    supports_append: bool = True
+    is_local: bool = False
+    #: True when ``put_if_absent`` is atomic against other processes.
+    atomic_create: bool = True
+
+    @abstractmethod
+    def join(self, directory: str, name: str) -> str: ...
+
+    @abstractmethod
+    def url(self, path: str) -> str:
+        """A URL for ``path`` that ``resolve`` maps back to this backend (for messages, handles)."""
+
+    @abstractmethod
+    def list_files(self, directory: str) -> list[FileInfo]:
+        """Regular files directly in ``directory`` (no dirs); ``[]`` if it does not exist."""
+
+    def list_dirs(self, directory: str) -> list[str]:
+        """Names of the sub-directories of ``directory`` (FileNotFoundError if it is missing)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def makedirs(self, directory: str) -> None: ...
+
+    @abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, path: str) -> int: ...
+
+    @abstractmethod
+    def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
+        """Create ``path`` exclusively (FileExistsError if present) for appending; its directory
+        entry is durable on return. ``mapped``: appends may be copied into a shared memory map
+        of space reserved ahead (see ``MappedAppendFile``); backends without one ignore it."""
+
+    @abstractmethod
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        """Atomically create ``path`` holding ``data``; False (nothing touched) if it exists.
+        ``sync=False`` skips the fsyncs where the backend has them (the file still appears
+        whole or not at all, but a machine crash may lose it: for measurements and metadata
+        a caller can afford to re-create)."""
+
+    @abstractmethod
+    def put(self, path: str, data: bytes) -> None:
+        """Atomically create or replace ``path`` with ``data``; durable on return."""
+
+    @abstractmethod
+    def read_file(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer at end of file)."""
+
+
+    @abstractmethod
+    def open_read(self, path: str) -> BinaryIO:
+        """A binary file object for one sequential read of ``path``."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove ``path``; a missing file is not an error."""
+
+    @abstractmethod
+    def truncate(self, path: str, size: int) -> None:
+        """Durably cut a closed file back to ``size`` bytes."""
+
+    @abstractmethod
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        """Take the single-writer lock of ``directory`` or raise :class:`LogLockedError` at once."""
+
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        """Who holds (or last held) ``directory``'s single-writer lock, found without taking it
+        (inspectors never lock); None when no writer ever locked it."""
+        return None
+
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        """Become ``directory``'s leader at the next epoch, or raise :class:`LeaderHeldError`
+        at once (naming the holder) while a live leader holds it."""
+        raise NotImplementedError
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        """``directory``'s current (or last) leader, found without taking anything; None when no
+        driver ever led it."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release cached resources (open read handles); nothing to release by default."""
+
+
+# ------------------------------------------------------------------ local filesystem
+
+
+class _ReadFd:
+    """A cached read descriptor, closed once evicted (``retired``) and no reader uses it, so a
+    reader can never ``pread`` a descriptor number the OS has already handed to another file.
+
+    ``users`` is a list used as a counter: ``append``/``pop`` are atomic under the GIL, so a
+    reader registers without taking a lock (a reader appends, then checks ``retired``; a retirer
+    sets ``retired``, then checks ``users``: one of the two always sees the other)."""
+
+    __slots__ = ("fd", "users", "retired", "closed")
+
+    def __init__(self, fd: int):
+        self.fd, self.users, self.retired, self.closed = fd, [], False, False
+
+
+class LocalStorage(Storage):
+    """Plain ``os`` calls. Random reads go through a small cache of open descriptors + ``pread``."""
+
+    is_local = True
+    _MAX_READ_FDS = 64
+
+    def __init__(self) -> None:
+        self._read_fds: OrderedDict[str, _ReadFd] = OrderedDict()
+        self._fd_lock = threading.Lock()
+    def join(self, directory: str, name: str) -> str:
+        return os.path.join(directory, name)
+
+    def url(self, path: str) -> str:
+        return path
+
+    def list_files(self, directory: str) -> list[FileInfo]:
+        out = []
+        try:
+            entries = os.scandir(directory)
+        except FileNotFoundError:
+            return []
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        st = entry.stat()
+                        out.append(FileInfo(entry.name, entry.path, st.st_size, st.st_mtime_ns // 1_000_000))
+                except FileNotFoundError:
+                    continue
+        return out
+
+    def list_dirs(self, directory: str) -> list[str]:
+        with os.scandir(directory) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+
+    def makedirs(self, directory: str) -> None:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            fsync_dir(os.path.dirname(os.path.abspath(directory)))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
+        mapped = mapped and CAN_MAP
+        flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (os.O_RDWR if mapped else os.O_WRONLY | os.O_APPEND)
+        fd = os.open(path, flags, 0o644)
+        try:
+            fsync_dir(os.path.dirname(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        return MappedAppendFile(path, fd) if mapped else LocalAppendFile(path, fd)
+
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        return atomic.local_put_if_absent(path, data, sync)
+
+    def put(self, path: str, data: bytes) -> None:
+        atomic.local_put(path, data)
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open(path, "rb", buffering=0)
+
+    def _acquire_fd(self, path: str) -> _ReadFd:
+        entry = self._read_fds.get(path)  # the hot path: no lock (see _ReadFd)
+        if entry is not None:
+            entry.users.append(None)
+            if not entry.retired:
+                return entry
+            self._release_fd(entry)  # evicted meanwhile: back out, open it anew
+        with self._fd_lock:
+            entry = self._read_fds.get(path)
+            if entry is None:
+                entry = _ReadFd(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                self._read_fds[path] = entry
+                if len(self._read_fds) > self._MAX_READ_FDS:  # evict the oldest opened
+                    self._retire(self._read_fds.popitem(last=False)[1])
+            entry.users.append(None)
+            return entry
+
+    def _release_fd(self, entry: _ReadFd) -> None:
+        entry.users.pop()
+        if entry.retired:
+            with self._fd_lock:
+                self._close_if_unused(entry)
+
+    @staticmethod
+    def _close_if_unused(entry: _ReadFd) -> None:
+        """Call with ``_fd_lock`` held."""
+        if not entry.users and not entry.closed:
+            entry.closed = True
+            os.close(entry.fd)
+
+    def _retire(self, entry: _ReadFd) -> None:
+        """Call with ``_fd_lock`` held."""
+        entry.retired = True
+        self._close_if_unused(entry)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        entry = self._acquire_fd(path)
+        try:
+            return os.pread(entry.fd, length, offset)
+        finally:
+            self._release_fd(entry)
+
+    def _forget_fd(self, path: str) -> None:
+        with self._fd_lock:
+            entry = self._read_fds.pop(path, None)
+            if entry is not None:
+                self._retire(entry)
+
+    def delete(self, path: str) -> None:
+        self._forget_fd(path)
+        atomic.unlink_quietly(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        return locks.local_lock(self, directory)
+
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        return locks.local_writer(directory)
+
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        return locks.local_lead(self, directory, clock)
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        return locks.local_leader(self, directory)
+
+    def close(self) -> None:
+        with self._fd_lock:
+            for entry in self._read_fds.values():
+                self._retire(entry)
+            self._read_fds.clear()
+
+
+# ------------------------------------------------------------------ any fsspec filesystem
+
+
+class FsspecStorage(Storage):
+    def __init__(self, fs: fsspec.AbstractFileSystem):
+        self.fs = fs
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self.protocol = protocols[0]
+        self.is_memory = isinstance(fs, MemoryFileSystem)
+        self.is_s3 = type(fs).__name__ == "S3FileSystem"
+        self.supports_append = self.is_memory or isinstance(fs, LocalFileSystem)
+        self.atomic_create = self.is_memory or self.is_s3
+
+    def join(self, directory: str, name: str) -> str:
+        return f"{directory.rstrip('/')}/{name}"
+
+    def url(self, path: str) -> str:
+        return f"{self.protocol}://{path.lstrip('/') if self.protocol != 'memory' else path}"
+
+    def list_files(self, directory: str) -> list[FileInfo]:
+        self.fs.invalidate_cache(directory)
+        try:
+            entries = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in entries:
+            if e.get("type") != "file":
+                continue
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            out.append(FileInfo(name, self.join(directory, name), int(e.get("size") or 0), mtime_ms(e)))
+        return out
+
+    def list_dirs(self, directory: str) -> list[str]:
+        self.fs.invalidate_cache(directory)
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(directory, detail=True)
+                if e.get("type") == "directory"]
+
+    def makedirs(self, directory: str) -> None:
+        if self.is_memory or isinstance(self.fs, LocalFileSystem):
+            self.fs.makedirs(directory, exist_ok=True)
+        # object stores have no directories
+
+    def exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)
+        return self.fs.exists(path)
+
+    def size(self, path: str) -> int:
+        self.fs.invalidate_cache(path)
+        return int(self.fs.size(path))
+
+    def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
+        if not self.supports_append:
+            raise WalError(f"{self.url(path)}: this store has no append")
+        with atomic.MEMORY_LOCK:
+            if self.fs.exists(path):
+                raise FileExistsError(path)
+            f = self.fs.open(path, "ab")
+        return FsspecAppendFile(path, f)
+
+    def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        return atomic.object_put_if_absent(self, path, data)
+
+    def put(self, path: str, data: bytes) -> None:
+        atomic.object_put(self, path, data)
+
+    def read_file(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return bytes(self.fs.cat_file(path, start=offset, end=offset + length))
+
+    def open_read(self, path: str) -> BinaryIO:
+        return io.BytesIO(self.read_file(path))  # objects are read whole: one GET
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        finally:
+            self.fs.invalidate_cache(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        self.put(path, self.read_range(path, 0, size))
+
+    def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
+        return locks.lease_writer(self, directory, clock)
+
+    def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
+        return locks.lease_leader(self, directory, clock)
+
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+        return locks.lease_lead(self, directory, clock, lease_ms)
+
+    def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
+        return locks.lease_lock(self, directory, clock, lease_ms)
+
+
+def mtime_ms(entry: dict) -> int | None:
+    """An fsspec listing entry's modification time in ms: ``mtime`` (local, memory: seconds or a
+    datetime), ``LastModified`` (S3), ``updated``/``last_modified`` (GCS, Azure)."""
+    for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1000)
+        if isinstance(value, (int, float)):
+            return int(value * 1000)
+        if isinstance(value, str):
+            from datetime import datetime
+
+            try:
+                return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+            except ValueError:
+                continue
+    return None
