@@ -257,3 +257,69 @@ def test_binary_records_stream(spark_context, tmp_path):
     done.wait_for(500)
     ssc.stop(stopSparkContext=False)
     assert seen[500] == [b"\x00\x01\x02\x03", b"abcd", b"efgh"]
+
+
+class Recorder(StreamingListener):
+    """The driver's events of the kinds a metrics sink or a UI would follow."""
+
+    def __init__(self):
+        self.events: list = []
+        self.changed = threading.Condition()
+
+    def _add(self, event) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+
+    onCheckpointWritten = onDriverRestarted = onBatchCompleted = _add
+
+    def wait_for(self, predicate, timeout: float = 60) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: predicate(self.events), timeout), self.events
+
+
+def test_the_driver_publishes_checkpoints_written_and_its_restart_on_its_event_bus(spark_context, tmp_path):
+    from engine.listener import StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted
+
+    app, ssc, clock, done = started_app(spark_context, tmp_path)
+    first = Recorder()
+    ssc.addStreamingListener(first)
+    put_file(app.indir, "a.txt", "x y", 400)
+    clock.advance(500)
+    first.wait_for(lambda es: any(isinstance(e, StreamingListenerCheckpointWritten)
+                                  and e.checkpoint_time_ms == 500 for e in es))
+    written = [e for e in first.events if isinstance(e, StreamingListenerCheckpointWritten)]
+    assert all(e.epoch == ssc.leaderEpoch and e.took_ms >= 0 for e in written)
+    assert not any(isinstance(e, StreamingListenerDriverRestarted) for e in first.events)  # a new one
+    ssc.stop(stopSparkContext=False)
+
+    again = Recorder()
+    clock2 = ManualClock(1200)
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, again), clock=clock2)
+    ssc2.addStreamingListener(again)  # listeners are not part of a checkpoint
+    ssc2.start()
+    try:
+        again.wait_for(lambda es: any(isinstance(e, StreamingListenerDriverRestarted) for e in es))
+        restarted = next(e for e in again.events if isinstance(e, StreamingListenerDriverRestarted))
+        assert restarted.recovery == "checkpoint" and restarted.checkpoint_time_ms == 500
+        assert sorted(restarted.rerun_batch_times + restarted.skipped_batch_times) == [500, 1000]
+    finally:
+        ssc2.stop(stopSparkContext=False)
+
+
+def test_a_failing_subscriber_does_not_keep_an_event_from_the_others(caplog):
+    from engine.driver.events import EventBus
+    from engine.listener import StreamingListenerStreamingStarted
+
+    class Broken(StreamingListener):
+        def onStreamingStarted(self, event):
+            raise RuntimeError("broken listener")
+
+    heard, bus = [], EventBus()
+    bus.subscribe(Broken())
+    bus.subscribe(object())  # no callbacks at all: skipped
+    bus.subscribe(type("Hears", (StreamingListener,), {"onStreamingStarted": lambda self, e: heard.append(e)})())
+    with caplog.at_level("WARNING", logger="engine.driver.events"):
+        bus.post(StreamingListenerStreamingStarted(7))
+    assert heard == [StreamingListenerStreamingStarted(7)]
+    assert "failed in onStreamingStarted" in caplog.text

@@ -80,6 +80,33 @@ def test_a_holder_that_sees_a_newer_epoch_is_fenced(memory_url):
         old.check()
 
 
+def test_a_driver_that_loses_its_directory_says_so_on_its_event_bus_and_stops(spark_context, memory_url):
+    """Another driver takes epoch 2 of the checkpoint directory: before its next batch's outputs
+    this driver asks the store, is fenced, posts ``onDriverFenced`` and ends with the error."""
+    fenced, clock = [], ManualClock(0)
+
+    class Fenced(StreamingListener):
+        def onDriverFenced(self, event):
+            fenced.append(event)
+
+    ssc = StreamingContext(spark_context, 1.0, clock=clock)
+    ssc.checkpoint(f"{memory_url}/ckpt")
+    ssc.queueStream([[1], [2], [3]]).foreachRDD(lambda rdd: rdd.count())
+    ssc.addStreamingListener(Fenced())
+    ssc.start()
+    try:
+        assert ssc.leaderEpoch == 1
+        storage, path = resolve(f"{memory_url}/ckpt")
+        storage.put_if_absent(lease_path(storage, path, 2), b'{"epoch": 2, "holder": "pid 7 on elsewhere", '
+                              b'"expires_ms": 99999999999999}')
+        clock.advance(1000)
+        with pytest.raises(FencedError, match="epoch 2 was taken by pid 7 on elsewhere"):
+            ssc.awaitTermination(30)
+        assert len(fenced) == 1 and "epoch 2" in fenced[0].reason
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
 def test_the_wal_writes_under_the_drivers_leadership_and_stops_once_it_is_lost(memory_url):
     storage, path = resolve(f"{memory_url}/ckpt")
     clock = ManualClock(0)
@@ -174,6 +201,26 @@ def wait(cond, timeout: float, what: str, app: AppRun | None = None):
         time.sleep(0.05)
 
 
+def pause_group(pgid: int, timeout: float = 10) -> None:
+    """SIGSTOP a process group and wait until every thread of it has stopped: a thread inside a
+    system call (a rename, an fsync) finishes that call first, so the files only stay as they
+    are once all are stopped."""
+    os.killpg(pgid, signal.SIGSTOP)
+
+    def all_stopped() -> bool:
+        states = []
+        for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # a thread that ended meanwhile
+                continue
+            if int(fields[2]) == pgid:
+                states.append(fields[0])
+        return bool(states) and all(state in "tT" for state in states)
+
+    wait(all_stopped, timeout, f"process group {pgid} stopped")
+
+
 def preloaded_state(sc) -> list[str]:
     """Names of the RDDs with cached partitions that a standby read ahead of a takeover."""
     return [i.name() for i in sc._jsc.sc().getRDDStorageInfo()
@@ -203,7 +250,7 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
     standby = None
     try:
         wait(lambda: len(active.batches()) >= 2, 120, "batches of the active driver", active)
-        os.killpg(active.proc.pid, signal.SIGSTOP)  # paused: its files stay as they are
+        pause_group(active.proc.pid)  # paused: its files stay as they are
         before = tree(ckpt)
 
         second = StreamingContext(spark_context, 1.0)

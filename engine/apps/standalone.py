@@ -1,7 +1,7 @@
 """A Spark standalone cluster on 127.0.0.1: a master and workers started with pyspark's own
 ``spark-class`` scripts (no Spark download: the pyspark wheel carries them), each in its own
 process group, stopped with their executors. Used by the tests and ``python -m engine.drill
---standalone N``; the README's "Running on a cluster" gives the same commands by hand.
+--standalone N``; docs/cluster.md gives the same commands by hand.
 
 The master's REST submission server is off; web UIs bind ephemeral ports on 127.0.0.1. The
 workers pass their environment to the executors they launch: credentials a cluster's machines

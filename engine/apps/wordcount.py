@@ -277,7 +277,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(default WORKDIR/log)")
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                     help="an fsspec option of --checkpoint and --input (repeatable); credentials "
-                    "are best left to the environment (see the README)")
+                    "are best left to the environment (see docs/cluster.md)")
     ap.add_argument("--standby", action="store_true",
                     help="run as a hot standby of the driver leading --dir's checkpoint (no input "
                     "of its own; takes the stream over when that driver dies; runs until stopped)")

@@ -111,7 +111,16 @@ class JobScheduler:
             self._pending[time_ms] = js
         self._driver.events.post(StreamingListenerBatchSubmitted(js.info()))
         for job in jobs:
-            self._pool.submit(self._run, js, job)
+            self._pool.submit(self._run_reporting, js, job)
+
+    def _run_reporting(self, js: _JobSet, job: Job) -> None:
+        """A pool thread's failure outside the job itself (a bug of the engine, a listener's
+        error escaping) ends the context with that error instead of vanishing in the pool."""
+        try:
+            self._run(js, job)
+        except BaseException as e:  # noqa: BLE001
+            log.error("batch %d: the scheduler failed outside its job", js.time_ms, exc_info=True)
+            self._driver.report_error(e, js.time_ms)
 
     def _run(self, js: _JobSet, job: Job) -> None:
         if self._abandoned:  # picked up just as a stop gave up: left for the restart
