@@ -204,21 +204,29 @@ def wait(cond, timeout: float, what: str, app: AppRun | None = None):
 def pause_group(pgid: int, timeout: float = 10) -> None:
     """SIGSTOP a process group and wait until every thread of it has stopped: a thread inside a
     system call (a rename, an fsync) finishes that call first, so the files only stay as they
-    are once all are stopped."""
+    are once all are stopped (zombies, which write nothing, are left as they are)."""
     os.killpg(pgid, signal.SIGSTOP)
+    running: list[str] = []
 
     def all_stopped() -> bool:
-        states = []
+        running.clear()
+        seen = False
         for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
             try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
+                text = stat.read_text()
             except OSError:  # a thread that ended meanwhile
                 continue
+            fields = text.rsplit(")", 1)[1].split()
             if int(fields[2]) == pgid:
-                states.append(fields[0])
-        return bool(states) and all(state in "tT" for state in states)
+                seen = True
+                if fields[0] not in "tTZX":
+                    running.append(f"{stat.parent.parent.name}: {text.split(')')[0]}) {fields[0]}")
+        return seen and not running
 
-    wait(all_stopped, timeout, f"process group {pgid} stopped")
+    deadline = time.monotonic() + timeout
+    while not all_stopped():
+        assert time.monotonic() < deadline, f"process group {pgid} not stopped: {running[:5]}"
+        time.sleep(0.01)
 
 
 def preloaded_state(sc) -> list[str]:
