@@ -36,6 +36,8 @@ def events_of(workdir, *args) -> list[dict]:
                           *map(str, args)], capture_output=True, text=True, timeout=180,
                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
     assert out.returncode == 0, out.stderr[-2000:]
+    # Spark's start-up lines stay out of the way (the main job's quiet log4j configuration)
+    assert "log4j" not in out.stderr and "NativeCodeLoader" not in out.stderr, out.stderr[-2000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
