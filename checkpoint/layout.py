@@ -4,28 +4,23 @@ The engine, the tracker's caller and the inspectors ask this module where things
 else spells these names. Each file's format is described by the module that owns it (named
 below).
 
-=============================  ==============================================  ======================
-path                           what                                            format owned by
-=============================  ==============================================  ======================
-``checkpoint-<ms>[.bk]``       DStream checkpoints (data only), Spark's names   :mod:`checkpoint.checkpoint_file`
-``code-<sha>``                 the program pickled (the code part)              :mod:`checkpoint.code`
-``state/<stream>-<ms>.*``      state snapshots (Arrow), full or delta           :mod:`checkpoint.state_files`
-``offsets/<id>``               Structured Streaming's offset log                :mod:`checkpoint.offsets`
-``commits/<id>``               Structured Streaming's commit log                :mod:`checkpoint.offsets`
-``sources/<input>/0``          where each direct input started                  :mod:`engine.sources.batch_log`
-``metadata``                   a Structured Streaming query's id (inspected)    Spark's ``StreamMetadata``
-``receivedBlockMetadata/``     the block tracker's WAL (Spark's name)           :mod:`tracker.events`
-``receivedData/<stream>-e<n>/``  received blocks, one WAL per stream and epoch  :mod:`engine.receiver.blocks`
-``rdds/``                      Spark's RDD checkpoint directory (users' own)    Spark
-``.leader.lock``, ``.leader/``  the driver's leadership (lock, or leases)       :mod:`wal.storage`
-=============================  ==============================================  ======================
+* ``checkpoint-<ms>[.bk]``: DStream checkpoints, data only, Spark's names (:mod:`checkpoint.checkpoint_file`)
+* ``code-<sha>``: the program, pickled (the code part; :mod:`checkpoint.code`)
+* ``state/<stream>-<ms>[-e<epoch>].*``: state snapshots in Arrow, full or delta (:mod:`checkpoint.state_files`)
+* ``offsets/<id>``, ``commits/<id>``: Structured Streaming's offset and commit logs (:mod:`checkpoint.offsets`)
+* ``sources/<input>/0``: where each direct input started (:mod:`engine.sources.batch_log`)
+* ``metadata``: a Structured Streaming query's id, inspected only (Spark's ``StreamMetadata``)
+* ``receivedBlockMetadata/``: the block tracker's WAL, Spark's name (records: :mod:`tracker.events`)
+* ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch (:mod:`engine.receiver.blocks`)
+* ``rdds/``: Spark's RDD checkpoint directory, for users' own ``rdd.checkpoint()``
+* ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`wal.locks`)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wal.storage import LEADER_LEASES, LEADER_LOCK
+from wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CODE_PREFIX = "code-"
@@ -41,8 +36,8 @@ RDDS = "rdds"
 #: Subdirectories a checkpoint directory may hold, for the inspectors.
 SUBDIRECTORIES = (STATE, OFFSETS, COMMITS, SOURCES, RECEIVED_BLOCK_METADATA, RECEIVED_DATA, RDDS)
 
-__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "LEADER_LEASES",
-           "LEADER_LOCK", "METADATA", "OFFSETS", "RDDS", "RECEIVED_BLOCK_METADATA", "RECEIVED_DATA",
+__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "LEADER_EPOCH",
+           "LEADER_LEASES", "LEADER_LOCK", "METADATA", "OFFSETS", "RDDS", "RECEIVED_BLOCK_METADATA", "RECEIVED_DATA",
            "SOURCES", "STATE", "SUBDIRECTORIES"]
 
 

@@ -201,32 +201,68 @@ def wait(cond, timeout: float, what: str, app: AppRun | None = None):
         time.sleep(0.05)
 
 
-def pause_group(pgid: int, timeout: float = 10) -> None:
-    """SIGSTOP a process group and wait until every thread of it has stopped: a thread inside a
-    system call (a rename, an fsync) finishes that call first, so the files only stay as they
-    are once all are stopped (zombies, which write nothing, are left as they are)."""
-    os.killpg(pgid, signal.SIGSTOP)
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        out[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
+    return out
+
+
+def pause_app(pgid: int, timeout: float = 10) -> list[int]:
+    """SIGSTOP an app's process group and every process below it (PySpark's Python workers run in
+    process groups of their own, and write state snapshot parts), then wait until every thread
+    of them has stopped: a thread inside a system call (a rename, an fsync) finishes that call
+    first, so the files only stay as they are once all are stopped (zombies, which write nothing,
+    are left as they are). Returns the pids, for :func:`resume`."""
+    pids: set[int] = set()
+    while True:  # stopping a parent stops it forking; look again until no new one appears
+        procs = _processes()
+        found = {pid for pid, (_, group) in procs.items() if group == pgid}
+        grew = True
+        while grew:
+            below = {pid for pid, (parent, _) in procs.items() if parent in found} - found
+            found |= below
+            grew = bool(below)
+        if found <= pids:
+            break
+        for pid in found - pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        pids |= found
     running: list[str] = []
 
     def all_stopped() -> bool:
         running.clear()
-        seen = False
-        for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-            except OSError:  # a thread that ended meanwhile
-                continue
-            fields = text.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                seen = True
-                if fields[0] not in "tTZX":
-                    running.append(f"{stat.parent.parent.name}: {text.split(')')[0]}) {fields[0]}")
-        return seen and not running
+        for pid in pids:
+            for stat in Path(f"/proc/{pid}/task").glob("[0-9]*/stat"):
+                try:
+                    state = stat.read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:  # a thread that ended meanwhile
+                    continue
+                if state not in "tTZX":
+                    running.append(f"{pid}/{stat.parent.name} {state}")
+        return not running
 
     deadline = time.monotonic() + timeout
     while not all_stopped():
-        assert time.monotonic() < deadline, f"process group {pgid} not stopped: {running[:5]}"
+        assert time.monotonic() < deadline, f"app {pgid} not stopped: {running[:5]}"
         time.sleep(0.01)
+    return sorted(pids)
+
+
+def resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def preloaded_state(sc) -> list[str]:
@@ -255,10 +291,10 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
     stop, stop_input = threading.Event(), threading.Event()
     generator, generated = start_input(str(workdir / "input"), 14, 1.0, stop, stop_input)
     active = AppRun(str(workdir), 1.0)
-    standby = None
+    standby, paused = None, []
     try:
         wait(lambda: len(active.batches()) >= 2, 120, "batches of the active driver", active)
-        pause_group(active.proc.pid)  # paused: its files stay as they are
+        paused = pause_app(active.proc.pid)  # paused: its files stay as they are
         before = tree(ckpt)
 
         second = StreamingContext(spark_context, 1.0)
@@ -278,7 +314,7 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         assert not standby.awaitLeadership(2.0)  # the paused driver still leads
         assert tree(ckpt) == before  # byte-identical: the standby wrote nothing
 
-        os.killpg(active.proc.pid, signal.SIGCONT)
+        resume(paused)
         done = len(active.batches())
         wait(lambda: len(active.batches()) > done, 60, "a batch after the pause", active)
         # hot: once the active driver has snapshotted its state (every 10 s), the standby holds it
@@ -297,8 +333,8 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         wait_until_counted(str(workdir), generated)
     finally:
         stop.set()
+        resume(paused)
         if active.proc.poll() is None:
-            os.killpg(active.proc.pid, signal.SIGCONT)
             active.kill()
         if standby is not None:
             standby.stop(stopSparkContext=False)

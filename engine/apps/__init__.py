@@ -22,13 +22,13 @@ def run_from_command(argv: list[str]) -> int:
     the app's own ``main(ARGS)``, its exit statuses (:mod:`engine.apps.arguments`) and its
     ``--help``."""
     if argv[0] == "drill":
-        module, rest = "engine.apps.drill", argv[1:]
+        module, rest, prog = "engine.apps.drill", argv[1:], "sparkwal drill"
     elif len(argv) < 2 or argv[1] not in APPS:
         what = f"unknown app {argv[1]!r}" if len(argv) > 1 else "an app to run is missing"
         print(f"sparkwal run: {what}; apps: {', '.join(APPS)}", file=sys.stderr)
         return 2  # a usage error, as every sparkwal command
     else:
-        module, rest = APPS[argv[1]], argv[2:]
-    return importlib.import_module(module).main(rest)
+        module, rest, prog = APPS[argv[1]], argv[2:], f"sparkwal run {argv[1]}"
+    return importlib.import_module(module).main(rest, prog=prog)
 
 

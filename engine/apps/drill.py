@@ -107,11 +107,11 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") -> int:
     """The drill; exit statuses in :mod:`engine.apps.arguments` (1: something was lost or counted
     twice, or the app failed; 2: a mistake in the arguments or the environment, found before
     any JVM starts)."""
-    ap = argparse.ArgumentParser(prog="python -m engine.drill", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=a.__doc__.split("\n\n", 1)[1])
     ap.add_argument("--kills", type=a.count, default=None,

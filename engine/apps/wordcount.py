@@ -252,10 +252,10 @@ def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str, signal_name:
           + f"; {outputs} batch outputs in {out_dir}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     from engine.apps import arguments as a
 
-    ap = argparse.ArgumentParser(prog="python -m engine.wordcount", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=a.__doc__.split("\n\n", 1)[1])
     ap.add_argument("--dir", default="wordcount-run", help="work directory (input/output/checkpoint)")
@@ -294,12 +294,12 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`engine.apps.arguments` (every mistake found here is one
     line and status 2, before the JVM starts)."""
     from engine.apps import arguments as a
 
-    ap = _parser()
+    ap = _parser(prog)
     args = ap.parse_args(argv)
     a.check_environment(ap)
     a.check_master(ap, args.master)

@@ -51,7 +51,7 @@ REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
 
 def become_standby(driver) -> None:
     """Make a started ``driver`` (under ``Driver.active_lock``) a standby and start waiting."""
-    holder = driver.leadership.storage.leader(driver.leadership.path)
+    holder = driver.current_leader()
     log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
              holder.describe() if holder else "another driver")
     driver.prepared_program = driver.prepare_program()  # (an unpicklable graph fails start() here too)
