@@ -73,3 +73,15 @@ def storage_url(request, tmp_path):
     if request.param == "memory":
         return request.getfixturevalue("memory_url"), None
     return request.getfixturevalue("s3_url")
+
+
+@pytest.fixture(autouse=True)
+def no_context_left_active():
+    """A test that fails before stopping its context must not fail every later one ("Only one
+    StreamingContext may be started in this process"): whatever it left active is stopped."""
+    yield
+    engine = sys.modules.get("engine.context")
+    if engine is not None:
+        active = engine.StreamingContext.getActive()
+        if active is not None:
+            active.stop(stopSparkContext=False)

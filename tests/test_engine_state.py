@@ -182,7 +182,7 @@ def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url)
         put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
         clock.advance(500)
         done.wait_for(t)
-    ssc.stop(stopSparkContext=False)
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)  # batch 2000's completion checkpointed
     fs = fsspec.filesystem("s3", **options)
     assert any(p.endswith(".manifest") for p in fs.ls(f"{base}/ckpt/state"))
 
