@@ -13,6 +13,7 @@ below).
 * ``receivedBlockMetadata/``: the block tracker's WAL, Spark's name (records: :mod:`tracker.events`)
 * ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch (:mod:`engine.receiver.blocks`)
 * ``rdds/``: Spark's RDD checkpoint directory, for users' own ``rdd.checkpoint()``
+* ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each (:mod:`checkpoint.event_log`)
 * ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`wal.locks`)
 """
 
@@ -32,11 +33,12 @@ METADATA = "metadata"
 RECEIVED_BLOCK_METADATA = "receivedBlockMetadata"
 RECEIVED_DATA = "receivedData"
 RDDS = "rdds"
+EVENTS = "events"
 
 #: Subdirectories a checkpoint directory may hold, for the inspectors.
-SUBDIRECTORIES = (STATE, OFFSETS, COMMITS, SOURCES, RECEIVED_BLOCK_METADATA, RECEIVED_DATA, RDDS)
+SUBDIRECTORIES = (STATE, OFFSETS, COMMITS, SOURCES, RECEIVED_BLOCK_METADATA, RECEIVED_DATA, RDDS, EVENTS)
 
-__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "LEADER_EPOCH",
+__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "EVENTS", "LEADER_EPOCH",
            "LEADER_LEASES", "LEADER_LOCK", "METADATA", "OFFSETS", "RDDS", "RECEIVED_BLOCK_METADATA", "RECEIVED_DATA",
            "SOURCES", "STATE", "SUBDIRECTORIES"]
 
@@ -100,3 +102,8 @@ class CheckpointLayout:
     @property
     def rdds(self) -> str:
         return self._join(RDDS)
+
+    @property
+    def events(self) -> str:
+        """The driver runs' event log (:mod:`checkpoint.event_log`)."""
+        return self._join(EVENTS)

@@ -84,6 +84,14 @@ class StreamingContext:
         return self._driver.sc
 
     @property
+    def uiWebUrl(self) -> str | None:
+        """The streaming UI's address (``{uiWebUrl}/streaming/``, ``/api/v1/...``, ``/metrics``)
+        once started; None before, and when ``spark.ui.enabled`` is false (see
+        :mod:`engine.driver.observability`)."""
+        observer = self._driver.observer
+        return observer.url if observer is not None else None
+
+    @property
     def recovery(self) -> str:
         """How this context came to be: "new" (built by the program), "checkpoint" (rebuilt from
         a checkpoint, code included), "upgrade" (the program's graph, the checkpoint's data) or

@@ -52,6 +52,7 @@ class OutputOperationInfo:
     start_time_ms: int = -1
     end_time_ms: int = -1
     failure: str | None = None
+    job_ids: tuple[int, ...] = ()  #: the Spark jobs it ran (Spark's ``OutputOpIdAndSparkJobId`` pairs)
 
     # pyspark.streaming's accessors
     def batchTime(self) -> Time:

@@ -58,6 +58,7 @@ class WalStatistics:
     torn_tails_truncated: int = 0  #: torn tails cut off when a writer opened the log
     torn_bytes_truncated: int = 0
     queued_records: int = 0  #: records waiting for a group commit (batched logs)
+    sync_seconds: float = 0.0  #: time spent in those barriers (fsyncs, object PUTs)
 
 
 class WriteAheadLog(ABC):

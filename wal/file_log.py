@@ -1,17 +1,12 @@
 """FileBasedWriteAheadLog: a time-rolled, checksummed, fsync'd log of segment files on any storage.
 
-Semantics follow Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning) with these
-deliberate improvements:
-
-* every record carries a CRC32C (format in :mod:`wal.segment`); a torn tail is cut off when a
-  writer opens the log, corruption anywhere else is a loud :class:`CorruptRecordError`;
-* ``write`` really is durable on return (``fdatasync``; see :class:`~wal.base.Durability`);
-* a writer never appends to a segment it did not create: each writer instance starts a fresh
-  segment whose start time is ``max(time, newest start + 1)``, so segment names are unique and
-  strictly increasing even when two writes share a millisecond (Spark re-opened the same name);
-* a failed write cuts the segment back to its last good record before retrying on a new one,
-  so a failure never leaves garbage between valid records;
-* a single writer per directory (an OS lock, or a lease object on object stores).
+Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning), improved: every record carries a CRC32C
+(format in :mod:`wal.segment`): a torn tail is cut off when a writer opens the log, corruption anywhere else is a
+loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``; :class:`~wal.base.Durability`);
+a writer never appends to a segment it did not create (each starts a fresh one at ``max(time, newest start +
+1)``, so names are unique and increasing even when two writes share a millisecond: Spark re-opened the same
+name); a failed write cuts the segment back to its last good record before retrying on a new one (no garbage
+between valid records); one writer per directory (an OS lock, or a lease object on object stores).
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from time import perf_counter as _perf_counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
@@ -54,6 +50,7 @@ class _Counters:
         self.segments_created = self.segments_deleted = 0
         self.write_failures = self.delete_failures = 0
         self.torn_tails_truncated = self.torn_bytes_truncated = 0
+        self.sync_seconds = 0.0  #: time spent in durability barriers
 
 
 class FileBasedWriteAheadLog(WriteAheadLog):
@@ -114,7 +111,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self._closed = False
         self._delete_pool: ThreadPoolExecutor | None = None
         self._stats = _Counters()
-        self._fast_records = self._fast_bytes = 0  # written by the fast path (one write each)
+        self._fast_records, self._fast_bytes, self._fast_sync_s = 0, 0, 0.0  # by the fast path (one write each)
 
     # ---------------------------------------------------------------- listing
 
@@ -177,7 +174,9 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                     self._writer.size = offset + written
                     if self._fsync:
                         try:
+                            began = _perf_counter()
                             _os_fdatasync(fd)
+                            self._fast_sync_s += _perf_counter() - began
                         except OSError as exc:
                             self._abandon_writer(offset)
                             self._write_failed(exc, 1, 1, time_ms)
@@ -255,7 +254,9 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         try:
             base = writer.append(frames)
             if self._fsync:
+                began = _perf_counter()
                 writer.sync()
+                self._stats.sync_seconds += _perf_counter() - began
                 self._stats.syncs += 1
         except BaseException:
             self._abandon_writer(good_size)
@@ -293,10 +294,12 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         while True:
             start, end, path = self._next_segment(time_ms)
             self._last_start = start
+            began = _perf_counter()
             if self._storage.put_if_absent(path, HEADER + frames):
                 break
             log.warning("segment %s already exists; trying the next millisecond", path)
         self._segments.append(SegmentName(start, end, path))
+        self._stats.sync_seconds += _perf_counter() - began  # an object PUT: its durability barrier
         self._stats.syncs += 1
         self._stats.segments_created += 1
         return path
@@ -423,6 +426,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
             counts["bytes_written"] += self._fast_bytes
             counts["writes"] += fast
             counts["syncs"] += fast if self._fsync else 0
+            counts["sync_seconds"] += self._fast_sync_s
             return WalStatistics(**counts, segments=len(self._segments))
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDri
 from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
-from . import batches, checkpointing, leadership, receiver_lifecycle, recovery, standby
+from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
 from .backlog import WARN_INTERVALS_KEY, BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
@@ -94,6 +94,8 @@ class Driver:
         self.leader_event = threading.Event()  # set once this driver is the active one
         self.standby_stop = threading.Event()
         self.standby_thread: threading.Thread | None = None
+        self.standby_tail = None  # a standby's reading of the leader's checkpoints
+        self.observer: observability.Observer | None = None  # the UI, metrics and event log
         self.fenced: BaseException | None = None
         self.succeeded_ms = -1  # the newest batch whose outputs all succeeded
         self.skip_outputs_ms: set[int] = set()  # regenerated without outputs (see recovery.rerun)
@@ -125,16 +127,23 @@ class Driver:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self.graph.validate()
             self.snapshots.check_directory()
+            self.observer = observability.Observer(self)  # a bad UI setting fails start() here
             cluster.prepare(self.sc, self.conf)  # sparkwal's code on the executors, or a clear error
             if self.checkpoint_dir is not None:
                 self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
                                                               self.lease_timeout_ms())
                 if self.standby_requested and self.leadership.try_take() is None:
+                    self.observer.open()
                     standby.become_standby(self)
                     return
                 if not self.standby_requested:
                     self.leadership.take()
-            self.start_active()
+            self.observer.open()
+            try:
+                self.start_active()
+            except BaseException:
+                self.observer.close()
+                raise
             self.leader_event.set()
         if self.conf.get("spark.streaming.stopGracefullyOnShutdown", "false").lower() == "true":
             stop_gracefully_on_signals(self.context)
@@ -182,6 +191,7 @@ class Driver:
         receiver_lifecycle.start_receivers(self)
         self.generator.timer.start(first)
         self.activate()
+        self.observer.on_active()
         if self.recovery != "new" or self.rerun_batch_times or self.skipped_batch_times:
             self.events.post(StreamingListenerDriverRestarted(
                 self.recovery, self.restored.checkpoint_time_ms if self.restored else None,
@@ -255,6 +265,8 @@ class Driver:
                     s.stop()
             if self.leadership is not None:
                 self.leadership.release()
+            if self.observer is not None:
+                self.observer.close()
             self.state = STOPPED
             self.leader_event.set()  # awaitLeadership returns (False)
             with Driver.active_lock:

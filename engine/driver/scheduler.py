@@ -129,7 +129,9 @@ class JobScheduler:
                 self._lock.notify_all()
             return
         driver, sc = self._driver, self._driver.sc
-        sc.setJobGroup(job_group(js.time_ms), f"streaming batch {js.time_ms}", interruptOnCancel=True)
+        group = job_group(js.time_ms, job.output_op_id)
+        sc.setJobGroup(group, f"streaming batch {js.time_ms}, output operation {job.output_op_id}: {job.op_name}",
+                       interruptOnCancel=True)
         now = driver.clock.now_ms()
         with js.lock:
             first = js.start_ms is None
@@ -151,7 +153,8 @@ class JobScheduler:
             driver.report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
-        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, driver.clock.now_ms(), failure)
+        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, driver.clock.now_ms(), failure,
+                                 spark_job_ids(sc, group))
         driver.events.post(StreamingListenerOutputOperationCompleted(op))
         with js.lock:
             js.ops[job.output_op_id] = op
@@ -182,7 +185,10 @@ class JobScheduler:
             if not pending:
                 return
             for t in pending:
-                self._driver.sc.cancelJobGroup(job_group(t))
+                with self._lock:
+                    js = self._pending.get(t)
+                for op_id in (js.ops if js is not None else ()):
+                    self._driver.sc.cancelJobGroup(job_group(t, op_id))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("batches %s still running after cancelling them for %s s", pending, timeout_s)
@@ -208,8 +214,18 @@ class JobScheduler:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
-def job_group(time_ms: int) -> str:
-    return f"sparkwal-streaming-batch-{time_ms}"
+def job_group(time_ms: int, output_op_id: int) -> str:
+    """One Spark job group per output operation of a batch: cancelled together at a stop, and
+    the way each operation's Spark job ids are found (the UI's batch page links them)."""
+    return f"sparkwal-streaming-batch-{time_ms}-op-{output_op_id}"
+
+
+def spark_job_ids(sc, group: str) -> tuple[int, ...]:
+    """The Spark jobs an output operation ran (Spark's status tracker; none once it forgot them)."""
+    try:
+        return tuple(sorted(sc.statusTracker().getJobIdsForGroup(group)))
+    except Exception:  # noqa: BLE001 (a stopping SparkContext: the ids are only for show)
+        return ()
 
 
 class JobGenerator:

@@ -192,6 +192,7 @@ def warm_up(sc, light: bool = False) -> None:
 
 def _stand_by(driver) -> None:
     tail = _Tail(driver)
+    driver.standby_tail = tail  # the UI shows how far behind it is
     tail.start()
     try:
         lead = driver.leadership.wait_for(driver.standby_stop)

@@ -49,6 +49,9 @@ class StateSnapshots:
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
         self.roots: dict[int, int] = {}  # stream index -> batch time its state's lineage starts at
         self.checkpoints_written = 0
+        #: stream name -> the newest snapshots' sizes: "fullBytes", "deltaBytes", and "keys" (as of
+        #: the newest full snapshot), for the UI and the metrics
+        self.sizes: dict[str, dict[str, int]] = {}
         #: a standby's state, read and cached ahead of a takeover: (stream index, batch time) ->
         #: (the newest snapshot URL of the chain read, the cached RDD)
         self._preloaded: dict[tuple[int, int], tuple[str, object]] = {}
@@ -247,6 +250,10 @@ class StateSnapshots:
                                       partitioned=stream.state_partitioned(rdd),
                                       storage_options=driver.storage_options, fence=driver.lead())
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
+            self.sizes.setdefault(state.name, {})[
+                "fullBytes" if base is None else "deltaBytes"] = state.snapshots[time_ms].bytes
+            if base is None:
+                self.sizes[state.name]["keys"] = sum(p[0] for p in manifest["parts"])
             if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
                 stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
                 self.roots[index] = time_ms

@@ -1,0 +1,240 @@
+"""The driver runs' event log: what each run of a driver on a checkpoint did, kept with the checkpoint.
+
+The Streaming page, the REST API and ``sparkwal ui`` / ``sparkwal status`` read it, so a
+driver's history outlives the driver (Spark's Streaming tab forgets everything when it dies).
+
+Layout, under the checkpoint's ``events/`` (:class:`checkpoint.layout.CheckpointLayout.events`)::
+
+    events/run-<startMs:013d>-e<epoch>/run.json   one driver run: a JSON object, replaced whole
+    events/run-<startMs:013d>-e<epoch>/log/       its events: a wal.FileBasedWriteAheadLog
+
+``run.json`` (written when the run starts, replaced when it learns more)::
+
+    {"version": 1, "kind": "new" | "restart" | "takeover", "appId", "appName", "epoch",
+     "startTime": ms, "batchDuration": ms, "checkpointTime": ms | null,
+     "rerunBatches": [ms, ...], "skippedBatches": [ms, ...],
+     "streams": [{"id", "name", "receiver": bool}, ...], "sparkUser", "sparkVersion",
+     later: "firstNewBatch": ms, "endTime": ms, "fenced": reason}
+
+Each WAL record is one event, a UTF-8 JSON object with an ``"event"`` key and ``"time"`` (ms)::
+
+    batch       a completed batch: batchTime, submissionTime, processingStartTime,
+                processingEndTime, inputs {streamId: records}, ops [{id, name, description,
+                startTime, endTime, failureReason | null, jobIds}]
+    checkpoint  checkpointTime, epoch, tookMs
+    receiver    kind (started | error | stopped), streamId, name, active, executorId, host,
+                lastErrorTime, lastErrorMessage, lastError
+    backlog     state, schedulingDelay, backlog
+    statistics  wal {log: {syncs, records, bytes, segments, tornTails, syncSeconds}},
+                state {stream: {keys, fullBytes, deltaBytes}}  (sampled after batches)
+    fenced      reason
+    stopped     (a stop the driver lived to write)
+
+Retention: the newest ``retained_batches`` batch records over every run (Spark's
+``spark.streaming.ui.retainedBatches``), plus every run's ``run.json`` (a few hundred bytes
+each); older WAL segments are deleted by batch time. Events are written off the batch's path by
+one thread, flushed to the OS (not fsync'ed: a killed driver loses none, a machine crash may
+lose the last second; it is a record, not a source of truth). A queue of ``max_queued``
+events bounds memory when storage is slower than the driver: past it, events are dropped and
+counted (``statistics().dropped``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import re
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+from wal import CorruptRecordError, Durability, FileBasedWriteAheadLog, WalError
+from wal.storage import resolve
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+RUN_FILE = "run.json"
+LOG_DIR = "log"
+RUN_DIR = re.compile(r"run-(\d{13})-e(\d+)")
+
+
+def run_name(start_ms: int, epoch: int | None) -> str:
+    return f"run-{start_ms:013d}-e{epoch or 0}"
+
+
+def encode(record: dict) -> bytes:
+    return json.dumps(record, separators=(",", ":"), default=str).encode()
+
+
+@dataclass(frozen=True)
+class EventLogStatistics:
+    records_written: int
+    bytes_written: int
+    dropped: int  #: events not written: the queue was full (storage slower than the driver)
+    write_failures: int
+    queued: int
+
+
+def read_runs(events_dir: str, storage_options: dict | None = None) -> list[dict]:
+    """Every run's ``run.json``, oldest first, each with ``"path"`` (its directory) added. A run
+    whose file is missing or unreadable appears with ``"error"`` saying why."""
+    storage, root = resolve(events_dir, storage_options)
+    if not storage.exists(root):
+        return []
+    runs = []
+    for path in storage.list_dirs(root):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not RUN_DIR.fullmatch(name):
+            continue
+        run_file = storage.join(path, RUN_FILE)
+        try:
+            run = json.loads(storage.read_file(run_file))
+            if not isinstance(run, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            start, epoch = RUN_DIR.fullmatch(name).groups()
+            run = {"startTime": int(start), "epoch": int(epoch), "error": f"{run_file}: {e}"}
+        run["path"] = path
+        runs.append(run)
+    runs.sort(key=lambda r: (r.get("startTime", 0), r["path"]))
+    return runs
+
+
+def read_events(run_path: str, storage_options: dict | None = None) -> Iterator[dict]:
+    """A run's events, oldest first. A damaged record ends the reading with a warning naming it
+    (what came before is still given); a torn tail is the WAL's to skip."""
+    storage, root = resolve(run_path, storage_options)
+    wal = FileBasedWriteAheadLog(storage.join(root, LOG_DIR), storage_options=storage_options)
+    try:
+        for data in wal.read_all():
+            try:
+                record = json.loads(data)
+            except ValueError:
+                log.warning("%s: an event that is not JSON; the rest of this run's log is skipped", run_path)
+                return
+            if isinstance(record, dict):
+                yield record
+    except (CorruptRecordError, WalError) as e:
+        log.warning("%s: %s; the rest of this run's log is skipped", run_path, e)
+    finally:
+        wal.close()
+
+
+class EventLogWriter:
+    """Writes one run: its ``run.json`` at once, then its events from a thread of its own."""
+
+    def __init__(self, events_dir: str, run: dict, *, storage_options: dict | None = None,
+                 retained_batches: int = 1000, prior_batch_times: list[int] = (),
+                 prior_runs: list[str] = (), lock=None, max_queued: int = 10_000):
+        self._storage, root = resolve(events_dir, storage_options)
+        self._storage_options = storage_options
+        self.run = {"version": VERSION, **run}
+        self.path = self._storage.join(root, run_name(run["startTime"], run.get("epoch")))
+        self._storage.makedirs(self.path)
+        self._put_run()
+        batch_ms = max(1, int(run.get("batchDuration") or 1000))
+        # segments of about a tenth of the retained batches: the log holds at most ~10% more
+        rolling_s = max(1.0, batch_ms * retained_batches / 10 / 1000)
+        self._wal = FileBasedWriteAheadLog(self._storage.join(self.path, LOG_DIR), rolling_interval_s=rolling_s,
+                                           storage_options=storage_options, durability=Durability.FLUSH,
+                                           close_file_after_write=not self._storage.supports_append, lock=lock)
+        self._retained = collections.deque(sorted(prior_batch_times)[-retained_batches:], maxlen=retained_batches)
+        self._clean_every = max(1, retained_batches // 10)
+        self._since_clean = 0
+        self._prior_runs = list(prior_runs)
+        self._queue: queue.Queue = queue.Queue(max_queued)
+        self._lock = threading.Lock()
+        self._records = self._bytes = self._dropped = self._failures = 0
+        self._thread = threading.Thread(target=self._write_loop, name="sparkwal-event-log", daemon=True)
+        self._thread.start()
+
+    def append(self, record: dict) -> None:
+        """Queue one event (never blocks the caller)."""
+        try:
+            self._queue.put_nowait(("event", record))
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def update_run(self, **fields) -> None:
+        """Add ``fields`` to ``run.json`` (replaced whole, after the events queued before)."""
+        try:
+            self._queue.put_nowait(("run", fields))
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued (for at most ``timeout_s``), then close the log."""
+        self._queue.put(("close", None))
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("the event log %s did not finish writing in %s s", self.path, timeout_s)
+            return
+        self._wal.close()
+
+    def statistics(self) -> EventLogStatistics:
+        with self._lock:
+            return EventLogStatistics(self._records, self._bytes, self._dropped, self._failures,
+                                      self._queue.qsize())
+
+    # ------------------------------------------------------------------ the writer's thread
+
+    def _put_run(self) -> None:
+        self._storage.put(self._storage.join(self.path, RUN_FILE), encode(self.run))
+
+    def _write_loop(self) -> None:
+        closing = False
+        while not closing:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            events, run_changed = [], False
+            for kind, value in items:
+                if kind == "event":
+                    events.append(value)
+                elif kind == "run":
+                    self.run.update(value)
+                    run_changed = True
+                else:
+                    closing = True
+            try:
+                self._write(events)
+                if run_changed:
+                    self._put_run()
+            except Exception:  # noqa: BLE001 (a record, not the stream: log it and go on)
+                with self._lock:
+                    self._failures += 1
+                log.warning("could not write %d events to %s", len(events), self.path, exc_info=True)
+
+    def _write(self, events: list[dict]) -> None:
+        if not events:
+            return
+        data = [encode(e) for e in events]
+        self._wal.write_many(data, max(int(e.get("time", 0)) for e in events))
+        with self._lock:
+            self._records += len(data)
+            self._bytes += sum(map(len, data))
+        batches = [e["batchTime"] for e in events if e.get("event") == "batch"]
+        self._retained.extend(batches)
+        self._since_clean += len(batches)
+        if self._since_clean >= self._clean_every and len(self._retained) == self._retained.maxlen:
+            self._since_clean = 0
+            self._clean(self._retained[0])
+
+    def _clean(self, thresh_ms: int) -> None:
+        """Delete segments holding only batches older than the retained ones, in every run."""
+        self._wal.clean(thresh_ms)
+        for run_path in self._prior_runs:
+            reader = FileBasedWriteAheadLog(self._storage.join(run_path, LOG_DIR),
+                                            storage_options=self._storage_options)
+            try:
+                reader.clean(thresh_ms, wait_for_completion=True)
+            finally:
+                reader.close()

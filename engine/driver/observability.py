@@ -1,0 +1,179 @@
+"""What a driver shows of itself: its events recorded (:mod:`engine.ui.recorder`) into its run's
+status, its metrics and its checkpoint's event log, served at ``StreamingContext.uiWebUrl``.
+
+Conf keys: ``spark.ui.enabled`` (Spark's; "false": no server, ``uiWebUrl`` None; events are still
+recorded), ``spark.sparkwal.ui.port`` (unset: the first free port from 4050; 0: any free port),
+``spark.streaming.ui.retainedBatches`` (Spark's, 1000: batches kept in memory and in the event
+log), ``spark.sparkwal.eventLog.enabled`` ("true": a driver with a checkpoint keeps its events
+under it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+from checkpoint.event_log import EventLogWriter, read_events, read_runs
+from checkpoint.layout import CheckpointLayout
+
+from ..ui.catalog import Catalog
+from ..ui.metrics import Metrics
+from ..ui.recorder import Recorder
+from ..ui.server import UiServer
+from ..ui.status import RunStatus
+
+log = logging.getLogger(__name__)
+
+UI_PORT_KEY = "spark.sparkwal.ui.port"
+RETAINED_BATCHES_KEY = "spark.streaming.ui.retainedBatches"
+EVENT_LOG_KEY = "spark.sparkwal.eventLog.enabled"
+
+
+def stream_name(stream) -> str:
+    """Spark's input stream names: ``SocketInputDStream`` #0 is "Socket Stream [0]"."""
+    base = type(stream).__name__.replace("InputDStream", "Stream").replace("DStream", "Stream")
+    return " ".join(re.findall(r"[A-Z][a-z0-9]*|[a-z0-9]+", base)) + f" [{stream.input_id}]"
+
+
+class Observer:
+    def __init__(self, driver):
+        self._driver = driver
+        conf = driver.conf
+        self.retained = _positive_int(conf.get(RETAINED_BATCHES_KEY, "1000"), RETAINED_BATCHES_KEY)
+        self.ui_enabled = conf.get("spark.ui.enabled", "true").lower() == "true"
+        port = conf.get(UI_PORT_KEY)
+        self.port = None if port in (None, "") else _port(port)
+        self.log_enabled = conf.get(EVENT_LOG_KEY, "true").lower() == "true" and driver.checkpoint_dir is not None
+        self.events_dir = CheckpointLayout(driver.checkpoint_dir).events if driver.checkpoint_dir else None
+        self.metrics = Metrics()
+        self.status: RunStatus | None = None
+        self.recorder: Recorder | None = None
+        self.writer: EventLogWriter | None = None
+        self.server: UiServer | None = None
+        self.prior_runs: list[dict] = []
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url if self.server is not None else None
+
+    def open(self) -> None:
+        """At ``start()``: the run as far as it is known, and the server (a standby shows itself)."""
+        driver, sc = self._driver, self._driver.sc
+        if self.events_dir is not None:
+            try:
+                self.prior_runs = read_runs(self.events_dir, driver.storage_options)
+            except Exception:  # noqa: BLE001 (history is for show; the stream must start)
+                log.warning("could not read the event log in %s", self.events_dir, exc_info=True)
+        run = {"kind": "standby" if driver.standby_requested else "new", "appId": sc.applicationId,
+               "appName": sc.appName, "epoch": None, "startTime": driver.clock.now_ms(),
+               "batchDuration": driver.batch_ms, "sparkUser": sc.sparkUser(), "sparkVersion": sc.version,
+               "streams": [{"id": s.input_id, "name": stream_name(s), "receiver": bool(s.receiver_based)}
+                           for s in driver.graph.inputs]}
+        self.status = RunStatus(run, self.retained)
+        self.recorder = Recorder(self.status, self.metrics, clock=driver.clock, sample=self.sample)
+        driver.events.subscribe(self.recorder)
+        if self.ui_enabled:
+            catalog = Catalog(self.events_dir, storage_options=driver.storage_options, live=self.status,
+                              prior_runs=self.prior_runs, retained_batches=self.retained, metrics=self.metrics,
+                              extras=self.extras, spark_version=sc.version)
+            host = os.environ.get("SPARK_LOCAL_IP") or driver.conf.get("spark.driver.bindAddress") or "0.0.0.0"
+            self.server = UiServer(catalog, host, self.port, public_host=driver.conf.get("spark.driver.host"))
+            log.info("the streaming UI is at %s/streaming/", self.server.url)
+
+    def on_active(self) -> None:
+        """This driver leads now (fresh, restarted or took over): the run's facts, and its log."""
+        driver = self._driver
+        kind = ("takeover" if driver.recovery == "takeover" else
+                "restart" if driver.restored is not None or driver.rerun_batch_times or driver.skipped_batch_times
+                else "new")
+        facts = {"kind": kind, "epoch": driver.leader_epoch, "startTime": driver.clock.now_ms(),
+                 "checkpointTime": driver.restored.checkpoint_time_ms if driver.restored is not None else None,
+                 "rerunBatches": list(driver.rerun_batch_times), "skippedBatches": list(driver.skipped_batch_times)}
+        self.status.run.update(facts)
+        self.recorder.expect_reruns(driver.rerun_batch_times)
+        self.metrics.on_run(self.status.run, self.prior_runs)
+        if not self.log_enabled:
+            return
+        try:
+            self.writer = EventLogWriter(self.events_dir, self.status.run, storage_options=driver.storage_options,
+                                         retained_batches=self.retained, prior_batch_times=self._prior_batch_times(),
+                                         prior_runs=[r["path"] for r in self.prior_runs], lock=driver.lead())
+            self.recorder.writer = self.writer
+        except Exception:  # noqa: BLE001
+            log.warning("could not open the event log in %s; the stream runs without it", self.events_dir,
+                        exc_info=True)
+
+    def _prior_batch_times(self) -> list[int]:
+        times = []
+        for run in self.prior_runs[-3:]:  # older runs' batches are older than the retained ones anyway
+            times.extend(r["batchTime"] for r in read_events(run["path"], self._driver.storage_options)
+                         if r.get("event") == "batch")
+        return times
+
+    def sample(self) -> dict:
+        """The storage statistics shown beside the batches."""
+        driver = self._driver
+        out = {"wal": {}, "state": {}}
+        wal = getattr(driver.block_tracker, "wal", None)
+        if wal is not None:
+            s = wal.statistics()
+            out["wal"]["receivedBlockMetadata"] = {
+                "syncs": s.syncs, "syncSeconds": s.sync_seconds, "records": s.records_written,
+                "bytes": s.bytes_written, "segments": s.segments, "tornTails": s.torn_tails_truncated}
+        out["state"] = {name: dict(sizes) for name, sizes in driver.snapshots.sizes.items()}
+        return out
+
+    def extras(self) -> dict:
+        """What only the live driver knows: leadership, a standby's lag, Spark's own UI."""
+        driver = self._driver
+        out = {"spark_ui": driver.sc.uiWebUrl}
+        try:
+            leader = driver.current_leader()
+        except Exception:  # noqa: BLE001
+            leader = None
+        if leader is not None:
+            out["leader"] = {"epoch": leader.epoch, "holder": getattr(leader, "holder", None),
+                             "standby": "this driver" if driver.is_standby else "none seen"}
+        if driver.is_standby:
+            tail = getattr(driver, "standby_tail", None)
+            cp = getattr(tail, "checkpoint", None)
+            behind = (f"{(time.time() * 1000 - cp.checkpoint_time_ms) / 1000:.1f} s"
+                      if cp is not None else "no checkpoint read yet")
+            out["standby"] = {"holder": getattr(leader, "holder", None), "epoch": getattr(leader, "epoch", None),
+                              "behind": behind}
+        return out
+
+    def close(self) -> None:
+        """At stop (once; a second call does nothing). The server goes last: a page asked for
+        during the stop still gets its answer."""
+        recorder, writer, server = self.recorder, self.writer, self.server
+        self.recorder = self.writer = self.server = None
+        if recorder is not None:
+            recorder.stopped()
+            self._driver.events.unsubscribe(recorder)
+        if writer is not None:
+            writer.close()
+        if server is not None:
+            server.stop()
+
+
+def _positive_int(value: str, key: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return n
+
+
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise ValueError(f"{UI_PORT_KEY} must be a port number (0: any free port), got {value!r}")
+    return n

@@ -1,0 +1,116 @@
+"""Which driver runs a UI shows: the live one (if any) and every run in a checkpoint's event log.
+
+Each run is an application, as Spark lists them under ``/api/v1/applications``: its id is the
+run's ``sc.applicationId`` (a run that shares its id with a later one, as a restart in the same
+SparkContext does, gets ``<appId>-<run>``, so every run stays reachable). Runs other than the live
+one are replayed from the event log when first asked for and kept (at most ``CACHED`` of them);
+the newest run of a log that may still be written is replayed again after ``FRESH_S``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+from checkpoint.event_log import read_events, read_runs
+
+from .status import RunStatus, recoveries, spark_date
+
+log = logging.getLogger(__name__)
+
+CACHED = 8
+FRESH_S = 2.0
+
+
+class Catalog:
+    def __init__(self, events_dir: str | None, *, storage_options: dict | None = None, live: RunStatus | None = None,
+                 prior_runs: list[dict] | None = None, retained_batches: int = 1000, metrics=None, extras=None,
+                 spark_version: str = ""):
+        self.events_dir = events_dir
+        self.storage_options = storage_options
+        self.live = live
+        self._prior = prior_runs  # None: read the log at every listing (the history server)
+        self.retained_batches = retained_batches
+        self.metrics = metrics
+        self.extras = extras or (lambda: {})
+        self.spark_version = spark_version
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ runs
+
+    def runs(self) -> list[dict]:
+        if self._prior is None:
+            runs = read_runs(self.events_dir, self.storage_options) if self.events_dir else []
+        else:
+            runs = list(self._prior)
+        if self.live is not None:
+            runs.append(self.live.run)
+        return runs
+
+    def app_ids(self, runs: list[dict]) -> list[str]:
+        ids = []
+        for i, run in enumerate(runs):
+            app = str(run.get("appId") or run.get("path", "").rstrip("/").rsplit("/", 1)[-1] or f"run-{i}")
+            later = {str(r.get("appId")) for r in runs[i + 1:]}
+            ids.append(f"{app}-{run['path'].rstrip('/').rsplit('/', 1)[-1]}" if app in later and run.get("path") else app)
+        return ids
+
+    def default_app(self) -> str | None:
+        runs = self.runs()
+        return self.app_ids(runs)[-1] if runs else None
+
+    def find(self, app_id: str) -> tuple[dict, RunStatus] | None:
+        runs = self.runs()
+        for run, rid in zip(runs, self.app_ids(runs)):
+            if rid == app_id:
+                return run, self.status_of(run, newest=run is runs[-1])
+        return None
+
+    def status_of(self, run: dict, newest: bool = False) -> RunStatus:
+        if self.live is not None and run is self.live.run:
+            return self.live
+        key = run.get("path")
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and not (newest and not run.get("endTime") and time.monotonic() - hit[0] > FRESH_S):
+                self._cache.move_to_end(key)
+                return hit[1]
+        status = RunStatus(run, self.retained_batches)
+        if key:
+            for record in read_events(key, self.storage_options):
+                if record.get("event") == "batch":
+                    record["replayed"] = True
+                status.apply(record)
+        with self._lock:
+            self._cache[key] = (time.monotonic(), status)
+            while len(self._cache) > CACHED:
+                self._cache.popitem(last=False)
+        return status
+
+    def recoveries(self) -> list[dict]:
+        runs = self.runs()
+        last = {}
+        for i, run in enumerate(runs[:-1]):
+            last[run.get("path")] = self.status_of(run, newest=False).last_event_ms
+        return recoveries(runs, last)
+
+    # ------------------------------------------------------------------ Spark's application list
+
+    def applications(self) -> list[dict]:
+        runs = self.runs()
+        out = []
+        for run, app_id in zip(runs, self.app_ids(runs)):
+            live = self.live is not None and run is self.live.run
+            start = run.get("startTime") or 0
+            end = run.get("endTime")
+            updated = end or (int(time.time() * 1000) if live else start)
+            out.append({"id": app_id, "name": run.get("appName", ""), "attempts": [{
+                "startTime": spark_date(start), "endTime": spark_date(end) or "1969-12-31T23:59:59.999GMT",
+                "lastUpdated": spark_date(updated), "duration": (end or updated) - start,
+                "sparkUser": run.get("sparkUser", ""), "completed": bool(end) or not live,
+                "appSparkVersion": run.get("sparkVersion", self.spark_version),
+                "startTimeEpoch": start, "endTimeEpoch": end if end else -1, "lastUpdatedEpoch": updated}]})
+        return sorted(out, key=lambda a: -a["attempts"][0]["startTimeEpoch"])
