@@ -10,6 +10,7 @@
                                               table (printed, or written as Parquet or Arrow)
     sparkwal run wordcount [ARGS]             the main job (python -m engine.wordcount ARGS)
     sparkwal drill [ARGS]                     the kill-and-restart drill (python -m engine.drill ARGS)
+    sparkwal ui DIR [--port P] | status DIR   a checkpoint's driver runs and batches, served or printed
 
 DIR is a local path or any fsspec URL (``--storage-option key=value``, repeatable, or the
 environment's credentials). ``--json`` prints one JSON object instead of text. Exit status, the
@@ -387,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkwal", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint,run,drill}")
+    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint,run,drill,ui,status}")
     verbs = {
         "wal": {"inspect": (wal_inspect, "segments, records and the writer's lock or lease"),
                 "verify": (wal_verify, "read every record with its checks"),
@@ -425,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("run", "drill"):  # the apps, with their own arguments
+    if argv and argv[0] in ("run", "drill", "ui", "status"):  # the apps, with their own arguments
         from engine.apps import run_from_command
 
         return run_from_command(argv)

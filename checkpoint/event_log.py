@@ -47,8 +47,8 @@ import logging
 import queue
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from wal import CorruptRecordError, Durability, FileBasedWriteAheadLog, WalError
 from wal.storage import resolve
@@ -85,10 +85,11 @@ def read_runs(events_dir: str, storage_options: dict | None = None) -> list[dict
     if not storage.exists(root):
         return []
     runs = []
-    for path in storage.list_dirs(root):
-        name = path.rstrip("/").rsplit("/", 1)[-1]
+    for name in storage.list_dirs(root):
+        name = name.rstrip("/").rsplit("/", 1)[-1]
         if not RUN_DIR.fullmatch(name):
             continue
+        path = storage.join(root, name)
         run_file = storage.join(path, RUN_FILE)
         try:
             run = json.loads(storage.read_file(run_file))
@@ -167,6 +168,12 @@ class EventLogWriter:
             with self._lock:
                 self._dropped += 1
 
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until what was queued before is written; False on timeout."""
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        return done.wait(timeout_s)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is queued (for at most ``timeout_s``), then close the log."""
         self._queue.put(("close", None))
@@ -195,23 +202,27 @@ class EventLogWriter:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            events, run_changed = [], False
+            events, run_changed, flushed = [], False, []
             for kind, value in items:
                 if kind == "event":
                     events.append(value)
                 elif kind == "run":
                     self.run.update(value)
                     run_changed = True
+                elif kind == "flush":
+                    flushed.append(value)
                 else:
                     closing = True
             try:
                 self._write(events)
                 if run_changed:
                     self._put_run()
-            except Exception:  # noqa: BLE001 (a record, not the stream: log it and go on)
+            except Exception:
                 with self._lock:
                     self._failures += 1
                 log.warning("could not write %d events to %s", len(events), self.path, exc_info=True)
+            for done in flushed:
+                done.set()
 
     def _write(self, events: list[dict]) -> None:
         if not events:

@@ -6,6 +6,7 @@ and a standalone Spark cluster on this machine (:mod:`.standalone`).
 
     python -m engine.wordcount ...   (or: sparkwal run wordcount ...)
     python -m engine.drill ...       (or: sparkwal drill ...)
+    sparkwal ui CHECKPOINT / sparkwal status CHECKPOINT   (:mod:`.history`)
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def run_from_command(argv: list[str]) -> int:
     """``sparkwal run APP ARGS`` and ``sparkwal drill ARGS`` (``argv`` from ``run`` or ``drill`` on):
     the app's own ``main(ARGS)``, its exit statuses (:mod:`engine.apps.arguments`) and its
     ``--help``."""
+    if argv[0] in ("ui", "status"):  # a checkpoint's event log: no Spark, so no app's main
+        from .history import main
+
+        return main(argv, prog=f"sparkwal {argv[0]}")
     if argv[0] == "drill":
         module, rest, prog = "engine.apps.drill", argv[1:], "sparkwal drill"
     elif len(argv) < 2 or argv[1] not in APPS:

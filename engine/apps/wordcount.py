@@ -1,8 +1,7 @@
 """The main job: a local Spark streaming word count over files appearing in a directory.
 
-    python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25]
+    python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25] [--json]
                                [--master local[2]] [--source files|receiver|filelog] [--upgrade]
-                               [--json]
 
 * ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
   one per batch interval, each line ``<file id> <word> <word> ...`` (content decided by the file
@@ -341,7 +340,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         receiver = ("127.0.0.1", port, args.source_secret_env)
 
     conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount")
-            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
@@ -377,6 +376,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     except Exception as e:  # noqa: BLE001
         sc.stop()
         return _fail(f"could not start: {a.one_line(e)}", a.FAILED)
+    if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
+        _emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json, f"UI: {ssc.uiWebUrl}/streaming/")
 
     def generate() -> None:
         if source is not None:

@@ -263,10 +263,10 @@ class Driver:
                 self.block_tracker.stop()
                 for s in batches.direct_inputs(self):
                     s.stop()
+            if self.observer is not None:  # its last events are written while still leading
+                self.observer.close()
             if self.leadership is not None:
                 self.leadership.release()
-            if self.observer is not None:
-                self.observer.close()
             self.state = STOPPED
             self.leader_event.set()  # awaitLeadership returns (False)
             with Driver.active_lock:

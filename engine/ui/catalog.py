@@ -34,7 +34,7 @@ class Catalog:
         self._prior = prior_runs  # None: read the log at every listing (the history server)
         self.retained_batches = retained_batches
         self.metrics = metrics
-        self.extras = extras or (lambda: {})
+        self.extras = extras or (dict)
         self.spark_version = spark_version
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()

@@ -7,7 +7,14 @@ bytes), ``_total`` on counters (prometheus_client appends it to a Counter's name
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import SummaryMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -107,7 +107,7 @@ class Recorder(StreamingListener):
         self._last_sample = now
         try:
             stats = self._sample()
-        except Exception:  # noqa: BLE001 (a sample is worth less than the batch)
+        except Exception:
             log.debug("could not sample the driver's statistics", exc_info=True)
             return
         record = {"event": "statistics", "time": self._clock.now_ms(), **stats}

@@ -125,7 +125,7 @@ def _page(catalog, app_id, path, query, prefix):
     found = catalog.find(app_id)
     if found is None:
         return _not_found(f"unknown app: {app_id}")
-    run, status = found
+    _, status = found
     live = catalog.live is not None and status is catalog.live
     view = {"status": status, "prefix": prefix, "live": live, "recoveries": catalog.recoveries(),
             **(catalog.extras() if live else {})}

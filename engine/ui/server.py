@@ -26,11 +26,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "sparkwal-ui"
     timeout = TIMEOUT_S
     protocol_version = "HTTP/1.0"
+    default_request_version = "HTTP/1.0"  # errors to a garbled request line get a status line too
 
     def _answer(self, head_only: bool) -> None:
         try:
             status, content_type, body = respond(self.server.catalog, self.path)
-        except Exception as e:  # noqa: BLE001 (a bug here must not take the driver down)
+        except Exception as e:
             log.warning("the UI failed on %r", self.path, exc_info=True)
             status, content_type, body = 400, TEXT, f"could not answer: {type(e).__name__}\n".encode()
         if status == 302:
@@ -49,10 +50,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not head_only:
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+    def do_GET(self) -> None:
         self._answer(head_only=False)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(head_only=True)
 
     def _refuse(self) -> None:
@@ -63,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse
         raise AttributeError(name)
 
-    def log_message(self, format, *args) -> None:  # noqa: A002
+    def log_message(self, format, *args) -> None:
         log.debug("ui: " + format, *args)
 
 

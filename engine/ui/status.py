@@ -126,13 +126,13 @@ class RunStatus:
     def statistics(self) -> dict:
         with self.lock:
             batches = [b for _, b in self._all_batches()]
-            delays = [delays(b) for b in batches]
+            timings = [delays(b) for b in batches]
             rate = ([batch_records(b) * 1000.0 / self.batch_ms for b in batches] if self.batch_ms else [])
             active = sum(1 for r in self.receivers.values() if r.get("active"))
             n_receivers = len(self.receiver_streams())
 
             def avg_ms(i):
-                values = [d[i] for d in delays if d[i] is not None]
+                values = [d[i] for d in timings if d[i] is not None]
                 return int(sum(values) // len(values)) if values else None
 
             return _present({

@@ -1,0 +1,199 @@
+"""The UI across a driver's death, in a real browser, and against pyspark.streaming's own UI.
+
+* The main job runs with its UI, is killed with SIGKILL and restarted (getOrCreate): the live
+  page, seen in headless Chromium, and ``.../streaming/recoveries`` show both runs.
+* ``sparkwal ui`` then serves the dead app's runs and batches from the checkpoint's event log;
+  ``sparkwal status --json`` prints the same summary.
+* A pyspark.streaming app and the same app on sparkwal run side by side: every field Spark's
+  REST API serves, sparkwal's serves too, with the same types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "Debian's chromium is needed for the browser tests: apt-get install chromium (.ci/run does)"
+    return path
+
+
+def browser_dom(url: str, tmp_path: Path) -> str:
+    """The page as headless Chromium rendered it (its DOM after load)."""
+    out = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                          "--disable-sync", f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+class Proc:
+    """A subprocess in its own process group, its JSON-line events read as they come."""
+
+    def __init__(self, args: list[str]):
+        self.events: list[dict] = []
+        self.changed = threading.Condition()
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+                                     cwd=ROOT, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self.changed:
+                self.events.append(event)
+                self.changed.notify_all()
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> dict:
+        def seen():
+            return [e for e in self.events if e.get("event") == kind]
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(seen()) >= count or self.proc.poll() is not None, timeout), \
+                self.events[-10:]
+            assert len(seen()) >= count, (kind, self.events[-10:])
+            return seen()[count - 1]
+
+    def kill(self, sig=signal.SIGKILL) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+        return self.proc.wait(60)
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wordcount(workdir: Path, *extra: str) -> Proc:
+    return Proc([sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--json", "--batch", "0.5",
+                 "--conf", "spark.sparkwal.ui.port=0", *extra])
+
+
+def test_a_killed_driver_and_its_restart_are_on_record_live_and_after_death(tmp_path):
+    work = tmp_path / "wc"
+    first = wordcount(work, "--files", "40", "--seconds", "0")
+    ui = first.wait_for("ui")
+    first.wait_for("batch_completed", 3)
+    dom = browser_dom(f"{ui['url']}/streaming/", tmp_path)
+    assert "Streaming Statistics" in dom and dom.count("<svg") == 8 and "Completed Batches" in dom
+    assert first.kill() == -signal.SIGKILL
+
+    second = wordcount(work, "--files", "40", "--seconds", "3")
+    ui2 = second.wait_for("ui")
+    second.wait_for("batch_completed", 2)
+    app_id = get_json(f"{ui2['url']}/api/v1/applications")[0]["id"]
+    runs = get_json(f"{ui2['url']}/api/v1/applications/{app_id}/streaming/recoveries")
+    assert [r["kind"] for r in runs] == ["new", "restart"]
+    assert runs[1]["downtimeMs"] >= 0 and runs[1]["checkpointTime"] is not None
+    dom = browser_dom(f"{ui2['url']}/streaming/", tmp_path)
+    assert "Recoveries" in dom and ">restart<" in dom and ">new<" in dom
+    assert second.proc.wait(120) == 0
+
+    status = subprocess.run([sys.executable, "-m", "sparkwal", "status", str(work / "checkpoint"), "--json"],
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60)
+    assert status.returncode == 0, status.stderr
+    summary = json.loads(status.stdout)
+    assert [r["kind"] for r in summary["runs"]] == ["new", "restart"] and summary["runs"][1].get("endTime")
+    assert summary["newest"]["statistics"]["numTotalCompletedBatches"] >= 2
+
+    history = Proc([sys.executable, "-m", "sparkwal", "ui", str(work / "checkpoint"), "--port", "0", "--json"])
+    try:
+        url = history.wait_for("ui", timeout=30)["url"]
+        apps = get_json(f"{url}/api/v1/applications")
+        assert len(apps) == 2 and all(a["attempts"][0]["completed"] for a in apps)
+        for app in apps:  # the dead first run's batches too
+            batches = get_json(f"{url}/api/v1/applications/{app['id']}/streaming/batches")
+            assert batches and {b["status"] for b in batches} == {"COMPLETED"}
+        killed = min(apps, key=lambda a: a["attempts"][0]["startTimeEpoch"])["id"]
+        dom = browser_dom(f"{url}/history/{killed}/streaming/", tmp_path)
+        assert "Completed Batches" in dom and "Recoveries" in dom
+    finally:
+        assert history.kill(signal.SIGTERM) == 0
+
+
+PYSPARK_STREAMING_APP = """
+import json, sys, time, urllib.request
+from pyspark import SparkConf, SparkContext
+from pyspark.streaming import StreamingContext
+sc = SparkContext(conf=SparkConf().setMaster("local[2]").setAppName("reference")
+                  .set("spark.ui.port", "0").set("spark.driver.host", "127.0.0.1"))
+ssc = StreamingContext(sc, 0.5)
+def output(rdd):
+    rdd.count()  # (a foreachRDD function returning a value fails in pyspark.streaming)
+ssc.queueStream([sc.parallelize(range(10)) for _ in range(40)]).foreachRDD(output)
+ssc.start()
+time.sleep(4)
+base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/streaming"
+get = lambda p: json.loads(urllib.request.urlopen(base + p, timeout=10).read())
+batches = get("/batches")
+done = [b for b in batches if b["status"] == "COMPLETED"][-1]["batchId"]
+print(json.dumps({"statistics": get("/statistics"), "batches": batches, "batch": get(f"/batches/{done}"),
+                  "operations": get(f"/batches/{done}/operations"),
+                  "apps": json.loads(urllib.request.urlopen(sc.uiWebUrl + "/api/v1/applications").read())}))
+ssc.stop(True, False)
+"""
+
+
+def _shape(value):
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+def test_the_rest_api_serves_what_pyspark_streaming_serves(tmp_path):
+    reference = subprocess.run([sys.executable, "-c", PYSPARK_STREAMING_APP], capture_output=True, text=True,
+                               env=ENV, timeout=180)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    spark = json.loads(reference.stdout.strip().splitlines()[-1])
+
+    ours = subprocess.run([sys.executable, "-c", PYSPARK_STREAMING_APP.replace(
+        "from pyspark.streaming import StreamingContext", "from engine import StreamingContext").replace(
+        'sc.uiWebUrl}/api', 'ssc.uiWebUrl}/api').replace('urlopen(sc.uiWebUrl', 'urlopen(ssc.uiWebUrl')],
+        capture_output=True, text=True, env=ENV, timeout=180, cwd=ROOT)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    sparkwal = json.loads(ours.stdout.strip().splitlines()[-1])
+    for key in ("statistics", "batch"):
+        missing = {k: v for k, v in _shape(spark[key]).items() if _shape(sparkwal[key]).get(k) != v}
+        assert not missing, (key, missing, _shape(sparkwal[key]))
+    ref_op, our_op = _shape(spark["operations"][0]), _shape(sparkwal["operations"][0])
+    assert {k: v for k, v in ref_op.items() if our_op.get(k) != v} == {}
+    ref_app, our_app = _shape(spark["apps"][0]), _shape(sparkwal["apps"][0])
+    assert set(ref_app) <= set(our_app) and set(ref_app["attempts"][0]) <= set(our_app["attempts"][0])
+    assert sparkwal["statistics"]["batchDuration"] == spark["statistics"]["batchDuration"] == 500
+
+
+@pytest.mark.parametrize("argv, status, says", [
+    (["status", "/nonexistent/checkpoint"], 1, "no checkpoint directory at /nonexistent/checkpoint"),
+    (["ui", "/tmp", "--port", "70000"], 2, "--port must be 0-65535"),
+    (["status"], 2, "CHECKPOINT"),
+])
+def test_history_commands_name_each_mistake_in_one_line(argv, status, says):
+    out = subprocess.run([sys.executable, "-m", "sparkwal", *argv], capture_output=True, text=True, cwd=ROOT,
+                         env=ENV, timeout=60)
+    assert out.returncode == status and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_checkpoint_without_an_event_log_is_said_so(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sparkwal", "status", str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT, env=ENV, timeout=60)
+    assert out.returncode == 1 and "holds no event log" in out.stderr and len(out.stderr.splitlines()) == 1
