@@ -170,6 +170,7 @@ class CheckpointWriter:
         self._lock = lock
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._latest = -1
+        self.last_written_bytes = 0  #: the size of the newest checkpoint written
         self._written = 0
         self._failed_attempts = 0
         self._error: BaseException | None = None
@@ -248,6 +249,7 @@ class CheckpointWriter:
                         self._on_error(e)
                     return
         self._written += 1
+        self.last_written_bytes = len(blob)  # read by on_written (the same thread)
         self._retain()
         if self._on_written is not None:
             self._on_written(time_ms)

@@ -14,19 +14,21 @@ Layout, under the checkpoint's ``events/`` (:class:`checkpoint.layout.Checkpoint
      "startTime": ms, "batchDuration": ms, "checkpointTime": ms | null,
      "rerunBatches": [ms, ...], "skippedBatches": [ms, ...],
      "streams": [{"id", "name", "receiver": bool}, ...], "sparkUser", "sparkVersion",
-     later: "firstNewBatch": ms, "endTime": ms, "fenced": reason}
+     later: "firstNewBatch": ms, "takeoverMs": ms, "endTime": ms, "fenced": reason}
 
 Each WAL record is one event, a UTF-8 JSON object with an ``"event"`` key and ``"time"`` (ms)::
 
     batch       a completed batch: batchTime, submissionTime, processingStartTime,
                 processingEndTime, inputs {streamId: records}, ops [{id, name, description,
                 startTime, endTime, failureReason | null, jobIds}]
-    checkpoint  checkpointTime, epoch, tookMs
+    checkpoint  checkpointTime, epoch, tookMs, bytes
     receiver    kind (started | error | stopped), streamId, name, active, executorId, host,
                 lastErrorTime, lastErrorMessage, lastError
     backlog     state, schedulingDelay, backlog
     statistics  wal {log: {syncs, records, bytes, segments, tornTails, syncSeconds}},
                 state {stream: {keys, fullBytes, deltaBytes}}  (sampled after batches)
+    restarted   recovery (checkpoint | upgrade | takeover), checkpointTime, rerunBatches, skippedBatches
+    takeover    epoch, resumedFrom, tookMs (from holding the leadership to running)
     fenced      reason
     stopped     (a stop the driver lived to write)
 
@@ -89,15 +91,15 @@ def read_runs(events_dir: str, storage_options: dict | None = None) -> list[dict
         name = name.rstrip("/").rsplit("/", 1)[-1]
         if not RUN_DIR.fullmatch(name):
             continue
-        path = storage.join(root, name)
-        run_file = storage.join(path, RUN_FILE)
+        path = storage.url(storage.join(root, name))  # a URL: callers resolve it again
+        run_file = storage.join(storage.join(root, name), RUN_FILE)
         try:
             run = json.loads(storage.read_file(run_file))
             if not isinstance(run, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as e:
             start, epoch = RUN_DIR.fullmatch(name).groups()
-            run = {"startTime": int(start), "epoch": int(epoch), "error": f"{run_file}: {e}"}
+            run = {"startTime": int(start), "epoch": int(epoch), "error": f"{storage.url(run_file)}: {e}"}
         run["path"] = path
         runs.append(run)
     runs.sort(key=lambda r: (r.get("startTime", 0), r["path"]))
@@ -108,7 +110,8 @@ def read_events(run_path: str, storage_options: dict | None = None) -> Iterator[
     """A run's events, oldest first. A damaged record ends the reading with a warning naming it
     (what came before is still given); a torn tail is the WAL's to skip."""
     storage, root = resolve(run_path, storage_options)
-    wal = FileBasedWriteAheadLog(storage.join(root, LOG_DIR), storage_options=storage_options)
+    wal = FileBasedWriteAheadLog(storage.url(storage.join(root, LOG_DIR)), storage_options=storage_options,
+                                 close_file_after_write=not storage.supports_append)
     try:
         for data in wal.read_all():
             try:
@@ -133,13 +136,15 @@ class EventLogWriter:
         self._storage, root = resolve(events_dir, storage_options)
         self._storage_options = storage_options
         self.run = {"version": VERSION, **run}
-        self.path = self._storage.join(root, run_name(run["startTime"], run.get("epoch")))
-        self._storage.makedirs(self.path)
+        self._dir = self._storage.join(root, run_name(run["startTime"], run.get("epoch")))
+        self.path = self._storage.url(self._dir)  #: this run's directory, as a URL
+        self._storage.makedirs(self._dir)
         self._put_run()
         batch_ms = max(1, int(run.get("batchDuration") or 1000))
         # segments of about a tenth of the retained batches: the log holds at most ~10% more
         rolling_s = max(1.0, batch_ms * retained_batches / 10 / 1000)
-        self._wal = FileBasedWriteAheadLog(self._storage.join(self.path, LOG_DIR), rolling_interval_s=rolling_s,
+        self._wal = FileBasedWriteAheadLog(self._storage.url(self._storage.join(self._dir, LOG_DIR)),
+                                           rolling_interval_s=rolling_s,
                                            storage_options=storage_options, durability=Durability.FLUSH,
                                            close_file_after_write=not self._storage.supports_append, lock=lock)
         self._retained = collections.deque(sorted(prior_batch_times)[-retained_batches:], maxlen=retained_batches)
@@ -183,6 +188,10 @@ class EventLogWriter:
             return
         self._wal.close()
 
+    def wal_statistics(self):
+        """The statistics of this run's WAL (:class:`wal.WalStatistics`)."""
+        return self._wal.statistics()
+
     def statistics(self) -> EventLogStatistics:
         with self._lock:
             return EventLogStatistics(self._records, self._bytes, self._dropped, self._failures,
@@ -191,7 +200,7 @@ class EventLogWriter:
     # ------------------------------------------------------------------ the writer's thread
 
     def _put_run(self) -> None:
-        self._storage.put(self._storage.join(self.path, RUN_FILE), encode(self.run))
+        self._storage.put(self._storage.join(self._dir, RUN_FILE), encode(self.run))
 
     def _write_loop(self) -> None:
         closing = False
@@ -243,8 +252,8 @@ class EventLogWriter:
         """Delete segments holding only batches older than the retained ones, in every run."""
         self._wal.clean(thresh_ms)
         for run_path in self._prior_runs:
-            reader = FileBasedWriteAheadLog(self._storage.join(run_path, LOG_DIR),
-                                            storage_options=self._storage_options)
+            reader = FileBasedWriteAheadLog(f"{run_path.rstrip('/')}/{LOG_DIR}", storage_options=self._storage_options,
+                                            close_file_after_write=not self._storage.supports_append)
             try:
                 reader.clean(thresh_ms, wait_for_completion=True)
             finally:

@@ -134,6 +134,7 @@ class StreamingListenerCheckpointWritten:
     checkpoint_time_ms: int
     epoch: int | None
     took_ms: int
+    bytes: int = 0  #: the checkpoint file's size
 
     def checkpointTime(self) -> int:
         return self.checkpoint_time_ms

@@ -27,6 +27,19 @@ def spark_context():
     sc.stop()
 
 
+@pytest.fixture
+def ui_enabled(spark_context):
+    """The shared SparkContext with spark.ui.enabled on for the streaming contexts made during
+    the test (their driver reads the conf at construction; Spark's own UI stays off), on any
+    free port."""
+    conf = spark_context._jsc.sc().conf()  # the live SparkConf, which getConf() copies
+    conf.set("spark.ui.enabled", "true")
+    conf.set("spark.sparkwal.ui.port", "0")
+    yield spark_context
+    conf.set("spark.ui.enabled", "false")
+    conf.remove("spark.sparkwal.ui.port")
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A real S3-compatible server (moto) listening on 127.0.0.1 for this test session."""

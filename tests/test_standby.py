@@ -4,10 +4,12 @@ without ``standby`` refused, and fencing of a driver whose leadership is gone.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -282,9 +284,11 @@ class Takeovers(StreamingListener):
         self.ready.append(standbyReady)
 
 
-def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_context, tmp_path):
+def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enabled, tmp_path):
     """The main job runs as the active driver in a subprocess; this process tries a second
-    driver (refused), then runs a standby, which takes over when the active one is killed."""
+    driver (refused), then runs a standby, which takes over when the active one is killed. The
+    standby's page says it is one while it waits; after the takeover, the record shows both runs."""
+    spark_context = ui_enabled
     workdir = tmp_path / "app"
     (workdir / "input").mkdir(parents=True)
     ckpt = workdir / "checkpoint"
@@ -312,6 +316,8 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         standby.start()
         assert standby.isStandby() and standby.leaderEpoch is None
         assert not standby.awaitLeadership(2.0)  # the paused driver still leads
+        page = urllib.request.urlopen(f"{standby.uiWebUrl}/streaming/", timeout=10).read().decode()
+        assert "<b>standby</b>" in page and f"pid {active.proc.pid}" in page and "epoch 1" in page
         assert tree(ckpt) == before  # byte-identical: the standby wrote nothing
 
         resume(paused)
@@ -329,6 +335,10 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(spark_c
         assert not standby.isStandby() and standby.leaderEpoch == 2 and standby.recovery == "takeover"
         [event] = takeovers.events
         assert event.epoch == 2 and event.rerun_batch_times == tuple(standby.rerun_batch_times)
+        api = f"{standby.uiWebUrl}/api/v1/applications/{spark_context.applicationId}/streaming"
+        runs = json.loads(urllib.request.urlopen(f"{api}/recoveries", timeout=10).read())
+        assert [(r["kind"], r["epoch"]) for r in runs] == [("new", 1), ("takeover", 2)]
+        assert runs[1]["downtimeMs"] >= 0 and runs[1]["rerunBatches"] == list(standby.rerun_batch_times)
         generator.join()
         wait_until_counted(str(workdir), generated)
     finally:

@@ -1,36 +1,30 @@
 """The streaming UI of a live driver: Spark's REST API, the pages, /metrics, the event log.
 
 The shared SparkContext runs with spark.ui.enabled=false (Spark's own UI off in tests); these
-tests are about the UI, so they turn the key on in the live SparkConf for their contexts only.
+tests are about the UI, so they turn the key on for their contexts (conftest's ``ui_enabled``).
 Batches run on a manual clock: each advance makes one batch, which the test waits for.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from checkpoint.event_log import EventLogWriter, read_events, read_runs
 from engine import StreamingContext, StreamingListener
+from engine.ui import Catalog
 from wal import ManualClock
 
 BATCH_MS = 500
-
-
-@pytest.fixture
-def ui_enabled(spark_context):
-    conf = spark_context._jsc.sc().conf()  # the live conf: driver.conf reads it at construction
-    conf.set("spark.ui.enabled", "true")
-    conf.set("spark.sparkwal.ui.port", "0")
-    yield spark_context
-    conf.set("spark.ui.enabled", "false")
-    conf.remove("spark.sparkwal.ui.port")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Batches(StreamingListener):
@@ -155,6 +149,11 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
         assert samples[("sparkwal_driver_epoch", ())] == 1
         assert samples[("sparkwal_driver_restarts_total", ())] == 0
         assert samples[("sparkwal_unprocessed_batches", ())] == 0
+        served = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+        queried = set(re.findall(r"sparkwal_[a-z_]+", (ROOT / "docs" / "grafana-dashboard.json").read_text()))
+        suffixes = ("_bucket", "_sum", "_count")
+        assert {q for q in queried if q not in served and not (q.endswith(suffixes) and q.rsplit("_", 1)[0] in served)
+                and q.removesuffix("_total") not in served} == set()  # the docs' dashboard asks for what is served
         assert app.counted == [10, 10, 10, 10]  # the failing output did not stop the app
     finally:
         app.ssc.stop(stopSparkContext=False)
@@ -203,22 +202,34 @@ def test_garbage_at_the_port_gets_4xx_and_the_counts_stay_exact(ui_enabled):
         app.ssc.stop(stopSparkContext=False)
 
 
-def test_the_event_log_keeps_the_newest_batches_and_every_run(tmp_path):
-    events = str(tmp_path / "events")
+def test_the_event_log_keeps_the_newest_batches_and_every_run_on_any_store(storage_url):
+    """Three runs of 100 batches each, retention 20: every run stays, the newest 20 batches stay,
+    older segments go; a history catalog (what ``sparkwal ui`` serves) reads it back."""
+    root, options = storage_url
+    events = f"{root}/cp/events"
     for run in range(3):
+        prior = read_runs(events, options)
         writer = EventLogWriter(events, {"kind": "restart" if run else "new", "appId": f"app-{run}",
                                          "startTime": 1_000_000 + run * 100_000, "epoch": run + 1,
                                          "batchDuration": 100},
-                                retained_batches=20, prior_runs=[r["path"] for r in read_runs(events)],
-                                prior_batch_times=[e["batchTime"] for r in read_runs(events)
-                                                   for e in read_events(r["path"]) if e["event"] == "batch"])
+                                storage_options=options, retained_batches=20, prior_runs=[r["path"] for r in prior],
+                                prior_batch_times=[e["batchTime"] for r in prior
+                                                   for e in read_events(r["path"], options) if e["event"] == "batch"])
         for i in range(100):
             t = 1_000_000 + run * 100_000 + i * 100
             writer.append({"event": "batch", "time": t, "batchTime": t, "inputs": {"0": 1}, "ops": []})
             assert writer.flush()  # one write per batch, as a running driver's
+        writer.update_run(endTime=t + 50)
         writer.close()
-    runs = read_runs(events)
+    runs = read_runs(events, options)
     assert [r["kind"] for r in runs] == ["new", "restart", "restart"]  # every run kept
-    kept = [e["batchTime"] for r in runs for e in read_events(r["path"]) if e["event"] == "batch"]
+    kept = [e["batchTime"] for r in runs for e in read_events(r["path"], options) if e["event"] == "batch"]
     assert kept[-20:] == [1_200_000 + i * 100 for i in range(80, 100)]  # the newest 20
     assert 20 <= len(kept) <= 40, len(kept)  # older segments deleted (at most ~10% + a segment more)
+
+    catalog = Catalog(events, storage_options=options)
+    assert [a["id"] for a in catalog.applications()] == ["app-2", "app-1", "app-0"]
+    assert all(a["attempts"][0]["completed"] for a in catalog.applications())
+    _, newest = catalog.find("app-2")
+    assert newest.statistics()["numRetainedCompletedBatches"] == len([t for t in kept if t >= 1_200_000])
+    assert [r.get("downtimeMs") for r in catalog.recoveries()] == [None, 100_000 - 9_900 - 50, 100_000 - 9_900 - 50]

@@ -129,17 +129,16 @@ class Driver:
             self.snapshots.check_directory()
             self.observer = observability.Observer(self)  # a bad UI setting fails start() here
             cluster.prepare(self.sc, self.conf)  # sparkwal's code on the executors, or a clear error
-            if self.checkpoint_dir is not None:
-                self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
-                                                              self.lease_timeout_ms())
-                if self.standby_requested and self.leadership.try_take() is None:
-                    self.observer.open()
-                    standby.become_standby(self)
-                    return
-                if not self.standby_requested:
-                    self.leadership.take()
-            self.observer.open()
+            self.observer.open()  # before leading: a UI port in use fails start() with nothing held
             try:
+                if self.checkpoint_dir is not None:
+                    self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
+                                                                  self.lease_timeout_ms())
+                    if self.standby_requested and self.leadership.try_take() is None:
+                        standby.become_standby(self)
+                        return
+                    if not self.standby_requested:
+                        self.leadership.take()
                 self.start_active()
             except BaseException:
                 self.observer.close()
@@ -368,4 +367,5 @@ class Driver:
 
     def on_checkpoint_written(self, time_ms: int) -> None:
         took_ms = checkpointing.on_checkpoint_written(self, time_ms)
-        self.events.post(StreamingListenerCheckpointWritten(time_ms, self.leader_epoch, took_ms))
+        self.events.post(StreamingListenerCheckpointWritten(time_ms, self.leader_epoch, took_ms,
+                                                            self.checkpoint_writer.last_written_bytes))

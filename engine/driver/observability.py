@@ -116,10 +116,12 @@ class Observer:
         """The storage statistics shown beside the batches."""
         driver = self._driver
         out = {"wal": {}, "state": {}}
-        wal = getattr(driver.block_tracker, "wal", None)
-        if wal is not None:
-            s = wal.statistics()
-            out["wal"]["receivedBlockMetadata"] = {
+        logs = {"receivedBlockMetadata": getattr(driver.block_tracker, "wal", None), "events": self.writer}
+        for name, log_ in logs.items():
+            if log_ is None:
+                continue
+            s = log_.wal_statistics() if log_ is self.writer else log_.statistics()
+            out["wal"][name] = {
                 "syncs": s.syncs, "syncSeconds": s.sync_seconds, "records": s.records_written,
                 "bytes": s.bytes_written, "segments": s.segments, "tornTails": s.torn_tails_truncated}
         out["state"] = {name: dict(sizes) for name, sizes in driver.snapshots.sizes.items()}

@@ -21,6 +21,7 @@ from .status import RunStatus, recoveries, spark_date
 log = logging.getLogger(__name__)
 
 CACHED = 8
+RENDERED = 64
 FRESH_S = 2.0
 
 
@@ -37,6 +38,8 @@ class Catalog:
         self.extras = extras or (dict)
         self.spark_version = spark_version
         self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._last_event: dict = {}  # run path -> its last event's time
+        self._rendered: collections.OrderedDict = collections.OrderedDict()  # see cached()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ runs
@@ -91,11 +94,29 @@ class Catalog:
         return status
 
     def recoveries(self) -> list[dict]:
+        """Every run, with the downtime before it (the previous run's last event: a run that is
+        not the newest wrote its last event long ago, so it is read once and remembered)."""
         runs = self.runs()
-        last = {}
-        for i, run in enumerate(runs[:-1]):
-            last[run.get("path")] = self.status_of(run, newest=False).last_event_ms
-        return recoveries(runs, last)
+        for run in runs[:-1]:
+            key = run.get("path")
+            if key not in self._last_event:
+                self._last_event[key] = self.status_of(run, newest=False).last_event_ms
+        return recoveries(runs, self._last_event)
+
+    def cached(self, key, version, render):
+        """``render()``, or what it returned for ``key`` at the same ``version`` (a page asked for
+        again before the next event costs a dictionary lookup; at most ``RENDERED`` are kept)."""
+        with self._lock:
+            hit = self._rendered.get(key)
+            if hit is not None and hit[0] == version:
+                self._rendered.move_to_end(key)
+                return hit[1]
+        value = render()
+        with self._lock:
+            self._rendered[key] = (version, value)
+            while len(self._rendered) > RENDERED:
+                self._rendered.popitem(last=False)
+        return value
 
     # ------------------------------------------------------------------ Spark's application list
 

@@ -33,7 +33,8 @@ def timeline(title: str, points: list[tuple[int, float]], unit: str, batch_ms: i
     def y(v):
         return HEIGHT - 20 - v * (HEIGHT - 30) / top
 
-    line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+    x_scale, y_scale, bottom = (WIDTH - PAD - 8) / span, (HEIGHT - 30) / top, HEIGHT - 20
+    line = " ".join([f"{PAD + (t - t0) * x_scale:.0f},{bottom - v * y_scale:.0f}" for t, v in _thin(points)])
     parts = [f'<svg class="timeline" role="img" aria-label="{label}" width="{WIDTH}" height="{HEIGHT}" '
              f'viewBox="0 0 {WIDTH} {HEIGHT}">',
              f'<line x1="{PAD}" y1="{HEIGHT - 20}" x2="{WIDTH - 8}" y2="{HEIGHT - 20}" class="axis"/>',
@@ -49,6 +50,22 @@ def timeline(title: str, points: list[tuple[int, float]], unit: str, batch_ms: i
                      for t, v in points)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _thin(points: list[tuple[int, float]], width: int = WIDTH) -> list[tuple[int, float]]:
+    """At most two points per pixel column (its lowest and highest, in time order): the same
+    line as every point gives, for a fraction of the bytes once batches outnumber pixels."""
+    if len(points) <= 2 * width:
+        return points
+    t0, span = points[0][0], max(points[-1][0] - points[0][0], 1)
+    columns: dict[int, list] = {}
+    for p in points:
+        columns.setdefault(int((p[0] - t0) * (width - 1) / span), []).append(p)
+    out = []
+    for column in columns.values():
+        low, high = min(column, key=lambda p: p[1]), max(column, key=lambda p: p[1])
+        out.extend(sorted({low, high}))
+    return out
 
 
 def histogram(title: str, values: list[float], unit: str, bins: int = 12) -> str:

@@ -87,13 +87,16 @@ def streaming_page(view: dict) -> str:
                 f"Driver run: <b>{escape(str(run.get('kind', 'new')))}</b>, epoch {escape(str(run.get('epoch')))}"
                 + (f"; <span class='failed'>fenced: {escape(str(run['fenced']))}</span>" if run.get("fenced") else "")
                 + "</p>")
+    with status.lock:
+        timings = list(status.timings)  # (time, records, scheduling, processing, total), worked out once
+
+    def measure(i):
+        return [(t[0], t[i]) for t in timings if t[i] is not None]
     series = {
-        "Input Rate": ([(b["batchTime"], batch_records(b) * 1000.0 / batch_ms) for b in completed] if batch_ms else [],
-                       "records/s", 0),
-        "Scheduling Delay": ([(b["batchTime"], delays(b)[0]) for b in completed if delays(b)[0] is not None], "ms", 0),
-        "Processing Time": ([(b["batchTime"], delays(b)[1]) for b in completed if delays(b)[1] is not None], "ms",
-                            batch_ms),
-        "Total Delay": ([(b["batchTime"], delays(b)[2]) for b in completed if delays(b)[2] is not None], "ms", 0),
+        "Input Rate": ([(t[0], t[1] * 1000.0 / batch_ms) for t in timings] if batch_ms else [], "records/s", 0),
+        "Scheduling Delay": (measure(2), "ms", 0),
+        "Processing Time": (measure(3), "ms", batch_ms),
+        "Total Delay": (measure(4), "ms", 0),
     }
     rows = []
     for title, (points, unit, limit) in series.items():
@@ -143,8 +146,9 @@ def _storage_panel(checkpoints: list[dict], sample: dict | None, view: dict) -> 
         last = checkpoints[-1]
         parts.append(f"<p>Last good: batch {escape(str(last.get('checkpointTime')))} "
                      f"(epoch {escape(str(last.get('epoch')))}), written in {_ms(last.get('tookMs'))}.</p>")
-        parts.append(_table(["Checkpoint of", "Epoch", "Write took"], [
-            [escape(str(c.get("checkpointTime"))), escape(str(c.get("epoch"))), _ms(c.get("tookMs"))]
+        parts.append(_table(["Checkpoint of", "Epoch", "Write took", "Bytes"], [
+            [escape(_when(c.get("checkpointTime"))), escape(str(c.get("epoch"))), _ms(c.get("tookMs")),
+             f"{c.get('bytes', 0):,}"]
             for c in reversed(checkpoints)], "checkpoints"))
     else:
         parts.append("<p class='note'>No checkpoint written by this run.</p>")

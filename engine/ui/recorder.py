@@ -120,7 +120,7 @@ class Recorder(StreamingListener):
     def onCheckpointWritten(self, checkpointWritten) -> None:
         e = checkpointWritten
         self._record({"event": "checkpoint", "time": self._clock.now_ms(), "checkpointTime": e.checkpoint_time_ms,
-                      "epoch": e.epoch, "tookMs": e.took_ms})
+                      "epoch": e.epoch, "tookMs": e.took_ms, "bytes": e.bytes})
         if self.metrics is not None:
             self.metrics.checkpoint_write.observe(e.took_ms / 1000)
 
@@ -146,6 +146,19 @@ class Recorder(StreamingListener):
     def onBacklog(self, backlog) -> None:
         self._record({"event": "backlog", "time": self._clock.now_ms(), "state": backlog.state,
                       "schedulingDelay": backlog.scheduling_delay_ms, "backlog": backlog.backlog})
+
+    def onDriverRestarted(self, driverRestarted) -> None:
+        e = driverRestarted
+        self._record({"event": "restarted", "time": self._clock.now_ms(), "recovery": e.recovery,
+                      "checkpointTime": e.checkpoint_time_ms, "rerunBatches": list(e.rerun_batch_times),
+                      "skippedBatches": list(e.skipped_batch_times)})
+
+    def onDriverTakeover(self, driverTakeover) -> None:
+        e = driverTakeover
+        self._record({"event": "takeover", "time": self._clock.now_ms(), "epoch": e.epoch,
+                      "resumedFrom": e.resumed_from_ms, "tookMs": e.took_ms})
+        if self.writer is not None:
+            self.writer.update_run(takeoverMs=e.took_ms)
 
     def onDriverFenced(self, driverFenced) -> None:
         self._record({"event": "fenced", "time": self._clock.now_ms(), "reason": _text(driverFenced.reason)})

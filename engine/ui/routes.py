@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from urllib.parse import parse_qs, urlsplit
 
 from . import metrics as metrics_module
@@ -79,11 +80,16 @@ def _api(catalog, app_id, rest, query):
     if rest is None:
         return _json(next(a for a in catalog.applications() if a["id"] == app_id))
     _, status = found
+    if rest.strip("/") == "recoveries":  # every run's: not this run's to version
+        return _json(catalog.recoveries())
+    return catalog.cached(("api", app_id, rest, tuple(sorted((k, tuple(v)) for k, v in query.items()))),
+                          (id(status), status.version), lambda: _streaming_api(catalog, status, rest, query))
+
+
+def _streaming_api(catalog, status, rest, query):
     steps = [s for s in rest.split("/") if s]
     if steps == ["statistics"]:
         return _json(status.statistics())
-    if steps == ["recoveries"]:
-        return _json(catalog.recoveries())
     if steps and steps[0] == "receivers" and len(steps) <= 2:
         receivers = status.receivers_view()
         if len(steps) == 1:
@@ -126,6 +132,13 @@ def _page(catalog, app_id, path, query, prefix):
     if found is None:
         return _not_found(f"unknown app: {app_id}")
     _, status = found
+    # a live page shows the time (a standby's lag): it is rendered again at least every second
+    return catalog.cached(("page", app_id, path, tuple(query.get("id") or ())),
+                          (id(status), status.version, int(time.monotonic())),
+                          lambda: _render_page(catalog, status, path, query, prefix))
+
+
+def _render_page(catalog, status, path, query, prefix):
     live = catalog.live is not None and status is catalog.live
     view = {"status": status, "prefix": prefix, "live": live, "recoveries": catalog.recoveries(),
             **(catalog.extras() if live else {})}

@@ -58,6 +58,10 @@ class RunStatus:
         self.retained_batches = retained_batches
         self.lock = threading.Lock()
         self.completed: collections.deque = collections.deque(maxlen=retained_batches)
+        #: per completed batch, worked out once (a completed batch never changes): its REST view,
+        #: and (batch time, records, scheduling delay, processing time, total delay)
+        self.completed_views: collections.deque = collections.deque(maxlen=retained_batches)
+        self.timings: collections.deque = collections.deque(maxlen=retained_batches)
         self.active: dict[int, dict] = {}  # batch time -> the batch, submitted or running
         self.checkpoints: collections.deque = collections.deque(maxlen=retained_batches)
         self.samples: collections.deque = collections.deque(maxlen=retained_batches)
@@ -66,18 +70,22 @@ class RunStatus:
         self.total_completed = self.total_received = self.total_processed = 0
         self.failed_output_ops = 0
         self.last_event_ms: int | None = None
+        self.version = 0  #: counts the records applied: a view rendered at one version stays right until the next
 
     # ------------------------------------------------------------------ feeding
 
     def apply(self, record: dict) -> None:
         kind = record.get("event")
         with self.lock:
+            self.version += 1
             t = record.get("time")
             if isinstance(t, int):
                 self.last_event_ms = t if self.last_event_ms is None else max(self.last_event_ms, t)
             if kind == "batch":
                 self.active.pop(record["batchTime"], None)
                 self.completed.append(record)
+                self.completed_views.append(self._batch_view(COMPLETED, record))
+                self.timings.append((record["batchTime"], batch_records(record), *delays(record)))
                 self.total_completed += 1
                 self.total_processed += batch_records(record)
                 self.failed_output_ops += sum(1 for op in record.get("ops", ()) if op.get("failureReason"))
@@ -104,6 +112,8 @@ class RunStatus:
                 self.receivers[record["streamId"]] = record
             elif kind == "backlog":
                 self.backlog = record
+            elif kind == "takeover":
+                self.run["takeoverMs"] = record.get("tookMs")
             elif kind == "fenced":
                 self.run["fenced"] = record.get("reason")
             elif kind == "stopped":
@@ -125,9 +135,9 @@ class RunStatus:
 
     def statistics(self) -> dict:
         with self.lock:
-            batches = [b for _, b in self._all_batches()]
-            timings = [delays(b) for b in batches]
-            rate = ([batch_records(b) * 1000.0 / self.batch_ms for b in batches] if self.batch_ms else [])
+            timings = [t[2:] for t in self.timings] + [delays(b) for b in self.active.values()]
+            records = [t[1] for t in self.timings] + [batch_records(b) for b in self.active.values()]
+            rate = [n * 1000.0 / self.batch_ms for n in records] if self.batch_ms else []
             active = sum(1 for r in self.receivers.values() if r.get("active"))
             n_receivers = len(self.receiver_streams())
 
@@ -199,7 +209,8 @@ class RunStatus:
 
     def batches_view(self, statuses=STATUSES) -> list[dict]:
         with self.lock:
-            views = [self._batch_view(s, b) for s, b in self._all_batches() if s in statuses]
+            views = list(self.completed_views) if COMPLETED in statuses else []
+            views += [self._batch_view(s, b) for s, b in self._all_batches()[len(self.completed):] if s in statuses]
         return sorted(views, key=lambda v: -v["batchId"])
 
     def find_batch(self, batch_id: int) -> tuple[str, dict] | None:
@@ -245,13 +256,14 @@ def operation_view(op: dict) -> dict:
 
 def recoveries(runs: list[dict], last_event_ms: dict) -> list[dict]:
     """sparkwal's ``.../streaming/recoveries``: every run of a driver on this checkpoint, oldest
-    first. ``downtimeMs``: from the previous run's last recorded event to this run's start (None
-    for the first run, or when the previous run recorded nothing)."""
+    first. ``downtimeMs``: from the previous run's last recorded event (or its recorded end) to this
+    run's start (None for the first run)."""
     out, previous = [], None
     for run in runs:
-        prev_last = last_event_ms.get(previous.get("path")) if previous else None
-        if previous is not None and prev_last is None:
-            prev_last = previous.get("startTime")
+        prev_last = None
+        if previous is not None:  # its last event, its recorded end, or at least its start
+            seen = [t for t in (last_event_ms.get(previous.get("path")), previous.get("endTime")) if t is not None]
+            prev_last = max(seen) if seen else previous.get("startTime")
         out.append(_present({
             "appId": run.get("appId"),
             "kind": run.get("kind", "new"),
@@ -262,6 +274,7 @@ def recoveries(runs: list[dict], last_event_ms: dict) -> list[dict]:
             "firstNewBatch": run.get("firstNewBatch"),
             "rerunBatches": list(run.get("rerunBatches") or []),
             "skippedBatches": list(run.get("skippedBatches") or []),
+            "takeoverMs": run.get("takeoverMs"),
             "downtimeMs": (run["startTime"] - prev_last) if prev_last is not None and run.get("startTime") else None,
             "endTime": spark_date(run.get("endTime")),
             "fenced": run.get("fenced"),
