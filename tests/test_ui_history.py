@@ -105,6 +105,7 @@ def test_a_killed_driver_and_its_restart_are_on_record_live_and_after_death(tmp_
     assert runs[1]["downtimeMs"] >= 0 and runs[1]["checkpointTime"] is not None
     dom = browser_dom(f"{ui2['url']}/streaming/", tmp_path)
     assert "Recoveries" in dom and ">restart<" in dom and ">new<" in dom
+    assert "killed (no end recorded)" in dom and ">running<" in dom
     assert second.proc.wait(120) == 0
 
     status = subprocess.run([sys.executable, "-m", "sparkwal", "status", str(work / "checkpoint"), "--json"],

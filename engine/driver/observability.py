@@ -137,7 +137,7 @@ class Observer:
             leader = None
         if leader is not None:
             out["leader"] = {"epoch": leader.epoch, "holder": getattr(leader, "holder", None),
-                             "standby": "this driver" if driver.is_standby else "none seen"}
+                             "role": "a standby" if driver.is_standby else "the leader"}
         if driver.is_standby:
             tail = getattr(driver, "standby_tail", None)
             cp = getattr(tail, "checkpoint", None)

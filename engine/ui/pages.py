@@ -123,18 +123,32 @@ def streaming_page(view: dict) -> str:
     body.append(f"<h2>Completed Batches (last {len(completed)} out of {stats['numTotalCompletedBatches']})</h2>")
     body.append(_table(headers, _batch_rows(status, [(COMPLETED, b) for b in completed[-100:]], prefix),
                        "completed"))
-    body.append(_recovery_panel(view.get("recoveries") or []))
+    body.append(_recovery_panel(view.get("recoveries") or [], bool(view.get("live"))))
     body.append(_storage_panel(checkpoints, sample, view))
     return _page(f"{name} - Streaming Statistics", "".join(body))
 
 
-def _recovery_panel(recoveries: list[dict]) -> str:
-    rows = [[escape(str(r.get("kind"))), escape(str(r.get("epoch"))), escape(str(r.get("startTime", "-"))),
-             _ms(r.get("downtimeMs")), escape(", ".join(str(t) for t in r.get("rerunBatches", [])) or "-"),
-             escape(str(r.get("firstNewBatch", "-"))),
-             f"<span class='failed'>{escape(str(r['fenced']))}</span>" if r.get("fenced") else
-             escape(str(r.get("endTime", "running" if r is recoveries[-1] else "killed")))]
-            for r in recoveries]
+def _batches_text(times: list[int]) -> str:
+    """A count and a range, never every batch time (a restart may re-run hundreds)."""
+    if not times:
+        return "-"
+    if len(times) == 1:
+        return _when(times[0])
+    return f"{len(times)} ({_when(min(times))} .. {_when(max(times))})"
+
+
+def _recovery_panel(recoveries: list[dict], live: bool) -> str:
+    def ended(r):
+        if r.get("fenced"):
+            return f"<span class='failed'>fenced: {escape(str(r['fenced']))}</span>"
+        if r.get("endTime"):
+            return "stopped " + escape(str(r["endTime"]))
+        if r is recoveries[-1]:
+            return "running" if live else "no end recorded (running, or killed)"
+        return "killed (no end recorded)"
+    rows = [[escape(str(r.get("kind"))), escape(str(r.get("epoch"))), escape(_when(r.get("startTimeEpoch"))),
+             _ms(r.get("downtimeMs")), escape(_batches_text(r.get("rerunBatches") or [])),
+             escape(_when(r.get("firstNewBatch"))), ended(r)] for r in recoveries]
     return ("<h2>Recoveries</h2><p class='note'>Every run of a driver on this checkpoint, oldest first.</p>"
             + _table(["Kind", "Epoch", "Started", "Downtime", "Re-ran batches", "First new batch", "Ended"],
                      rows, "recoveries"))
@@ -144,7 +158,7 @@ def _storage_panel(checkpoints: list[dict], sample: dict | None, view: dict) -> 
     parts = ["<h2>Checkpoints</h2>"]
     if checkpoints:
         last = checkpoints[-1]
-        parts.append(f"<p>Last good: batch {escape(str(last.get('checkpointTime')))} "
+        parts.append(f"<p>Last good: batch {escape(_when(last.get('checkpointTime')))} "
                      f"(epoch {escape(str(last.get('epoch')))}), written in {_ms(last.get('tookMs'))}.</p>")
         parts.append(_table(["Checkpoint of", "Epoch", "Write took", "Bytes"], [
             [escape(_when(c.get("checkpointTime"))), escape(str(c.get("epoch"))), _ms(c.get("tookMs")),
@@ -159,20 +173,23 @@ def _storage_panel(checkpoints: list[dict], sample: dict | None, view: dict) -> 
             [escape(name), str(s.get("syncs", 0)),
              f"{1000 * s.get('syncSeconds', 0) / s['syncs']:.2f} ms" if s.get("syncs") else "-",
              f"{s.get('records', 0) / s['syncs']:.1f}" if s.get("syncs") else "-",
-             str(s.get("bytes", 0)), str(s.get("segments", 0)), str(s.get("tornTails", 0))]
+             f"{s.get('bytes', 0):,}", str(s.get("segments", 0)), str(s.get("tornTails", 0))]
             for name, s in sorted(wal.items())], "wal"))
     state = (sample or {}).get("state") or {}
     if state:
         parts.append("<h2>State</h2>")
         parts.append(_table(["Stream", "Keys", "Full snapshot bytes", "Delta bytes"], [
-            [escape(name), str(s.get("keys", "-")), str(s.get("fullBytes", "-")), str(s.get("deltaBytes", "-"))]
+            [escape(name), f"{s['keys']:,}" if "keys" in s else "-", f"{s['fullBytes']:,}" if "fullBytes" in s else "-",
+             f"{s['deltaBytes']:,}" if "deltaBytes" in s else "-"]
             for name, s in sorted(state.items())], "state"))
     leader = view.get("leader")
     if leader:
         parts.append("<h2>Leadership</h2>")
-        parts.append(_table(["Epoch", "Holder", "Standby"], [[
+        parts.append(_table(["Epoch", "Holder", "This driver"], [[
             escape(str(leader.get("epoch"))), escape(str(leader.get("holder", "-"))),
-            escape(str(leader.get("standby", "none seen")))]], "leadership"))
+            escape(str(leader.get("role", "-")))]], "leadership"))
+        parts.append("<p class='note'>A standby writes nothing to the checkpoint while it waits, so the "
+                     "leader cannot list it: its own page shows how far behind it is.</p>")
     return "".join(parts)
 
 
