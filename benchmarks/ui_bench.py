@@ -11,6 +11,11 @@ Rows:
   one file (the first 2, warm-up, left out), as the job's own ``batch_completed`` events report it. The
   cost is the difference of the medians of runs. Durability: the same in both (checkpoints and
   state fsync'ed; the event log is flushed to the OS, not fsync'ed).
+* ``paired, one SparkContext``: the same comparison without two JVMs' and two generators' noise:
+  one process, one SparkContext (so Spark's own UI and listeners are alike in both), contexts
+  alternating off/on (``--rounds`` pairs, which goes first alternating too), each running 20
+  batches of the main job's kind (20,000 lines of 10 words, reduceByKey, updateStateByKey, a
+  checkpoint) back to back on a manual clock; the median of the rounds' differences.
 * ``recorder CPU per batch``: the events of one batch (submitted, started, 2 output operations
   started and completed, completed, a checkpoint written) posted through the driver's EventBus to
   the recorder with its metrics and a local event log, 5000 times: the driver's CPU per batch, and
@@ -75,6 +80,82 @@ def main_job_rows(runs: int, seconds: float) -> dict:
             "runs_off": medians[False], "runs_on": medians[True]}
 
 
+def _spark_context():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+
+    sc = SparkContext.getOrCreate(SparkConf().setMaster("local[2]").setAppName("ui-bench")
+                                  .set("spark.driver.host", "127.0.0.1").set("spark.sparkwal.ui.port", "0")
+                                  .set("spark.ui.showConsoleProgress", "false"))
+    sc.setLogLevel("ERROR")
+    return sc
+
+
+def paired_rows(rounds: int, batches: int = 20) -> dict:
+    """One SparkContext; per round a context with everything off, then one with everything on
+    (its driver's conf changed before start), each running the main job's kind of batch (words
+    counted with reduceByKey, running totals with updateStateByKey, a checkpoint) back to back on a
+    manual clock: the median processing time of each, and the round's difference. Spark's own UI is
+    the same in both (one SparkContext): the difference is sparkwal's recording, log, UI and metrics."""
+    import operator
+
+    from engine import StreamingContext, StreamingListener
+    from wal import ManualClock
+
+    sc = _spark_context()
+    lines = sc.parallelize([f"{i} " + " ".join(f"w{(i * 7 + k) % 500}" for k in range(10)) for i in range(20_000)], 4)
+    lines.cache().count()
+
+    def run(on: bool) -> float:
+        work = tempfile.mkdtemp(prefix="ui-bench-ab-")
+        done, cond = [], threading.Condition()
+
+        started: dict[int, float] = {}
+
+        class Times(StreamingListener):  # wall time: the batch times are the manual clock's
+            def onBatchStarted(self, e):
+                started[e.batchInfo().batch_time_ms] = time.perf_counter()
+
+            def onBatchCompleted(self, e):
+                took = (time.perf_counter() - started[e.batchInfo().batch_time_ms]) * 1000
+                with cond:
+                    done.append(took)
+                    cond.notify_all()
+        clock = ManualClock(0)
+        ssc = StreamingContext(sc, 0.5, clock=clock)
+        if not on:
+            ssc.driver.conf.set("spark.ui.enabled", "false").set("spark.sparkwal.eventLog.enabled", "false")
+        ssc.checkpoint(os.path.join(work, "cp"))
+        words = ssc.queueStream([], default=lines).flatMap(str.split).map(lambda w: (w, 1))
+        words.reduceByKey(operator.add).updateStateByKey(lambda new, old: sum(new) + (old or 0)).foreachRDD(
+            lambda rdd: rdd.count())
+        ssc.addStreamingListener(Times())
+        ssc.start()
+        try:
+            for i in range(batches):
+                clock.advance(500)
+                with cond:
+                    cond.wait_for(lambda: len(done) > i, 120)
+        finally:
+            ssc.stop(stopSparkContext=False)
+            shutil.rmtree(work, ignore_errors=True)
+        return statistics.median(done[3:])
+
+    run(True)  # warm-up: JIT, Python workers, caches
+    diffs, offs, ons = [], [], []
+    for r in range(rounds):
+        first_on = r % 2 == 1  # alternate which goes first
+        a = run(first_on)
+        b = run(not first_on)
+        on, off = (a, b) if first_on else (b, a)
+        ons.append(on)
+        offs.append(off)
+        diffs.append(100 * (on - off) / off)
+        print(f"  paired round {r + 1}/{rounds}: off {off:.0f} ms, on {on:.0f} ms ({diffs[-1]:+.1f}%)", flush=True)
+    return {"off_ms": statistics.median(offs), "on_ms": statistics.median(ons), "cost_pct": statistics.median(diffs),
+            "diffs": diffs}
+
+
 def recorder_cpu(batches: int = 5000) -> dict:
     from engine.driver.events import EventBus
     from engine.listener import (StreamingListenerBatchCompleted, StreamingListenerBatchStarted,
@@ -120,16 +201,10 @@ def recorder_cpu(batches: int = 5000) -> dict:
 
 
 def rest_latency(requests: int) -> dict:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark import SparkConf, SparkContext
-
     from engine import StreamingContext, StreamingListener
     from wal import ManualClock
 
-    sc = SparkContext.getOrCreate(SparkConf().setMaster("local[2]").setAppName("ui-bench")
-                                  .set("spark.driver.host", "127.0.0.1").set("spark.sparkwal.ui.port", "0")
-                                  .set("spark.ui.showConsoleProgress", "false"))
-    sc.setLogLevel("ERROR")
+    sc = _spark_context()
     work = tempfile.mkdtemp(prefix="ui-bench-rest-")
     done, cond = [0], threading.Condition()
 
@@ -196,7 +271,7 @@ def rest_latency(requests: int) -> dict:
         return {"retained": stats["numRetainedCompletedBatches"], "completed": stats["numTotalCompletedBatches"],
                 "fill_s": fill_s, "rows": rows}
     finally:
-        ssc.stop(stopSparkContext=True)
+        ssc.stop(stopSparkContext=False)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -228,19 +303,26 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=10, help="paired in-process rounds")
     ap.add_argument("--quick", action="store_true", help="1 run each, 15 s, 50 requests")
     args = ap.parse_args(argv)
     if args.quick:
-        args.runs, args.seconds, args.requests = 1, 15, 50
+        args.runs, args.seconds, args.requests, args.rounds = 1, 15, 50, 2
     print("main job, everything on / off (0.5 s batches):", flush=True)
     job = main_job_rows(args.runs, args.seconds)
     cpu = recorder_cpu()
     mem = {r: memory(r) for r in (1000, 100)}
+    print("paired in one process (0.5 s batches of the main job's kind, back to back):", flush=True)
+    paired = paired_rows(args.rounds)
     rest = rest_latency(args.requests)
     print("\n| row | figure |\n|---|---|")
     print(f"| main job batch processing p50, off | {job['off_ms']:.0f} ms (runs {', '.join(f'{x:.0f}' for x in job['runs_off'])}) |")
     print(f"| main job batch processing p50, on | {job['on_ms']:.0f} ms (runs {', '.join(f'{x:.0f}' for x in job['runs_on'])}) |")
     print(f"| cost, end to end | {job['cost_pct']:+.1f}% |")
+    print(f"| paired, one SparkContext: batch processing p50 off / on | {paired['off_ms']:.0f} ms / "
+          f"{paired['on_ms']:.0f} ms |")
+    print(f"| cost, paired (median of {args.rounds} rounds' differences) | {paired['cost_pct']:+.1f}% "
+          f"(rounds {', '.join(f'{d:+.1f}' for d in paired['diffs'])}) |")
     print(f"| recorder CPU per batch (7 events, metrics, event log) | {cpu['cpu_us_per_batch']:.0f} µs "
           f"= {cpu['share_of_0_5s_pct']:.3f}% of a 0.5 s batch |")
     print(f"| memory, retainedBatches 1000 / 100 (5000 batches fed) | {mem[1000] / 1e6:.2f} MB / {mem[100] / 1e6:.2f} MB |")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from browser import browser_dom
 from checkpoint.event_log import EventLogWriter, read_events, read_runs
 from engine import StreamingContext, StreamingListener
 from engine.ui import Catalog
@@ -136,6 +137,9 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
         assert page.count("<svg") == 8 and "<script>" not in page
         status, batch_page = get(f"{url}/streaming/batch/?id=1500")
         assert status == 200 and "&lt;script&gt;alert(1)&lt;/script&gt;" in batch_page and "<script>" not in batch_page
+        dom = browser_dom(f"{url}/streaming/batch/?id=1500", tmp_path)  # as a browser shows it: text, not a script
+        assert "ValueError: &lt;script&gt;alert(1)&lt;/script&gt; in batch" in dom and "<script" not in dom
+        assert "Failed" in dom and "Output Operations" in dom
 
         status, text = get(f"{url}/metrics")
         assert status == 200

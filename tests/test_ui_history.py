@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,25 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import browser_dom
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert path, "Debian's chromium is needed for the browser tests: apt-get install chromium (.ci/run does)"
-    return path
-
-
-def browser_dom(url: str, tmp_path: Path) -> str:
-    """The page as headless Chromium rendered it (its DOM after load)."""
-    out = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                          "--disable-sync", f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
 
 
 class Proc:
