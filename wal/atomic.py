@@ -82,14 +82,24 @@ def object_put_if_absent(storage, path: str, data: bytes) -> bool:
     try:
         storage.fs.pipe_file(path, bytes(data), mode="create")
     except FileExistsError:
-        return False
+        return _created_by_us(storage, path, data)
     except OSError as e:  # some clients surface HTTP 412 as a generic OSError
         if "412" in str(e) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
-            return False
+            return _created_by_us(storage, path, data)
         raise
     finally:
         storage.fs.invalidate_cache(path)
     return True
+
+
+def _created_by_us(storage, path: str, data: bytes) -> bool:
+    """"Already exists" after a create may be our own create: its answer was lost (a connection
+    reset after the store took the PUT) and the client retried it. Read it back: the same bytes
+    are ours (created: True), so the caller does not write the record a second time elsewhere."""
+    try:
+        return bytes(storage.fs.cat_file(path)) == bytes(data)
+    except OSError:
+        return False  # cannot tell: not created (the caller tries another name)
 
 
 def object_put(storage, path: str, data: bytes) -> None:

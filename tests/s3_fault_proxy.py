@@ -1,0 +1,156 @@
+"""An HTTP fault proxy in front of the S3-compatible test server (moto), for storage-fault tests.
+
+Per request it forwards to the server, or injects a fault: answer 500, answer 503 SlowDown (S3's
+throttling reply), reset the connection before forwarding (nothing happened), reset it after
+forwarding (the request took effect; the client cannot tell), or delay by a chosen time first.
+Faults come from rates and a seed (reproducible: the same seed and the same request sequence
+give the same faults) or from a plan of the next requests matching a method and a path part.
+Every request is logged with its fault and status, so tests and the object-store bill can count
+requests by kind.
+
+    proxy = FaultProxy(upstream="http://127.0.0.1:5000", seed=7, rates={"503": 0.1})
+    proxy.url  # give this to s3fs as its endpoint_url
+    proxy.plan("PUT", "/checkpoint-", "reset_after")  # the next matching request
+    proxy.log  # [Request(method, path, fault, status), ...]
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+FAULTS = ("500", "503", "reset_before", "reset_after", "delay")
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+INTERNAL = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+            b"<Message>We encountered an internal error. Please try again.</Message></Error>")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    fault: str | None  # None: forwarded untouched
+    status: int | None  # what the client got (None: its connection was reset)
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, *, seed: int = 0, rates: dict[str, float] | None = None,
+                 delay_s: float = 2.0):
+        unknown = set(rates or {}) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {FAULTS}")
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.rates = dict(rates or {})
+        self.delay_s = delay_s
+        self.log: list[Request] = []
+        self._random = random.Random(seed)
+        self._plans: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.daemon_threads = True
+        self._server.proxy = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def plan(self, method: str, path_part: str, fault: str) -> None:
+        """The next request with ``method`` whose path contains ``path_part`` gets ``fault``."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
+        with self._lock:
+            self._plans.append((method, path_part, fault))
+
+    def choose(self, method: str, path: str) -> str | None:
+        with self._lock:
+            for i, (m, part, fault) in enumerate(self._plans):
+                if m == method and part in path:
+                    del self._plans[i]
+                    return fault
+            roll = self._random.random()  # one draw per request: the seed fixes the sequence
+            for fault in FAULTS:
+                rate = self.rates.get(fault, 0.0)
+                if roll < rate:
+                    return fault
+                roll -= rate
+        return None
+
+    def record(self, request: Request) -> None:
+        with self._lock:
+            self.log.append(request)
+
+    def counts(self) -> dict[str, int]:
+        """Requests by method (the object-store bill's kinds: GET, HEAD, PUT, POST, DELETE)."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for r in self.log:
+                out[r.method] = out.get(r.method, 0) + 1
+        return out
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and Expect: 100-continue, as S3 clients use them
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def _reset(self) -> None:
+        """Close with an RST (SO_LINGER 0): the client sees 'connection reset', not an answer."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+
+    def _forward(self, body: bytes):
+        conn = http.client.HTTPConnection(*self.server.proxy.upstream, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "expect"}
+        conn.request(self.command, self.path, body=body if body else None, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        conn.close()
+        return response, data
+
+    def _send(self, status: int, headers: list[tuple[str, str]], data: bytes, length: str | None = None) -> None:
+        self.send_response(status)
+        for k, v in headers:
+            if k.lower() not in HOP_BY_HOP and k.lower() != "content-length":
+                self.send_header(k, v)
+        self.send_header("Content-Length", length if length is not None else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _handle(self) -> None:
+        proxy = self.server.proxy
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        fault = proxy.choose(self.command, self.path)
+        if fault == "delay":
+            time.sleep(proxy.delay_s)
+        if fault == "reset_before":
+            proxy.record(Request(self.command, self.path, fault, None))
+            return self._reset()
+        if fault in ("500", "503"):
+            proxy.record(Request(self.command, self.path, fault, int(fault)))
+            data = SLOW_DOWN if fault == "503" else INTERNAL
+            return self._send(int(fault), [("Content-Type", "application/xml")], data)
+        response, data = self._forward(body)
+        if fault == "reset_after":  # it happened upstream; the client never hears of it
+            proxy.record(Request(self.command, self.path, fault, None))
+            return self._reset()
+        proxy.record(Request(self.command, self.path, fault, response.status))
+        self._send(response.status, response.getheaders(), data,
+                   length=response.getheader("Content-Length") if self.command == "HEAD" else None)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle  # noqa: N815
