@@ -73,7 +73,6 @@ def streaming_page(view: dict) -> str:
                   for b in status.active.values()]
         checkpoints = list(status.checkpoints)[-10:]
         sample = status.samples[-1] if status.samples else None
-        receivers = dict(status.receivers)
     name = run.get("appName") or run.get("appId") or "sparkwal"
     body = [f"<h1>Streaming Statistics: {escape(str(name))}</h1>"]
     if view.get("standby"):
@@ -114,8 +113,6 @@ def streaming_page(view: dict) -> str:
              escape(str(r.get("executorHost", "-"))),
              "-" if r.get("avgEventRate") is None else f"{r['avgEventRate']:.1f} records/s",
              f"<span class='failed'>{escape(r.get('lastErrorMessage', ''))}</span>"] for r in streams]))
-    elif receivers:
-        pass
     body.append(f"<h2>Active Batches ({len(active)})</h2>")
     headers = ["Batch Time", "Records", "Scheduling Delay", "Processing Time", "Total Delay / Status",
                "Output Ops: Succeeded/Total"]
