@@ -323,3 +323,26 @@ def test_a_failing_subscriber_does_not_keep_an_event_from_the_others(caplog):
         bus.post(StreamingListenerStreamingStarted(7))
     assert heard == [StreamingListenerStreamingStarted(7)]
     assert "failed in onStreamingStarted" in caplog.text
+
+
+def test_a_batch_seen_complete_is_checkpointed_by_a_stop_that_does_not_wait(spark_context, tmp_path):
+    """Spark's non-graceful stop drops its generator's queue, so a batch its listeners saw
+    complete can lose its completion checkpoint and run again; sparkwal queues the checkpoint
+    before telling listeners and keeps it through the stop."""
+    from checkpoint import read_checkpoint
+
+    clock, stopped = ManualClock(0), threading.Event()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    ssc.queueStream([], default=spark_context.emptyRDD()).foreachRDD(lambda t, rdd: rdd.count())
+
+    class StopAtOnce(StreamingListener):
+        def onBatchCompleted(self, batchCompleted):  # as soon as it is heard of
+            threading.Thread(target=lambda: (ssc.stop(stopSparkContext=False), stopped.set())).start()
+
+    ssc.addStreamingListener(StopAtOnce())
+    ssc.start()
+    clock.advance(500)
+    assert stopped.wait(60)
+    latest = read_checkpoint(str(tmp_path / "ckpt"))
+    assert (latest.checkpoint_time_ms, latest.pending_times_ms) == (500, [])

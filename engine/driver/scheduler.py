@@ -168,8 +168,9 @@ class JobScheduler:
                 self._lock.notify_all()
             info = js.info()
             self._driver.on_batch_done(js.time_ms, info)
-            self._driver.events.post(StreamingListenerBatchCompleted(info))
+            # queued before listeners hear of it: a stop they make then still checkpoints it
             self._driver.generator.on_batch_completion(js.time_ms)
+            self._driver.events.post(StreamingListenerBatchCompleted(info))
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no batch is running or queued; False on timeout."""
@@ -239,6 +240,7 @@ class JobGenerator:
         self._processed = threading.Condition()
         self._queued: set[int] = set()  # batch times queued for generation, not generated yet
         self._queued_lock = threading.Lock()
+        self._generation_cancelled = False
 
     def _on_tick(self, time_ms: int) -> None:
         self._queue_generation(time_ms)
@@ -251,6 +253,8 @@ class JobGenerator:
     def _generate_queued(self, time_ms: int) -> None:
         with self._queued_lock:
             self._queued.discard(time_ms)
+            if self._generation_cancelled:
+                return
         self.generate_jobs(time_ms)
 
     def queued_times(self) -> list[int]:
@@ -292,7 +296,10 @@ class JobGenerator:
             self._queue_generation(t)
 
     def on_batch_completion(self, time_ms: int) -> None:
-        self._events.submit(self._guard, self._clear_metadata, time_ms)
+        try:
+            self._events.submit(self._guard, self._clear_metadata, time_ms)
+        except RuntimeError:  # finished after the stop: its checkpoint is the restart's to write
+            log.info("batch %s completed after the stop; not checkpointed", time_ms)
 
     def _clear_metadata(self, time_ms: int) -> None:
         driver = self._driver
@@ -306,7 +313,12 @@ class JobGenerator:
             self._processed.notify_all()
 
     def stop(self, cancel_queued: bool = False) -> None:
-        """Stop the timer and the event thread; ``cancel_queued`` drops the events not started
-        (a stop that gave up waiting: those batches are left to the restart)."""
+        """Stop the timer and the event thread; ``cancel_queued`` drops the generations not
+        started (a stop that gave up waiting: those batches are left to the restart). Batches
+        that completed are still checkpointed, unlike Spark's (JobGenerator.stop drops its
+        event loop's queue): a batch a listener saw complete is not run again."""
         self.timer.stop()
-        self._events.shutdown(wait=True, cancel_futures=cancel_queued)
+        if cancel_queued:
+            with self._queued_lock:
+                self._generation_cancelled = True
+        self._events.shutdown(wait=True)
