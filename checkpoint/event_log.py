@@ -110,8 +110,7 @@ def read_events(run_path: str, storage_options: dict | None = None) -> Iterator[
     """A run's events, oldest first. A damaged record ends the reading with a warning naming it
     (what came before is still given); a torn tail is the WAL's to skip."""
     storage, root = resolve(run_path, storage_options)
-    wal = FileBasedWriteAheadLog(storage.url(storage.join(root, LOG_DIR)), storage_options=storage_options,
-                                 close_file_after_write=not storage.supports_append)
+    wal = FileBasedWriteAheadLog(storage.url(storage.join(root, LOG_DIR)), storage_options=storage_options)
     try:
         for data in wal.read_all():
             try:
@@ -145,8 +144,7 @@ class EventLogWriter:
         rolling_s = max(1.0, batch_ms * retained_batches / 10 / 1000)
         self._wal = FileBasedWriteAheadLog(self._storage.url(self._storage.join(self._dir, LOG_DIR)),
                                            rolling_interval_s=rolling_s,
-                                           storage_options=storage_options, durability=Durability.FLUSH,
-                                           close_file_after_write=not self._storage.supports_append, lock=lock)
+                                           storage_options=storage_options, durability=Durability.FLUSH, lock=lock)
         self._retained = collections.deque(sorted(prior_batch_times)[-retained_batches:], maxlen=retained_batches)
         self._clean_every = max(1, retained_batches // 10)
         self._since_clean = 0
@@ -252,8 +250,7 @@ class EventLogWriter:
         """Delete segments holding only batches older than the retained ones, in every run."""
         self._wal.clean(thresh_ms)
         for run_path in self._prior_runs:
-            reader = FileBasedWriteAheadLog(f"{run_path.rstrip('/')}/{LOG_DIR}", storage_options=self._storage_options,
-                                            close_file_after_write=not self._storage.supports_append)
+            reader = FileBasedWriteAheadLog(f"{run_path.rstrip('/')}/{LOG_DIR}", storage_options=self._storage_options)
             try:
                 reader.clean(thresh_ms, wait_for_completion=True)
             finally:

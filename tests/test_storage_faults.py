@@ -1,10 +1,10 @@
-"""Storage faults at the object store's boundary (tests/s3_fault_proxy.py in front of moto): what
+"""Storage faults at the object store's boundary (engine/apps/fault_proxy.py in front of moto): what
 the storage seam absorbs, and how an ambiguous write is resolved."""
 
 from __future__ import annotations
 
 import pytest
-from s3_fault_proxy import FaultProxy
+from engine.apps.fault_proxy import FaultProxy
 
 from wal import FileBasedWriteAheadLog
 
@@ -36,3 +36,77 @@ def test_transient_faults_on_every_segment_put_lose_and_double_nothing(s3_url, s
         proxy.stop()
     reader = FileBasedWriteAheadLog(f"{url}/wal", close_file_after_write=True, storage_options=options(s3_endpoint))
     assert list(reader.read_all()) == [b"record %d" % i for i in range(12)]  # each once, in order
+
+
+def test_the_seam_retries_transient_faults_with_bounded_jittered_backoff_until_its_deadline():
+    """wal.retry on its own, with an injected clock: what is retried, how long it waits, when it
+    gives up, and what it counts."""
+    import errno
+    import random
+
+    from wal import RetryPolicy, StorageUnavailableError, retry_statistics
+    from wal.retry import call, is_transient
+
+    now, pauses = [0.0], []
+
+    def sleep(s):
+        pauses.append(s)
+        now[0] += s
+
+    def flaky(failures, error):
+        left = [failures]
+
+        def fn():
+            now[0] += 0.01
+            if left[0]:
+                left[0] -= 1
+                raise error
+            return "done"
+        return fn
+
+    policy = RetryPolicy(deadline_s=10, first_backoff_s=0.1, max_backoff_s=1.0)
+    before = retry_statistics()
+    assert call("read", "s3://b/k", flaky(6, OSError(errno.EBUSY, "SlowDown")), policy=policy,
+                sleep=sleep, monotonic=lambda: now[0], rng=random.Random(3)) == "done"
+    assert len(pauses) == 6 and all(0 <= p <= min(1.0, 0.1 * 2 ** i) for i, p in enumerate(pauses))
+    after = retry_statistics()
+    assert (after.retries - before.retries, after.recovered - before.recovered) == (6, 1)
+
+    pauses.clear()
+    with pytest.raises(StorageUnavailableError) as caught:
+        call("put", "s3://b/checkpoint-1000", flaky(10**6, ConnectionResetError(errno.ECONNRESET, "reset by peer")),
+             policy=policy, sleep=sleep, monotonic=lambda: now[0], rng=random.Random(3))
+    e = caught.value
+    assert str(e).startswith("storage unavailable: put s3://b/checkpoint-1000 still failing after ")
+    assert "reset by peer" in str(e) and e.attempts == len(pauses) + 1 and e.elapsed_s >= 10
+    assert sum(pauses) <= 10 and retry_statistics().gave_up == after.gave_up + 1
+
+    for permanent in (FileNotFoundError("gone"), PermissionError("denied"), OSError(errno.ENOSPC, "full"),
+                      ValueError("bad")):
+        assert not is_transient(permanent)
+        with pytest.raises(type(permanent)):
+            call("read", "s3://b/k", flaky(1, permanent), policy=policy, sleep=sleep, monotonic=lambda: now[0])
+    assert is_transient(OSError(errno.EREMOTEIO, "InternalError")) and is_transient(TimeoutError())
+
+
+def test_a_store_that_stays_unavailable_stops_the_write_with_the_named_error_and_leaves_nothing_half_written(
+        s3_url, s3_endpoint):
+    from wal import RetryPolicy, StorageUnavailableError, set_default_policy
+
+    url, _ = s3_url
+    proxy = FaultProxy(s3_endpoint, seed=1)
+    slow = {**options(proxy.url), "config_kwargs": {"retries": {"max_attempts": 1}}}
+    try:
+        wal = FileBasedWriteAheadLog(f"{url}/wal", storage_options=slow)
+        wal.write(b"before", 1000)
+        proxy.rates["503"] = 1.0  # from now on the store throttles every request
+        set_default_policy(RetryPolicy(deadline_s=1.0, first_backoff_s=0.05, max_backoff_s=0.2))
+        with pytest.raises(StorageUnavailableError, match=r"storage unavailable: create s3://.*/wal/log-.* "
+                           r"still failing after \d+ attempts in .*; last error: .*"):
+            wal.write(b"after", 2000)
+        assert sum(r.fault == "503" for r in proxy.log) >= 2
+    finally:
+        set_default_policy(RetryPolicy())
+        proxy.stop()
+    reader = FileBasedWriteAheadLog(f"{url}/wal", storage_options=options(s3_endpoint))
+    assert list(reader.read_all()) == [b"before"]

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 
 from wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, FileBasedWriteAheadLog,
                  WriteAheadLog)
-from wal.storage import resolve
 
 from .events import (ADD, ALLOC, CLEAN, BatchAllocationEvent, BatchCleanupEvent,
                      BlockAdditionEvent, Event, EventFormatError, ReceivedBlockInfo, block_from_raw,
@@ -56,12 +55,9 @@ class ReceivedBlockTracker:
         self._last_allocated: int | None = None
         self.wal: WriteAheadLog | None = None
         if wal_dir is not None:
-            storage, _ = resolve(wal_dir, storage_options)
             self.wal = BatchedWriteAheadLog(
                 FileBasedWriteAheadLog(wal_dir, rolling_interval_s=rolling_interval_s, clock=self._clock,
-                                       storage_options=storage_options, durability=durability,
-                                       close_file_after_write=not storage.supports_append,
-                                       lock=lock),
+                                       storage_options=storage_options, durability=durability, lock=lock),
                 batching_timeout_s=batching_timeout_s)
             if recover_from_wal:
                 self._recover()

@@ -13,8 +13,10 @@ Public API::
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .batched import BatchedWriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from .errors import CorruptRecordError, FencedError, LeaderHeldError, LogLockedError, WalError
+from .errors import (CorruptRecordError, FencedError, LeaderHeldError, LogLockedError,
+                     StorageUnavailableError, WalError)
 from .file_log import FileBasedWriteAheadLog
+from .retry import RetryPolicy, RetryStatistics, retry_statistics, set_default_policy
 from .storage import FileInfo, LeaderInfo, Leadership, Storage, resolve
 
 __all__ = [
@@ -31,11 +33,16 @@ __all__ = [
     "LogLockedError",
     "ManualClock",
     "RecordHandle",
+    "RetryPolicy",
+    "RetryStatistics",
     "SYSTEM_CLOCK",
     "Storage",
+    "StorageUnavailableError",
     "SystemClock",
     "WalError",
     "WalStatistics",
     "WriteAheadLog",
     "resolve",
+    "retry_statistics",
+    "set_default_policy",
 ]

@@ -79,8 +79,8 @@ def object_put_if_absent(storage, path: str, data: bytes) -> bool:
     if not storage.atomic_create and storage.protocol not in _warned_non_atomic:
         _warned_non_atomic.add(storage.protocol)
         log.warning("%s:// has no atomic create-if-absent; concurrent writers may race", storage.protocol)
-    try:
-        storage.fs.pipe_file(path, bytes(data), mode="create")
+    try:  # a retry after an answer lost comes back "exists": settled by _created_by_us
+        storage.retrying("create", path, lambda: storage.fs.pipe_file(path, bytes(data), mode="create"))
     except FileExistsError:
         return _created_by_us(storage, path, data)
     except OSError as e:  # some clients surface HTTP 412 as a generic OSError
@@ -97,7 +97,7 @@ def _created_by_us(storage, path: str, data: bytes) -> bool:
     reset after the store took the PUT) and the client retried it. Read it back: the same bytes
     are ours (created: True), so the caller does not write the record a second time elsewhere."""
     try:
-        return bytes(storage.fs.cat_file(path)) == bytes(data)
+        return storage.read_file(path) == bytes(data)
     except OSError:
         return False  # cannot tell: not created (the caller tries another name)
 
@@ -107,5 +107,5 @@ def object_put(storage, path: str, data: bytes) -> None:
         with MEMORY_LOCK:
             storage.fs.pipe_file(path, bytes(data))
         return
-    storage.fs.pipe_file(path, bytes(data))
+    storage.retrying("put", path, lambda: storage.fs.pipe_file(path, bytes(data)))
     storage.fs.invalidate_cache(path)

@@ -17,7 +17,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from . import atomic, locks
+from . import atomic, locks, retry
 from .append_files import (
     CAN_MAP,
     AppendFile,
@@ -305,6 +305,8 @@ class FsspecStorage(Storage):
         self.protocol = protocols[0]
         self.is_memory = isinstance(fs, MemoryFileSystem)
         self.is_s3 = type(fs).__name__ == "S3FileSystem"
+        if self.is_s3:  # one attempt per call: the seam's loop retries, within its deadline
+            fs.retries = 1
         self.supports_append = self.is_memory or isinstance(fs, LocalFileSystem)
         self.atomic_create = self.is_memory or self.is_s3
 
@@ -314,10 +316,14 @@ class FsspecStorage(Storage):
     def url(self, path: str) -> str:
         return f"{self.protocol}://{path.lstrip('/') if self.protocol != 'memory' else path}"
 
+    def retrying(self, operation: str, path: str, fn):
+        """``fn()`` under :mod:`wal.retry`'s policy: transient faults retried until the deadline."""
+        return retry.call(operation, self.url(path), fn)
+
     def list_files(self, directory: str) -> list[FileInfo]:
         self.fs.invalidate_cache(directory)
         try:
-            entries = self.fs.ls(directory, detail=True)
+            entries = self.retrying("list", directory, lambda: self.fs.ls(directory, detail=True))
         except FileNotFoundError:
             return []
         out = []
@@ -330,8 +336,8 @@ class FsspecStorage(Storage):
 
     def list_dirs(self, directory: str) -> list[str]:
         self.fs.invalidate_cache(directory)
-        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(directory, detail=True)
-                if e.get("type") == "directory"]
+        entries = self.retrying("list", directory, lambda: self.fs.ls(directory, detail=True))
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
 
     def makedirs(self, directory: str) -> None:
         if self.is_memory or isinstance(self.fs, LocalFileSystem):
@@ -340,11 +346,11 @@ class FsspecStorage(Storage):
 
     def exists(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
-        return self.fs.exists(path)
+        return self.retrying("exists", path, lambda: self.fs.exists(path))
 
     def size(self, path: str) -> int:
         self.fs.invalidate_cache(path)
-        return int(self.fs.size(path))
+        return int(self.retrying("size", path, lambda: self.fs.size(path)))
 
     def create_append(self, path: str, *, mapped: bool = False) -> AppendFile:
         if not self.supports_append:
@@ -362,18 +368,18 @@ class FsspecStorage(Storage):
         atomic.object_put(self, path, data)
 
     def read_file(self, path: str) -> bytes:
-        return bytes(self.fs.cat_file(path))
+        return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path)))
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        return bytes(self.fs.cat_file(path, start=offset, end=offset + length))
+        return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path, start=offset, end=offset + length)))
 
     def open_read(self, path: str) -> BinaryIO:
         return io.BytesIO(self.read_file(path))  # objects are read whole: one GET
 
     def delete(self, path: str) -> None:
         try:
-            self.fs.rm_file(path)
-        except FileNotFoundError:
+            self.retrying("delete", path, lambda: self.fs.rm_file(path))
+        except FileNotFoundError:  # also a retried delete whose first try took effect
             pass
         finally:
             self.fs.invalidate_cache(path)

@@ -46,3 +46,18 @@ class LeaderHeldError(LogLockedError):
 class FencedError(WalError):
     """This process's leadership epoch is no longer the current one (another driver took over, or
     its lease lapsed before it could renew it): it must write nothing more."""
+
+
+class StorageUnavailableError(WalError):
+    """A storage call kept failing transiently past its deadline: the store is unavailable."""
+
+    def __init__(self, operation: str, url: str, attempts: int, elapsed_s: float, last_error: BaseException):
+        self.operation, self.url, self.attempts = operation, url, attempts
+        self.elapsed_s, self.last_error = elapsed_s, last_error
+        super().__init__(f"storage unavailable: {operation} {url} still failing after {attempts} "
+                         f"attempts in {elapsed_s:.1f} s; last error: {_error_text(last_error)}")
+
+
+def _error_text(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -23,7 +23,7 @@ from crc32c import crc32c
 
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import CorruptRecordError, FencedError, LogLockedError, WalError
+from .errors import CorruptRecordError, FencedError, LogLockedError, StorageUnavailableError, WalError
 from .segment import (FRAME_HEADER, FRAME_HEADER_LEN, HEADER, HEADER_LEN, LEN_CRC, MAX_RECORD,
                       ScanResult, SegmentName, encode_frames, frame_header, iter_segment,
                       parse_segment_name, segment_file_name)
@@ -61,7 +61,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     torn tail left by a crash, and opens a new segment.
 
     ``close_file_after_write=True`` publishes each write (or group) as its own segment object in one
-    atomic create; it is required on object stores, which cannot append.
+    atomic create; None (the default) chooses it where the store cannot append (object stores).
     """
 
     def __init__(
@@ -70,7 +70,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         *,
         rolling_interval_s: float = 60,
         max_failures: int = 3,
-        close_file_after_write: bool = False,
+        close_file_after_write: bool | None = None,
         storage_options: dict | None = None,
         clock: Clock | None = None,
         durability: Durability | str = Durability.FSYNC,
@@ -84,11 +84,11 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self.log_dir = log_dir
         self._storage: Storage
         self._storage, self._dir = resolve(log_dir, storage_options)
+        if close_file_after_write is None:
+            close_file_after_write = not self._storage.supports_append
         if not close_file_after_write and not self._storage.supports_append:
-            raise WalError(
-                f"{log_dir}: this store cannot append to files; "
-                "use close_file_after_write=True (one object per write or group)"
-            )
+            raise WalError(f"{log_dir}: this store cannot append to files; use close_file_after_write=True "
+                           "(one object per write or group)")
         self._interval_ms = int(rolling_interval_s * 1000)
         self._max_failures = max_failures
         self._close_after_write = close_file_after_write
@@ -222,8 +222,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                         path, base = self._publish_segment(frames, time_ms), HEADER_LEN
                     else:
                         path, base = self._append(frames, time_ms)
-                except (LogLockedError, FencedError, CorruptRecordError):
-                    raise  # another writer, or damage an operator must look at: retrying won't help
+                except (LogLockedError, FencedError, CorruptRecordError, StorageUnavailableError):
+                    raise  # another writer, damage, a store retried till its deadline: not again
                 except Exception as exc:
                     self._write_failed(exc, attempt, len(lengths), time_ms)
                     continue

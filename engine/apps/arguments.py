@@ -8,7 +8,11 @@ Exit statuses shared by ``python -m engine.wordcount`` and ``python -m engine.dr
 * 1 the app failed (a batch's error; the drill: something lost or counted twice);
 * 2 a usage or environment mistake (a bad argument, an unusable path, a package missing from
   this interpreter or from the executors' interpreter, no Java);
-* 3 the main job's driver was fenced: another driver leads its checkpoint.
+* 3 the main job's driver was fenced: another driver leads its checkpoint;
+* 4 the storage failed: a storage call kept failing past ``spark.sparkwal.storage.deadline``
+  (``wal.StorageUnavailableError``: the operation, the object and the last error are named) or
+  the disk is full. Nothing half-written is left where a restart reads; restarted once the
+  storage works again, the job resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shutil
 import subprocess
 import sys
 
-OK, FAILED, USAGE, FENCED = 0, 1, 2, 3
+OK, FAILED, USAGE, FENCED, STORAGE = 0, 1, 2, 3, 4
 
 #: module -> what provides it, for a line that says what to install
 NEEDED = {"pyspark": "pyspark", "pyarrow": "pyarrow", "msgpack": "msgpack", "crc32c": "crc32c",
@@ -155,6 +159,23 @@ def check_worker_python(ap: argparse.ArgumentParser, master: str, confs: list[tu
     if out.stdout.split():
         ap.error(f"{where}={python}: the workers' interpreter cannot import {', '.join(out.stdout.split())} "
                  f"(leave {where} unset to run the workers on this interpreter, {sys.executable})")
+
+
+def storage_fault(error: BaseException) -> bool:
+    """Whether an app's error is its storage's: unavailable past the deadline, or full (also when
+    it happened in a task and reached the driver as a Py4J error's text)."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ == "StorageUnavailableError" or getattr(error, "errno", None) == errno.ENOSPC:
+            return True
+        text = one_line(error)
+        if "StorageUnavailableError" in text or "No space left on device" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def one_line(error: BaseException) -> str:

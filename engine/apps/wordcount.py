@@ -294,8 +294,7 @@ def _fail(message: str, status: int) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
-    """The main job; exit statuses in :mod:`engine.apps.arguments` (every mistake found here is one
-    line and status 2, before the JVM starts)."""
+    """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
     from engine.apps import arguments as a
 
     ap = _parser(prog)
@@ -428,8 +427,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
         _emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)
-        return _fail(f"a batch failed, the job stopped (a restart resumes from the checkpoint): "
-                     f"{a.one_line(e)}", a.FAILED)
+        status = a.STORAGE if a.storage_fault(e) else a.FAILED
+        return _fail(f"{'the storage failed' if status == a.STORAGE else 'a batch failed'}, the job stopped "
+                     f"(a restart resumes from the checkpoint): {a.one_line(e)}", status)
     if stop.is_set():
         _emit({"event": "stopping", "signal": signals.signal_name}, args.json,
               f"{signals.signal_name}: stopping gracefully (at most "

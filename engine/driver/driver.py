@@ -25,7 +25,7 @@ from pyspark import RDD, SparkContext
 from checkpoint import Checkpoint, CheckpointWriter, write_code
 from checkpoint.layout import CheckpointLayout
 from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from wal import SYSTEM_CLOCK, Clock, FencedError
+from wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_policy
 
 from .. import cluster
 from ..dstream import describe_times
@@ -44,6 +44,9 @@ from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 
 log = logging.getLogger(__name__)
 
+#: how long a storage call may keep failing transiently before the app stops (wal.retry)
+STORAGE_DEADLINE_KEY = "spark.sparkwal.storage.deadline"
+
 
 class Driver:
     """The state and lifecycle of one streaming driver. ``context`` is the
@@ -59,6 +62,8 @@ class Driver:
         self.context = context
         self.sc = sc
         self.conf = sc.getConf()  # a copy, read once: each getConf() is a JVM round trip
+        set_default_policy(RetryPolicy(deadline_s=leadership.parse_duration_ms(
+            self.conf.get(STORAGE_DEADLINE_KEY, "60s"), STORAGE_DEADLINE_KEY) / 1000))
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK
         self.graph = DStreamGraph()

@@ -104,10 +104,8 @@ class WalBlockHandler:
         self._earlier = earlier_wal_dirs(checkpoint_dir, stream_id, epoch, storage_options)
         self._storage_options = storage_options
         self._stopped = stopped or threading.Event()
-        storage, _ = resolve(self.wal_dir, storage_options)
         self._wal = FileBasedWriteAheadLog(self.wal_dir, rolling_interval_s=rolling_interval_s,
-                                           storage_options=storage_options, clock=clock,
-                                           close_file_after_write=not storage.supports_append)
+                                           storage_options=storage_options, clock=clock)
         self._clock = self._wal._clock
 
     def store(self, block_id: str, data: bytes) -> RecordHandle:

@@ -1,4 +1,4 @@
-"""An HTTP fault proxy in front of the S3-compatible test server (moto), for storage-fault tests.
+"""An HTTP fault proxy in front of an S3-compatible server (moto in the tests and the nemesis drill).
 
 Per request it forwards to the server, or injects a fault: answer 500, answer 503 SlowDown (S3's
 throttling reply), reset the connection before forwarding (nothing happened), reset it after
@@ -40,6 +40,17 @@ class Request:
     path: str
     fault: str | None  # None: forwarded untouched
     status: int | None  # what the client got (None: its connection was reset)
+
+    @property
+    def kind(self) -> str:
+        """The object-store bill's kind: GET, HEAD, PUT, LIST, DELETE (a batch delete is a POST
+        with ``?delete``), or the method."""
+        path, _, query = self.path.partition("?")
+        if self.method == "GET" and ("list-type" in query or "prefix=" in query or path.count("/") <= 1):
+            return "LIST"
+        if self.method == "POST" and query.startswith("delete"):
+            return "DELETE"
+        return self.method
 
 
 class FaultProxy:
@@ -88,12 +99,12 @@ class FaultProxy:
         with self._lock:
             self.log.append(request)
 
-    def counts(self) -> dict[str, int]:
-        """Requests by method (the object-store bill's kinds: GET, HEAD, PUT, POST, DELETE)."""
+    def counts(self, since: int = 0) -> dict[str, int]:
+        """Requests by kind (:attr:`Request.kind`), of the log from index ``since`` on."""
         out: dict[str, int] = {}
         with self._lock:
-            for r in self.log:
-                out[r.method] = out.get(r.method, 0) + 1
+            for r in self.log[since:]:
+                out[r.kind] = out.get(r.kind, 0) + 1
         return out
 
     def stop(self) -> None:
