@@ -69,29 +69,35 @@ def test_an_object_store_lease_is_taken_over_only_once_expired_and_fences_its_ol
     assert storage.lead(path, clock=clock, lease_ms=3000).epoch == 3  # a released lease: at once
 
 
-def test_a_holder_that_sees_a_newer_epoch_is_fenced(memory_url):
+def test_a_holder_whose_lease_was_superseded_is_fenced_at_its_next_renewal(memory_url):
     storage, path = resolve(f"{memory_url}/ckpt")
     clock = ManualClock(0)
     old = storage.lead(path, clock=clock, lease_ms=30_000)
-    # another driver took epoch 2 (say, after a clock jump on its machine): one conditional create
-    storage.put_if_absent(lease_path(storage, path, 2), b'{"epoch": 2, "holder": "pid 7 on elsewhere", '
-                          b'"expires_ms": 99999999}')
-    with pytest.raises(FencedError, match="epoch 2 was taken by pid 7 on elsewhere"):
-        old.confirm()
+    # another driver took epoch 2 (say, after a clock jump on its machine): it superseded epoch
+    # 1's object (conditional on the version it read), then created epoch 2's
+    new = storage.lead(path, clock=ManualClock(10**9), lease_ms=30_000)
+    assert new.epoch == 2 and "superseded_by" in storage.read_file(lease_path(storage, path, 1)).decode()
+    with pytest.raises(FencedError, match="epoch 2 was taken by another driver"):
+        old.renew()  # one conditional PUT: the object is no longer the version it wrote
     with pytest.raises(FencedError):
         old.check()
 
 
 def test_a_driver_that_loses_its_directory_says_so_on_its_event_bus_and_stops(spark_context, memory_url):
-    """Another driver takes epoch 2 of the checkpoint directory: before its next batch's outputs
-    this driver asks the store, is fenced, posts ``onDriverFenced`` and ends with the error."""
+    """Another driver takes epoch 2 of the checkpoint directory (its clock jumped): this driver's
+    next renewal fails, it is fenced, posts ``onDriverFenced`` and ends with the error."""
     fenced, clock = [], ManualClock(0)
 
     class Fenced(StreamingListener):
         def onDriverFenced(self, event):
             fenced.append(event)
 
-    ssc = StreamingContext(spark_context, 1.0, clock=clock)
+    live_conf = spark_context._jsc.sc().conf()  # a short lease: renewals every second
+    live_conf.set("spark.streaming.driver.leaseTimeout", "3s")
+    try:
+        ssc = StreamingContext(spark_context, 1.0, clock=clock)
+    finally:
+        live_conf.remove("spark.streaming.driver.leaseTimeout")
     ssc.checkpoint(f"{memory_url}/ckpt")
     ssc.queueStream([[1], [2], [3]]).foreachRDD(lambda rdd: rdd.count())
     ssc.addStreamingListener(Fenced())
@@ -99,10 +105,8 @@ def test_a_driver_that_loses_its_directory_says_so_on_its_event_bus_and_stops(sp
     try:
         assert ssc.leaderEpoch == 1
         storage, path = resolve(f"{memory_url}/ckpt")
-        storage.put_if_absent(lease_path(storage, path, 2), b'{"epoch": 2, "holder": "pid 7 on elsewhere", '
-                              b'"expires_ms": 99999999999999}')
-        clock.advance(1000)
-        with pytest.raises(FencedError, match="epoch 2 was taken by pid 7 on elsewhere"):
+        storage.lead(path, clock=ManualClock(4 * 10**12))  # in 2096: the lease looks expired
+        with pytest.raises(FencedError, match="epoch 2 was taken by another driver"):
             ssc.awaitTermination(30)
         assert len(fenced) == 1 and "epoch 2" in fenced[0].reason
     finally:

@@ -41,10 +41,15 @@ def test_group_commit(backend):
     log.close()
 
 
-def test_object_store_needs_close_file_after_write(s3_url):
+def test_an_object_store_log_publishes_each_write_as_an_object_and_cannot_be_told_to_append(s3_url):
     url, options = s3_url
     with pytest.raises(WalError, match="close_file_after_write=True"):
-        FileBasedWriteAheadLog(url + "/wal", storage_options=options)
+        FileBasedWriteAheadLog(url + "/wal", storage_options=options, close_file_after_write=False)
+    log = FileBasedWriteAheadLog(url + "/wal", storage_options=options)  # chosen for this store
+    log.write(b"one", 1)
+    log.write(b"two", 2)
+    log.close()
+    assert list(FileBasedWriteAheadLog(url + "/wal", storage_options=options).read_all()) == [b"one", b"two"]
 
 
 def test_lease_fences_a_second_writer_and_expires(backend):

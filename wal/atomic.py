@@ -4,6 +4,9 @@ guarantees are listed in :mod:`wal.storage`."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import logging
 import os
 import threading
@@ -16,6 +19,7 @@ log = logging.getLogger(__name__)
 #: ``memory://`` is process-local: its create-if-absent is a check and store under this lock.
 MEMORY_LOCK = threading.Lock()
 _warned_non_atomic: set[str] = set()
+_NO_LOCK = contextlib.nullcontext()
 
 
 def unlink_quietly(path: str) -> None:
@@ -109,3 +113,74 @@ def object_put(storage, path: str, data: bytes) -> None:
         return
     storage.retrying("put", path, lambda: storage.fs.pipe_file(path, bytes(data)))
     storage.fs.invalidate_cache(path)
+
+
+# ------------------------------------------------------------------ versioned objects (leases)
+
+
+def content_version(data: bytes) -> str:
+    """A version where the store has none: the content's digest (a compare-and-swap on content)."""
+    return hashlib.md5(bytes(data), usedforsecurity=False).hexdigest()
+
+
+def _s3(storage, coroutine_fn):
+    from fsspec.asyn import sync
+
+    return sync(storage.fs.loop, coroutine_fn)
+
+
+def object_read_versioned(storage, path: str) -> tuple[bytes, str] | None:
+    """``(bytes, version)`` of an object in one request (S3: a GET and its ETag); None if absent."""
+    if not storage.is_s3:
+        with MEMORY_LOCK if storage.is_memory else _NO_LOCK:
+            try:
+                data = bytes(storage.fs.cat_file(path))
+            except FileNotFoundError:
+                return None
+        return data, content_version(data)
+    bucket, key, _ = storage.fs.split_path(path)
+
+    async def get():
+        response = await storage.fs._call_s3("get_object", Bucket=bucket, Key=key)
+        async with response["Body"] as body:
+            return await body.read(), response["ETag"]
+    try:
+        return storage.retrying("read", path, lambda: _s3(storage, get))
+    except FileNotFoundError:
+        return None
+
+
+def object_put_if_version(storage, path: str, data: bytes, version: str | None) -> str | None:
+    """Write ``data`` to ``path`` if the object is still at ``version`` (None: if it is absent):
+    one conditional PUT on S3 (``If-Match`` / ``If-None-Match: *``). The new version, or None when
+    the condition failed. An answer lost to a reset is settled by reading back: our own bytes
+    there mean the write was ours."""
+    if not storage.is_s3:
+        if not storage.is_memory and storage.protocol not in _warned_non_atomic:
+            _warned_non_atomic.add(storage.protocol)
+            log.warning("%s:// has no conditional put; concurrent writers may race", storage.protocol)
+        with MEMORY_LOCK if storage.is_memory else _NO_LOCK:
+            try:
+                current = content_version(bytes(storage.fs.cat_file(path)))
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                return None
+            storage.fs.pipe_file(path, bytes(data))
+        return content_version(data)
+    bucket, key, _ = storage.fs.split_path(path)
+    condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+
+    async def put():
+        return (await storage.fs._call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data),
+                                          **condition))["ETag"]
+    try:
+        return storage.retrying("put", path, lambda: _s3(storage, put))
+    except (FileExistsError, FileNotFoundError, OSError) as e:
+        if isinstance(e, OSError) and not isinstance(e, (FileExistsError, FileNotFoundError)) \
+                and getattr(e, "errno", None) != errno.EINVAL:  # s3fs: 412 PreconditionFailed
+            raise
+        now = object_read_versioned(storage, path)
+        return now[1] if now is not None and now[0] == bytes(data) else None
+    finally:
+        storage.fs.invalidate_cache(path)

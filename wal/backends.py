@@ -86,6 +86,15 @@ class Storage(ABC):
     def put(self, path: str, data: bytes) -> None:
         """Atomically create or replace ``path`` with ``data``; durable on return."""
 
+    def read_versioned(self, path: str) -> tuple[bytes, str] | None:
+        """``(bytes, version)`` of an object store's object, in one request; None if absent."""
+        raise NotImplementedError(f"{self.url(path)}: no versioned objects on this storage")
+
+    def put_if_version(self, path: str, data: bytes, version: str | None) -> str | None:
+        """Replace ``path`` only if it is still at ``version`` (None: create it only if absent),
+        in one conditional request; the new version, or None if the condition failed."""
+        raise NotImplementedError(f"{self.url(path)}: no versioned objects on this storage")
+
     @abstractmethod
     def read_file(self, path: str) -> bytes: ...
 
@@ -367,8 +376,14 @@ class FsspecStorage(Storage):
     def put(self, path: str, data: bytes) -> None:
         atomic.object_put(self, path, data)
 
-    def read_file(self, path: str) -> bytes:
-        return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path)))
+    def read_file(self, path: str) -> bytes:  # start=0: s3fs then skips a HEAD before its GET
+        return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path, start=0)))
+
+    def read_versioned(self, path: str) -> tuple[bytes, str] | None:
+        return atomic.object_read_versioned(self, path)
+
+    def put_if_version(self, path: str, data: bytes, version: str | None) -> str | None:
+        return atomic.object_put_if_version(self, path, data, version)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path, start=offset, end=offset + length)))

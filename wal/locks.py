@@ -252,7 +252,11 @@ class Lease(Lock):
 
 
 class EpochLease(Leadership):
-    """An object-store leadership: the lease object of one epoch, renewed by its owner."""
+    """An object-store leadership: the lease object of one epoch, renewed by its owner with one
+    conditional PUT (``If-Match`` the version it last wrote). A taker first supersedes the
+    expired object (conditional on the version it read), so a renewal that comes too late finds
+    the object changed and fences its sender; between renewals the holder trusts its lease on
+    its own clock, up to a fifth of a lease before it expires: confirming costs no request."""
 
     def __init__(self, storage, directory: str, epoch: int, clock: Clock, lease_ms: int):
         self._storage, self._dir, self.epoch = storage, directory, epoch
@@ -263,15 +267,21 @@ class EpochLease(Leadership):
         self._since, self._renewed_at = now, now
         #: the holder stops writing a fifth of a lease before others may take it over
         self._valid_until = now + lease_ms - lease_ms // 5
+        self._version: str | None = None  # of the object as this holder last wrote it
         self._fenced: str | None = None
         self._renew_lock = threading.Lock()
         self.info = LeaderInfo("lease", epoch, holder_description(), now, True, now + lease_ms)
 
-    def body(self, released: bool = False) -> bytes:
-        now = self._clock.now_ms()
+    def body(self, released: bool = False, now: int | None = None) -> bytes:
+        now = self._clock.now_ms() if now is None else now
         return json.dumps({"epoch": self.epoch, "owner": self._owner, "holder": holder_description(),
                            "since_ms": self._since, "expires_ms": now if released else now + self._lease_ms,
                            "released": released}).encode()
+
+    def create(self) -> bool:
+        """Take this epoch: create its object if absent (one conditional PUT)."""
+        self._version = self._storage.put_if_version(self._path, self.body(now=self._since), None)
+        return self._version is not None
 
     def _fence(self, reason: str) -> None:
         if self._fenced is None:
@@ -290,51 +300,51 @@ class EpochLease(Leadership):
             self.renew()
 
     def confirm(self) -> None:
-        self._renew(force=False)
+        """Current, on this holder's clock (renewed first if due); FencedError if not."""
+        self.check()
 
     def renew(self) -> None:
-        self._renew(force=True)
-
-    def _renew(self, force: bool) -> None:
-        """Ask the store: fenced if a newer epoch exists or the object is not ours; renewed when
-        ``force`` (or due)."""
+        """One conditional PUT of the lease object: fenced if it is no longer the version this
+        holder wrote (superseded by a taker, or deleted)."""
         with self._renew_lock:
             if self._fenced is not None:
                 raise FencedError(self._fenced)
-            now = self._clock.now_ms()
-            if now >= self._valid_until:
+            sent_at = self._clock.now_ms()
+            if sent_at >= self._valid_until:
                 self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)})")
-            newest = leader_epochs(self._storage, self._dir)
-            if newest and newest[-1] > self.epoch:
-                taker = read_lease(self._storage, lease_path(self._storage, self._dir, newest[-1])) or {}
-                self._fence(f"epoch {newest[-1]} was taken by {taker.get('holder', 'another driver')}")
-            current = read_lease(self._storage, self._path)
-            if current is None or current.get("owner") != self._owner:
-                self._fence("its lease object was replaced or deleted")
-            if force or now - self._renewed_at >= self.renew_every_ms:
-                self._storage.put(self._path, self.body())
-                self._renewed_at = now
-                self._valid_until = now + self._lease_ms - self._lease_ms // 5
+            version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
+            if version is None:
+                current = read_lease(self._storage, self._path) or {}
+                taker = current.get("superseded_by")
+                self._fence(f"epoch {taker} was taken by another driver" if taker else
+                            "its lease object was replaced or deleted")
+            self._version = version
+            if self._fenced is None:  # validity counts from the send: a slow answer shortens it
+                self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
 
     def release(self) -> None:
         if self._fenced is not None:
             return
         self._fenced = f"leadership epoch {self.epoch} was released"
         try:
-            current = read_lease(self._storage, self._path)
-            if current is not None and current.get("owner") == self._owner:
-                self._storage.put(self._path, self.body(released=True))
+            self._storage.put_if_version(self._path, self.body(released=True), self._version)
         except Exception:  # a lease that cannot be released simply expires
             log.warning("could not release lease %s", self._path, exc_info=True)
 
 
 def read_lease(storage, path: str) -> dict | None:
     try:
-        return json.loads(storage.read_file(path))
+        return _parse_lease(storage.read_file(path))
     except FileNotFoundError:
         return None
+
+
+def _parse_lease(data: bytes) -> dict:
+    try:
+        record = json.loads(data)
     except ValueError:
-        return {"owner": "?", "holder": "unreadable lease", "expires_ms": 0}
+        record = None
+    return record if isinstance(record, dict) else {"owner": "?", "holder": "unreadable lease", "expires_ms": 0}
 
 
 def lease_writer(storage, directory: str, clock: Clock) -> WriterInfo | None:
@@ -373,16 +383,25 @@ def lease_leader(storage, directory: str, clock: Clock) -> LeaderInfo | None:
 
 def lease_lead(storage, directory: str, clock: Clock, lease_ms: int) -> Leadership:
     storage.makedirs(directory)
-    current = lease_leader(storage, directory, clock)
-    if current is not None and current.held:
-        raise LeaderHeldError(storage.url(directory), current)
-    epoch = (current.epoch if current else 0) + 1
-    lease = EpochLease(storage, directory, epoch, clock, lease_ms)
-    if not storage.put_if_absent(lease_path(storage, directory, epoch), lease.body()):
+    epochs = leader_epochs(storage, directory)
+    current = None
+    if epochs:
+        path = lease_path(storage, directory, epochs[-1])
+        found = storage.read_versioned(path)
+        record = _parse_lease(found[0]) if found else {"holder": "deleted lease"}
+        current = lease_info(record, epochs[-1], clock)
+        if current.held:
+            raise LeaderHeldError(storage.url(directory), current)
+        if found is not None and not record.get("superseded_by"):  # its holder's renewals now fail
+            superseded = json.dumps({**record, "superseded_by": epochs[-1] + 1}).encode()
+            if storage.put_if_version(path, superseded, found[1]) is None:  # renewed meanwhile
+                raise LeaderHeldError(storage.url(directory), lease_leader(storage, directory, clock) or current)
+    lease = EpochLease(storage, directory, (current.epoch if current else 0) + 1, clock, lease_ms)
+    if not lease.create():
         winner = lease_leader(storage, directory, clock) or current
         raise LeaderHeldError(storage.url(directory), winner)
     if current is not None:
-        log.warning("%s: took over leadership at epoch %d from %s", storage.url(directory), epoch,
+        log.warning("%s: took over leadership at epoch %d from %s", storage.url(directory), lease.epoch,
                     current.describe())
     for old in leader_epochs(storage, directory)[:-3]:  # the newest few stay, for inspectors
         storage.delete(lease_path(storage, directory, old))

@@ -156,8 +156,9 @@ def fence(driver, error: BaseException) -> None:
 
 
 def confirm_leadership(driver) -> None:
-    """Before a batch's jobs (its inputs logged): its epoch must be the current one, asked of the
-    store now (an object-store lease; a local lock is current while held)."""
+    """Before a batch's jobs (its inputs logged): its epoch must be the current one (an
+    object-store lease: valid on this driver's clock, renewed first if due, see wal.locks; a
+    local lock is current while held)."""
     if driver.fenced is not None:
         raise driver.fenced
     lead = driver.lead()
