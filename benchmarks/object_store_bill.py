@@ -52,10 +52,13 @@ class Job:
                                      stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True,
                                      start_new_session=True)
         self.changed = threading.Condition()
+        self.transcript = open(log_path.replace(".err", ".out"), "w")  # noqa: SIM115
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            if self.transcript is not None:
+                self.transcript.write(line)
             if line.startswith("{"):
                 event = json.loads(line)
                 with self.changed:

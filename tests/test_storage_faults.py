@@ -110,3 +110,56 @@ def test_a_store_that_stays_unavailable_stops_the_write_with_the_named_error_and
         proxy.stop()
     reader = FileBasedWriteAheadLog(f"{url}/wal", storage_options=options(s3_endpoint))
     assert list(reader.read_all()) == [b"before"]
+
+
+def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_over(s3_url, s3_endpoint):
+    """The holder's renewal hangs in the store (the proxy holds it 4 s; the lease is 3 s): its
+    checks fence it a fifth of a lease before expiry, a taker gets the lease only once it expired,
+    superseding it first, and the renewal, landing late, is refused (If-Match) and fences too."""
+    import threading
+    import time
+
+    from wal import FencedError, LeaderHeldError, resolve
+    from wal.locks import lease_path
+
+    url, _ = s3_url
+    proxy = FaultProxy(s3_endpoint, seed=3, delay_s=4.0)
+    try:
+        held_storage, path = resolve(f"{url}/ckpt", options(proxy.url))
+        old = held_storage.lead(path, lease_ms=3000)
+        taken_at = time.monotonic()
+        proxy.plan("PUT", "/ckpt/.leader/epoch-0000000001", "delay")
+        renewal = {}
+
+        def renew():
+            try:
+                old.renew()
+            except FencedError as e:
+                renewal["fenced"] = (time.monotonic(), str(e))
+        renewer = threading.Thread(target=renew)
+        renewer.start()
+        fenced_at = None
+        while fenced_at is None:
+            try:
+                old.check()  # a writer's check: never waits for the renewal under way
+                time.sleep(0.02)
+            except FencedError:
+                fenced_at = time.monotonic()
+        taker_storage, _ = resolve(f"{url}/ckpt", options(s3_endpoint))
+        while True:
+            try:
+                new = taker_storage.lead(path, lease_ms=3000)
+                break
+            except LeaderHeldError:
+                time.sleep(0.05)
+        took_over_at = time.monotonic()
+        renewer.join(10)
+    finally:
+        proxy.stop()
+    assert fenced_at - taken_at < 3.0 <= took_over_at - taken_at  # fenced before its lease ran out
+    assert fenced_at < took_over_at and new.epoch == 2
+    assert renewal["fenced"][0] > took_over_at  # its answer came after the takeover: refused
+    (late,) = [r for r in proxy.log if r.fault == "delay"]
+    assert late.status == 412
+    record = taker_storage.read_file(lease_path(taker_storage, path, 1)).decode()
+    assert '"superseded_by": 2' in record  # the late renewal did not overwrite the taker's mark

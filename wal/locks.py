@@ -296,8 +296,11 @@ class EpochLease(Leadership):
         if now >= self._valid_until:
             self._fence(f"its lease was last renewed at {iso(self._renewed_at)} and lapses "
                         f"at {iso(self._renewed_at + self._lease_ms)}")
-        if now - self._renewed_at >= self.renew_every_ms:
-            self.renew()
+        if now - self._renewed_at >= self.renew_every_ms and self._renew_lock.acquire(blocking=False):
+            try:  # due, and no renewal under way (a slow one never stalls the checks: they fence)
+                self._renew()
+            finally:
+                self._renew_lock.release()
 
     def confirm(self) -> None:
         """Current, on this holder's clock (renewed first if due); FencedError if not."""
@@ -307,20 +310,23 @@ class EpochLease(Leadership):
         """One conditional PUT of the lease object: fenced if it is no longer the version this
         holder wrote (superseded by a taker, or deleted)."""
         with self._renew_lock:
-            if self._fenced is not None:
-                raise FencedError(self._fenced)
-            sent_at = self._clock.now_ms()
-            if sent_at >= self._valid_until:
-                self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)})")
-            version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
-            if version is None:
-                current = read_lease(self._storage, self._path) or {}
-                taker = current.get("superseded_by")
-                self._fence(f"epoch {taker} was taken by another driver" if taker else
-                            "its lease object was replaced or deleted")
-            self._version = version
-            if self._fenced is None:  # validity counts from the send: a slow answer shortens it
-                self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
+            self._renew()
+
+    def _renew(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
+        sent_at = self._clock.now_ms()
+        if sent_at >= self._valid_until:
+            self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)})")
+        version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
+        if version is None:
+            current = read_lease(self._storage, self._path) or {}
+            taker = current.get("superseded_by")
+            self._fence(f"epoch {taker} was taken by another driver" if taker else
+                        "its lease object was replaced or deleted")
+        self._version = version
+        if self._fenced is None:  # validity counts from the send: a slow answer shortens it
+            self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
 
     def release(self) -> None:
         if self._fenced is not None:
