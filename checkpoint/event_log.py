@@ -224,10 +224,10 @@ class EventLogWriter:
                 self._write(events)
                 if run_changed:
                     self._put_run()
-            except Exception:
+            except Exception as e:  # noqa: BLE001  counted and said in one line; the app goes on
                 with self._lock:
                     self._failures += 1
-                log.warning("could not write %d events to %s", len(events), self.path, exc_info=True)
+                log.warning("could not write %d events to %s: %s", len(events), self.path, e)
             for done in flushed:
                 done.set()
 

@@ -30,7 +30,7 @@ def main() -> None:
     crash_at = sys.argv[3] if len(sys.argv) > 3 else None
     from pyspark import SparkConf, SparkContext
 
-    from engine import StreamingContext, StreamingListener
+    from engine import StreamingListener
     from engine.sinks import SQLiteSink
     from engine.apps.wordcount import build
 

@@ -163,3 +163,48 @@ def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_ov
     assert late.status == 412
     record = taker_storage.read_file(lease_path(taker_storage, path, 1)).decode()
     assert '"superseded_by": 2' in record  # the late renewal did not overwrite the taker's mark
+
+
+def test_a_full_disk_stops_the_job_with_one_line_and_a_restart_resumes_once_space_is_back(tmp_path):
+    """The main job with its checkpoint on a local disk that fills up (faulty+file://: ENOSPC on
+    every create, write and fsync until freed): it stops with exit status 4 and one line naming
+    the disk, no traceback; with space back, a restart resumes from its checkpoint and every
+    input file is counted exactly once."""
+    import json
+
+    from engine.apps.drill_runs import AppRun, check_outputs, wait_until_counted
+    from engine.apps.wordcount_data import write_input_file
+
+    workdir, control = tmp_path / "app", tmp_path / ".disk-faults.json"
+    (workdir / "input").mkdir(parents=True)
+    (workdir / "output").mkdir()
+    control.write_text("{}")
+    args = ("--checkpoint", f"faulty+file://{tmp_path}/ckpt", "--conf", "spark.ui.enabled=false")
+    first = AppRun(str(workdir), 0.5, extra_args=args)
+    runs = [first]
+    try:
+        for i in range(3):
+            write_input_file(str(workdir / "input"), i)
+        wait_until_counted(str(workdir), [3], 120)
+        control.write_text(json.dumps({"full": True}))
+        assert first.proc.wait(60) == 4
+        log = (workdir / "logs" / "app-0.log").read_text()
+        assert "Traceback" not in log and "at org.apache" not in log
+        last = log.strip().splitlines()[-1]
+        assert last.startswith("sparkwal-wordcount: the storage failed, the job stopped (a restart resumes "
+                               "from the checkpoint): ") and "No space left on device" in last
+
+        control.write_text("{}")  # space freed
+        for i in range(3, 6):
+            write_input_file(str(workdir / "input"), i)
+        second = AppRun(str(workdir), 0.5, extra_args=args)
+        runs.append(second)
+        wait_until_counted(str(workdir), [6], 120)
+        second.terminate()
+        assert second.proc.returncode == 0 and second.recovery == "checkpoint"
+    finally:
+        for r in runs:
+            if r.proc.poll() is None:
+                r.kill()
+    result = check_outputs(str(workdir), 6, runs)
+    assert result["ok"], result

@@ -8,6 +8,8 @@ Everything sparkwal persists (WAL segments, metadata logs, checkpoints) goes thr
 
 * a plain path or ``file://`` URL -> :class:`LocalStorage`, straight ``os`` calls (so ``fsync`` means
   what it says and random reads are a cached-fd ``pread``);
+* ``faulty+file://`` + a local path -> the local storage failing on command, for fault tests and
+  drills (:mod:`wal.disk_faults`);
 * any other URL -> :class:`FsspecStorage` over the fsspec filesystem registered for that protocol
   (``memory://``, ``s3://``, ... or a test double registered by a test).
 
@@ -78,6 +80,11 @@ def parse_storage_options(pairs: list[str] | None) -> dict | None:
 
 def resolve(url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
     """Map a path or URL to ``(storage, path inside that storage)``."""
+    if url.startswith("faulty+file://"):  # a local disk that fails on command (wal.disk_faults)
+        from .disk_faults import FaultyLocalStorage
+
+        path = os.path.abspath(url[len("faulty+file://"):])
+        return FaultyLocalStorage(path), path
     if "://" not in url or url.startswith("file://"):
         path = url[len("file://"):] if url.startswith("file://") else url
         if storage_options:

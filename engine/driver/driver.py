@@ -261,9 +261,10 @@ class Driver:
                 if self.checkpoint_writer is not None:
                     try:
                         self.checkpoint_writer.stop()
-                    except Exception:
-                        if self.fenced is None:
+                    except Exception as e:
+                        if self.fenced is None and self.error is None:
                             raise
+                        log.info("checkpoint writer stopped after the app's error: %s", e)
                 self.block_tracker.stop()
                 for s in batches.direct_inputs(self):
                     s.stop()
