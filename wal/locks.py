@@ -268,6 +268,7 @@ class EpochLease(Leadership):
         #: the holder stops writing a fifth of a lease before others may take it over
         self._valid_until = now + lease_ms - lease_ms // 5
         self._version: str | None = None  # of the object as this holder last wrote it
+        self._renew_error: BaseException | None = None  # why the last renewal failed, if it did
         self._fenced: str | None = None
         self._renew_lock = threading.Lock()
         self.info = LeaderInfo("lease", epoch, holder_description(), now, True, now + lease_ms)
@@ -295,7 +296,7 @@ class EpochLease(Leadership):
         now = self._clock.now_ms()
         if now >= self._valid_until:
             self._fence(f"its lease was last renewed at {iso(self._renewed_at)} and lapses "
-                        f"at {iso(self._renewed_at + self._lease_ms)}")
+                        f"at {iso(self._renewed_at + self._lease_ms)}{self._why_not_renewed()}")
         if now - self._renewed_at >= self.renew_every_ms and self._renew_lock.acquire(blocking=False):
             try:  # due, and no renewal under way (a slow one never stalls the checks: they fence)
                 self._renew()
@@ -317,8 +318,13 @@ class EpochLease(Leadership):
             raise FencedError(self._fenced)
         sent_at = self._clock.now_ms()
         if sent_at >= self._valid_until:
-            self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)})")
-        version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
+            self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)}){self._why_not_renewed()}")
+        try:
+            version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
+        except Exception as e:
+            self._renew_error = e
+            raise
+        self._renew_error = None
         if version is None:
             current = read_lease(self._storage, self._path) or {}
             taker = current.get("superseded_by")
@@ -327,6 +333,11 @@ class EpochLease(Leadership):
         self._version = version
         if self._fenced is None:  # validity counts from the send: a slow answer shortens it
             self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
+
+    def _why_not_renewed(self) -> str:
+        """A lapse's cause when the store would not take the renewals: a storage fault, not a taker."""
+        error = self._renew_error
+        return "" if error is None else f"; renewing it failed: {' '.join(str(error).split())[:300]}"
 
     def release(self) -> None:
         if self._fenced is not None:

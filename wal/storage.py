@@ -56,6 +56,7 @@ import os
 
 import fsspec
 
+from . import retry
 from .append_files import AppendFile
 from .backends import FileInfo, FsspecStorage, LocalStorage, Storage
 from .locks import (LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK, LEASE_FILE, LOCK_FILE, LeaderInfo,
@@ -90,5 +91,21 @@ def resolve(url: str, storage_options: dict | None = None) -> tuple[Storage, str
         if storage_options:
             raise ValueError(f"storage_options given for local path {url!r}")
         return LocalStorage(), os.path.abspath(path)
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        storage_options = s3_defaults(storage_options)
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return FsspecStorage(fs), path.rstrip("/") or "/"
+
+
+def s3_defaults(storage_options: dict | None) -> dict:
+    """The seam's retry loop owns retries (wal.retry): botocore makes one attempt per call, and no
+    call waits longer than half the deadline for a connection or an answer (what the caller sets
+    in ``config_kwargs`` stays)."""
+    options = dict(storage_options or {})
+    config = dict(options.get("config_kwargs") or {})
+    deadline = retry.default_policy().deadline_s
+    config.setdefault("retries", {"max_attempts": 1})
+    config.setdefault("connect_timeout", min(10.0, deadline / 2))
+    config.setdefault("read_timeout", min(30.0, deadline / 2))
+    options["config_kwargs"] = config
+    return options

@@ -172,7 +172,8 @@ def storage_fault(error: BaseException) -> bool:
         if type(error).__name__ == "StorageUnavailableError" or getattr(error, "errno", None) == errno.ENOSPC:
             return True
         text = one_line(error)
-        if "StorageUnavailableError" in text or "No space left on device" in text:
+        if any(s in text for s in ("StorageUnavailableError", "storage unavailable: ", "No space left on device",
+                                         "renewing it failed: ")):
             return True
         error = error.__cause__ or error.__context__
     return False

@@ -5,9 +5,13 @@ nothing and count nothing twice.
                            [--dir DIR] [--upgrade] [--report REPORT.json]
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
                            [--kinds driver,executor,worker] [--standby]
+    python -m engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/apps/receiver_drill.py): the drill
 hosts its source, and kills the driver, the receiver's executor JVM or its Python worker.
+``--nemesis`` puts the checkpoint on S3 (moto behind a fault proxy, on 127.0.0.1; moto comes with
+``.[test]``) and mixes kills with storage faults: storms of 5xx, resets and delays the job must
+absorb, and outages it must stop on with exit status 4, then resume (engine/apps/nemesis_drill.py).
 ``--mode direct`` drills exactly-once output (engine/apps/direct_drill.py): a direct stream over
 append-only files into SQLite, killed at least 20 times by default.
 
@@ -25,6 +29,7 @@ first newer batch completed) p50/p95. Exit status 1 if anything was lost or dupl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import shutil
@@ -34,7 +39,7 @@ import tempfile
 import time
 
 from . import arguments as a
-from . import direct_drill, receiver_drill, standby_drill
+from . import direct_drill, nemesis_drill, receiver_drill, standby_drill
 from .drill_runs import (AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
                          wait_until_counted, write_report)
 
@@ -134,8 +139,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") ->
     ap.add_argument("--standby", action="store_true",
                     help="a hot standby driver always runs beside the active one and takes over "
                     "when it is killed (files mode: engine/apps/standby_drill.py)")
+    ap.add_argument("--nemesis", action="store_true",
+                    help="checkpoint on S3 behind a fault proxy; kills, storms and outages at random")
+    ap.add_argument("--faults", type=a.positive_count, default=None,
+                    help="--nemesis: nemeses to strike (default 6; with --duration: until it ends)")
     args = ap.parse_args(argv)
     a.check_environment(ap)
+    if args.nemesis and (args.mode != "files" or args.standby or args.upgrade or args.kills is not None):
+        ap.error("--nemesis drills the file stream job: leave out --mode, --standby, --upgrade, --kills")
+    if args.faults is not None and not args.nemesis:
+        ap.error("--faults is for --nemesis")
+    if args.nemesis and importlib.util.find_spec("moto") is None:
+        ap.error("--nemesis needs moto, the S3 server it drills against: pip install -e '.[test]'")
     a.check_master(ap, args.master)
     if args.kinds is not None:
         if args.mode != "receiver":
@@ -183,6 +198,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") ->
 
 
 def _run_mode(args, workdir: str, master: str) -> dict:
+    if args.nemesis:
+        return nemesis_drill.run(args.faults, args.files, args.batch, args.seed, workdir,
+                                 duration_s=args.duration)
     if args.mode == "direct":
         return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
                                 master=master, standby=args.standby)
@@ -199,6 +217,15 @@ def _run_mode(args, workdir: str, master: str) -> dict:
 
 
 def _print_summary(mode: str, r: dict) -> None:
+    if r.get("mode", "").startswith("nemesis"):
+        print(" ".join(f"{k}={r[k]}" for k in ("kills", "storms", "outages", "clean_stops", "unclean_stops",
+                                               "restarts", "faulted_requests", "records_lost",
+                                               "records_doubled", "words_lost", "words_extra",
+                                               "state_mismatches", "seconds")))
+        print("faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(r["faults_injected"].items()))
+                                     or "none"))
+        print("OK: nothing lost, nothing counted twice, every outage a clean stop" if r["ok"] else "FAILED")
+        return
     if mode == "direct":
         print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_appended", "lines_counted",
                                                "records_lost", "duplicates", "words_exact",

@@ -40,12 +40,12 @@ class AppRun:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
-    @staticmethod
-    def _log_file(workdir: str):
+    def _log_file(self, workdir: str):
         """The app's stderr, kept per run for post-mortems: ``WORKDIR/logs/app-<n>.log``."""
         logs = os.path.join(workdir, "logs")
         os.makedirs(logs, exist_ok=True)
-        return open(os.path.join(logs, f"app-{len(os.listdir(logs))}.log"), "w")
+        self.log_path = os.path.join(logs, f"app-{len(os.listdir(logs))}.log")
+        return open(self.log_path, "w")
 
     def _read(self) -> None:
         for line in self.proc.stdout:

@@ -69,6 +69,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
+        self._server.handle_error = lambda request, address: None  # a client gone mid-answer
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -422,8 +422,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
                 break
     except FencedError as e:
         _emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
-        ssc.stop(stopSparkContext=True, stopGraceFully=False)
-        return _fail(f"this driver was fenced and wrote nothing more: {e}", a.FENCED)
+        ssc.stop(stopSparkContext=True, stopGraceFully=False)  # 4 if its lease lapsed on the storage
+        return _fail(f"this driver was fenced and wrote nothing more: {e}", a.STORAGE if a.storage_fault(e) else a.FENCED)
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
         _emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)
