@@ -4,7 +4,8 @@ Built on the storage seam of :mod:`wal.storage` (atomic create-if-absent, atomic
 """
 
 from .code import read_code, write_code
-from .checkpoint_file import Checkpoint, CheckpointWriter, CheckpointWriterStatistics, read_checkpoint
+from .checkpoint_file import (Checkpoint, CheckpointFollower, CheckpointWriter, CheckpointWriterStatistics,
+                              read_checkpoint)
 from .errors import (BatchRangeError, CheckpointError, MalformedLogError, RestartError,
                      UnsupportedLogVersionError)
 from .metadata_log import MetadataLog, parse_version, verify_batch_ids
@@ -12,6 +13,7 @@ from .offsets import CommitLog, CommitMetadata, OffsetMap, OffsetSeq, OffsetSeqL
 from .resume import RepairPlan, RestartPoint, plan_repair, repair, resolve_restart
 
 __all__ = [
+    "CheckpointFollower",
     "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointWriter",
     "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog",
     "OffsetMap", "OffsetSeq", "OffsetSeqLog", "OffsetSeqMetadata", "RepairPlan", "RestartError",

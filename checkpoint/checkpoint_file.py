@@ -104,6 +104,36 @@ def read_checkpoint(directory: str, *, storage_options: dict | None = None) -> C
     return None
 
 
+class CheckpointFollower:
+    """Reads a directory's newest checkpoint again only when it changed (a standby's look every
+    half second: one listing, and a read only when the newest file's name, size or time moved)."""
+
+    def __init__(self, directory: str, storage_options: dict | None = None):
+        self.directory, self._options = directory, storage_options
+        self._storage, self._path = resolve(directory, storage_options)
+        self._seen: tuple | None = None
+
+    def read_if_changed(self, force: bool = False) -> Checkpoint | None:
+        """The newest valid checkpoint if the newest file changed since the last call (or
+        ``force``: read it anyway), else None."""
+        entries = sorted((int(m.group(1)), m.group(2) is None, f) for f in self._storage.list_files(self._path)
+                         if (m := CHECKPOINT_FILE.fullmatch(f.name)))
+        key = tuple((f.name, f.size, f.mtime_ms) for _t, _m, f in entries[-2:])
+        if key == self._seen and not force:
+            return None
+        checkpoint = None
+        if entries and entries[-1][1]:  # the newest file is a main one: read it alone
+            newest = entries[-1][2]
+            try:
+                checkpoint = Checkpoint.decode(self._storage.read_file(newest.path), self._storage.url(newest.path))
+            except (FileNotFoundError, CheckpointError):
+                pass
+        if checkpoint is None:  # being replaced, or damaged: the reader's fallbacks
+            checkpoint = read_checkpoint(self.directory, storage_options=self._options)
+        self._seen = key
+        return checkpoint
+
+
 def set_aside_damaged(directory: str, storage_options: dict | None = None, apply: bool = False
                       ) -> list[tuple[str, str, str | None]]:
     """``(file, what is wrong, where it was moved)`` for every checkpoint file of ``directory``
@@ -175,6 +205,11 @@ class CheckpointWriter:
         self._failed_attempts = 0
         self._error: BaseException | None = None
         self._stopped = False
+        #: what this writer knows of its directory, so that a write costs no listing and no read
+        #: (it leads the directory: nobody else writes checkpoints there): the checkpoint files'
+        #: paths, listed once, then kept up to date; the last file written and its bytes
+        self._files: list[tuple[int, bool, str]] | None = None
+        self._last_written: tuple[str, bytes] | None = None
         self._thread = threading.Thread(target=self._run, name="CheckpointWriter", daemon=True)
         self._thread.start()
 
@@ -224,14 +259,16 @@ class CheckpointWriter:
             try:
                 if self._lock is not None:
                     self._lock.check()
-                self._storage.makedirs(self._dir)
-                try:
-                    previous = self._storage.read_file(path)
-                except FileNotFoundError:
-                    previous = None
+                if self._files is None:
+                    self._storage.makedirs(self._dir)
+                    self._files = _checkpoint_files(self._storage, self._dir)
+                previous = self._previous(path)
                 if previous is not None:
                     self._storage.put(path + ".bk", previous)
+                    self._note(path + ".bk")
                 self._storage.put(path, blob)
+                self._note(path)
+                self._last_written = (path, blob)
                 break
             except FencedError as e:  # another driver leads now: nothing more may be written
                 self._error = e
@@ -254,10 +291,30 @@ class CheckpointWriter:
         if self._on_written is not None:
             self._on_written(time_ms)
 
+    def _previous(self, path: str) -> bytes | None:
+        """What ``path`` holds now (to keep as its ``.bk``): known without a read when this
+        writer wrote it last or it is not there."""
+        if self._last_written is not None and self._last_written[0] == path:
+            return self._last_written[1]
+        if all(p != path for _t, _m, p in self._files):
+            return None
+        try:
+            return self._storage.read_file(path)
+        except FileNotFoundError:
+            return None
+
+    def _note(self, path: str) -> None:
+        m = CHECKPOINT_FILE.fullmatch(path.rsplit("/", 1)[-1])
+        entry = (int(m.group(1)), m.group(2) is None, path)
+        if entry not in self._files:
+            self._files.append(entry)
+            self._files.sort()
+
     def _retain(self) -> None:
-        files = _checkpoint_files(self._storage, self._dir)
-        for _time, _main, old in files[:max(0, len(files) - self._keep)]:
+        files = self._files or []
+        for entry in files[:max(0, len(files) - self._keep)]:
             try:
-                self._storage.delete(old)
-            except Exception:  # noqa: BLE001
-                log.warning("could not delete old checkpoint %s", old, exc_info=True)
+                self._storage.delete(entry[2])
+                files.remove(entry)
+            except Exception as e:  # noqa: BLE001  tried again after the next write
+                log.warning("could not delete old checkpoint %s: %s", entry[2], e)

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 
-from checkpoint import read_checkpoint
+from checkpoint import CheckpointFollower
 
 from ..cluster import start_python_workers
 from .recovery import restore
@@ -77,6 +77,7 @@ class _Tail:
         self._next_warm = 0.0
         self._stop = threading.Event()
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
+        self._follower: CheckpointFollower | None = None  # the directory as last looked at
         self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
         conf = driver.sc.getConf()
         self.preload_state = conf.get("spark.sparkwal.standby.preloadState", "true").lower() == "true"
@@ -135,13 +136,15 @@ class _Tail:
             if not self._stop.is_set():
                 self._driver.snapshots.drop_unwanted()
 
-    def read_newest(self, preload: bool) -> list:
+    def read_newest(self, preload: bool, force: bool = False) -> list:
         """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`
         held); with ``preload``, also register the state a takeover from it would start from,
         and return the RDDs that still need reading."""
         driver = self._driver
         try:
-            cp = read_checkpoint(driver.checkpoint_dir, storage_options=driver.storage_options)
+            if self._follower is None:
+                self._follower = CheckpointFollower(driver.checkpoint_dir, driver.storage_options)
+            cp = self._follower.read_if_changed(force)
         except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
             log.debug("tailing %s", driver.checkpoint_dir, exc_info=True)
             return []
@@ -223,7 +226,7 @@ def take_over(driver, tail: _Tail) -> None:
         if driver.standby_stop.is_set():
             driver.leadership.release()
             return
-        tail.read_newest(preload=False)  # whatever the old leader wrote since the last look
+        tail.read_newest(preload=False, force=True)  # whatever the old leader wrote since the last look
         cp = tail.checkpoint
         driver.is_standby = False
         driver.recovery = "takeover"
