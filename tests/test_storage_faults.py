@@ -208,3 +208,32 @@ def test_a_full_disk_stops_the_job_with_one_line_and_a_restart_resumes_once_spac
                 r.kill()
     result = check_outputs(str(workdir), 6, runs)
     assert result["ok"], result
+
+
+def test_an_ambiguous_conditional_create_is_ours_once_read_back_not_a_second_commit(s3_url, s3_endpoint):
+    """The store takes the PUT, the answer is lost (reset after forwarding), the client retries and
+    hears 'exists'. A batch's commit and a new leadership epoch are each settled by reading the
+    object back: the commit is ours (True, one file, not 'another writer committed it'), the
+    epoch is ours (no 'led by another driver' against a lease this process just wrote)."""
+    from checkpoint import CommitLog, CommitMetadata
+
+    from wal import resolve
+
+    url, _ = s3_url
+    proxy = FaultProxy(s3_endpoint, seed=9)
+    try:
+        commits = CommitLog(f"{url}/ckpt/commits", options(proxy.url))
+        proxy.plan("PUT", "/ckpt/commits/7", "reset_after")
+        assert commits.add(7, CommitMetadata(1000)) is True
+        assert commits.add(7, CommitMetadata(2000)) is False  # a real second commit is refused
+        storage, path = resolve(f"{url}/ckpt", options(proxy.url))
+        proxy.plan("PUT", "/ckpt/.leader/epoch-0000000001", "reset_after")
+        lead = storage.lead(path, lease_ms=30_000)
+        assert lead.epoch == 1
+        lead.renew()  # its version is the one it wrote: the renewal's If-Match holds
+        faults = [r for r in proxy.log if r.fault == "reset_after"]
+    finally:
+        proxy.stop()
+    assert len(faults) == 2
+    reader = CommitLog(f"{url}/ckpt/commits", options(s3_endpoint))
+    assert reader.get(7).next_batch_watermark_ms == 1000 and reader.batch_ids() == [7]
