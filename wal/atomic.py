@@ -123,10 +123,14 @@ def content_version(data: bytes) -> str:
     return hashlib.md5(bytes(data), usedforsecurity=False).hexdigest()
 
 
-def _s3(storage, coroutine_fn):
+def _get_object(storage, bucket: str, key: str) -> tuple[bytes, str]:
     from fsspec.asyn import sync
 
-    return sync(storage.fs.loop, coroutine_fn)
+    response = storage.fs.call_s3("get_object", Bucket=bucket, Key=key)
+    try:
+        return bytes(sync(storage.fs.loop, response["Body"].read)), response["ETag"]
+    finally:
+        response["Body"].close()
 
 
 def object_read_versioned(storage, path: str) -> tuple[bytes, str] | None:
@@ -139,13 +143,8 @@ def object_read_versioned(storage, path: str) -> tuple[bytes, str] | None:
                 return None
         return data, content_version(data)
     bucket, key, _ = storage.fs.split_path(path)
-
-    async def get():
-        response = await storage.fs._call_s3("get_object", Bucket=bucket, Key=key)
-        async with response["Body"] as body:
-            return await body.read(), response["ETag"]
     try:
-        return storage.retrying("read", path, lambda: _s3(storage, get))
+        return storage.retrying("read", path, lambda: _get_object(storage, bucket, key))
     except FileNotFoundError:
         return None
 
@@ -171,11 +170,10 @@ def object_put_if_version(storage, path: str, data: bytes, version: str | None) 
     bucket, key, _ = storage.fs.split_path(path)
     condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
 
-    async def put():
-        return (await storage.fs._call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data),
-                                          **condition))["ETag"]
+    def put():
+        return storage.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data), **condition)["ETag"]
     try:
-        return storage.retrying("put", path, lambda: _s3(storage, put))
+        return storage.retrying("put", path, put)
     except (FileExistsError, FileNotFoundError, OSError) as e:
         if isinstance(e, OSError) and not isinstance(e, (FileExistsError, FileNotFoundError)) \
                 and getattr(e, "errno", None) != errno.EINVAL:  # s3fs: 412 PreconditionFailed
