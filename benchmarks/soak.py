@@ -162,12 +162,14 @@ def run(minutes: float, sample_s: float, workdir: str, out_path: str | None) -> 
     standby = _start([*common, "--standby"], os.path.join(workdir, "standby.log"))
     samples: list[dict] = []
     start = time.monotonic()
+    ended_early = None
     try:
         while time.monotonic() - start < minutes * 60:
             time.sleep(sample_s)
             if leader.poll() is not None or standby.poll() is not None:
-                raise SystemExit(f"a driver ended during the soak (leader {leader.poll()}, "
-                                 f"standby {standby.poll()}): see {workdir}/*.log")
+                ended_early = (f"a driver ended after {(time.monotonic() - start) / 60:.1f} min (leader "
+                               f"{leader.poll()}, standby {standby.poll()}): see {workdir}/*.log")
+                break
             mb, count = directory_size(os.path.join(workdir, "checkpoint"))
             samples.append({"t": round(time.monotonic() - start, 1), "leader": sample_tree(leader.pid),
                             "standby": sample_tree(standby.pid), "checkpoint_mb": round(mb, 3),
@@ -184,7 +186,7 @@ def run(minutes: float, sample_s: float, workdir: str, out_path: str | None) -> 
         for line in f:
             if line.startswith("{") and json.loads(line).get("event") == "batch_completed":
                 batches += 1
-    report = {"minutes": minutes, "sample_s": sample_s, "batches_completed": batches,
+    report = {"minutes": minutes, "sample_s": sample_s, "batches_completed": batches, "ended_early": ended_early,
               "leader_exit": leader_rc, "standby_exit": standby_rc, "rows": verdicts(samples),
               "samples": samples}
     if out_path:
@@ -210,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in report["rows"]:
         print(f"| {row['series']} | {row['mean']} | {row['slope_per_hour']} | "
               f"{row['growth_over_run']} | {'yes' if row['flat'] else '**no**'} |")
-    ok = report["leader_exit"] == 0 and report["standby_exit"] == 0 and all(r["flat"] for r in report["rows"])
+    if report["ended_early"]:
+        print(f"FAILED: {report['ended_early']}")
+    ok = (report["ended_early"] is None and report["leader_exit"] == 0 and report["standby_exit"] == 0
+          and all(r["flat"] for r in report["rows"]))
     return 0 if ok else 1
 
 
