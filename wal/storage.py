@@ -42,11 +42,19 @@ is the same lock with a number:
   (``{"epoch", "holder", "pid", "host", "since_ms"}``, replaced atomically). An flock cannot be
   taken from a live holder, so a local leader is never fenced while it lives.
 * object stores: one lease object per epoch, ``<dir>/.leader/epoch-<epoch, 10 digits>`` holding
-  ``{"epoch", "owner", "holder", "since_ms", "expires_ms", "released"}``. Taking over is one
-  ``put_if_absent`` of the next epoch's object, allowed once the newest one expired (or was
-  released); the holder renews its own object every third of the lease, and stops writing
-  (fences itself) a fifth of the lease before it would expire unrenewed, or as soon as it sees
-  a newer epoch.
+  ``{"epoch", "owner", "holder", "since_ms", "expires_ms", "released"}`` and, once a taker
+  superseded it, ``"superseded_by"`` (the next epoch). Taking over, allowed once the newest object
+  expired (or was released), is two conditional requests: the expired object rewritten with
+  ``superseded_by`` on the condition that it is still the version read (``put_if_version``: S3's
+  ``If-Match``), then the next epoch's object created if absent. The holder renews its own object
+  every third of the lease with one conditional PUT on the version it last wrote, so a renewal after
+  a takeover is refused and fences it; between renewals it trusts the lease on its own clock, and
+  stops writing (fences itself) a fifth of the lease before it would expire unrenewed.
+
+Transient faults of remote stores (5xx, SlowDown, resets, timeouts) are retried by
+:mod:`wal.retry` under a per-operation deadline; on S3 each attempt is one request (botocore's and
+s3fs's own retries off, timeouts of half the deadline). ``faulty+file://`` is the local storage
+failing on command, for tests and drills (:mod:`wal.disk_faults`).
 """
 
 from __future__ import annotations
