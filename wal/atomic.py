@@ -174,9 +174,8 @@ def object_put_if_version(storage, path: str, data: bytes, version: str | None) 
         return storage.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data), **condition)["ETag"]
     try:
         return storage.retrying("put", path, put)
-    except (FileExistsError, FileNotFoundError, OSError) as e:
-        if isinstance(e, OSError) and not isinstance(e, (FileExistsError, FileNotFoundError)) \
-                and getattr(e, "errno", None) != errno.EINVAL:  # s3fs: 412 PreconditionFailed
+    except OSError as e:  # a failed condition: s3fs says 412 with EINVAL (404 for If-Match on none)
+        if not isinstance(e, (FileExistsError, FileNotFoundError)) and e.errno != errno.EINVAL:
             raise
         now = object_read_versioned(storage, path)
         return now[1] if now is not None and now[0] == bytes(data) else None
