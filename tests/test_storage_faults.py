@@ -126,8 +126,8 @@ def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_ov
     proxy = FaultProxy(s3_endpoint, seed=3, delay_s=4.0)
     try:
         held_storage, path = resolve(f"{url}/ckpt", options(proxy.url))
+        taken_at = time.monotonic()  # before: the lease runs from when it was asked for
         old = held_storage.lead(path, lease_ms=3000)
-        taken_at = time.monotonic()
         proxy.plan("PUT", "/ckpt/.leader/epoch-0000000001", "delay")
         renewal = {}
 

@@ -296,7 +296,8 @@ class EpochLease(Leadership):
         now = self._clock.now_ms()
         if now >= self._valid_until:
             self._fence(f"its lease was last renewed at {iso(self._renewed_at)} and lapses "
-                        f"at {iso(self._renewed_at + self._lease_ms)}{self._why_not_renewed()}")
+                        f"at {iso(self._renewed_at + self._lease_ms)}"
+                        f"{self._why_not_renewed(in_flight=self._renew_lock.locked())}")
         if now - self._renewed_at >= self.renew_every_ms and self._renew_lock.acquire(blocking=False):
             try:  # due, and no renewal under way (a slow one never stalls the checks: they fence)
                 self._renew()
@@ -334,9 +335,11 @@ class EpochLease(Leadership):
         if self._fenced is None:  # validity counts from the send: a slow answer shortens it
             self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
 
-    def _why_not_renewed(self) -> str:
+    def _why_not_renewed(self, in_flight: bool = False) -> str:
         """A lapse's cause when the store would not take the renewals: a storage fault, not a taker."""
         error = self._renew_error
+        if error is None and in_flight:  # the store has not answered the renewal under way
+            return "; renewing it failed: its renewal has had no answer from the storage yet"
         return "" if error is None else f"; renewing it failed: {' '.join(str(error).split())[:300]}"
 
     def release(self) -> None:

@@ -7,7 +7,8 @@ A real S3-compatible server (moto) runs on 127.0.0.1 behind the fault proxy
 (:mod:`engine.apps.fault_proxy`); the main job (file stream, ``updateStateByKey`` running
 totals, the checkpoint and its WALs and event log on ``s3://``, ``spark.sparkwal.storage.deadline``
 4 s) runs in its own process group while the drill writes one input file per batch interval.
-A random 3-8 s after each start (the seed fixes the sequence), one nemesis strikes:
+Once the job has completed a batch newer than any before (it is back at work), a random 3-8 s
+later (the seed fixes the sequence) one nemesis strikes:
 
 * ``kill``: SIGKILL to the job's process group; it is restarted from its checkpoint;
 * ``storm``: for 3-6 s a third of the requests fail (503 SlowDown, 500, a reset before or after
@@ -87,6 +88,7 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
                 runs.append(app)
             if not app.context_seen.wait(180) and app.proc.poll() is not None:
                 raise RuntimeError(f"the job exited ({app.proc.returncode}) before it reported its context")
+            _await_progress(app, runs)  # the job back at work before the next strike
             time.sleep(rng.uniform(3, 8))
             if app.proc.poll() is not None:
                 unclean.append(f"run {len(runs)} ended by itself with status {app.proc.returncode}")
@@ -144,6 +146,17 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     })
     result["ok"] = result["ok"] and counts["unclean_stops"] == 0
     return result
+
+
+def _await_progress(app: AppRun, runs: list[AppRun], timeout_s: float = 120) -> None:
+    """Until ``app`` completed a batch newer than any before it (or ended, or the timeout)."""
+    done = [b for r in runs[:-1] for _, b in r.batches()]
+    newest = max(done) if done else 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and app.proc.poll() is None:
+        if any(b > newest for _, b in app.batches()):
+            return
+        time.sleep(0.1)
 
 
 def _last_line(app: AppRun) -> str:

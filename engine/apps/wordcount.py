@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         return _fail(str(e).replace("\n", "; "), a.USAGE)
     except Exception as e:  # noqa: BLE001
         sc.stop()
-        return _fail(f"could not start: {a.one_line(e)}", a.FAILED)
+        return _fail(f"could not start: {a.one_line(e)}", a.STORAGE if a.storage_fault(e) else a.FAILED)
     if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
         _emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json, f"UI: {ssc.uiWebUrl}/streaming/")
 
