@@ -168,6 +168,7 @@ class FileInputDStream(InputDStream):
         self._files_lock = threading.Lock()
         self._start_threshold_ms = 0
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
+        self.min_remember_ms = ssc.driver.file_remember_ms()
         if new_files_only:
             self._start_threshold_ms = ssc.driver.clock.now_ms() - self.MTIME_SLACK_MS
             self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory, storage_options)
@@ -175,7 +176,8 @@ class FileInputDStream(InputDStream):
 
     @property
     def remember_files_ms(self) -> int:
-        return -(-self.MIN_REMEMBER_MS // self.slide_ms) * self.slide_ms
+        least = getattr(self, "min_remember_ms", self.MIN_REMEMBER_MS)  # streams pickled before it
+        return -(-least // self.slide_ms) * self.slide_ms
 
     def initialize(self, zero_time_ms: int) -> None:
         super().initialize(zero_time_ms)

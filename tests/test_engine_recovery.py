@@ -165,6 +165,32 @@ def test_files_present_at_a_fresh_start(spark_context, tmp_path, new_files_only)
     assert seen == ([] if new_files_only else ["old"])
 
 
+@pytest.mark.parametrize("remember", [None, "10min"])
+def test_a_file_is_taken_only_within_the_remember_window_which_the_user_may_widen(spark_context, tmp_path,
+                                                                                 remember):
+    """Spark's spark.streaming.fileStream.minRememberDuration: 60 s by default, so a file 90 s older
+    than the batch is skipped (a job down that long skips it, in Spark too) unless it is raised."""
+    indir = tmp_path / "in"
+    indir.mkdir()
+    put_file(indir, "old.txt", "old", 100_000)
+    live_conf = spark_context._jsc.sc().conf()
+    if remember:
+        live_conf.set("spark.streaming.fileStream.minRememberDuration", remember)
+    try:
+        clock, done = ManualClock(190_000), Completed()
+        ssc = StreamingContext(spark_context, 0.5, clock=clock)
+        seen = []
+        ssc.textFileStream(str(indir), newFilesOnly=False).foreachRDD(lambda rdd: seen.extend(rdd.collect()))
+    finally:
+        live_conf.remove("spark.streaming.fileStream.minRememberDuration")
+    ssc.addStreamingListener(done)
+    ssc.start()
+    clock.advance(500)
+    done.wait_for(190_500)
+    ssc.stop(stopSparkContext=False)
+    assert seen == (["old"] if remember else [])
+
+
 class BlockIdsInput(InputDStream):
     """A receiver-based input as receivers plug in: a batch is the ids of the blocks the
     context's ReceivedBlockTracker allocated to it."""

@@ -197,3 +197,25 @@ def test_a_lost_cached_state_is_recomputed_from_the_last_full_snapshot_and_the_i
     (index, root), = roots.items()
     assert snapshots[index][-1] > root, "no delta after the full snapshot: nothing tested"
     assert floor <= root  # the inputs since the last full snapshot are kept
+
+
+def test_a_full_snapshot_ends_the_lineage_once_it_reaches_back_max_lineage_batches(spark_context, tmp_path):
+    """Deltas alone would let the state's lineage grow for deltasPerFull intervals (here 1000); a
+    full snapshot read back ends it once it reaches back MAX_LINEAGE_BATCHES batches (the soak's
+    driver died of a StackOverflowError deserializing a task with ~160 batches of lineage)."""
+    from engine.state.snapshots import MAX_LINEAGE_BATCHES
+
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.state.deltasPerFull", "1000")
+    keys = [f"key{i}" for i in range(20_000)]  # a large full snapshot: the small deltas stay under it
+    batches = [[(k, 1) for k in keys]] + [[(keys[i], 1)] for i in range(MAX_LINEAGE_BATCHES + 2)]
+    ckpt = tmp_path / "ckpt"
+    try:
+        run_batches(spark_context, batches, StateSpec.function(running_sum).numPartitions(2),
+                    checkpoint=ckpt, interval=0.5)
+    finally:
+        live_conf.remove("spark.sparkwal.state.deltasPerFull")
+    (summary,) = summarize_state(_state_entry(ckpt), verify=True)
+    assert [(c["time_ms"], c["kind"]) for c in summary.chain] == [
+        (500 * (MAX_LINEAGE_BATCHES + 1), "full"), (500 * (MAX_LINEAGE_BATCHES + 2), "delta"),
+        (500 * (MAX_LINEAGE_BATCHES + 3), "delta")]

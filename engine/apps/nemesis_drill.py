@@ -6,7 +6,7 @@ kills and storage faults come at random; nothing may be lost or counted twice.
 A real S3-compatible server (moto) runs on 127.0.0.1 behind the fault proxy
 (:mod:`engine.apps.fault_proxy`); the main job (file stream, ``updateStateByKey`` running
 totals, the checkpoint and its WALs and event log on ``s3://``, ``spark.sparkwal.storage.deadline``
-4 s) runs in its own process group while the drill writes one input file per batch interval.
+4 s, a 10 s lease, files remembered for 2 h so that none falls out of the window while it is down) runs in its own process group while the drill writes one input file per batch interval.
 Once the job has completed a batch newer than any before (it is back at work), a random 3-8 s
 later (the seed fixes the sequence) one nemesis strikes:
 
@@ -71,7 +71,9 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     args = ("--checkpoint", "s3://nemesis/ckpt", "--storage-option", "use_listings_cache=false",
             "--storage-option", "client_kwargs=" + json.dumps({"endpoint_url": proxy.url, "region_name": "us-east-1"}),
             "--conf", f"spark.sparkwal.storage.deadline={DEADLINE_S}s", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.streaming.driver.leaseTimeout=10s")  # a killed driver's lease: 10 s
+            "--conf", "spark.streaming.driver.leaseTimeout=10s",  # a killed driver's lease: 10 s
+            # files that arrive while the job is down or behind are all to be counted, however long
+            "--conf", "spark.streaming.fileStream.minRememberDuration=2h")
     env = {"AWS_ACCESS_KEY_ID": "nemesis", "AWS_SECRET_ACCESS_KEY": "nemesis"}
     _input_dir, stop, stop_input, generator, generated = start_file_input(workdir, files, batch)
     runs: list[AppRun] = []

@@ -279,6 +279,15 @@ class Driver:
                     Driver.active = None
             self.terminated.set()
 
+    def file_remember_ms(self) -> int:
+        """How long a file stream remembers files, so that a file is taken only within that window
+        of its batch time: ``spark.streaming.fileStream.minRememberDuration``, else
+        ``spark.streaming.minRememberDuration``, else 60 s (Spark's ``FileInputDStream.scala``). A
+        job that may be down longer and must count the files that arrived meanwhile raises it."""
+        key = "spark.streaming.fileStream.minRememberDuration"
+        value = self.conf.get(key, None) or self.conf.get("spark.streaming.minRememberDuration", None) or "60s"
+        return leadership.parse_duration_ms(value, key)
+
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
         intervals); Spark reads it as milliseconds when it has no unit."""

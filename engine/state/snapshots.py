@@ -5,14 +5,15 @@ At every checkpoint-interval time a stateful stream's state is written (by Spark
 files' format is :mod:`checkpoint.state_files`', the checkpoint's entry
 :mod:`checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
 previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
-``spark.sparkwal.state.deltasPerFull`` deltas (default 10), or when its deltas together are as
-large as its full snapshot (so a restart reads at most about twice the state).
+``spark.sparkwal.state.deltasPerFull`` deltas (default 10), when its deltas together are as
+large as its full snapshot (so a restart reads at most about twice the state), or when the state's
+lineage reaches back ``MAX_LINEAGE_BATCHES`` batches.
 
 A full snapshot is then read back, partitioned as before, cached, and served from then on: the
 state's lineage ends there (Spark's RDD checkpoint, whose files are read only when the cache is
 lost). After a delta the cached state goes on being served: reading the chain back would cost a
 whole state's decoding every checkpoint interval. So the lineage reaches back to the last full
-snapshot (at most ``deltasPerFull`` intervals), and :meth:`StateSnapshots.floor` keeps the inputs
+snapshot (at most ``deltasPerFull`` intervals, and ``MAX_LINEAGE_BATCHES`` batches), and :meth:`StateSnapshots.floor` keeps the inputs
 of those batches, which an executor that loses the cached state recomputes from.
 
 A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
@@ -39,6 +40,10 @@ from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_ch
 log = logging.getLogger(__name__)
 
 DELTAS_PER_FULL = 10
+#: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas:
+#: each batch adds a few RDDs to it, and a task's lineage is deserialized recursively by the JVM
+#: (the soak's leader died of a StackOverflowError with ~160 batches of lineage at 1 s batches)
+MAX_LINEAGE_BATCHES = 50
 CHAINS_KEPT = 3
 
 
@@ -201,8 +206,12 @@ class StateSnapshots:
             if stream.generated_rdds.get(key[1]) is not rdd:
                 rdd.unpersist(blocking=False)
 
-    def _full_due(self, state: StreamState, previous: int | None, rdd, stream) -> bool:
+    def _full_due(self, state: StreamState, previous: int | None, rdd, stream, index: int,
+                  time_ms: int) -> bool:
         if previous is None:
+            return True
+        root = self.roots.get(index, stream.zero_time_ms or 0)
+        if time_ms - root >= MAX_LINEAGE_BATCHES * self._driver.batch_ms:
             return True
         chain = state.chain(previous)
         deltas = chain[1:]
@@ -241,7 +250,7 @@ class StateSnapshots:
                    + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None
-            if not self._full_due(state, previous, rdd, stream):
+            if not self._full_due(state, previous, rdd, stream, index, time_ms):
                 rows = stream.state_delta_rows(rdd, previous, time_ms)
             base = previous if rows is not None else None
             if rows is None:
