@@ -23,6 +23,9 @@ class StreamMachinery:
         self.slide_ms = slide_ms if slide_ms is not None else dependencies[0].slide_ms
         self.generated_rdds: dict[int, RDD] = {}
         self._superseded: dict[int, RDD] = {}  # replaced RDDs, maybe still used by running jobs
+        #: a stateful stream's batch time -> the batch time its RDD's lineage starts at: the state
+        #: it was built on, unless that was served read back from a snapshot (see serve_state)
+        self.lineage_from: dict[int, int] = {}
         self.zero_time_ms: int | None = None
         self.remember_ms: int | None = None
         self.storage_level: StorageLevel | None = None
@@ -35,7 +38,7 @@ class StreamMachinery:
     # ------------------------------------------------------------------ pickling (the code part)
 
     #: What a pickled stream leaves out: its context and what lives only in a running driver.
-    _transient = ("_ssc", "_sc", "generated_rdds", "_superseded", "_lock")
+    _transient = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -47,7 +50,7 @@ class StreamMachinery:
         self.__dict__.update(state)
         for name in self._transient:
             setattr(self, name, None)
-        self.generated_rdds, self._superseded = {}, {}
+        self.generated_rdds, self._superseded, self.lineage_from = {}, {}, {}
         self._lock = threading.RLock()
 
     def attach(self, ssc) -> None:
@@ -110,7 +113,21 @@ class StreamMachinery:
                 if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
                     self._ssc.driver.checkpoint_rdd(self, time_ms, rdd)
                 self.generated_rdds[time_ms] = rdd
+                if self.must_checkpoint:  # a state built on the one before it, if any
+                    self.lineage_from[time_ms] = self.lineage_from.get(time_ms - self.slide_ms, time_ms)
             return rdd
+
+    def lineage_start(self, time_ms: int) -> int | None:
+        """Where the lineage of this stateful stream's RDD at ``time_ms`` starts (None: no RDD)."""
+        with self._lock:
+            return self.lineage_from.get(time_ms)
+
+    def serve_state(self, time_ms: int, rdd: RDD) -> None:
+        """Serve ``rdd``, read back from a snapshot, as the state at ``time_ms``: its lineage starts
+        there. RDDs built on the state served before keep their longer lineage."""
+        with self._lock:
+            self.generated_rdds[time_ms] = rdd
+            self.lineage_from[time_ms] = time_ms
 
     def replace_rdd(self, time_ms: int, old: RDD, new: RDD) -> None:
         """Serve ``new`` (same contents, e.g. read back from a snapshot) for ``time_ms`` from now
@@ -119,6 +136,8 @@ class StreamMachinery:
             if self.generated_rdds.get(time_ms) is old:
                 self.generated_rdds[time_ms] = new
                 self._superseded[time_ms] = old
+                if self.must_checkpoint:
+                    self.lineage_from[time_ms] = time_ms
 
     def clear_metadata(self, time_ms: int) -> None:
         """Forget RDDs older than ``time_ms - remember``; unpersist them."""
@@ -128,6 +147,8 @@ class StreamMachinery:
                     rdd = rdds.pop(t)
                     if self.storage_level is not None:
                         rdd.unpersist(blocking=False)
+            for t in [t for t in self.lineage_from if t <= time_ms - self.remember_ms]:
+                del self.lineage_from[t]
         for d in self.dependencies:
             d.clear_metadata(time_ms)
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import operator
+import threading
 from collections import Counter
 
 import fsspec
 import pytest
 from test_engine_recovery import Completed, ms, put_file
+from test_receivers import wait_until
 
 from checkpoint import Checkpoint
-from engine import CheckpointMismatchError, StreamingContext
+from engine import CheckpointMismatchError, StateSpec, StreamingContext, StreamingListener
 from wal import ManualClock
 
 
@@ -50,6 +52,75 @@ def test_state_lineage_stays_bounded(spark_context, tmp_path, checkpointing):
     early = max(depths[500 * i] for i in range(5, 15))
     late = max(depths[500 * i] for i in range(n - 10, n + 1))
     assert late <= early, f"lineage grew from {early} to {late} lines"
+
+
+_stuck = threading.Event()  # module-level: a closure holding it could not be checkpointed
+
+
+def _first_batch_waits(time_ms: int) -> None:
+    if time_ms == 500:
+        assert _stuck.wait(60)
+
+
+class Submitted(StreamingListener):
+    def __init__(self):
+        self.times: list[int] = []
+
+    def onBatchSubmitted(self, batchSubmitted):
+        self.times.append(batchSubmitted.batchInfo().batch_time_ms)
+
+
+@pytest.mark.parametrize("operation", ["updateStateByKey", "mapWithState"])
+def test_a_backlog_does_not_lengthen_the_state_lineage(spark_context, tmp_path, operation):
+    """Batches are generated on time, each on the state before it; while the first batch is stuck,
+    the batches due reach back past every cut to come. The generator holds those that would reach
+    back more than maxLineageBatches plus a checkpoint interval (here 3 + 1) until the batches in
+    flight have cut the lineage with a full snapshot; then they run with the state read back, and
+    the totals are exact (the soak's driver died of a StackOverflowError with ~160 batches queued)."""
+    def running_total(key, value, state):
+        state.update((state.getOption() or 0) + value)
+        return key, state.get()
+
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.state.maxLineageBatches", "3")
+    clock, done, submitted = ManualClock(0), Completed(), Submitted()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    pairs = ssc.queueStream([], default=spark_context.parallelize([("k", 1)], 1))
+    if operation == "updateStateByKey":
+        state = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(0.5)
+    else:
+        state = pairs.mapWithState(StateSpec.function(running_total).numPartitions(2)).checkpoint(0.5)
+    _stuck.clear()
+    depths: dict[int, int] = {}
+    values: dict[int, list] = {}
+
+    def record(t, rdd):
+        _first_batch_waits(ms(t))
+        depths[ms(t)] = lineage_depth(rdd)
+        values[ms(t)] = rdd.collect()
+
+    state.foreachRDD(record)
+    ssc.addStreamingListener(done)
+    ssc.addStreamingListener(submitted)
+    n = 40
+    try:
+        ssc.start()
+        for i in range(1, n + 1):
+            clock.advance(500)
+            wait_until(lambda: ssc.driver.generator.timer.last_fired_ms == 500 * i)
+            assert ssc.driver.generator.drain(30)
+        submitted_while_stuck = list(submitted.times)
+        _stuck.set()
+        done.wait_for(500 * n)
+    finally:
+        _stuck.set()
+        ssc.stop(stopSparkContext=False)
+        live_conf.remove("spark.sparkwal.state.maxLineageBatches")
+    assert submitted_while_stuck == [500 * i for i in range(1, 6)]  # up to 500 + 4 batches
+    assert values == {500 * i: [("k", i)] for i in range(1, n + 1)}
+    steady = max(depths[500 * i] for i in range(1, 6))  # 5 batches; ~8 lines each, +-1 line
+    assert max(depths.values()) <= steady + 4, f"lineage {depths}"  # was 8x as long
 
 
 class SnapshotApp:

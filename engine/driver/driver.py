@@ -310,9 +310,12 @@ class Driver:
         the restart (they are in the checkpoint, logged in the batch log or due again: nothing
         is lost), named in :attr:`batches_left_for_restart` and in one warning."""
         timeout = self.graceful_stop_timeout_s()
-        if (self.generator.drain(self.graceful_remaining_s())
-                and self.scheduler.wait_idle(self.graceful_remaining_s())):
-            return True
+        while (self.generator.drain(self.graceful_remaining_s())
+               and self.scheduler.wait_idle(self.graceful_remaining_s())):
+            if not self.generator.queued_times():
+                return True
+            # batches held for a state's lineage: released once the last completion is processed
+            self.generator.wait_processed(min(0.1, self.graceful_remaining_s()))
         left = sorted(set(self.scheduler.pending_times()) | set(self.generator.queued_times()))
         self.batches_left_for_restart = left
         if left:

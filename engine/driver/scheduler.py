@@ -230,7 +230,13 @@ def spark_job_ids(sc, group: str) -> tuple[int, ...]:
 
 
 class JobGenerator:
-    """Turns batch times into job sets; clears metadata and checkpoints, in order."""
+    """Turns batch times into job sets; clears metadata and checkpoints, in order.
+
+    A batch whose state would reach back too far (:meth:`engine.state.snapshots.StateSnapshots.
+    generation_waits`) is held, with every later one, until the batches in flight are done and
+    their snapshots have cut the lineage; it is then generated from the state read back. A held
+    batch takes the inputs that arrived until it is generated (receiver blocks, direct ranges,
+    files), as a late batch does in Spark."""
 
     def __init__(self, driver):
         self._driver = driver
@@ -239,6 +245,8 @@ class JobGenerator:
         self.last_processed_ms: int | None = None
         self._processed = threading.Condition()
         self._queued: set[int] = set()  # batch times queued for generation, not generated yet
+        self._held: list[int] = []  # due, held until the batches in flight cut a state's lineage
+        self._in_flight: set[int] = set()  # generated with jobs, completion not processed yet
         self._queued_lock = threading.Lock()
         self._generation_cancelled = False
 
@@ -252,15 +260,41 @@ class JobGenerator:
 
     def _generate_queued(self, time_ms: int) -> None:
         with self._queued_lock:
+            behind_held = bool(self._held)  # batches go out in order
+        why = "held behind earlier batches" if behind_held else self._must_wait(time_ms)
+        with self._queued_lock:
             self._queued.discard(time_ms)
             if self._generation_cancelled:
                 return
-        self.generate_jobs(time_ms)
+            if why is not None:
+                self._held.append(time_ms)
+        if why is None:
+            self.generate_jobs(time_ms)
+        elif not behind_held:
+            log.info("batch %d waits for the batches in flight (%s): %s", time_ms,
+                     ", ".join(map(str, sorted(self._in_flight))), why)
+
+    def _must_wait(self, time_ms: int) -> str | None:
+        return self._driver.snapshots.generation_waits(time_ms) if self._in_flight else None
+
+    def _release_held(self) -> None:
+        """Generate held batches, in order, while none must wait any more."""
+        while True:
+            with self._queued_lock:
+                if not self._held or self._generation_cancelled:
+                    return
+                time_ms = self._held[0]
+            if self._must_wait(time_ms) is not None:
+                return
+            self.generate_jobs(time_ms)
+            with self._queued_lock:  # held until submitted: a graceful stop sees it either way
+                self._held.remove(time_ms)
 
     def queued_times(self) -> list[int]:
-        """Batch times due but not generated yet (a restart's backlog waits here)."""
+        """Batch times due but not generated yet (a restart's backlog waits here, and batches
+        held for a state's lineage)."""
         with self._queued_lock:
-            return sorted(self._queued)
+            return sorted(self._queued | set(self._held))
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every event queued so far has run; False on timeout."""
@@ -287,6 +321,8 @@ class JobGenerator:
         except BaseException as e:  # noqa: BLE001
             driver.report_error(e, time_ms)
             return
+        if jobs:  # its completion is processed by _clear_metadata (no jobs: none)
+            self._in_flight.add(time_ms)
         driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms))
         driver.do_checkpoint(time_ms, clear_later=False)
 
@@ -308,9 +344,17 @@ class JobGenerator:
         if driver.checkpoint_writer is None:  # else once the checkpoint is durable
             driver.cleanup_old_blocks(time_ms - driver.max_remember_ms())
         driver.input_infos.cleanup(time_ms - driver.max_remember_ms())
+        self._in_flight.discard(time_ms)  # its snapshot, if due, is served now
+        self._release_held()
         with self._processed:
             self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
             self._processed.notify_all()
+
+    def wait_processed(self, timeout_s: float) -> None:
+        """Wait until the next batch's completion is processed (held batches released), or
+        ``timeout_s``."""
+        with self._processed:
+            self._processed.wait(timeout_s)
 
     def stop(self, cancel_queued: bool = False) -> None:
         """Stop the timer and the event thread; ``cancel_queued`` drops the generations not

@@ -7,14 +7,25 @@ files' format is :mod:`checkpoint.state_files`', the checkpoint's entry
 previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
 ``spark.sparkwal.state.deltasPerFull`` deltas (default 10), when its deltas together are as
 large as its full snapshot (so a restart reads at most about twice the state), or when the state's
-lineage reaches back ``MAX_LINEAGE_BATCHES`` batches.
+lineage reaches back ``spark.sparkwal.state.maxLineageBatches`` batches (default 50).
 
 A full snapshot is then read back, partitioned as before, cached, and served from then on: the
 state's lineage ends there (Spark's RDD checkpoint, whose files are read only when the cache is
 lost). After a delta the cached state goes on being served: reading the chain back would cost a
 whole state's decoding every checkpoint interval. So the lineage reaches back to the last full
-snapshot (at most ``deltasPerFull`` intervals, and ``MAX_LINEAGE_BATCHES`` batches), and :meth:`StateSnapshots.floor` keeps the inputs
-of those batches, which an executor that loses the cached state recomputes from.
+snapshot (at most ``deltasPerFull`` intervals, and ``spark.sparkwal.state.maxLineageBatches``
+batches), and :meth:`StateSnapshots.floor` keeps the inputs of those batches, which an executor
+that loses the cached state recomputes from.
+
+A backlog must not lengthen it: batches are generated on time (as Spark's), each on the state of
+the batch before, so batches generated while the one whose full snapshot cuts the lineage waits
+to run would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs built on a
+checkpointed one in place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits`
+names the batches that would reach back further than the next cut can be due (``maxLineageBatches``
+plus a checkpoint interval): the generator holds them until the cut is made
+(:class:`engine.driver.scheduler.JobGenerator`), so no task's lineage is ever longer, whatever the
+backlog. A Java thread's stack deserializes such a task's RDDs recursively: the soak's driver died
+of a StackOverflowError with ~160 batches of lineage queued at 1 s batches.
 
 A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
 it, for mapWithState, whose re-run batches must call the function again) and recomputes the
@@ -40,10 +51,10 @@ from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_ch
 log = logging.getLogger(__name__)
 
 DELTAS_PER_FULL = 10
-#: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas:
-#: each batch adds a few RDDs to it, and a task's lineage is deserialized recursively by the JVM
-#: (the soak's leader died of a StackOverflowError with ~160 batches of lineage at 1 s batches)
+#: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas
+#: (``spark.sparkwal.state.maxLineageBatches``): each batch adds a few RDDs to it
 MAX_LINEAGE_BATCHES = 50
+MAX_LINEAGE_CONF = "spark.sparkwal.state.maxLineageBatches"
 CHAINS_KEPT = 3
 
 
@@ -52,7 +63,6 @@ class StateSnapshots:
         self._driver = driver
         self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
         self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
-        self.roots: dict[int, int] = {}  # stream index -> batch time its state's lineage starts at
         self.checkpoints_written = 0
         #: stream name -> the newest snapshots' sizes: "fullBytes", "deltaBytes", and "keys" (as of
         #: the newest full snapshot), for the UI and the metrics
@@ -68,6 +78,49 @@ class StateSnapshots:
         conf = self._driver.sc.getConf()
         return int(conf.get("spark.sparkwal.state.deltasPerFull", str(DELTAS_PER_FULL)))
 
+    @property
+    def max_lineage_batches(self) -> int:
+        conf = self._driver.sc.getConf()
+        value = conf.get(MAX_LINEAGE_CONF, str(MAX_LINEAGE_BATCHES))
+        try:
+            batches = int(value)
+        except ValueError:
+            batches = 0
+        if batches < 1:
+            raise ValueError(f"{MAX_LINEAGE_CONF} must be a whole number of batches of at least 1, "
+                             f"got {value!r}")
+        return batches
+
+    @property
+    def roots(self) -> dict[int, int]:
+        """Stream index -> the batch time the lineage of its newest state RDD starts at."""
+        out = {}
+        for index, stream in enumerate(self._driver.graph.streams):
+            if stream.must_checkpoint and stream.generated_rdds:
+                start = stream.lineage_start(max(stream.generated_rdds))
+                if start is not None:
+                    out[index] = start
+        return out
+
+    def generation_waits(self, time_ms: int) -> str | None:
+        """Why the batch of ``time_ms`` must not be generated before the batches in flight are
+        done, or None: some stateful stream's state would reach back more than
+        ``maxLineageBatches`` plus a checkpoint interval, so the full snapshot that cuts it is
+        due at a batch generated already (see the module's docstring)."""
+        driver = self._driver
+        if driver.checkpoint_dir is None:  # the state is checkpointed locally, cut in place
+            return None
+        for index, stream in enumerate(driver.graph.streams):
+            if not stream.must_checkpoint or not stream.checkpoint_ms or not stream.is_time_valid(time_ms):
+                continue
+            start = stream.lineage_start(time_ms - stream.slide_ms)
+            bound = self.max_lineage_batches * driver.batch_ms + stream.checkpoint_ms
+            if start is not None and time_ms - start > bound:
+                return (f"the state of {stream.state_name(index)} would reach back to batch {start} "
+                        f"({(time_ms - start) // driver.batch_ms} batches; at most "
+                        f"{bound // driver.batch_ms}) until a full snapshot cuts it")
+        return None
+
     def restore(self, data: dict) -> None:
         """From a checkpoint's ``state`` entry. A relative path (a checkpoint made in a relative
         directory before ``checkpoint()`` qualified it) is the driver's: tasks get it absolute."""
@@ -82,9 +135,12 @@ class StateSnapshots:
 
     def check_directory(self) -> None:
         """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
-        filesystem (private to each process) cannot hold them."""
+        filesystem (private to each process) cannot hold them. A bad ``maxLineageBatches`` fails
+        here, at start, not in a batch."""
         driver = self._driver
         stateful = [s for s in driver.graph.streams if s.must_checkpoint]
+        if stateful:
+            self.max_lineage_batches  # noqa: B018
         if stateful and driver.checkpoint_dir is not None and driver.checkpoint_dir.startswith("memory://"):
             raise ValueError(
                 f"checkpoint directory {driver.checkpoint_dir}: {stateful[0]} snapshots its state "
@@ -143,9 +199,7 @@ class StateSnapshots:
             stream = driver.graph.streams[index]
             later = self._restart_times(index, state, first_ms, checkpoint_time_ms)
             for t in later:
-                stream.generated_rdds[t] = self._load(index, state, t, checkpoint_time_ms)
-            if later:
-                self.roots[index] = later[0]
+                stream.serve_state(t, self._load(index, state, t, checkpoint_time_ms))
         # the rest of a standby's preloaded state is unpersisted once the first new batch is
         # done: until then the state served may be a delta applied to it, not computed yet
         # (a batch re-run for its generation only computes nothing)
@@ -210,8 +264,8 @@ class StateSnapshots:
                   time_ms: int) -> bool:
         if previous is None:
             return True
-        root = self.roots.get(index, stream.zero_time_ms or 0)
-        if time_ms - root >= MAX_LINEAGE_BATCHES * self._driver.batch_ms:
+        root = stream.lineage_start(time_ms)
+        if root is not None and time_ms - root >= self.max_lineage_batches * self._driver.batch_ms:
             return True
         chain = state.chain(previous)
         deltas = chain[1:]
@@ -265,7 +319,6 @@ class StateSnapshots:
                 self.sizes[state.name]["keys"] = sum(p[0] for p in manifest["parts"])
             if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
                 stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
-                self.roots[index] = time_ms
             self._retire(state)
 
     def _retire(self, state: StreamState) -> None:
@@ -304,9 +357,10 @@ class StateSnapshots:
         a stateful stream restarts from its newest snapshot at or before ``floor`` (before it, for
         mapWithState) and recomputes the batches after it from their inputs, so those batches'
         inputs must be kept (the snapshot may lag the batches by more than the remember duration).
-        The running state's lineage starts at the last full snapshot it was read back from: an
-        executor that loses the cached state recomputes the batches since then from their inputs,
-        which must be kept too."""
+        The running state's lineage starts at the last full snapshot it was read back from (a batch
+        generated before that snapshot was read back, at an earlier one): an executor that loses
+        the cached state recomputes the batches since then from their inputs, which must be kept
+        too."""
         driver = self._driver
         zero = driver.graph.zero_time_ms or 0
         for index, stream in enumerate(driver.graph.streams):
@@ -315,6 +369,7 @@ class StateSnapshots:
             times = self.by_stream.get(index, StreamState("")).snapshots
             base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
                        default=None)
-            floor = min(floor, base if base is not None else zero, self.roots.get(index, zero))
+            starts = list(stream.lineage_from.values())
+            floor = min(floor, base if base is not None else zero, min(starts, default=zero))
         return floor
 
