@@ -181,12 +181,17 @@ def run(minutes: float, sample_s: float, workdir: str, out_path: str | None) -> 
                   flush=True)
     finally:
         leader_rc, standby_rc = _stop(leader), _stop(standby)
-    batches = 0
+    delays = []
     with open(os.path.join(workdir, "leader.log")) as f:
         for line in f:
             if line.startswith("{") and json.loads(line).get("event") == "batch_completed":
-                batches += 1
-    report = {"minutes": minutes, "sample_s": sample_s, "batches_completed": batches, "ended_early": ended_early,
+                delays.append(json.loads(line)["scheduling_ms"])
+    batches = len(delays)
+    delays.sort()
+    scheduling = {q: delays[min(len(delays) - 1, int(len(delays) * f))] if delays else None
+                  for q, f in (("p50_ms", 0.5), ("p99_ms", 0.99), ("max_ms", 1.0))}
+    report = {"minutes": minutes, "sample_s": sample_s, "batches_completed": batches,
+              "scheduling_delay": scheduling, "ended_early": ended_early,
               "leader_exit": leader_rc, "standby_exit": standby_rc, "rows": verdicts(samples),
               "samples": samples}
     if out_path:
@@ -205,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.dir or tempfile.mkdtemp(prefix="sparkwal-soak-")
     os.makedirs(workdir, exist_ok=True)
     report = run(args.minutes, args.sample, workdir, args.out)
-    print(f"\n{report['batches_completed']} batches; leader exit {report['leader_exit']}, "
-          f"standby exit {report['standby_exit']}")
+    print(f"\n{report['batches_completed']} batches (scheduling delay {report['scheduling_delay']}); "
+          f"leader exit {report['leader_exit']}, standby exit {report['standby_exit']}")
     print("| series | mean | slope per hour | growth over the run | flat |")
     print("|---|---:|---:|---:|---|")
     for row in report["rows"]:
