@@ -30,21 +30,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
     standby is started."""
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=20)
-    logdir = os.path.join(workdir, "log")
-    os.makedirs(logdir, exist_ok=True)
-    appended = {p: 0 for p in PARTITIONS}
-    stop_input = threading.Event()
-
-    def appender() -> None:
-        arng = random.Random(seed + 1)
-        while not stop_input.wait(batch / 4) and sum(appended.values()) < max_lines:
-            p = arng.choice(PARTITIONS)
-            n = arng.randint(1, 5)
-            append_lines(logdir, p, appended[p], n)
-            appended[p] += n
-
-    feeder = threading.Thread(target=appender, daemon=True)
-    feeder.start()
+    appended, stop_input, feeder = start_appender(workdir, seed, batch, max_lines)
     args = ("--source", "filelog", "--master", master)
     runs: list[AppRun] = []
     recovery_s: list[float] = []
@@ -80,7 +66,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
                 waiting.terminate()
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                if read_results(workdir)["lines"] == {p: n for p, n in appended.items() if n}:
+                if all_counted(workdir, appended):
                     break
                 if app.proc.poll() is not None:
                     raise RuntimeError("the app exited before counting everything")
@@ -91,22 +77,55 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         stop_input.set()
         kill_remaining(runs)
 
-    results = read_results(workdir)
-    expected_lines = {p: n for p, n in appended.items() if n}
-    expected_words = expected_direct_counts(appended)
-    counted = sum(results["lines"].values())
-    completed = [b for r in runs for _, b in r.batches()]
-    result = {
+    result = verify(workdir, appended, runs)
+    result.update({
         "mode": "direct (FileLogSource -> SQLite), exactly once", "master": master,
         "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,
-        "lines_appended": sum(appended.values()), "lines_counted": counted,
+        "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
+        "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
+    })
+    return result
+
+
+def start_appender(workdir: str, seed: int, batch: float, max_lines: int):
+    """Lines appended to the FileLogSource partitions of ``WORKDIR/log`` every quarter batch
+    until the returned event is set or ``max_lines``: (lines appended by partition, the stop
+    event, the appender's thread)."""
+    logdir = os.path.join(workdir, "log")
+    os.makedirs(logdir, exist_ok=True)
+    appended = {p: 0 for p in PARTITIONS}
+    stop_input = threading.Event()
+
+    def appender() -> None:
+        arng = random.Random(seed + 1)
+        while not stop_input.wait(batch / 4) and sum(appended.values()) < max_lines:
+            p = arng.choice(PARTITIONS)
+            n = arng.randint(1, 5)
+            append_lines(logdir, p, appended[p], n)
+            appended[p] += n
+
+    feeder = threading.Thread(target=appender, daemon=True)
+    feeder.start()
+    return appended, stop_input, feeder
+
+
+def all_counted(workdir: str, appended: dict[str, int]) -> bool:
+    return read_results(workdir)["lines"] == {p: n for p, n in appended.items() if n}
+
+
+def verify(workdir: str, appended: dict[str, int], runs: list[AppRun]) -> dict:
+    """Exactly once: the lines counted per partition equal the lines appended, and every word
+    total the count derived from them (a lost or doubled line changes both)."""
+    results = read_results(workdir)
+    expected_lines = {p: n for p, n in appended.items() if n}
+    completed = [b for r in runs for _, b in r.batches()]
+    result = {
+        "lines_appended": sum(appended.values()), "lines_counted": sum(results["lines"].values()),
         "lines_by_partition": results["lines"], "appended_by_partition": expected_lines,
         "records_lost": sum(max(0, n - results["lines"].get(p, 0)) for p, n in expected_lines.items()),
         "duplicates": sum(max(0, n - expected_lines.get(p, 0)) for p, n in results["lines"].items()),
-        "words_exact": results["words"] == expected_words,
+        "words_exact": results["words"] == expected_direct_counts(appended),
         "batches_completed": len(set(completed)), "batches_rerun": len(completed) - len(set(completed)),
-        "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
-        "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
     }
     result["ok"] = (result["records_lost"] == 0 and result["duplicates"] == 0 and result["words_exact"]
                     and results["lines"] == expected_lines)

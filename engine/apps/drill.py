@@ -6,12 +6,14 @@ nothing and count nothing twice.
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
                            [--kinds driver,executor,worker] [--standby]
     python -m engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
+                           [--mode files|receiver|direct] [--standby]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/apps/receiver_drill.py): the drill
 hosts its source, and kills the driver, the receiver's executor JVM or its Python worker.
 ``--nemesis`` puts the checkpoint on S3 (moto behind a fault proxy, on 127.0.0.1; moto comes with
 ``.[test]``) and mixes kills with storage faults: storms of 5xx, resets and delays the job must
-absorb, and outages it must stop on with exit status 4, then resume (engine/apps/nemesis_drill.py).
+absorb, and outages it must stop on with exit status 4, then resume (engine/apps/nemesis_drill.py),
+for each ``--mode``, with ``--standby`` beside it.
 ``--mode direct`` drills exactly-once output (engine/apps/direct_drill.py): a direct stream over
 append-only files into SQLite, killed at least 20 times by default.
 
@@ -145,8 +147,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") ->
                     help="--nemesis: nemeses to strike (default 6; with --duration: until it ends)")
     args = ap.parse_args(argv)
     a.check_environment(ap)
-    if args.nemesis and (args.mode != "files" or args.standby or args.upgrade or args.kills is not None):
-        ap.error("--nemesis drills the file stream job: leave out --mode, --standby, --upgrade, --kills")
+    if args.nemesis and (args.upgrade or args.kills is not None or args.kinds is not None
+                         or args.master != "local[2]" or args.standalone):
+        ap.error("--nemesis strikes with kills and storage faults of its own, on local[2]: leave out "
+                 "--upgrade, --kills, --kinds, --master and --standalone (use --faults or --duration)")
     if args.faults is not None and not args.nemesis:
         ap.error("--faults is for --nemesis")
     if args.nemesis and importlib.util.find_spec("moto") is None:
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") ->
 def _run_mode(args, workdir: str, master: str) -> dict:
     if args.nemesis:
         return nemesis_drill.run(args.faults, args.files, args.batch, args.seed, workdir,
-                                 duration_s=args.duration)
+                                 duration_s=args.duration, mode=args.mode, standby=args.standby)
     if args.mode == "direct":
         return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
                                 master=master, standby=args.standby)
@@ -219,12 +223,15 @@ def _run_mode(args, workdir: str, master: str) -> dict:
 def _print_summary(mode: str, r: dict) -> None:
     if r.get("mode", "").startswith("nemesis"):
         print(" ".join(f"{k}={r[k]}" for k in ("kills", "storms", "outages", "clean_stops", "unclean_stops",
-                                               "restarts", "faulted_requests", "records_lost",
+                                               "restarts", "takeovers", "faulted_requests", "records_lost",
                                                "records_doubled", "words_lost", "words_extra",
-                                               "state_mismatches", "seconds")))
+                                               "words_exact", "state_mismatches",
+                                               "seconds") if k in r))
         print("faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(r["faults_injected"].items()))
                                      or "none"))
-        print("OK: nothing lost, nothing counted twice, every outage a clean stop" if r["ok"] else "FAILED")
+        promise = ("nothing counted twice" if r["exactly_once"]
+                   else "duplicates only of lines the source sent again")
+        print(f"OK: nothing lost, {promise}, every outage a clean stop" if r["ok"] else "FAILED")
         return
     if mode == "direct":
         print(" ".join(f"{k}={r[k]}" for k in ("kills", "restarts", "lines_appended", "lines_counted",

@@ -1,27 +1,35 @@
 """The nemesis drill: the main job with its checkpoint on S3 behind a fault proxy, while process
 kills and storage faults come at random; nothing may be lost or counted twice.
 
-    python -m engine.drill --nemesis [--faults 6 | --duration S] [--seed 1] [--files 60] [--batch 1.0]
+    python -m engine.drill --nemesis [--mode files|receiver|direct] [--standby]
+                           [--faults 6 | --duration S] [--seed 1] [--files 60] [--batch 1.0]
 
 A real S3-compatible server (moto) runs on 127.0.0.1 behind the fault proxy
-(:mod:`engine.apps.fault_proxy`); the main job (file stream, ``updateStateByKey`` running
-totals, the checkpoint and its WALs and event log on ``s3://``, ``spark.sparkwal.storage.deadline``
-4 s, a 10 s lease, files remembered for 2 h so that none falls out of the window while it is down) runs in its own process group while the drill writes one input file per batch interval.
+(:mod:`engine.apps.fault_proxy`); the main job (its checkpoint, WALs, batch log, lease and event
+log on ``s3://``, ``spark.sparkwal.storage.deadline`` 4 s, a 10 s lease, files remembered for 2 h
+so that none falls out of the window while it is down) runs in its own process group, fed by its
+mode's source (:mod:`engine.apps.nemesis_workloads`: one file per batch interval, a reliable
+receiver's acknowledged lines, or a direct source's partitions), with ``updateStateByKey``
+running totals for files and the receiver. With ``--standby`` a hot standby runs beside it.
 Once the job has completed a batch newer than any before (it is back at work), a random 3-8 s
 later (the seed fixes the sequence) one nemesis strikes:
 
-* ``kill``: SIGKILL to the job's process group; it is restarted from its checkpoint;
+* ``kill``: SIGKILL to the active driver's process group; it is restarted from its checkpoint,
+  or its standby takes the stream over;
 * ``storm``: for 3-6 s a third of the requests fail (503 SlowDown, 500, a reset before or after
-  the store took the request, a 1 s delay): the job must absorb them and go on;
-* ``outage``: every request answered 503 for longer than the deadline: the job must stop with
-  its storage exit status (4) and one line naming the operation and the object; the drill
-  restarts it once the store is back.
+  the store took the request, a 1 s delay): the job (and its standby) must absorb them and go on;
+* ``outage``: every request answered 503 for longer than the deadline: the active driver must
+  stop with its storage exit status (4) and one line naming the operation and the object, a
+  standby must wait it out; once the store is back the standby takes over, or the drill restarts
+  the job.
 
-Then the job runs until every file is counted, and the outputs are checked as in the kill drill:
-every file counted in exactly one batch, word totals exact, running totals equal to the sum of
+Then the job runs until everything offered is counted, and the outputs are checked as in the kill
+drills: exactly once for files (every file in exactly one batch, word totals exact) and direct
+(lines per partition and word totals exact), at least once for the receiver (every acknowledged
+line counted, duplicates only of lines the source sent again), running totals equal to the sum of
 the batches' counts. Reported: faults injected by kind, requests the job retried past a fault
 (the proxy's faults that did not end a run), kills, storms, outages, clean stops (status 4 with
-its line), unclean stops, restarts, records lost and doubled.
+its line), unclean stops, restarts, takeovers, records lost and doubled.
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ import logging
 import random
 import time
 
-from .drill_runs import AppRun, check_outputs, kill_remaining, start_file_input, wait_until_counted
+from .drill_runs import AppRun, kill_remaining
+from .nemesis_workloads import WORKLOADS
 
 NEMESES = ("kill", "storm", "outage")
 STORM = {"503": 0.12, "500": 0.06, "reset_before": 0.05, "reset_after": 0.05, "delay": 0.05}
 DEADLINE_S = 4
+LEASE_S = 10
 
 
 def _store(seed: int):
@@ -62,7 +72,10 @@ def plan(faults: int, rng: random.Random) -> list[str]:
 
 
 def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
-        duration_s: float | None = None) -> dict:
+        duration_s: float | None = None, mode: str = "files", standby: bool = False) -> dict:
+    """``mode``: the job's source (files, receiver, direct: :mod:`engine.apps.nemesis_workloads`).
+    ``standby``: a hot standby always runs beside the active driver; a killed or stopped active
+    driver's stream is taken over by it, and a fresh standby is started."""
     rng = random.Random(seed)
     began = time.monotonic()
     until = began + duration_s if duration_s else None
@@ -71,35 +84,30 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     args = ("--checkpoint", "s3://nemesis/ckpt", "--storage-option", "use_listings_cache=false",
             "--storage-option", "client_kwargs=" + json.dumps({"endpoint_url": proxy.url, "region_name": "us-east-1"}),
             "--conf", f"spark.sparkwal.storage.deadline={DEADLINE_S}s", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.streaming.driver.leaseTimeout=10s",  # a killed driver's lease: 10 s
+            "--conf", f"spark.streaming.driver.leaseTimeout={LEASE_S}s",  # a killed driver's lease
             # files that arrive while the job is down or behind are all to be counted, however long
             "--conf", "spark.streaming.fileStream.minRememberDuration=2h")
-    env = {"AWS_ACCESS_KEY_ID": "nemesis", "AWS_SECRET_ACCESS_KEY": "nemesis"}
-    _input_dir, stop, stop_input, generator, generated = start_file_input(workdir, files, batch)
-    runs: list[AppRun] = []
+    workload = WORKLOADS[mode](workdir, files, batch, seed)
+    env = {"AWS_ACCESS_KEY_ID": "nemesis", "AWS_SECRET_ACCESS_KEY": "nemesis", **workload.env}
+    pair = _Pair(workdir, batch, (*args, *workload.args), env, standby)
     counts = {"kills": 0, "storms": 0, "outages": 0, "clean_stops": 0, "unclean_stops": 0}
     unclean: list[str] = []
     struck: list[str] = []
     try:
-        app = None
         for i, nemesis in enumerate(nemeses):
             if until is not None and time.monotonic() >= until:
                 break
-            if app is None or app.proc.poll() is not None:
-                app = AppRun(workdir, batch, extra_args=args, env=env)
-                runs.append(app)
-            if not app.context_seen.wait(180) and app.proc.poll() is not None:
-                raise RuntimeError(f"the job exited ({app.proc.returncode}) before it reported its context")
-            _await_progress(app, runs)  # the job back at work before the next strike
+            pair.ensure()
             time.sleep(rng.uniform(3, 8))
-            if app.proc.poll() is not None:
-                unclean.append(f"run {len(runs)} ended by itself with status {app.proc.returncode}")
-                counts["unclean_stops"] += 1
+            ended = pair.ended_by_themselves()
+            if ended:
+                unclean.extend(ended)
+                counts["unclean_stops"] += len(ended)
                 continue
             log(f"nemesis {i + 1}: {nemesis}")
             struck.append(nemesis)
             if nemesis == "kill":
-                app.kill()
+                pair.active.kill()
                 counts["kills"] += 1
             elif nemesis == "storm":
                 proxy.rates = dict(STORM)
@@ -110,44 +118,103 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
                 counts["outages"] += 1
                 proxy.rates = {"503": 1.0}
                 try:
-                    status = app.proc.wait(DEADLINE_S + 90)
+                    status = pair.active.proc.wait(DEADLINE_S + 90)
                 except Exception:  # noqa: BLE001  it did not stop: a hang is a failure
-                    app.kill()
+                    pair.active.kill()
                     status = None
                 proxy.rates = {}
-                line = _last_line(app)
+                line = _last_line(pair.active)
                 if status == 4 and line.startswith("sparkwal-wordcount: ") and "storage" in line:
                     counts["clean_stops"] += 1
                 else:
                     counts["unclean_stops"] += 1
                     unclean.append(f"outage: status {status}, last line {line!r}")
-        if app is None or app.proc.poll() is not None:
-            app = AppRun(workdir, batch, extra_args=args, env=env)
-            runs.append(app)
-        stop_input.set()
-        generator.join()
-        wait_until_counted(workdir, generated, 180)
-        app.terminate()
+                if pair.spare is not None and pair.spare.proc.poll() is not None:
+                    counts["unclean_stops"] += 1
+                    unclean.append(f"outage: the standby ended with status {pair.spare.proc.returncode}, "
+                                   f"last line {_last_line(pair.spare)!r}")
+        pair.ensure(spare=False)
+        workload.stop_input()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not workload.all_counted():
+            time.sleep(0.2)
+        pair.stop()
     finally:
-        stop.set()
-        kill_remaining(runs)
+        workload.close()
+        kill_remaining(pair.runs)
         proxy.stop()
         server.stop()
-    result = check_outputs(workdir, generated[0], runs)
+    result = workload.verify(pair.runs)
     injected: dict[str, int] = {}
     for r in proxy.log:
         if r.fault:
             injected[r.fault] = injected.get(r.fault, 0) + 1
     result.update(counts)
     result.update({
-        "mode": "nemesis (file stream, checkpoint on S3 behind the fault proxy)",
+        "mode": f"nemesis ({workload.name}{', hot standby' if standby else ''}, checkpoint on S3 "
+                "behind the fault proxy)",
         "seconds": round(time.monotonic() - began, 1), "seed": seed, "nemeses": struck,
         "faults_injected": injected, "faulted_requests": sum(injected.values()),
-        "requests": len(proxy.log), "restarts": len(runs) - 1, "unclean": unclean,
-        "records_doubled": result["duplicate_files"],
+        "requests": len(proxy.log), "restarts": pair.starts - 1, "takeovers": pair.takeovers,
+        "unclean": unclean + pair.failures, "exactly_once": workload.exactly_once,
     })
-    result["ok"] = result["ok"] and counts["unclean_stops"] == 0
+    result["ok"] = result["ok"] and counts["unclean_stops"] == 0 and not pair.failures
     return result
+
+
+class _Pair:
+    """The active driver and, with ``standby``, its hot standby; ``runs``: every run so far."""
+
+    def __init__(self, workdir: str, batch: float, args: tuple, env: dict, standby: bool):
+        self._workdir, self._batch, self._args, self._env = workdir, batch, args, env
+        self._standby = standby
+        self.active: AppRun | None = None
+        self.spare: AppRun | None = None
+        self.runs: list[AppRun] = []
+        self.starts = self.takeovers = 0
+        self.failures: list[str] = []
+
+    def _start(self, *extra: str) -> AppRun:
+        run = AppRun(self._workdir, self._batch, extra_args=(*self._args, *extra), env=self._env)
+        self.runs.append(run)
+        self.starts += extra == ()
+        return run
+
+    def ensure(self, spare: bool = True) -> None:
+        """An active driver back at work (the standby's takeover, else a restart), then a
+        standby beside it waiting."""
+        if self.active is None or self.active.proc.poll() is not None:
+            if self.spare is not None and self.spare.proc.poll() is None:
+                if self.spare.took_over.wait(LEASE_S + 60):
+                    self.active, self.spare = self.spare, None
+                    self.takeovers += 1
+                else:
+                    self.failures.append("the standby did not take over within the lease and a minute")
+                    self.spare.kill()
+                    self.spare = None
+            if self.active is None or self.active.proc.poll() is not None:
+                self.active = self._start()
+        if not self.active.context_seen.wait(180) and self.active.proc.poll() is not None:
+            raise RuntimeError(f"the job exited ({self.active.proc.returncode}) before it reported its context")
+        _await_progress(self.active, self.runs)  # back at work before the next strike
+        if spare and self._standby and (self.spare is None or self.spare.proc.poll() is not None):
+            self.spare = self._start("--standby")
+            if not self.spare.standby_seen.wait(180):
+                self.failures.append("a standby did not report that it waits")
+
+    def ended_by_themselves(self) -> list[str]:
+        out = []
+        if self.active.proc.poll() is not None:
+            out.append(f"run {len(self.runs)} ended by itself with status {self.active.proc.returncode}")
+        if self.spare is not None and self.spare.proc.poll() is not None:
+            out.append(f"a standby ended by itself with status {self.spare.proc.returncode}")
+            self.spare = None
+        return out
+
+    def stop(self) -> None:
+        if self.spare is not None:  # first: it must not take over from a stopping active driver
+            self.spare.terminate()
+        self.active.terminate()
 
 
 def _await_progress(app: AppRun, runs: list[AppRun], timeout_s: float = 120) -> None:

@@ -66,18 +66,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
     until = began + duration_s if duration_s else None
     os.makedirs(os.path.join(workdir, "output"), exist_ok=True)
     stop = threading.Event()
-    offered = [0]
-
-    def feed() -> None:
-        for i in range(lines):
-            if stop.is_set():
-                return
-            source.offer([receiver_line(i)])
-            offered[0] = i + 1
-            time.sleep(1 / lines_per_s)
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    feeder, offered = start_feeder(source, lines, lines_per_s, stop)
     args = ["--source", "receiver", "--source-port", str(source.address[1]), "--source-secret-env",
             SECRET_ENV, "--master", master]
     runs: list[AppRun] = []
@@ -137,10 +126,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
             waiting.terminate()
         source.wait_acked(offered[0], 120)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            counted = {f for o in read_outputs(workdir) for f in o["files"]}
-            if len(counted) >= offered[0]:
-                break
+        while time.monotonic() < deadline and not all_counted(workdir, offered[0]):
             time.sleep(0.2)
         app.terminate()
     finally:
@@ -150,11 +136,49 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
             if r.proc.poll() is None:
                 os.killpg(r.proc.pid, signal.SIGKILL)
                 r.proc.wait()
-    return _verify(workdir, offered[0], source, killed, runs, began, master)
+    result = verify(workdir, offered[0], source, runs)
+    recovery = [r["recovery_s"] for r in killed if "recovery_s" in r]
+    by_kind: dict[str, dict] = {}
+    for r in killed:
+        entry = by_kind.setdefault(r["kind"], {"kills": 0, "recovery_s": []})
+        entry["kills"] += 1
+        if "recovery_s" in r:
+            entry["recovery_s"].append(r["recovery_s"])
+    result.update({
+        "mode": f"receiver (reliable, acknowledged lines) on {master}",
+        "seconds": round(time.monotonic() - began, 1), "kills": len(killed), "restarts": len(runs) - 1,
+        "kills_by_kind": by_kind,
+        "recovery_p50_s": pct(recovery, 0.5) if recovery else None,
+        "recovery_p95_s": pct(recovery, 0.95) if recovery else None, "kill_log": killed,
+    })
+    return result
 
 
-def _verify(workdir: str, offered: int, source: AckedLineSource, killed: list[dict], runs, began,
-            master: str) -> dict:
+def start_feeder(source: AckedLineSource, lines: int, lines_per_s: float, stop: threading.Event):
+    """Offer ``lines`` lines to ``source`` at ``lines_per_s`` until ``stop``: (the feeder's
+    thread, ``offered``: offered[0] lines offered so far)."""
+    offered = [0]
+
+    def feed() -> None:
+        for i in range(lines):
+            if stop.is_set():
+                return
+            source.offer([receiver_line(i)])
+            offered[0] = i + 1
+            time.sleep(1 / lines_per_s)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    return feeder, offered
+
+
+def all_counted(workdir: str, offered: int) -> bool:
+    return len({f for o in read_outputs(workdir) for f in o["files"]}) >= offered
+
+
+def verify(workdir: str, offered: int, source: AckedLineSource, runs) -> dict:
+    """Every line the source saw acknowledged is counted, none is lost, the only duplicates are
+    lines the source had to send again, and the running state agrees with the counts."""
     outputs = read_outputs(workdir)
     seen: dict[str, int] = {}
     observed: dict[str, int] = {}
@@ -174,25 +198,14 @@ def _verify(workdir: str, offered: int, source: AckedLineSource, killed: list[di
         for w, n in o["counts"].items():
             running[w] = running.get(w, 0) + n
         state_mismatches += o["totals"] != running
-    recovery = [r["recovery_s"] for r in killed if "recovery_s" in r]
-    by_kind: dict[str, dict] = {}
-    for r in killed:
-        entry = by_kind.setdefault(r["kind"], {"kills": 0, "recovery_s": []})
-        entry["kills"] += 1
-        if "recovery_s" in r:
-            entry["recovery_s"].append(r["recovery_s"])
     completed = [b for r in runs for _, b in r.batches()]
     result = {
-        "mode": f"receiver (reliable, acknowledged lines) on {master}",
-        "seconds": round(time.monotonic() - began, 1), "kills": len(killed), "restarts": len(runs) - 1,
-        "kills_by_kind": by_kind, "lines_offered": offered, "lines_acked": stats.lines_acked,
+        "lines_offered": offered, "lines_acked": stats.lines_acked,
         "lines_resent": stats.lines_resent, "records_lost": len(lost), "lost_ids": lost[:20],
         "unknown_ids": unknown[:20], "duplicates": duplicates,
         "duplicates_within_resent": duplicates <= stats.lines_resent,
         "words_exact": observed == expected, "state_mismatches": state_mismatches,
         "batches_completed": len(set(completed)), "batches_rerun": len(completed) - len(set(completed)),
-        "recovery_p50_s": pct(recovery, 0.5) if recovery else None,
-        "recovery_p95_s": pct(recovery, 0.95) if recovery else None, "kill_log": killed,
     }
     result["ok"] = (not lost and not unknown and stats.lines_acked == offered
                     and result["duplicates_within_resent"] and result["words_exact"]

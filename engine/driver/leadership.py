@@ -24,7 +24,8 @@ import re
 import threading
 from collections.abc import Callable
 
-from wal import SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, resolve
+from wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
+                 StorageUnavailableError, resolve)
 
 from ..listener import StreamingListenerDriverFenced
 
@@ -95,17 +96,30 @@ class DriverLeadership:
 
     def wait_for(self, stopped: threading.Event, on_poll: Callable[[], None] | None = None
                  ) -> Leadership | None:
-        """Block until this process leads (the leadership) or ``stopped`` is set (None)."""
+        """Block until this process leads (the leadership) or ``stopped`` is set (None). A store
+        that is unavailable (each call already retried to its deadline) is waited out: a standby
+        is there for when the store, and so the leader's lease, comes back."""
+        unavailable: StorageUnavailableError | None = None
         while not stopped.is_set():
-            lead = self.try_take()
-            if lead is not None:
-                return lead
-            if on_poll is not None:
-                on_poll()
-            if self.storage.is_local:
-                stopped.wait(LOCAL_POLL_S)
+            try:
+                lead = self.try_take()
+                if lead is not None:
+                    return lead
+                if on_poll is not None:
+                    on_poll()
+                if self.storage.is_local:
+                    stopped.wait(LOCAL_POLL_S)
+                    continue
+                info = self.storage.leader(self.path, clock=self._clock)
+            except StorageUnavailableError as e:
+                if unavailable is None:
+                    log.warning("%s: waiting as a standby while the store is unavailable (%s)", self.url, e)
+                unavailable = e
+                stopped.wait(1.0)
                 continue
-            info = self.storage.leader(self.path, clock=self._clock)
+            if unavailable is not None:
+                log.warning("%s: the store answers again; still waiting as a standby", self.url)
+                unavailable = None
             wait_ms = 250 if info is None or info.expires_ms is None else (
                 min(1000, max(10, info.expires_ms + 1 - self._clock.now_ms())))
             stopped.wait(wait_ms / 1000)
