@@ -34,6 +34,10 @@ import threading
 import weakref
 import zipfile
 
+from wal.retry import DEADLINE_ENV
+
+from .durations import parse_duration_ms
+
 log = logging.getLogger(__name__)
 
 PACKAGES = ("wal", "checkpoint", "tracker", "engine")
@@ -256,7 +260,12 @@ def warm_workers_early(sc) -> threading.Thread | None:
     if not is_local_master(sc.master) or _done(sc, "workers warmed"):
         return None
     _mark_done(sc, "workers warmed")
-    configure_local_workers(sc, sc.getConf())
+    conf = sc.getConf()
+    configure_local_workers(sc, conf)
+    try:
+        storage_deadline_s(sc, conf)
+    except ValueError:  # said by the context, which reads it too
+        pass
 
     def run() -> None:
         try:
@@ -267,6 +276,19 @@ def warm_workers_early(sc) -> threading.Thread | None:
     thread = threading.Thread(target=run, name="sparkwal-warm-workers", daemon=True)
     thread.start()
     return thread
+
+
+STORAGE_DEADLINE_KEY = "spark.sparkwal.storage.deadline"
+
+
+def storage_deadline_s(sc, conf) -> float:
+    """``spark.sparkwal.storage.deadline`` in seconds (default 60 s), handed to the executors'
+    Python workers in their environment as well (:data:`wal.retry.DEADLINE_ENV`: the Spark conf
+    does not reach them), before the first Python function is wrapped: workers are started per
+    environment, so the early warm-up sets it too."""
+    seconds = parse_duration_ms(conf.get(STORAGE_DEADLINE_KEY, "60s"), STORAGE_DEADLINE_KEY) / 1000
+    sc.environment[DEADLINE_ENV] = str(seconds)
+    return seconds
 
 
 UDS_ENABLED = "spark.python.unix.domain.socket.enabled"

@@ -238,3 +238,22 @@ def test_an_ambiguous_conditional_create_is_ours_once_read_back_not_a_second_com
     assert len(faults) == 2
     reader = CommitLog(f"{url}/ckpt/commits", options(s3_endpoint))
     assert reader.get(7).next_batch_watermark_ms == 1000 and reader.batch_ids() == [7]
+
+
+def test_the_storage_deadline_reaches_the_executors_python_workers(spark_context):
+    """spark.sparkwal.storage.deadline bounds every storage call of the app, also those made in
+    tasks (a receiver's WAL, state snapshot parts): the Spark conf does not reach a Python
+    worker, so the driver hands the deadline to them in their environment."""
+    from engine import StreamingContext
+    from wal.retry import default_policy
+
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.storage.deadline", "7s")
+    try:
+        StreamingContext(spark_context, 1.0)
+        in_tasks = spark_context.parallelize(range(4), 2).map(lambda _: default_policy().deadline_s).collect()
+    finally:
+        live_conf.remove("spark.sparkwal.storage.deadline")
+        StreamingContext(spark_context, 1.0)  # the default again, for the tests after this one
+    assert default_policy().deadline_s == 60.0
+    assert in_tasks == [7.0] * 4

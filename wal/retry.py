@@ -22,14 +22,17 @@ ambiguous conditional create (the connection reset after the store took it) come
 "already exists" on its retry and is settled by reading the object back (:mod:`wal.atomic`), so a
 record is never written twice. The process-wide :func:`retry_statistics` count what was retried.
 
-The default policy is set once per process with :func:`set_default_policy` (the engine does, from
-``spark.sparkwal.storage.deadline``); the Spark conf does not reach executors, whose calls keep
-the default: 60 s.
+The default policy is set once per process with :func:`set_default_policy` (the engine's driver
+does, from ``spark.sparkwal.storage.deadline``). The Spark conf does not reach executors' Python
+workers, so the driver also hands the deadline to them in their environment (``DEADLINE_ENV``,
+through Spark's executor environment): a worker's calls (a receiver's WAL, state snapshot parts)
+take it from there, else 60 s.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import random
 import threading
 import time
@@ -116,7 +119,18 @@ class _Counters:
 
 
 _counters = _Counters()
-_default = RetryPolicy()
+#: seconds; set for executors' Python workers by the driver (see the module's docstring)
+DEADLINE_ENV = "SPARKWAL_STORAGE_DEADLINE_S"
+
+
+def _from_environment() -> RetryPolicy:
+    try:
+        return RetryPolicy(deadline_s=float(os.environ.get(DEADLINE_ENV, "60")))
+    except ValueError:
+        return RetryPolicy()
+
+
+_default = _from_environment()
 
 
 def retry_statistics() -> RetryStatistics:

@@ -45,7 +45,6 @@ from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 log = logging.getLogger(__name__)
 
 #: how long a storage call may keep failing transiently before the app stops (wal.retry)
-STORAGE_DEADLINE_KEY = "spark.sparkwal.storage.deadline"
 
 
 class Driver:
@@ -62,8 +61,7 @@ class Driver:
         self.context = context
         self.sc = sc
         self.conf = sc.getConf()  # a copy, read once: each getConf() is a JVM round trip
-        set_default_policy(RetryPolicy(deadline_s=leadership.parse_duration_ms(
-            self.conf.get(STORAGE_DEADLINE_KEY, "60s"), STORAGE_DEADLINE_KEY) / 1000))
+        set_default_policy(RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.conf)))
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK
         self.graph = DStreamGraph()
