@@ -13,8 +13,10 @@ damaged file detectable.
 
 Directory: ``checkpoint-<ms>`` (main) and ``checkpoint-<ms>.bk`` (the previous content of the same
 name). Names use the running maximum checkpoint time (SPARK-11740: a late checkpoint of an older
-batch must not win recovery under an older name), so a name can be written twice; the second write
-first moves the first to ``.bk``. Both steps are atomic replaces, so at every instant the newest
+batch must not win recovery under an older name), counting the files already in the directory: a
+restarted run re-runs batches older than the newest name an earlier run left (it generated them
+ahead), and its checkpoints must replace that file, not hide behind it. So a name can be written
+twice; the second write first moves the first to ``.bk``. Both steps are atomic replaces, so at every instant the newest
 name or its ``.bk`` is a complete file. Listing accepts regular files matching the exact grammar
 only (SPARK-28912).
 """
@@ -201,6 +203,11 @@ class CheckpointWriter:
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._latest = -1
         self.last_written_bytes = 0  #: the size of the newest checkpoint written
+        #: checkpoints queued so far, and the number in that order of the last one written (all
+        #: are written in order): a checkpoint queued after some moment is durable once
+        #: ``last_written_seq`` passes ``queued`` as it was then
+        self.queued = 0
+        self.last_written_seq = 0
         self._written = 0
         self._failed_attempts = 0
         self._error: BaseException | None = None
@@ -214,12 +221,14 @@ class CheckpointWriter:
         self._thread.start()
 
     def write(self, checkpoint: Checkpoint) -> None:
+        """Queue ``checkpoint`` (its number in order is :attr:`queued` after the call)."""
         self._raise_if_failed()
         if self._stopped:
             raise CheckpointError(f"{self.directory}: write after stop()")
         blob = checkpoint.encode()
         try:
-            self._queue.put((checkpoint.checkpoint_time_ms, blob), timeout=self._put_timeout)
+            self._queue.put((checkpoint.checkpoint_time_ms, blob, self.queued + 1), timeout=self._put_timeout)
+            self.queued += 1
         except queue.Full:
             raise CheckpointError(
                 f"{self.directory}: {self._queue.qsize()} checkpoints are waiting to be written; "
@@ -252,9 +261,8 @@ class CheckpointWriter:
                 return
             self._write_one(*item)
 
-    def _write_one(self, time_ms: int, blob: bytes) -> None:
-        self._latest = max(self._latest, time_ms)
-        path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{self._latest}")
+    def _write_one(self, time_ms: int, blob: bytes, seq: int) -> None:
+        path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{max(self._latest, time_ms)}")
         for attempt in range(1, self._max_attempts + 1):
             try:
                 if self._lock is not None:
@@ -262,6 +270,10 @@ class CheckpointWriter:
                 if self._files is None:
                     self._storage.makedirs(self._dir)
                     self._files = _checkpoint_files(self._storage, self._dir)
+                    # an earlier run's newest name too: see the module's docstring
+                    self._latest = max([self._latest, *(t for t, _main, _p in self._files)])
+                self._latest = max(self._latest, time_ms)
+                path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{self._latest}")
                 previous = self._previous(path)
                 if previous is not None:
                     self._storage.put(path + ".bk", previous)
@@ -287,6 +299,7 @@ class CheckpointWriter:
                     return
         self._written += 1
         self.last_written_bytes = len(blob)  # read by on_written (the same thread)
+        self.last_written_seq = seq
         self._retain()
         if self._on_written is not None:
             self._on_written(time_ms)

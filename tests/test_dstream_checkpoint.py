@@ -41,6 +41,23 @@ def test_spark_11267_late_older_checkpoint_lands_under_the_newest_name(tmp_path)
     assert read_checkpoint(str(tmp_path)).data == {"v": "second"}
 
 
+def test_a_restarted_writer_writes_under_the_newest_name_an_earlier_run_left(tmp_path):
+    """A run that fell behind leaves checkpoints named after batches generated ahead of the
+    ones it completed; the next run re-runs those older batches. Its checkpoints go under that
+    newest name too (the earlier run's kept as the .bk): under their own, older names, the earlier
+    run's file would stay the newest, and a restart would read it after this run deleted what it
+    references (the 100-fault drill's job could not restart: a state snapshot it named was gone)."""
+    first = CheckpointWriter(str(tmp_path))
+    first.write(Checkpoint(9000, [], {"v": "earlier run, generated ahead"}))
+    first.stop()
+    second = CheckpointWriter(str(tmp_path))
+    second.write(Checkpoint(3000, [], {"v": "re-run"}))
+    second.stop()
+    assert names(tmp_path) == ["checkpoint-9000", "checkpoint-9000.bk"]
+    assert read_checkpoint(str(tmp_path)).data == {"v": "re-run"}
+    assert second.statistics().latest_time_ms == 9000
+
+
 def test_each_batch_checkpointed_twice_leaves_main_and_bk(tmp_path):
     """(JobGenerator) generation and completion checkpoints of the latest batch: exactly 2 files."""
     w = CheckpointWriter(str(tmp_path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import threading
 from collections import Counter
 
@@ -14,7 +15,7 @@ import pytest
 from test_engine_recovery import Completed, ms, put_file
 from test_receivers import wait_until
 
-from checkpoint import Checkpoint
+from checkpoint import Checkpoint, read_checkpoint
 from engine import CheckpointMismatchError, StateSpec, StreamingContext, StreamingListener
 from wal import ManualClock
 
@@ -121,6 +122,69 @@ def test_a_backlog_does_not_lengthen_the_state_lineage(spark_context, tmp_path, 
     assert values == {500 * i: [("k", i)] for i in range(1, n + 1)}
     steady = max(depths[500 * i] for i in range(1, 6))  # 5 batches; ~8 lines each, +-1 line
     assert max(depths.values()) <= steady + 4, f"lineage {depths}"  # was 8x as long
+
+
+_writer_held = threading.Event()  # module-level, as _stuck
+
+
+class HoldTheWriterThenCheck(StreamingListener):
+    """Holds the checkpoint writer in its first ``onCheckpointWritten`` (as a slow store would)
+    until ``_writer_held`` is set; after every checkpoint written, notes each state snapshot the
+    newest checkpoint names that is gone."""
+
+    def __init__(self, ckpt):
+        self.ckpt, self.written, self.gone = str(ckpt), 0, []
+
+    def onCheckpointWritten(self, event):
+        self.written += 1
+        if self.written == 1:
+            assert _writer_held.wait(60)
+        newest = read_checkpoint(self.ckpt)
+        for stream in newest.data["state"].values():
+            for ref in stream["snapshots"].values():
+                if not os.path.exists(ref["url"] + ".manifest"):
+                    self.gone.append((newest.checkpoint_time_ms, ref["url"]))
+
+
+def test_a_snapshot_outlives_every_checkpoint_written_behind_that_names_it(spark_context, tmp_path):
+    """A full snapshot a batch, three chains kept: older snapshots are retired while checkpoints
+    that name them are still queued behind a slow writer. They are deleted only once two
+    checkpoints taken after their retirement are durable, so the newest checkpoint never names a
+    snapshot that is gone (the 100-fault drill's job could not restart: its newest checkpoint,
+    written late, named a snapshot deleted two writes earlier)."""
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.state.deltasPerFull", "0")
+    _writer_held.clear()
+    clock, done = ManualClock(0), Completed()
+    ckpt = tmp_path / "ckpt"
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    ssc.checkpoint(str(ckpt))
+    pairs = ssc.queueStream([], default=spark_context.parallelize([("k", 1)], 1))
+    totals: dict[int, list] = {}
+    state = pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(0.5)
+    state.foreachRDD(lambda t, rdd: totals.__setitem__(ms(t), rdd.collect()))
+    check = HoldTheWriterThenCheck(ckpt)
+    ssc.addStreamingListener(done)
+    ssc.addStreamingListener(check)
+    n = 8
+    try:
+        ssc.start()
+        for i in range(1, n + 1):
+            clock.advance(500)
+            done.wait_for(500 * i)
+        _writer_held.set()
+        ssc.stop(stopSparkContext=False, stopGraceFully=True)
+    finally:
+        _writer_held.set()
+        ssc.stop(stopSparkContext=False)
+        live_conf.remove("spark.sparkwal.state.deltasPerFull")
+    assert totals[500 * n] == [("k", n)]
+    assert check.written > 2 * n
+    assert check.gone == []
+    kept = sorted((p.name for p in (ckpt / "state").glob("*.manifest")), key=lambda n: int(n.split("-")[1]))
+    # the three newest chains, and one retired by the last snapshot, which only one checkpoint
+    # after it followed; the older ones deleted once safe
+    assert kept == [f"1-{t}-e1.manifest" for t in range(500 * (n - 3), 500 * n + 1, 500)], kept
 
 
 class SnapshotApp:

@@ -30,7 +30,8 @@ of a StackOverflowError with ~160 batches of lineage queued at 1 s batches.
 A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
 it, for mapWithState, whose re-run batches must call the function again) and recomputes the
 later batches from their inputs. Snapshots outside the chains of the three newest are retired,
-and deleted once two newer checkpoints (a main file and its .bk) no longer reference them.
+and deleted once two checkpoints taken after their retirement (a main file and its .bk) are
+durable: checkpoints are written behind the batches, and one taken earlier still references them.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class StateSnapshots:
     def __init__(self, driver):
         self._driver = driver
         self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
-        self._retired: list[tuple[int, str]] = []  # (checkpoints written then, URL)
-        self.checkpoints_written = 0
+        #: (checkpoints queued when it was retired, URL): see on_checkpoint_written
+        self._retired: list[tuple[int, str]] = []
         #: stream name -> the newest snapshots' sizes: "fullBytes", "deltaBytes", and "keys" (as of
         #: the newest full snapshot), for the UI and the metrics
         self.sizes: dict[str, dict[str, int]] = {}
@@ -325,20 +326,24 @@ class StateSnapshots:
         newest = sorted(state.snapshots)[-CHAINS_KEPT:]
         needed = {ref.time_ms for t in newest for ref in state.chain(t)}
         for t in sorted(set(state.snapshots) - needed):
-            self._retired.append((self.checkpoints_written, state.snapshots.pop(t).url))
+            self._retired.append((self._driver.checkpoint_writer.queued, state.snapshots.pop(t).url))
 
     def on_checkpoint_written(self) -> None:
-        """Delete retired snapshots once two newer checkpoints no longer reference them."""
-        self.checkpoints_written += 1
+        """Delete retired snapshots once two checkpoints taken after their retirement are durable
+        (the newest and the one before it, which a restart falls back on, no longer reference
+        them). Checkpoints are written in the order they are taken, on a thread of their own, and
+        may fall behind: one taken before the retirement, which still references the snapshot,
+        can be written after it."""
+        written = self._driver.checkpoint_writer.last_written_seq
         keep = []
-        for written_then, path in self._retired:
-            if self.checkpoints_written >= written_then + 2:
+        for queued_then, path in self._retired:
+            if written >= queued_then + 2:
                 try:
                     delete_snapshot(path, self._driver.storage_options)
                 except Exception:  # noqa: BLE001
                     log.warning("could not delete old state snapshot %s", path, exc_info=True)
             else:
-                keep.append((written_then, path))
+                keep.append((queued_then, path))
         self._retired = keep
 
     def on_batch_done(self, time_ms: int) -> None:
