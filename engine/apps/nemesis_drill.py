@@ -114,6 +114,11 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
                 time.sleep(rng.uniform(3, 6))
                 proxy.rates = {}
                 counts["storms"] += 1
+                time.sleep(DEADLINE_S + 1)  # a call that gave up in the storm has ended its run by now
+                ended = pair.ended_by_themselves()
+                if ended:  # a storm is to be absorbed
+                    counts["unclean_stops"] += len(ended)
+                    unclean.extend(f"storm: {e}" for e in ended)
             else:
                 counts["outages"] += 1
                 proxy.rates = {"503": 1.0}
