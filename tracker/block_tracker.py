@@ -70,8 +70,8 @@ class ReceivedBlockTracker:
         try:
             self.wal.write(encode_event(event), self._clock.now_ms())
             return True
-        except Exception:  # noqa: BLE001
-            log.warning("could not write %s to the WAL", type(event).__name__, exc_info=True)
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not write %s to the WAL: %s", type(event).__name__, e)
             return False
 
     # ---------------------------------------------------------------- blocks

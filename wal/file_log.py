@@ -408,8 +408,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     def _delete_segment(self, seg: SegmentName) -> None:
         try:
             self._storage.delete(seg.path)
-        except Exception:
-            log.warning("could not delete WAL segment %s", seg.path, exc_info=True)
+        except Exception as e:
+            log.warning("could not delete WAL segment %s: %s", seg.path, e)
             with self._lock:
                 self._stats.delete_failures += 1
             return

@@ -247,8 +247,8 @@ class Lease(Lock):
             current = read_lease(self._storage, self._path)
             if current is not None and current.get("owner") == self._owner:
                 self._storage.delete(self._path)
-        except Exception:  # a lease that cannot be released simply expires
-            log.warning("could not release lease %s", self._path, exc_info=True)
+        except Exception as e:  # a lease that cannot be released simply expires
+            log.warning("could not release lease %s: %s", self._path, e)
 
 
 class EpochLease(Leadership):
@@ -348,8 +348,8 @@ class EpochLease(Leadership):
         self._fenced = f"leadership epoch {self.epoch} was released"
         try:
             self._storage.put_if_version(self._path, self.body(released=True), self._version)
-        except Exception:  # a lease that cannot be released simply expires
-            log.warning("could not release lease %s", self._path, exc_info=True)
+        except Exception as e:  # a lease that cannot be released simply expires
+            log.warning("could not release lease %s: %s", self._path, e)
 
 
 def read_lease(storage, path: str) -> dict | None:

@@ -49,7 +49,10 @@ LEASE_S = 10
 
 
 def _store(seed: int):
-    """moto on 127.0.0.1, the fault proxy in front, a bucket: (server, proxy)."""
+    """moto on 127.0.0.1, the fault proxy in front, a bucket of this run's own (moto keeps its
+    buckets per process, across its servers): (server, proxy, bucket)."""
+    import uuid
+
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -59,9 +62,10 @@ def _store(seed: int):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    bucket = f"nemesis-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=f"http://{host}:{port}", aws_access_key_id="nemesis",
-                 aws_secret_access_key="nemesis", region_name="us-east-1").create_bucket(Bucket="nemesis")
-    return server, FaultProxy(f"http://{host}:{port}", seed=seed, delay_s=1.0)
+                 aws_secret_access_key="nemesis", region_name="us-east-1").create_bucket(Bucket=bucket)
+    return server, FaultProxy(f"http://{host}:{port}", seed=seed, delay_s=1.0), bucket
 
 
 def plan(faults: int, rng: random.Random) -> list[str]:
@@ -80,8 +84,8 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     began = time.monotonic()
     until = began + duration_s if duration_s else None
     nemeses = plan(faults if faults is not None else (1 << 20 if until else 6), rng)
-    server, proxy = _store(seed)
-    args = ("--checkpoint", "s3://nemesis/ckpt", "--storage-option", "use_listings_cache=false",
+    server, proxy, bucket = _store(seed)
+    args = ("--checkpoint", f"s3://{bucket}/ckpt", "--storage-option", "use_listings_cache=false",
             "--storage-option", "client_kwargs=" + json.dumps({"endpoint_url": proxy.url, "region_name": "us-east-1"}),
             "--conf", f"spark.sparkwal.storage.deadline={DEADLINE_S}s", "--conf", "spark.ui.enabled=false",
             "--conf", f"spark.streaming.driver.leaseTimeout={LEASE_S}s",  # a killed driver's lease

@@ -36,16 +36,16 @@ def on_checkpoint_written(driver, time_ms: int) -> int:
     floor = min(floor, time_ms - driver.max_remember_ms())
     try:  # runs on the checkpoint writer's thread, which must not die of it
         driver.cleanup_old_blocks(floor)
-    except Exception:  # noqa: BLE001
-        log.warning("could not clean up block metadata after checkpoint %d", time_ms, exc_info=True)
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not clean up block metadata after checkpoint %d: %s", time_ms, e)
     if driver.batch_log is not None:  # step 5 of the batch protocol may follow
         driver.batch_log.checkpoint_durable(time_ms, floor)
     driver.checkpoints_written += 1
     if driver.code_name and not driver.code_parts_cleaned and driver.checkpoints_written >= driver.checkpoint_writer.keep:
         try:
             driver.code_parts_cleaned = delete_unused_code_parts(driver)
-        except Exception:  # noqa: BLE001
-            log.warning("could not delete old code parts in %s", driver.checkpoint_dir, exc_info=True)
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not delete old code parts in %s: %s", driver.checkpoint_dir, e)
     driver.snapshots.on_checkpoint_written()
     return int((time.monotonic() - handed) * 1000)
 

@@ -125,8 +125,8 @@ class DriverLeadership:
                 except FencedError as e:
                     on_fenced(e)
                     return
-                except Exception:  # noqa: BLE001  a failed renewal is retried; the lapse fences
-                    log.warning("could not renew the lease of %s", self.url, exc_info=True)
+                except Exception as e:  # noqa: BLE001  a failed renewal is retried; the lapse fences
+                    log.warning("could not renew the lease of %s: %s", self.url, e)
 
         self._renewer = threading.Thread(target=renew, name="leader-lease", daemon=True)
         self._renewer.start()

@@ -64,8 +64,8 @@ class Observer:
         if self.events_dir is not None:
             try:
                 self.prior_runs = read_runs(self.events_dir, driver.storage_options)
-            except Exception:
-                log.warning("could not read the event log in %s", self.events_dir, exc_info=True)
+            except Exception as e:
+                log.warning("could not read the event log in %s: %s", self.events_dir, e)
         run = {"kind": "standby" if driver.standby_requested else "new", "appId": sc.applicationId,
                "appName": sc.appName, "epoch": None, "startTime": driver.clock.now_ms(),
                "batchDuration": driver.batch_ms, "sparkUser": sc.sparkUser(), "sparkVersion": sc.version,
@@ -101,9 +101,9 @@ class Observer:
                                          retained_batches=self.retained, prior_batch_times=self._prior_batch_times(),
                                          prior_runs=[r["path"] for r in self.prior_runs], lock=driver.lead())
             self.recorder.writer = self.writer
-        except Exception:
-            log.warning("could not open the event log in %s; the stream runs without it", self.events_dir,
-                        exc_info=True)
+        except Exception as e:
+            log.warning("could not open the event log in %s; the stream runs without it: %s",
+                        self.events_dir, e)
 
     def _prior_batch_times(self) -> list[int]:
         times = []

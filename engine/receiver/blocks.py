@@ -129,8 +129,8 @@ class WalBlockHandler:
             reader = FileBasedWriteAheadLog(wal_dir, storage_options=self._storage_options)
             try:
                 reader.clean(thresh_ms, wait_for_completion=True)
-            except Exception:  # noqa: BLE001
-                log.warning("could not clean the earlier receiver WAL %s", wal_dir, exc_info=True)
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not clean the earlier receiver WAL %s: %s", wal_dir, e)
             finally:
                 reader.close()
 

@@ -340,8 +340,8 @@ class StateSnapshots:
             if written >= queued_then + 2:
                 try:
                     delete_snapshot(path, self._driver.storage_options)
-                except Exception:  # noqa: BLE001
-                    log.warning("could not delete old state snapshot %s", path, exc_info=True)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("could not delete old state snapshot %s: %s", path, e)
             else:
                 keep.append((queued_then, path))
         self._retired = keep
