@@ -52,7 +52,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from wal import CorruptRecordError, Durability, FileBasedWriteAheadLog, WalError
+from wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
 from wal.storage import resolve
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ class EventLogWriter:
         self._queue: queue.Queue = queue.Queue(max_queued)
         self._lock = threading.Lock()
         self._records = self._bytes = self._dropped = self._failures = 0
+        self._fenced: FencedError | None = None  # another driver leads: nothing more is written
         self._thread = threading.Thread(target=self._write_loop, name="sparkwal-event-log", daemon=True)
         self._thread.start()
 
@@ -221,9 +222,17 @@ class EventLogWriter:
                 else:
                     closing = True
             try:
+                if self._fenced is not None:
+                    raise self._fenced
                 self._write(events)
                 if run_changed:
                     self._put_run()
+            except FencedError as e:  # said once: every later write would be refused alike
+                with self._lock:
+                    self._failures += 1
+                if self._fenced is None:
+                    self._fenced = e
+                    log.warning("the event log %s stops: %s", self.path, e)
             except Exception as e:  # noqa: BLE001  counted and said in one line; the app goes on
                 with self._lock:
                     self._failures += 1
