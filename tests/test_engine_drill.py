@@ -42,11 +42,13 @@ def events_of(workdir, *args) -> list[dict]:
 
 
 def test_the_main_job_reports_its_batches_and_what_a_restart_recovered(tmp_path):
-    first = events_of(tmp_path, "--files", 2, "--seconds", 4)
+    # a graceful stop that waits for the batches due (a busy machine's first batch took 11 s)
+    patient = ("--conf", "spark.streaming.gracefulStopTimeout=120s")
+    first = events_of(tmp_path, "--files", 2, "--seconds", 4, *patient)
     assert first[0] == {"event": "context", "recovery": "new"}
     assert sum(e["records"] for e in first if e["event"] == "batch_completed") == 6  # 3 lines a file
     assert first[-1]["event"] == "stopped" and first[-1]["records"] == 6 and first[-1]["rerun_batches"] == 0
-    again = events_of(tmp_path, "--files", 3, "--seconds", 4)
+    again = events_of(tmp_path, "--files", 3, "--seconds", 4, *patient)
     assert again[0] == {"event": "context", "recovery": "checkpoint"}
     stopped = again[-1]
     assert stopped["rerun_batches"], "the batches due while the app was down are re-run"
