@@ -30,7 +30,9 @@ def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_p
     assert r["final_totals_exact"] and r["ok"], r
 
 
-@pytest.mark.parametrize("mode", ["direct", "receiver"])
+# receiver mode with a standby takes as long again: by hand (docs/storage-faults.md), to keep the
+# suite's time; its code is the workload's, shared with the kill drill's receiver mode in CI
+@pytest.mark.parametrize("mode", ["direct"])
 def test_with_a_standby_the_outage_and_the_kill_end_in_takeovers(tmp_path, mode):
     """direct: exactly once through the batch log on S3; receiver: its blocks' WAL on S3, written
     by the executor, every acknowledged line counted (duplicates only of lines sent again)."""
