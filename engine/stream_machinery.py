@@ -122,6 +122,11 @@ class StreamMachinery:
         with self._lock:
             return self.lineage_from.get(time_ms)
 
+    def oldest_lineage_start(self) -> int | None:
+        """Where the longest lineage of this stateful stream's remembered RDDs starts."""
+        with self._lock:
+            return min(self.lineage_from.values(), default=None)
+
     def serve_state(self, time_ms: int, rdd: RDD) -> None:
         """Serve ``rdd``, read back from a snapshot, as the state at ``time_ms``: its lineage starts
         there. RDDs built on the state served before keep their longer lineage."""

@@ -374,7 +374,7 @@ class StateSnapshots:
             times = self.by_stream.get(index, StreamState("")).snapshots
             base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
                        default=None)
-            starts = list(stream.lineage_from.values())
-            floor = min(floor, base if base is not None else zero, min(starts, default=zero))
+            start = stream.oldest_lineage_start()
+            floor = min(floor, base if base is not None else zero, zero if start is None else start)
         return floor
 
