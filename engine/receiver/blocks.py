@@ -14,31 +14,41 @@ tasks, never taken from a network peer.
   later driver's tracker references, and never holds up the new receiver with its WAL lock;
   the new receiver cleans the earlier epochs' old segments with its own.
 * WAL off: the block is a file ``<executor local dir>/sparkwal-blocks/<app>/<streamId>/<blockId>``
-  (``MAGIC crc32c:u32 bytes``; the OS page cache holds it, spilling to disk, like Spark's
-  MEMORY_AND_DISK_SER), and batch tasks prefer the executor that wrote it. It is lost with that
-  executor, exactly as in Spark: enable the WAL for a receiver whose data must survive.
+  (``MAGIC tag[32] bytes``, the tag ``HMAC-SHA256(app secret, "sparkwal-block" 0 blockId 0 bytes)``;
+  the OS page cache holds it, spilling to disk, like Spark's MEMORY_AND_DISK_SER), on the executor
+  that received it and, off ``local[...]``, copied to as many other executors as the receiver's
+  storage level's replication asks (``storageLevel.replication``, default 2 as Spark's
+  ``MEMORY_AND_DISK_SER_2``). Each executor's :mod:`block server <.block_server>` serves its copies
+  to tasks elsewhere and takes the replicas; a task reads its block from its own executor's
+  directory when a copy is there, else fetches it from a holder (preferring none: batch tasks
+  prefer the holders' executors). The tag is checked before anything is unpickled, so a byte
+  changed on disk or on the wire is an error, never code run. A block is lost only with every
+  executor holding a copy, as in Spark: enable the WAL for a receiver whose data must survive.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import pickle
+import random
 import re
 import shutil
-import struct
 import tempfile
 import threading
-
-import crc32c
+from dataclasses import dataclass
 
 from checkpoint.layout import CheckpointLayout
 from wal import Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
 
+from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
+
 log = logging.getLogger(__name__)
 
-LOCAL_MAGIC = b"SWBK"
-_CRC = struct.Struct(">I")
+LOCAL_MAGIC = b"SWB2"
+BLOCK_ID = re.compile(r"input-\d{1,9}-\d{1,15}-[0-9a-f]{1,16}")
 
 
 class BlockReadError(RuntimeError):
@@ -51,6 +61,58 @@ def serialize_block(records: list) -> bytes:
 
 def deserialize_block(data: bytes) -> list:
     return pickle.loads(data)
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Where one copy of a WAL-off block is: an executor and its block server (port 0: none, as
+    in ``local[...]`` mode, where the one executor reads its own directory)."""
+
+    executor_id: str
+    host: str
+    port: int
+
+
+MAX_COPIES = 16
+
+
+def copies_from_wire(raw: list, executor_id: str, host: str) -> tuple[BlockCopy, ...]:
+    """The copies an AddBlock names (``[[executor_id, host, port], ...]``), checked; none named
+    (local mode): the reporting executor's, without a server."""
+    if not raw:
+        return (BlockCopy(executor_id, host, 0),)
+    if len(raw) > MAX_COPIES:
+        raise ValueError(f"{len(raw)} copies named, at most {MAX_COPIES}")
+    copies = []
+    for c in raw:
+        if not (isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str)
+                and 0 < len(c[0]) <= 200 and 0 < len(c[1]) <= 255 and isinstance(c[2], int)
+                and not isinstance(c[2], bool) and 0 <= c[2] < 65536):
+            raise ValueError(f"bad block copy {c!r}")
+        copies.append(BlockCopy(*c))
+    return tuple(copies)
+
+
+def block_tag(secret: bytes, block_id: str, data: bytes) -> bytes:
+    return hmac.new(secret, b"sparkwal-block\0" + block_id.encode() + b"\0" + data, hashlib.sha256).digest()
+
+
+def write_block_file(path: str, tag: bytes, data: bytes) -> None:
+    """Atomically (a reader sees the whole file or none)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(LOCAL_MAGIC + tag)
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def read_block_file(path: str) -> tuple[bytes, bytes]:
+    """``(tag, data)`` of a block file; FileNotFoundError if absent, BlockReadError if damaged."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < len(LOCAL_MAGIC) + TAG_LEN or raw[:len(LOCAL_MAGIC)] != LOCAL_MAGIC:
+        raise BlockReadError(f"block file {path} is damaged (bad magic or truncated)")
+    return raw[4:4 + TAG_LEN], raw[4 + TAG_LEN:]
 
 
 def block_time_ms(block_id: str) -> int:
@@ -139,34 +201,78 @@ class WalBlockHandler:
 
 
 class LocalBlockHandler:
-    """Stores blocks as files in this executor's local directory (WAL off)."""
+    """Stores blocks as files in this executor's local directory (WAL off) and copies each to
+    ``replication - 1`` of ``peers``' block servers (other executors'), tried in turn from a
+    random start; ``store`` returns where the copies are. ``server``: this executor's own block
+    server, or None (``local[...]`` mode)."""
 
-    def __init__(self, app_id: str, stream_id: int):
+    def __init__(self, app_id: str, stream_id: int, secret: bytes = b"", *,
+                 server: BlockCopy | None = None, peers: tuple = (), replication: int = 1):
         self.directory = local_block_dir(app_id, stream_id)
         os.makedirs(self.directory, exist_ok=True)
+        self.stream_id, self._secret, self.server = stream_id, secret, server
+        own = server.executor_id if server is not None else None
+        self._peers = [p for p in peers if p.executor_id != own]
+        if self._peers:
+            k = random.randrange(len(self._peers))
+            self._peers = self._peers[k:] + self._peers[:k]
+        self._replication = max(1, replication)
+        self._short_warned = False
 
-    def store(self, block_id: str, data: bytes) -> None:
-        path = os.path.join(self.directory, block_id)
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(LOCAL_MAGIC + _CRC.pack(crc32c.crc32c(data)) + data)
-        os.replace(tmp, path)
-        return None
+    def store(self, block_id: str, data: bytes) -> list[BlockCopy]:
+        from .block_client import BlockServerError, put_block
+
+        tag = block_tag(self._secret, block_id, data)
+        write_block_file(os.path.join(self.directory, block_id), tag, data)
+        copies = [self.server] if self.server is not None else []
+        wanted = self._replication - 1
+        for i, peer in enumerate(list(self._peers)):
+            if wanted == 0:
+                break
+            try:
+                put_block((peer.host, peer.port), self._secret, self.stream_id, block_id, tag, data)
+            except (OSError, BlockServerError) as e:
+                log.warning("stream %d: could not copy block %s to executor %s (%s:%d): %s",
+                            self.stream_id, block_id, peer.executor_id, peer.host, peer.port, e)
+                self._peers.remove(peer)  # tried again after the others
+                self._peers.append(peer)
+                continue
+            copies.append(peer)
+            wanted -= 1
+        if wanted > 0 and self.server is not None and not self._short_warned:
+            self._short_warned = True
+            log.warning("stream %d: blocks have %d of the %d copies the storage level asks for (no "
+                        "other executor's block server took one): such a block is lost with its "
+                        "executor", self.stream_id, len(copies), self._replication)
+        return copies
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return
-        for name in names:
+        from .block_client import BlockServerError, clean_blocks
+
+        clean_block_dir(self.directory, thresh_ms)
+        for peer in self._peers:
             try:
-                if block_time_ms(name) < thresh_ms:
-                    os.unlink(os.path.join(self.directory, name))
-            except (ValueError, IndexError, FileNotFoundError):
-                continue
+                clean_blocks((peer.host, peer.port), self._secret, self.stream_id, thresh_ms)
+            except (OSError, BlockServerError) as e:
+                log.warning("stream %d: could not clean old block copies on executor %s: %s",
+                            self.stream_id, peer.executor_id, e)
 
     def close(self) -> None:
         pass
+
+
+def clean_block_dir(directory: str, thresh_ms: int) -> None:
+    """Delete the blocks of ``directory`` older than ``thresh_ms``."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            if block_time_ms(name) < thresh_ms:
+                os.unlink(os.path.join(directory, name))
+        except (ValueError, IndexError, FileNotFoundError):
+            continue
 
 
 _readers: dict[tuple, FileBasedWriteAheadLog] = {}
@@ -189,18 +295,48 @@ def read_wal_block(wal_dir: str, storage_options: dict | None, stream_id: int, b
     return deserialize_block(data)
 
 
-def read_local_block(app_id: str, stream_id: int, block_id: str) -> list:
-    """A WAL-off block's records from this executor's local directory."""
+def read_block(app_id: str, secret: bytes, stream_id: int, block_id: str,
+               copies: list[tuple[str, str, int]] = ()) -> list:
+    """A WAL-off block's records: from this executor's directory when a copy is there, else
+    fetched from the block servers of ``copies`` (``(executor_id, host, port)``) in turn. Raises
+    BlockReadError naming the block and every copy tried when none can be read."""
+    from .block_client import BlockServerError, fetch_block
+
     path = os.path.join(local_block_dir(app_id, stream_id), block_id)
+    tried = []
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        tag, data = read_block_file(path)
+        return _checked(secret, block_id, tag, data, f"block file {path}")
     except FileNotFoundError:
-        raise BlockReadError(
-            f"block {block_id} of stream {stream_id} is not on this executor ({path}): it was lost "
-            "with the executor that received it, or cleaned; enable "
-            "spark.streaming.receiver.writeAheadLog.enable (with a checkpoint) so that received "
-            "data survives executor loss") from None
-    if raw[:4] != LOCAL_MAGIC or _CRC.unpack_from(raw, 4)[0] != crc32c.crc32c(raw[8:]):
-        raise BlockReadError(f"block file {path} is damaged (bad magic or CRC32C)")
-    return deserialize_block(raw[8:])
+        tried.append(f"not in this executor's {path}")
+    except BlockReadError as e:
+        tried.append(str(e))
+    for executor_id, host, port in copies:
+        if not port:
+            continue
+        where = f"executor {executor_id} ({host}:{port})"
+        try:
+            found = fetch_block((host, port), secret, stream_id, block_id)
+            if found is None:
+                tried.append(f"{where} no longer has it")
+                continue
+            return _checked(secret, block_id, found[0], found[1], f"the copy from {where}")
+        except (OSError, BlockServerError, BlockReadError) as e:
+            tried.append(f"{where}: {e}")
+    raise BlockReadError(
+        f"block {block_id} of stream {stream_id} could not be read ({'; '.join(tried)}): it was lost "
+        "with the executors that held it, or cleaned; enable "
+        "spark.streaming.receiver.writeAheadLog.enable (with a checkpoint) so that received "
+        "data survives executor loss")
+
+
+def _checked(secret: bytes, block_id: str, tag: bytes, data: bytes, where: str) -> list:
+    if not hmac.compare_digest(tag, block_tag(secret, block_id, data)):
+        raise BlockReadError(f"{where} is damaged or not this application's: its HMAC does not "
+                             f"match block {block_id}")
+    return deserialize_block(data)
+
+
+def read_local_block(app_id: str, stream_id: int, block_id: str, secret: bytes = b"") -> list:
+    """A WAL-off block's records from this executor's local directory."""
+    return read_block(app_id, secret, stream_id, block_id)

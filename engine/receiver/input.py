@@ -10,8 +10,10 @@ from functools import partial
 
 from pyspark import RDD
 
+from tracker import ExecutorLocation
+
 from ..inputs import InputDStream
-from .blocks import read_local_block, read_wal_block, receiver_wal_dir
+from .blocks import read_block, read_wal_block, receiver_wal_dir
 from .placement import location_string, rdd_with_locations
 from .receiver import Receiver
 
@@ -23,8 +25,8 @@ def _read_wal_blocks(wal_dir, storage_options, stream_id, item):
     return read_wal_block(wal_dir, storage_options, stream_id, block_id, handle)
 
 
-def _read_local_blocks(app_id, stream_id, block_id):
-    return read_local_block(app_id, stream_id, block_id)
+def _read_local_blocks(app_id, secret, stream_id, copies, block_id):
+    return read_block(app_id, secret, stream_id, block_id, copies[block_id])
 
 
 class ReceiverInputDStream(InputDStream):
@@ -57,22 +59,25 @@ class ReceiverInputDStream(InputDStream):
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
 
     def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:
-        """WAL off: blocks on the executors that received them; those whose executor is gone
-        are dropped with a warning (Spark's behaviour)."""
+        """WAL off: blocks on the executors holding their copies (tasks prefer those executors
+        and fetch from one when they run elsewhere); a block whose every holder is gone is
+        dropped with a warning (Spark's behaviour)."""
         tracker = self._ssc.driver.receiver_tracker
         live = tracker.live_executor_ids() if tracker is not None else None
-        ids, locations = [], []
+        ids, locations, copies = [], [], {}
         for b in blocks:
-            where = tracker.block_location(b.block_id) if tracker is not None else None
-            if where is None or (live is not None and where.executor_id not in live):
+            held = tracker.block_copies(b.block_id) if tracker is not None else ()
+            alive = [c for c in held if live is None or c.executor_id in live]
+            if not alive:
                 log.warning("batch %d: block %s of stream %d is lost (%s); enable "
                             "spark.streaming.receiver.writeAheadLog.enable to survive executor loss",
                             time_ms, b.block_id, self.input_id,
-                            "its executor is gone" if where is not None else "not received by this driver")
+                            "every executor holding it is gone" if held else "not received by this driver")
                 continue
             ids.append(b.block_id)
-            locations.append([location_string(where)])
+            locations.append([location_string(ExecutorLocation(c.host, c.executor_id)) for c in alive])
+            copies[b.block_id] = [(c.executor_id, c.host, c.port) for c in alive]
         if not ids:
             return self._sc.emptyRDD()
         return rdd_with_locations(self._sc, ids, locations).flatMap(
-            partial(_read_local_blocks, self._sc.applicationId, self.input_id))
+            partial(_read_local_blocks, self._sc.applicationId, tracker.secret, self.input_id, copies))

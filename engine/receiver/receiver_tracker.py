@@ -32,7 +32,8 @@ from tracker.events import EventFormatError, block_from_raw
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
-from .blocks import block_time_ms, remove_local_blocks
+from .block_server import discover_block_servers
+from .blocks import BlockCopy, block_time_ms, copies_from_wire, remove_local_blocks
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
@@ -104,7 +105,8 @@ class ReceiverTracker:
         self._conns: dict[int, Connection] = {}
         self._conn_stream: dict[Connection, int] = {}
         self._known_executors: dict[str, ExecutorLocation] = {}
-        self._block_locations: dict[str, ExecutorLocation] = {}  # WAL off: where each block is
+        self._block_locations: dict[str, tuple[BlockCopy, ...]] = {}  # WAL off: each block's copies
+        self._block_servers: tuple[BlockCopy, ...] = ()  # WAL off, off local mode: executors' servers
         self._block_sizes: dict[str, tuple[int, int]] = {}  # block id -> (stream, bytes) unprocessed
         self._unprocessed = dict.fromkeys(self._inputs, 0)
         self._counts = dict(receiver_jobs_launched=0, blocks_added=0, blocks_refused=0,
@@ -131,7 +133,8 @@ class ReceiverTracker:
             restart_delay_ms=_ms_conf(conf.get("spark.streaming.receiverRestartDelay", "2000")),
             wal_rolling_interval_s=float(conf.get(
                 "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")),
-            leader_epoch=driver.leader_epoch)
+            leader_epoch=driver.leader_epoch,
+            serve_blocks=not self.wal_enabled and live_executor_ids(self._sc) is not None)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -145,6 +148,9 @@ class ReceiverTracker:
                         len(self._inputs) + 1)
         self._active = True
         executors = self._executors()
+        if self._base_config["serve_blocks"]:  # while the cores are free, before the receivers
+            self._block_servers = discover_block_servers(self._sc, self._sc.applicationId, self._secret,
+                                                         self._driver_host, len(executors))
         receivers = [_Placement(sid, s.receiver.preferredLocation()) for sid, s in self._inputs.items()]
         schedule = self._policy.schedule_receivers(receivers, executors)
         for sid in self._inputs:
@@ -182,8 +188,11 @@ class ReceiverTracker:
         while self._active:
             locations = self._next_locations(sid, first)
             first = False
-            config = SupervisorConfig(stream_id=sid, endpoint=tuple(self.endpoint.address),
-                                      secret=self._secret, **self._base_config)
+            level = stream.receiver.storageLevel
+            config = SupervisorConfig(
+                stream_id=sid, endpoint=tuple(self.endpoint.address), secret=self._secret,
+                **self._base_config, replication=2 if level is None else max(1, int(level.replication)),
+                block_peers=tuple((c.executor_id, c.host, c.port) for c in self._block_servers))
             rdd = rdd_with_locations(self._sc, [str(sid)], [[location_string(x) for x in locations]])
             self._sc.setJobGroup(f"sparkwal-receiver-{sid}", f"receiver of stream {sid}",
                                  interruptOnCancel=True)
@@ -283,7 +292,7 @@ class ReceiverTracker:
         return True, ""
 
     def on_add_block(self, conn: Connection, block: list, host: str, executor_id: str,
-                     size: int) -> tuple[bool, str]:
+                     size: int, copies: list) -> tuple[bool, str]:
         with self._lock:
             sid = self._conn_stream.get(conn)
         if sid is None:
@@ -291,6 +300,10 @@ class ReceiverTracker:
         info = _block(block)
         if size < 0:
             raise wire.ProtocolError(f"negative block size {size}")
+        try:
+            held_by = copies_from_wire(copies, executor_id, host)
+        except ValueError as e:
+            raise wire.ProtocolError(f"AddBlock {info.block_id}: {e}") from None
         if info.stream_id != sid or not info.block_id.startswith(f"input-{sid}-"):
             with self._lock:
                 self._counts["blocks_refused"] += 1
@@ -315,7 +328,7 @@ class ReceiverTracker:
                 self._counts["max_unprocessed_bytes"] = max(self._counts["max_unprocessed_bytes"], total)
             self._block_sizes[info.block_id] = (sid, size)
             if info.wal_handle is None:
-                self._block_locations[info.block_id] = ExecutorLocation(host, executor_id)
+                self._block_locations[info.block_id] = held_by
         return True, ""
 
     def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
@@ -356,9 +369,15 @@ class ReceiverTracker:
 
     # ---------------------------------------------------------------- from the engine
 
-    def block_location(self, block_id: str) -> ExecutorLocation | None:
+    def block_copies(self, block_id: str) -> tuple[BlockCopy, ...]:
+        """Where a WAL-off block's copies are (none: not received by this driver)."""
         with self._lock:
-            return self._block_locations.get(block_id)
+            return self._block_locations.get(block_id, ())
+
+    @property
+    def secret(self) -> bytes:
+        """The application's secret: receivers' and block servers' authentication, block tags."""
+        return self._secret
 
     def live_executor_ids(self) -> set[str] | None:
         return live_executor_ids(self._sc)

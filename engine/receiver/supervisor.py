@@ -24,7 +24,8 @@ from tracker import RateLimiter, ReceivedBlockInfo
 from wal import SYSTEM_CLOCK, Clock
 
 from . import wire
-from .blocks import LocalBlockHandler, WalBlockHandler, serialize_block
+from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_block
+from .block_server import ensure_block_server
 from .client import DriverConnection, DriverUnreachableError
 from .placement import this_executor
 from .receiver import Receiver
@@ -53,6 +54,9 @@ class SupervisorConfig:
     store_timeout_s: float = 30.0
     wal_rolling_interval_s: float = 60
     leader_epoch: int | None = None  #: the driver's leadership epoch: names the receiver WAL
+    serve_blocks: bool = False  #: WAL off, off local mode: blocks served to other executors
+    block_peers: tuple = ()  #: other executors' block servers, ``(executor_id, host, port)``
+    replication: int = 1  #: copies of each WAL-off block (the receiver's storage level's)
 
 
 class BlockGenerator:
@@ -195,7 +199,9 @@ class ReceiverSupervisor:
                                                 rolling_interval_s=c.wal_rolling_interval_s,
                                                 stopped=self._stop_event, epoch=c.leader_epoch)
             else:
-                self._handler = LocalBlockHandler(c.app_id, c.stream_id)
+                self._handler = LocalBlockHandler(
+                    c.app_id, c.stream_id, c.secret, server=self._block_server(),
+                    peers=tuple(BlockCopy(*p) for p in c.block_peers), replication=c.replication)
             self._generator = BlockGenerator(
                 self._store_and_report, interval_ms=c.block_interval_ms, queue_size=c.block_queue_size,
                 max_buffered=c.max_buffered_records, clock=self._clock, on_error=self.report_error,
@@ -208,6 +214,17 @@ class ReceiverSupervisor:
         finally:
             self._shutdown()
         return self.stop_message
+
+    def _block_server(self) -> BlockCopy | None:
+        """This executor's block server (WAL off, off local mode), or None."""
+        if not self.config.serve_blocks:
+            return None
+        try:
+            return ensure_block_server(self.config.app_id, self.config.secret, self.location.host,
+                                       self.location.executor_id)
+        except (OSError, RuntimeError) as e:
+            self.report_error("no block server on this executor: its blocks are readable here only", e)
+            return None
 
     def _start_receiver(self) -> None:
         try:
@@ -283,10 +300,12 @@ class ReceiverSupervisor:
     def _store_and_report(self, block_id: str, records: list, metadata=None) -> None:
         """Durable in the handler, then recorded by the driver; raises if either fails."""
         data = serialize_block(records)
-        handle = self._handler.store(block_id, data)
+        stored = self._handler.store(block_id, data)
+        handle, copies = (stored, []) if isinstance(self._handler, WalBlockHandler) else (None, stored)
         info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
         ok, message = self._conn.request(
-            wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data)],
+            wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data),
+                             [[c.executor_id, c.host, c.port] for c in copies]],
             timeout_s=None)
         if not ok:
             raise RuntimeError(f"the driver did not record block {block_id}: {message}")

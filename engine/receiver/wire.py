@@ -16,8 +16,12 @@ defeats replay. Then both directions carry frames::
     length:u32 (big-endian, 1 .. MAX_FRAME)   msgpack [version, kind, request_id, [args...]]
 
 ``request_id`` is > 0 on a request that expects a ``REPLY`` with the same id, and 0 on one-way
-messages. Block data never travels here (it goes through the receiver WAL or stays on the
-executor): frames carry block descriptions only, so one MiB bounds every frame. Nothing is ever
+messages. Block data never travels to the driver (it goes through the receiver WAL or stays on
+the executors): the driver's frames carry block descriptions only. With the WAL off, the same
+handshake (label ``sparkwal-block-server``) and frames carry blocks between executors' block
+servers and tasks, each block as a header then chunks of at most 512 KiB, so one MiB bounds every
+frame; a block's bytes are unpickled only after their HMAC (under the application's secret,
+made by the receiver that stored it) checks out. Nothing is ever
 unpickled: a frame that is not exactly one of the kinds below with arguments of the right types
 is a :class:`ProtocolError`, and the reader drops the connection.
 """
@@ -42,7 +46,8 @@ _LEN = struct.Struct(">I")
 
 # receiver -> driver
 REGISTER = 1  # [stream_id, type_name, host, executor_id, worker_pid] -> REPLY [ok, message]
-ADD_BLOCK = 2  # [block, host, executor_id, size_bytes] -> REPLY; block as in tracker/events.py
+ADD_BLOCK = 2  # [block, host, executor_id, size_bytes, holders] -> REPLY; block as in
+#   tracker/events.py; holders (WAL off): [[executor_id, host, block_server_port], ...], the copies
 REPORT_ERROR = 3  # [stream_id, message, error] (one-way)
 DEREGISTER = 4  # [stream_id, message, error] -> REPLY [ok, message]
 # driver -> receiver
@@ -50,23 +55,41 @@ STOP_RECEIVER = 10  # []
 CLEANUP_OLD_BLOCKS = 11  # [thresh_ms]
 UPDATE_RATE_LIMIT = 12  # [records_per_second]
 REPLY = 20  # [ok, message]
+# the block channel (engine/receiver/block_server.py), WAL off: one request at a time per
+# connection, request_id 0; a block's bytes follow its header as BLOCK_CHUNK frames
+FETCH_BLOCK = 30  # [stream_id, block_id] -> BLOCK_HEADER, then its chunks
+PUT_BLOCK = 31  # [stream_id, block_id, size, tag], then its chunks -> REPLY
+CLEAN_BLOCKS = 32  # [stream_id, thresh_ms] -> REPLY
+BLOCK_HEADER = 33  # [found, message, size, tag]  (tag: the block file's HMAC, blocks.py)
+BLOCK_CHUNK = 34  # [bytes]  (at most CHUNK bytes)
+CHUNK = 512 << 10
+TAG_LEN = 32  # a block's HMAC-SHA256
+MAX_BLOCK_BYTES = (1 << 31) - 1  # the largest block served or taken (Spark's 2 GiB block limit)
 
 _int, _str, _bool, _num = (int,), (str,), (bool,), (int, float)
 _opt_str = (str, type(None))
+_bin = (bytes,)
 #: the types of each kind's arguments (bool is an int in Python: checked first where it matters)
 SCHEMAS: dict[int, tuple] = {
     REGISTER: (_int, _str, _str, _str, _int),
-    ADD_BLOCK: ((list,), _str, _str, _int),
+    ADD_BLOCK: ((list,), _str, _str, _int, (list,)),
     REPORT_ERROR: (_int, _str, _opt_str),
     DEREGISTER: (_int, _str, _opt_str),
     STOP_RECEIVER: (),
     CLEANUP_OLD_BLOCKS: (_int,),
     UPDATE_RATE_LIMIT: (_num,),
     REPLY: (_bool, _str),
+    FETCH_BLOCK: (_int, _str),
+    PUT_BLOCK: (_int, _str, _int, _bin),
+    CLEAN_BLOCKS: (_int, _int),
+    BLOCK_HEADER: (_bool, _str, _int, _bin),
+    BLOCK_CHUNK: (_bin,),
 }
 NAMES = {REGISTER: "RegisterReceiver", ADD_BLOCK: "AddBlock", REPORT_ERROR: "ReportError",
          DEREGISTER: "DeregisterReceiver", STOP_RECEIVER: "StopReceiver",
-         CLEANUP_OLD_BLOCKS: "CleanupOldBlocks", UPDATE_RATE_LIMIT: "UpdateRateLimit", REPLY: "Reply"}
+         CLEANUP_OLD_BLOCKS: "CleanupOldBlocks", UPDATE_RATE_LIMIT: "UpdateRateLimit", REPLY: "Reply",
+         FETCH_BLOCK: "FetchBlock", PUT_BLOCK: "PutBlock", CLEAN_BLOCKS: "CleanBlocks",
+         BLOCK_HEADER: "BlockHeader", BLOCK_CHUNK: "BlockChunk"}
 
 
 class ProtocolError(Exception):

@@ -1,0 +1,237 @@
+"""Each executor's block server: serves the WAL-off receiver blocks in the executor's local
+directory to tasks on other executors, and takes the copies receivers elsewhere replicate to it
+(what Spark's BlockManager does for its receivers' blocks: core/src/main/scala/org/apache/spark/
+storage/BlockManager.scala, streaming/.../receiver/ReceivedBlockHandler.scala).
+
+One process per executor and application (``python -m engine.receiver.block_server <dir> <host>
+<watch_pid>``, the secret on its stdin, its port as one JSON line on its stdout), started on demand
+by the first Python worker that needs it (:func:`ensure_block_server`: the driver's probe of the
+executors, or a receiver's task) and recorded in ``<dir>/server.json`` for the others. It listens on
+the executor's host and lives as long as its directory and the process that started its worker
+(the executor's worker daemon, which Spark ends with the executor; the daemon's process group, to
+which the server belongs, is hung up then too).
+
+Every connection authenticates with the application's secret (:mod:`.wire`'s handshake, label
+``sparkwal-block-server``); a peer that does not, or that sends anything but the block channel's
+messages, is dropped, and nothing it sent is kept. Block ids are checked against their pattern
+before they name a file, sizes against :data:`.wire.MAX_BLOCK_BYTES` before anything is read, a
+copy's tag against its bytes before it is written; connections are bounded in number and time.
+Nothing received is unpickled here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hmac
+import json
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from . import wire
+from .block_client import LABEL, receive_chunks
+from .blocks import (BLOCK_ID, MAX_BLOCK_BYTES, TAG_LEN, BlockCopy, block_tag, clean_block_dir,
+                     local_block_dir, read_block_file, write_block_file)
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 30.0
+INFO = "server.json"
+
+
+class BlockServer:
+    """Serves ``directory`` (``<streamId>/<blockId>`` files) on ``host``; threads, one per connection."""
+
+    def __init__(self, directory: str, secret: bytes, host: str = "127.0.0.1", port: int = 0):
+        self.directory, self._secret = directory, secret
+        self._server = socket.create_server((host, port))
+        self.address = self._server.getsockname()[:2]
+        self._open = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._stopped = False
+        self.dropped = 0  #: connections dropped for failing authentication or the protocol
+        self._thread = threading.Thread(target=self._accept_loop, name="block-server", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped:
+            try:
+                sock, addr = self._server.accept()
+            except OSError:
+                return
+            if not self._open.acquire(blocking=False):
+                log.warning("block server: dropping %s: %d connections open", addr, MAX_CONNECTIONS)
+                sock.close()
+                continue
+            threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"), daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        try:
+            sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
+            wire.server_handshake(sock, self._secret, LABEL)
+            sock.settimeout(IDLE_TIMEOUT_S)
+            while not self._stopped:
+                kind, _, args = wire.read_frame(sock)
+                self._dispatch(sock, kind, args)
+        except wire.ProtocolError as e:
+            self.dropped += 1
+            log.warning("block server: dropped %s: %s", peer, e)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            sock.close()
+            self._open.release()
+
+    def _path(self, stream_id: int, block_id: str) -> str:
+        if stream_id < 0 or not BLOCK_ID.fullmatch(block_id) or not block_id.startswith(f"input-{stream_id}-"):
+            raise wire.ProtocolError(f"{block_id!r} is not a block id of stream {stream_id}")
+        return os.path.join(self.directory, str(stream_id), block_id)
+
+    def _dispatch(self, sock: socket.socket, kind: int, args: list) -> None:
+        if kind == wire.FETCH_BLOCK:
+            path = self._path(*args)
+            try:
+                tag, data = read_block_file(path)
+            except Exception as e:  # noqa: BLE001  absent or damaged: the reader tries elsewhere
+                sock.sendall(wire.encode_frame(wire.BLOCK_HEADER, 0, [False, str(e), 0, b""]))
+                return
+            sock.sendall(wire.encode_frame(wire.BLOCK_HEADER, 0, [True, "", len(data), tag]))
+            view = memoryview(data)
+            for i in range(0, len(data), wire.CHUNK):
+                sock.sendall(wire.encode_frame(wire.BLOCK_CHUNK, 0, [bytes(view[i:i + wire.CHUNK])]))
+        elif kind == wire.PUT_BLOCK:
+            stream_id, block_id, size, tag = args
+            path = self._path(stream_id, block_id)
+            if not 0 <= size <= MAX_BLOCK_BYTES or len(tag) != TAG_LEN:
+                raise wire.ProtocolError(f"bad PutBlock size {size} or tag length {len(tag)}")
+            data = receive_chunks(sock, size)
+            if not hmac.compare_digest(tag, block_tag(self._secret, block_id, data)):
+                raise wire.ProtocolError(f"block {block_id}'s bytes do not match its tag")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_block_file(path, tag, data)
+            sock.sendall(wire.encode_frame(wire.REPLY, 0, [True, ""]))
+        elif kind == wire.CLEAN_BLOCKS:
+            stream_id, thresh_ms = args
+            if stream_id < 0:
+                raise wire.ProtocolError(f"bad stream id {stream_id}")
+            clean_block_dir(os.path.join(self.directory, str(stream_id)), thresh_ms)
+            sock.sendall(wire.encode_frame(wire.REPLY, 0, [True, ""]))
+        else:
+            raise wire.ProtocolError(f"{wire.NAMES[kind]} is not a block server request")
+
+    def stop(self) -> None:
+        self._stopped = True
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._server.close()
+        self._thread.join(timeout=5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def main(argv: list[str]) -> int:
+    directory, host, watch_pid = argv[0], argv[1], int(argv[2])
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = BlockServer(directory, secret, host)
+    print(json.dumps({"port": server.address[1]}), flush=True)
+    while _alive(watch_pid) and os.path.isdir(directory):
+        time.sleep(1)
+    server.stop()
+    return 0
+
+
+def app_block_dir(app_id: str) -> str:
+    return os.path.dirname(local_block_dir(app_id, 0))
+
+
+def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str) -> BlockCopy:
+    """This executor's block server for ``app_id``: the running one, or one started now (by at
+    most one worker at a time: a lock file in its directory)."""
+    directory = app_block_dir(app_id)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "server.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(os.path.join(directory, INFO)) as f:
+                info = json.load(f)
+            if _alive(info["pid"]) and info["host"] == host:
+                return BlockCopy(executor_id, host, info["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        port, pid = _start(directory, secret, host)
+        tmp = os.path.join(directory, INFO + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"pid": pid, "host": host, "port": port}, f)
+        os.replace(tmp, os.path.join(directory, INFO))
+        return BlockCopy(executor_id, host, port)
+
+
+_started: list[subprocess.Popen] = []  # kept, so that Python reaps them
+
+
+def _start(directory: str, secret: bytes, host: str) -> tuple[int, int]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with open(os.path.join(directory, "server.log"), "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.receiver.block_server", directory, host,
+                                 str(os.getppid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, env=env, close_fds=True)
+    _started.append(proc)
+    proc.stdin.write(secret.hex().encode() + b"\n")
+    proc.stdin.close()
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else b""
+    proc.stdout.close()
+    try:
+        return int(json.loads(line)["port"]), proc.pid
+    except (ValueError, KeyError, TypeError):
+        proc.kill()
+        raise RuntimeError(f"the block server did not start within {START_TIMEOUT_S:.0f} s (its log: "
+                           f"{os.path.join(directory, 'server.log')})") from None
+
+
+def probe_block_server(app_id: str, secret: bytes, default_host: str, _item) -> list:
+    """A task of the driver's executor probe: this executor's block server as
+    ``[executor_id, host, port]`` (started if need be)."""
+    from .placement import this_executor
+
+    here = this_executor(default_host)
+    copy = ensure_block_server(app_id, secret, here.host, here.executor_id)
+    return [copy.executor_id, copy.host, copy.port]
+
+
+def discover_block_servers(sc, app_id: str, secret: bytes, default_host: str,
+                           executors: int) -> tuple[BlockCopy, ...]:
+    """The driver's probe: start (or find) the block server of every executor a task of a
+    ``2 * executors``-task job lands on; returns them. A failed probe is logged: receivers then
+    keep their blocks' only copy."""
+    from functools import partial
+
+    n = max(2 * executors, 2)
+    try:
+        found = sc.parallelize(range(n), n).map(
+            partial(probe_block_server, app_id, secret, default_host)).collect()
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not start the executors' block servers: %s", str(e).splitlines()[0])
+        return ()
+    return tuple(sorted({BlockCopy(*c) for c in found}, key=lambda c: c.executor_id))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
