@@ -24,6 +24,7 @@ _HOMES = {
         "StreamingListenerReceiverStarted", "StreamingListenerReceiverStopped",
         "StreamingListenerStandbyReady", "StreamingListenerStreamingStarted"],
     ".driver.leadership": ["DriverAlreadyActiveError"],
+    ".environment": ["EnvironmentShippingError", "prepare_conf"],
     ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],
     ".state.snapshot_tasks": ["SnapshotError"],
     ".state.map_with_state": ["State", "StateSpec"],

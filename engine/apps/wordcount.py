@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     stop = signals.requested
     from pyspark import SparkConf, SparkContext
 
+    import engine
+
     receiver = source = None
     if args.source == "receiver":
         port = args.source_port
@@ -349,6 +351,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         conf.set(key, value)
     if receiver is not None:  # executors' receivers read the source's secret from their environment
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
+    try:  # off local mode: the environment shipped, the executors' Python workers set up
+        conf = engine.prepare_conf(conf)
+    except (ValueError, engine.EnvironmentShippingError) as e:
+        return _fail(str(e), a.USAGE)
     try:
         sc = SparkContext.getOrCreate(conf)
     except Exception as e:  # noqa: BLE001  (one line, not a Py4J trace)

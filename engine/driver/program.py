@@ -21,6 +21,7 @@ from pyspark import SparkConf, SparkContext, cloudpickle
 from checkpoint import Checkpoint, read_code
 
 from .. import cluster
+from ..environment import prepare_conf
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,6 @@ def load_program(checkpoint: Checkpoint, path: str, storage_options: dict | None
     sc = active_spark_context()
     if sc is None:
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
-        sc = SparkContext(conf=conf)
+        sc = SparkContext(conf=prepare_conf(conf))  # the archive cached: not packed again
         cluster.warm_workers_early(sc)
     return sc, Program(program["graph"], program["batch_ms"], program["concurrent_jobs"])
