@@ -45,13 +45,17 @@ def app(args) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
 
-    conf = (SparkConf().setMaster("local[2]").setAppName(f"receiver-bench-{args.engine}")
+    conf = (SparkConf().setMaster(args.master).setAppName(f"receiver-bench-{args.engine}")
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
-            .set("spark.streaming.receiver.writeAheadLog.enable", "true"))
+            .set("spark.streaming.receiver.writeAheadLog.enable", args.wal))
     if args.workload == "wordcount":  # both engines converge to what a batch can process
         conf.set("spark.streaming.backpressure.enabled", "true")
         conf.set("spark.streaming.backpressure.initialRate", "100000")
+    if args.engine == "sparkwal":  # off local mode: the executors' workers set up (sparkwal is
+        from engine import prepare_conf  # installed in the executors' Python here)
+
+        conf = prepare_conf(conf.setIfMissing("spark.sparkwal.shipCode", "false"))
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     if args.engine == "sparkwal":
@@ -72,6 +76,7 @@ def app(args) -> None:
                 durable = sum(b.num_records or 0 for bs in tracker.get_blocks_of_batch(t).values()
                               for b in bs if b.wal_handle is not None)
             print(json.dumps({"batch_ms": t, "records": info.numRecords(), "durable": durable,
+                              "at_ms": int(time.time() * 1000),
                               "processing_ms": info.processingDelay(),
                               "scheduling_ms": info.schedulingDelay()}), flush=True)
 
@@ -90,18 +95,24 @@ def app(args) -> None:
     ssc.stop(stopSparkContext=True, stopGraceFully=False)
 
 
-def measure(engine: str, workload: str, warmup: float, seconds: float) -> dict:
+def measure(engine: str, workload: str, warmup: float, seconds: float, master: str = "local[2]",
+            wal: bool = True, on_started=None) -> dict:
+    """One app's run; ``on_started(events)``, if given, runs in a thread once the app started
+    (the executor-kill benchmark kills from there)."""
     source = FastSource(WORDS_LINE)
     workdir = tempfile.mkdtemp(prefix=f"receiver-bench-{engine}-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.receiver_bench", "app", "--engine", engine, "--workload", workload,
-         "--port", str(source.port), "--seconds", str(warmup + seconds + 2), "--workdir", workdir],
+         "--port", str(source.port), "--seconds", str(warmup + seconds + 2), "--workdir", workdir,
+         "--master", master, "--wal", "true" if wal else "false"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1"))
     events: list[dict] = []
     reader = threading.Thread(target=lambda: [events.append(json.loads(x)) for x in proc.stdout
                                               if x.startswith("{")], daemon=True)
     reader.start()
+    if on_started is not None:
+        threading.Thread(target=on_started, args=(events,), daemon=True).start()
     try:
         proc.wait(warmup + seconds + 120)
     except subprocess.TimeoutExpired:
@@ -134,8 +145,9 @@ def measure(engine: str, workload: str, warmup: float, seconds: float) -> dict:
         "scheduling_p50_ms": statistics.median(sched_ms) if sched_ms else None,
         "scheduling_max_ms": max(sched_ms, default=None),
         "fsynced_fraction": round(sum(durable) / records, 3) if durable and records else (0.0 if engine == "pyspark" else None),
-        "durability": "fsync per block before it is reported" if engine == "sparkwal" else "hflush, never fsync",
-        "note": note,
+        "durability": ("receiver WAL off: 2 copies on executors" if not wal else
+                       "fsync per block before it is reported" if engine == "sparkwal" else "hflush, never fsync"),
+        "note": note, "events": events,
     }
 
 
@@ -148,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--port", type=int, required=True)
         ap.add_argument("--seconds", type=float, required=True)
         ap.add_argument("--workdir", required=True)
+        ap.add_argument("--master", default="local[2]")
+        ap.add_argument("--wal", default="true")
         app(ap.parse_args(argv[1:]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

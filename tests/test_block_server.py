@@ -134,7 +134,7 @@ def test_the_server_drops_strangers_garbage_bad_tags_and_paths_and_lives_on(tmp_
         assert s.recv(1) == b""
     put_block((a.host, a.port), SECRET, 4, "input-4-1000-aa", block_tag(SECRET, "input-4-1000-aa", data), data)
     assert fetch_block((a.host, a.port), SECRET, 4, "input-4-1000-aa")[1] == data
-    assert fetch_block((a.host, a.port), SECRET, 4, "input-4-9999-aa") is None
+    assert "No such file" in fetch_block((a.host, a.port), SECRET, 4, "input-4-9999-aa")
     big = os.urandom(3 * wire.CHUNK + 5)  # several chunks
     put_block((a.host, a.port), SECRET, 4, "input-4-2000-aa", block_tag(SECRET, "input-4-2000-aa", big), big)
     assert fetch_block((a.host, a.port), SECRET, 4, "input-4-2000-aa") == (

@@ -206,6 +206,7 @@ def test_rate_controller_runs_on_a_background_thread_by_default():
     rc.on_batch_completed(batch(2000, 100, 2000, 2100)).result(5)
     assert published.is_set()
     rc.stop()
+    assert rc.on_batch_completed(batch(3000, 100, 3000, 3100)) is None  # completed during a stop
 
 
 def test_batch_info_delays():

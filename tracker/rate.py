@@ -163,7 +163,10 @@ class RateController:
                                        batch.scheduling_delay_ms)
         if info is None or end is None or processing is None or scheduling is None:
             return None
-        return self._executor.submit(self._compute, end, info.num_records, processing, scheduling)
+        try:
+            return self._executor.submit(self._compute, end, info.num_records, processing, scheduling)
+        except RuntimeError:  # stopped: a batch that completes during a stop publishes nothing
+            return None
 
     def _compute(self, time_ms: int, elements: int, processing: int, scheduling: int) -> float | None:
         rate = self._estimator.compute(time_ms, elements, processing, scheduling)

@@ -26,7 +26,8 @@ def free_port() -> int:
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: str, workers: int = 2, env: dict | None = None, timeout_s: float = 60):
+    def __init__(self, workdir: str, workers: int = 2, env: dict | None = None, timeout_s: float = 60,
+                 cores: int = 1, memory: str = "1g"):
         spark_home = os.path.dirname(pyspark.__file__)
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
@@ -43,7 +44,7 @@ class StandaloneCluster:
             work = os.path.join(workdir, f"worker-{i}")
             os.makedirs(work, exist_ok=True)
             self._start(f"worker-{i}", [spark_class, "org.apache.spark.deploy.worker.Worker", self.url,
-                                        "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                                        "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
                                         "--webui-port", "0", "--work-dir", work])
         self._wait(lambda: self._log_count("master", "Registering worker") >= workers, timeout_s,
                    f"{workers} workers")

@@ -56,8 +56,8 @@ def _reply(sock: socket.socket) -> None:
 
 
 def fetch_block(address: tuple[str, int], secret: bytes, stream_id: int,
-                block_id: str) -> tuple[bytes, bytes] | None:
-    """``(tag, data)`` of the block, or None if the server has no copy."""
+                block_id: str) -> tuple[bytes, bytes] | str:
+    """``(tag, data)`` of the block, or why the server has no copy."""
     with connect(address, secret) as sock:
         try:
             sock.sendall(wire.encode_frame(wire.FETCH_BLOCK, 0, [stream_id, block_id]))
@@ -66,7 +66,7 @@ def fetch_block(address: tuple[str, int], secret: bytes, stream_id: int,
                 raise BlockServerError(f"expected a BlockHeader, got {wire.NAMES[kind]}")
             found, message, size, tag = args
             if not found:
-                return None
+                return message or "not found"
             if not 0 <= size <= wire.MAX_BLOCK_BYTES or len(tag) != wire.TAG_LEN:
                 raise BlockServerError(f"bad block header (size {size}, tag of {len(tag)} bytes)")
             return tag, receive_chunks(sock, size)

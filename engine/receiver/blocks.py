@@ -317,8 +317,8 @@ def read_block(app_id: str, secret: bytes, stream_id: int, block_id: str,
         where = f"executor {executor_id} ({host}:{port})"
         try:
             found = fetch_block((host, port), secret, stream_id, block_id)
-            if found is None:
-                tried.append(f"{where} no longer has it")
+            if isinstance(found, str):
+                tried.append(f"{where} no longer has it ({found})")
                 continue
             return _checked(secret, block_id, found[0], found[1], f"the copy from {where}")
         except (OSError, BlockServerError, BlockReadError) as e:
