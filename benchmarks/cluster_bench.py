@@ -33,12 +33,30 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
 from engine.apps.standalone import StandaloneCluster
 
 from .receiver_bench import measure
 
 ENGINES = ("sparkwal", "pyspark")
+#: read by benchmarks.state_app: the master (and extra ``k=v,k=v`` settings) its apps run on
+MASTER_ENV, CONF_ENV = "SPARKWAL_BENCH_MASTER", "SPARKWAL_BENCH_CONF"
+
+
+@contextmanager
+def on_standalone(workers: int = 2, cores: int = 1, memory: str = "2g", confs: tuple = ()):
+    """A standalone cluster for the state and standby benchmarks (``--standalone``): every
+    state_app they start runs on it."""
+    with StandaloneCluster(tempfile.mkdtemp(prefix="bench-cluster-"), workers=workers, cores=cores,
+                           memory=memory) as cluster:
+        os.environ[MASTER_ENV], os.environ[CONF_ENV] = cluster.url, ",".join(confs)
+        print(f"standalone cluster {cluster.url}: {workers} workers x {cores} core(s), {memory}", flush=True)
+        try:
+            yield cluster
+        finally:
+            os.environ.pop(MASTER_ENV, None)
+            os.environ.pop(CONF_ENV, None)
 
 
 def _order(run: int) -> tuple[str, ...]:

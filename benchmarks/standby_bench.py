@@ -327,13 +327,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-batches", type=int, default=30)
     ap.add_argument("--s3-takeovers", type=int, default=5)
     ap.add_argument("--s3-batch", type=float, default=2.0)
+    ap.add_argument("--standalone", action="store_true",
+                    help="every driver on a standalone cluster this benchmark starts (2 workers x 2 "
+                    "cores, 2 GiB; each driver takes 2 cores, so a standby has executors of its own)")
     args = ap.parse_args(argv)
+    if args.standalone:
+        from .cluster_bench import on_standalone
+
+        with on_standalone(cores=2, confs=("spark.cores.max=2", "spark.executor.memory=900m")):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> int:
     rows = [("sparkwal, hot standby", takeovers(args.takeovers, args.keys, args.batch)),
             ("sparkwal, cold restart (getOrCreate)", cold_restarts("sparkwal", args.restarts, args.keys, args.batch)),
             ("pyspark.streaming, cold restart (getOrCreate)",
              cold_restarts("pyspark", args.restarts, args.keys, args.batch))]
     print(f"kill -9 of the driver's process group to the first newer batch completed "
-          f"({args.keys} keys, updateStateByKey, {args.batch} s batches, local[2], local checkpoint)")
+          f"({args.keys} keys, updateStateByKey, {args.batch} s batches, {os.environ.get('SPARKWAL_BENCH_MASTER', 'local[2]')}, local checkpoint)")
     print("| driver recovery | kills | p50 | p95 | max | the takeover itself (p50) |")
     print("|---|---|---|---|---|---|")
     for name, r in rows:

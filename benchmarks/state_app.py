@@ -55,8 +55,16 @@ def main(argv: list[str] | None = None) -> None:
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
             .set("spark.driver.memory", "3g"))
+    if os.environ.get("SPARKWAL_BENCH_MASTER"):  # --standalone of the state and standby benchmarks
+        conf.setMaster(os.environ["SPARKWAL_BENCH_MASTER"])
+        for pair in filter(None, os.environ.get("SPARKWAL_BENCH_CONF", "").split(",")):
+            conf.set(*pair.split("=", 1))
     for pair in args.conf:
         conf.set(*pair.split("=", 1))
+    if args.engine == "sparkwal":  # off local mode: the executors' workers set up (installed there)
+        from engine import prepare_conf
+
+        conf = prepare_conf(conf.setIfMissing("spark.sparkwal.shipCode", "false"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     if args.engine == "pyspark":

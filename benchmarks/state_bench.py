@@ -282,7 +282,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated contender numbers (1-based)")
     p.add_argument("--restarts", type=int, default=3, help="kills per contender (the median is shown)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--standalone", action="store_true",
+                   help="run every contender on a standalone cluster this benchmark starts (2 workers "
+                   "x 1 core, 2 GiB; executors of 1.5 GiB) instead of local[2]")
     args = p.parse_args(argv)
+    if args.standalone:
+        from .cluster_bench import on_standalone
+
+        with on_standalone(confs=("spark.executor.memory=1500m",)):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> int:
     cache = tempfile.mkdtemp(prefix="state-bench-input-")
     chosen = [c for i, c in enumerate(CONTENDERS, 1) if not args.only or str(i) in args.only.split(",")]
     results = []

@@ -101,3 +101,17 @@ def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_envi
         assert f"/{ALIAS}/lib/" in pyspark_file and ".zip" not in pyspark_file  # installed PySpark
         assert unix_sockets == "True" or unix_sockets == "true"
         assert preimported  # by engine.worker_daemon, before any task
+
+
+def test_a_checkpoint_keeps_no_per_pod_or_per_run_setting():
+    """A standby in another pod recovers from the checkpoint: the first pod's name, ports and
+    secrets must not override its own (Spark's Checkpoint.scala reloads the same keys)."""
+    from engine.driver.program import checkpoint_conf
+
+    class Context:
+        def getConf(self):
+            return conf(**{"spark.kubernetes.driver.pod.name": "app-0", "spark.driver.host": "10.0.0.7",
+                           "spark.kubernetes.executor.podNamePrefix": "app-0", "spark.driver.port": "7078",
+                           "spark.hadoop.fs.s3a.secret.key": "s3cr3t", "spark.app.name": "app"})
+
+    assert dict(checkpoint_conf(Context())) == {"spark.master": CLUSTER, "spark.app.name": "app"}

@@ -31,7 +31,12 @@ _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", 
                  "spark.driver.host", "spark.driver.bindAddress", "spark.ui.port",
                  "spark.blockManager.port", "spark.driver.blockManager.port",
                  # this process's Unix sockets to its Python workers (engine.cluster sets them)
-                 cluster.UDS_ENABLED, cluster.UDS_DIR}
+                 cluster.UDS_ENABLED, cluster.UDS_DIR,
+                 # the rest of Spark's propertiesToReload (streaming/.../Checkpoint.scala): the pod
+                 # a driver runs in (a standby's pod is another) and per-launch credentials
+                 "spark.kubernetes.driver.pod.name", "spark.kubernetes.executor.podNamePrefix",
+                 "spark.yarn.jars", "spark.yarn.keytab", "spark.yarn.principal", "spark.kerberos.keytab",
+                 "spark.kerberos.principal", "spark.ui.filters"}
 #: Spark's default ``spark.redaction.regex``: such values are not written into the checkpoint;
 #: the recovering run takes them from its own environment.
 _SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
