@@ -32,8 +32,7 @@ batches a restart re-ran); with ``--json`` these are JSON events instead (``cont
 lines are left out unless ``--verbose``. SIGTERM or SIGINT, to the job or to its process group,
 stops it gracefully within ``spark.streaming.gracefulStopTimeout`` (batches not done by then are
 left to the restart). Runs until ``--seconds`` have passed (0: until stopped). A mistake in the
-arguments or the environment is one line and exit status 2, before Spark starts; the exit
-statuses are listed in :mod:`engine.apps.arguments`.
+arguments or the environment is one line and status 2 (:mod:`engine.apps.arguments`).
 """
 
 from __future__ import annotations
@@ -323,8 +322,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     stop = signals.requested
     from pyspark import SparkConf, SparkContext
 
-    import engine
-
+    from engine import EnvironmentShippingError, prepare_conf
     receiver = source = None
     if args.source == "receiver":
         port = args.source_port
@@ -340,10 +338,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
                 f.write(str(port))
         receiver = ("127.0.0.1", port, args.source_secret_env)
 
-    conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount")
-            .set("spark.ui.showConsoleProgress", "false")
-            .set("spark.driver.host", "127.0.0.1")
-            .set("spark.driver.bindAddress", "127.0.0.1"))
+    conf = (SparkConf().setMaster(args.master).setAppName("sparkwal-wordcount").set("spark.ui.showConsoleProgress",
+            "false").set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1"))
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
@@ -351,12 +347,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         conf.set(key, value)
     if receiver is not None:  # executors' receivers read the source's secret from their environment
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
-    try:  # off local mode: the environment shipped, the executors' Python workers set up
-        conf = engine.prepare_conf(conf)
-    except (ValueError, engine.EnvironmentShippingError) as e:
+    try:  # prepare_conf: off local mode, the environment shipped, the executors' workers set up
+        sc = SparkContext.getOrCreate(prepare_conf(conf))
+    except (ValueError, EnvironmentShippingError) as e:  # a bad switch, no virtualenv to ship
         return _fail(str(e), a.USAGE)
-    try:
-        sc = SparkContext.getOrCreate(conf)
     except Exception as e:  # noqa: BLE001  (one line, not a Py4J trace)
         if stop.is_set():
             return _fail(f"stopped on {signals.signal_name} while Spark was starting", a.OK)
