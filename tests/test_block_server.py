@@ -10,8 +10,10 @@ import os
 import signal
 import socket
 import struct
+import sys
 
 import pytest
+from app_runs import run_app
 
 from engine.receiver import wire
 from engine.receiver.block_client import BlockServerError, connect, fetch_block, put_block
@@ -146,20 +148,8 @@ def test_wal_off_blocks_are_read_on_the_executor_that_did_not_receive_them(tmp_p
     """Two executor JVMs of one core each: the receiver fills one, so every batch task runs on the
     other and reads each block from its copy there (replication 2) or over the network from the
     receiving executor (replication 1). Before block servers, every such batch failed."""
-    import subprocess
-    import sys
-
-    app = os.path.join(os.path.dirname(__file__), "block_fetch_app.py")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, app, "local-cluster[2,1,1024]", "3000", str(replication)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path, env=env,
-                            start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    report = json.loads(out.strip().splitlines()[-1])
+    report = run_app("block_fetch_app.py", ["local-cluster[2,1,1024]", "3000", str(replication)],
+                     cwd=tmp_path, env={"PYSPARK_PYTHON": sys.executable}, timeout_s=240)
     assert report["failed_batches"] == 0
     assert report["lines"] == report["total"] == 3000  # each line once
     assert report["receiver_executor"] not in report["reading_executors"]

@@ -5,14 +5,13 @@ running a stateful receiver app with it, their Python workers forked from sparkw
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
+from app_runs import run_app
 from pyspark import SparkConf
 
 from engine import prepare_conf
@@ -80,17 +79,8 @@ def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_envi
     driver's virtualenv): everything tasks need comes in the archive."""
     bare = os.path.join(sys.base_prefix, "bin", "python3")
     assert subprocess.run([bare, "-c", "import pyarrow"], capture_output=True).returncode != 0
-    app = os.path.join(os.path.dirname(__file__), "shipped_env_app.py")
-    env = dict(os.environ, PYSPARK_PYTHON=bare, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, app, "local-cluster[2,1,1024]", str(tmp_path), env_cache, "2000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path, env=env,
-                            start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    report = json.loads(out.strip().splitlines()[-1])
+    report = run_app("shipped_env_app.py", ["local-cluster[2,1,1024]", str(tmp_path), env_cache, "2000"],
+                     cwd=tmp_path, env={"PYSPARK_PYTHON": bare}, timeout_s=300)
     import pyspark  # the executors' work directories (each holds an unpacked environment)
 
     shutil.rmtree(os.path.join(os.path.dirname(pyspark.__file__), "work", report["app_id"]), ignore_errors=True)
