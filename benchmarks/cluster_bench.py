@@ -17,10 +17,10 @@ Python here), pyspark.streaming keeps Spark's defaults.
   before reporting it; Spark hflushes and never fsyncs) and off (2 copies of each block on
   executors in both); the receiver alone, WAL on.
 * ``local``: sparkwal's word count, WAL on, on ``local[2]``: the cluster's throughput against it.
-* ``kill``: the word count (WAL on) running; ``--warmup`` seconds in, SIGKILL of one executor
-  JVM (the one at index run % 2 of the app's executors by pid); the time from the kill until the
-  first batch due after the kill completes on time (scheduling delay under one batch interval),
-  and until the first batch completes at all.
+* ``kill``: the word count (WAL on) running; ``--warmup`` seconds in, SIGKILL of the executor
+  JVM running the receiver (the one whose process tree holds the source's connection); the time
+  from the kill until the first batch due after it with data completes on time (scheduling delay
+  under one batch interval), and until the first such batch completes at all.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from engine.apps.standalone import StandaloneCluster
 
 from .receiver_bench import measure
+from .receiver_flow import processes
 
 ENGINES = ("sparkwal", "pyspark")
 #: read by benchmarks.state_app: the master (and extra ``k=v,k=v`` settings) its apps run on
@@ -93,21 +94,46 @@ def local_part(runs: int, warmup: float, seconds: float) -> list[dict]:
     return rows
 
 
+def receiver_executor(executors: list[int], port: int) -> int | None:
+    """The executor JVM whose process tree holds the connection to the source at ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                    inodes.add(f"socket:[{fields[9]}]")
+    children: dict[int, list[int]] = {}
+    for pid, fields in processes():
+        children.setdefault(int(fields[1]), []).append(pid)
+    for executor in executors:
+        tree, stack = [], [executor]
+        while stack:
+            tree.append(stack.pop())
+            stack.extend(children.get(tree[-1], ()))
+        for pid in tree:
+            try:
+                if inodes & {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}:
+                    return executor
+            except OSError:
+                continue
+    return None
+
+
 def kill_part(cluster, runs: int, warmup: float, seconds: float) -> list[dict]:
     rows = []
     for run in range(runs):
         for engine in _order(run):
             killed = {}
 
-            def killer(events, run=run, killed=killed):
+            def killer(events, port, killed=killed):
                 deadline = time.monotonic() + 120
                 while not any("started_ms" in e for e in events) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 time.sleep(warmup)
-                pids = cluster.executor_pids()
-                if not pids:
+                pid = receiver_executor(cluster.executor_pids(), port)
+                if pid is None:
                     return
-                pid = pids[run % len(pids)]
                 killed["at_ms"] = int(time.time() * 1000)
                 os.kill(pid, signal.SIGKILL)
 
@@ -115,7 +141,8 @@ def kill_part(cluster, runs: int, warmup: float, seconds: float) -> list[dict]:
                         on_started=killer)
             events = r.pop("events")
             kill_ms = killed.get("at_ms")
-            after = [e for e in events if "batch_ms" in e and kill_ms and e["batch_ms"] >= kill_ms]
+            after = [e for e in events if "batch_ms" in e and kill_ms and e["batch_ms"] >= kill_ms
+                     and e["records"]]  # with data: a batch of a receiver not yet back is empty
             on_time = next((e for e in after if (e["scheduling_ms"] or 0) < 1000), None)
             first = min((e["at_ms"] for e in after), default=None)
             row = {"run": run, "engine": engine,
@@ -146,7 +173,7 @@ def summary(rows: list[dict], local: list[dict], kills: list[dict]) -> None:
         print(f"\nsparkwal word count, WAL on: local[2] {lo:,.0f} lines/s (median of {len(local)}), "
               f"standalone {cl:,.0f}: {cl / lo:.2f} of local" if lo and cl else f"\nlocal[2]: {lo}")
     if kills:
-        print("\n| executor JVM killed | back on time, s (median) | first batch after the kill, s | runs |")
+        print("\n| receiver's executor JVM killed | back on time, s (median) | first batch after the kill, s | runs |")
         print("|---|---:|---:|---:|")
         for engine in ENGINES:
             mine = [k for k in kills if k["engine"] == engine]

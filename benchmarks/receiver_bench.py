@@ -97,8 +97,8 @@ def app(args) -> None:
 
 def measure(engine: str, workload: str, warmup: float, seconds: float, master: str = "local[2]",
             wal: bool = True, on_started=None) -> dict:
-    """One app's run; ``on_started(events)``, if given, runs in a thread once the app started
-    (the executor-kill benchmark kills from there)."""
+    """One app's run; ``on_started(events, source_port)``, if given, runs in a thread once the
+    app started (the executor-kill benchmark kills from there)."""
     source = FastSource(WORDS_LINE)
     workdir = tempfile.mkdtemp(prefix=f"receiver-bench-{engine}-")
     proc = subprocess.Popen(
@@ -112,7 +112,7 @@ def measure(engine: str, workload: str, warmup: float, seconds: float, master: s
                                               if x.startswith("{")], daemon=True)
     reader.start()
     if on_started is not None:
-        threading.Thread(target=on_started, args=(events,), daemon=True).start()
+        threading.Thread(target=on_started, args=(events, source.port), daemon=True).start()
     try:
         proc.wait(warmup + seconds + 120)
     except subprocess.TimeoutExpired:

@@ -105,3 +105,10 @@ def test_a_checkpoint_keeps_no_per_pod_or_per_run_setting():
                            "spark.hadoop.fs.s3a.secret.key": "s3cr3t", "spark.app.name": "app"})
 
     assert dict(checkpoint_conf(Context())) == {"spark.master": CLUSTER, "spark.app.name": "app"}
+
+
+def test_a_directory_that_is_no_virtualenv_is_named(tmp_path):
+    from engine import EnvironmentShippingError
+
+    with pytest.raises(EnvironmentShippingError, match=f"cannot pack the environment {tmp_path}: .*not a valid virtual"):
+        packed_environment(str(tmp_path / "cache"), prefix=str(tmp_path))

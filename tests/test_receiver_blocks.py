@@ -85,3 +85,24 @@ def test_local_blocks_are_stored_cleaned_and_checked(tmp_path, monkeypatch):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(BlockReadError, match="damaged or not this application's"):
         read_local_block("app-1", 2, "input-2-3000-a")
+
+
+def test_blocks_of_a_batch_still_kept_are_never_below_the_cleanup_threshold():
+    """A backlog: batch 3000 waits while a checkpoint of batch 5000 cleans up to 3000. Its blocks
+    were cut before 3000, so a batch-time threshold alone would delete them before it runs;
+    unallocated blocks (reported late) are kept as well."""
+    from tracker import ReceivedBlockInfo, ReceivedBlockTracker
+
+    from engine.receiver.blocks import oldest_kept_block_ms
+
+    tracker = ReceivedBlockTracker([0])
+    for block_id in ("input-0-1500-a", "input-0-2200-a", "input-0-2600-a"):
+        tracker.add_block(ReceivedBlockInfo(0, 1, block_id))
+    tracker.allocate_blocks_to_batch(2000)  # takes 1500 .. 2600 (reported before it was cut)
+    tracker.add_block(ReceivedBlockInfo(0, 1, "input-0-2900-a"))
+    tracker.allocate_blocks_to_batch(3000)
+    assert oldest_kept_block_ms(tracker, 2000) == 1500  # batch 2000 is kept: all its blocks
+    assert oldest_kept_block_ms(tracker, 3000) == 2900  # batch 2000 goes, 3000's block stays
+    tracker.add_block(ReceivedBlockInfo(0, 1, "input-0-1000-late"))  # unallocated, cut long ago
+    assert oldest_kept_block_ms(tracker, 3000) == 1000
+    assert oldest_kept_block_ms(ReceivedBlockTracker([0]), 3000) == 3000  # nothing kept

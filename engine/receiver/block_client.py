@@ -19,6 +19,7 @@ class BlockServerError(Exception):
 
 def connect(address: tuple[str, int], secret: bytes) -> socket.socket:
     sock = socket.create_connection(tuple(address), timeout=CONNECT_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and replies: no Nagle wait
     try:
         sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
         wire.client_handshake(sock, secret, LABEL)

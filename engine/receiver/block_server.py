@@ -73,6 +73,7 @@ class BlockServer:
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
             wire.server_handshake(sock, self._secret, LABEL)
             sock.settimeout(IDLE_TIMEOUT_S)

@@ -120,6 +120,17 @@ def block_time_ms(block_id: str) -> int:
     return int(block_id.split("-")[2])
 
 
+def oldest_kept_block_ms(block_tracker, thresh_ms: int) -> int:
+    """The time before which received blocks may be deleted: ``thresh_ms``, lowered to the oldest
+    block that a batch the tracker keeps after cleaning up to ``thresh_ms`` (one at or after it)
+    or an unallocated entry still names. A batch-time threshold alone deleted the blocks of the
+    oldest pending batch (they were cut before its time) while it waited behind a backlog."""
+    kept = [b for t in block_tracker.allocated_batch_times() if t >= thresh_ms
+            for blocks in block_tracker.get_blocks_of_batch(t).values() for b in blocks]
+    kept += [b for sid in block_tracker.stream_ids for b in block_tracker.get_unallocated_blocks(sid)]
+    return min([thresh_ms, *(block_time_ms(b.block_id) for b in kept)])
+
+
 def receiver_wal_dir(checkpoint_dir: str, stream_id: int, epoch: int | None = None) -> str:
     base = CheckpointLayout(checkpoint_dir).received_data_stream(stream_id)
     return base if epoch is None else f"{base}-e{epoch}"

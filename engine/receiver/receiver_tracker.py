@@ -33,7 +33,8 @@ from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
 from .block_server import discover_block_servers
-from .blocks import BlockCopy, block_time_ms, copies_from_wire, remove_local_blocks
+from .blocks import (BlockCopy, block_time_ms, copies_from_wire, oldest_kept_block_ms,
+                     remove_local_blocks)
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
@@ -408,6 +409,7 @@ class ReceiverTracker:
             conn.send(wire.UPDATE_RATE_LIMIT, [float(rate)])
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
+        thresh_ms = oldest_kept_block_ms(self._driver.block_tracker, thresh_ms)
         with self._lock:
             conns = list(self._conns.values())
             for bid in [b for b in self._block_locations if block_time_ms(b) < thresh_ms]:
