@@ -131,7 +131,11 @@ def kill_part(cluster, runs: int, warmup: float, seconds: float) -> list[dict]:
                 while not any("started_ms" in e for e in events) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 time.sleep(warmup)
-                pid = receiver_executor(cluster.executor_pids(), port)
+                pid = None  # the receiver connects a few seconds after start(), later in some runs
+                while pid is None and time.monotonic() < deadline + 60:
+                    time.sleep(0.5)
+                    if any(e.get("records") for e in events):
+                        pid = receiver_executor(cluster.executor_pids(), port)
                 if pid is None:
                     return
                 killed["at_ms"] = int(time.time() * 1000)
@@ -154,6 +158,24 @@ def kill_part(cluster, runs: int, warmup: float, seconds: float) -> list[dict]:
 
 
 def summary(rows: list[dict], local: list[dict], kills: list[dict]) -> None:
+    if rows:
+        receiver_summary(rows)
+    if local:
+        lo = _median([r["records_per_s"] for r in local])
+        cl = _median([r["records_per_s"] for r in rows if r["workload"] == "wordcount" and r["wal"]
+                      and r["engine"] == "sparkwal"])
+        print(f"\nsparkwal word count, WAL on: local[2] {lo:,.0f} lines/s (median of {len(local)})"
+              + (f", standalone {cl:,.0f}: {cl / lo:.2f} of local" if cl else ""))
+    if kills:
+        print("\n| receiver's executor JVM killed | back on time, s (median) | first batch after the kill, s | runs |")
+        print("|---|---:|---:|---:|")
+        for engine in ENGINES:
+            mine = [k for k in kills if k["engine"] == engine]
+            print(f"| {engine} | {_median([k['back_on_time_s'] for k in mine])} | "
+                  f"{_median([k['first_batch_s'] for k in mine])} | {len(mine)} |")
+
+
+def receiver_summary(rows: list[dict]) -> None:
     print("\n| workload | receiver WAL | sparkwal lines/s | pyspark.streaming lines/s | ratio | "
           "scheduling p50 ms (sparkwal / pyspark) | runs |")
     print("|---|---|---:|---:|---:|---|---:|")
@@ -166,19 +188,6 @@ def summary(rows: list[dict], local: list[dict], kills: list[dict]) -> None:
         ratio = f"{s / p:.2f}" if s and p else "n/a"
         print(f"| {workload} | {'on' if wal else 'off'} | {s:,.0f} | {p:,.0f} | {ratio} | {ss} / {ps} | "
               f"{len(mine) // 2} |" if s is not None and p is not None else f"| {workload} | {wal} | {s} | {p} | | | |")
-    if local:
-        lo = _median([r["records_per_s"] for r in local])
-        cl = _median([r["records_per_s"] for r in rows if r["workload"] == "wordcount" and r["wal"]
-                      and r["engine"] == "sparkwal"])
-        print(f"\nsparkwal word count, WAL on: local[2] {lo:,.0f} lines/s (median of {len(local)}), "
-              f"standalone {cl:,.0f}: {cl / lo:.2f} of local" if lo and cl else f"\nlocal[2]: {lo}")
-    if kills:
-        print("\n| receiver's executor JVM killed | back on time, s (median) | first batch after the kill, s | runs |")
-        print("|---|---:|---:|---:|")
-        for engine in ENGINES:
-            mine = [k for k in kills if k["engine"] == engine]
-            print(f"| {engine} | {_median([k['back_on_time_s'] for k in mine])} | "
-                  f"{_median([k['first_batch_s'] for k in mine])} | {len(mine)} |")
 
 
 def main(argv: list[str] | None = None) -> int:
