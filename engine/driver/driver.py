@@ -29,6 +29,7 @@ from wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_polic
 
 from .. import cluster
 from ..dstream import describe_times
+from ..errors import one_line
 from ..graph import DStreamGraph
 from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted,
                         StreamingListenerStreamingStarted)
@@ -355,7 +356,7 @@ class Driver:
         if self.stopping:
             log.info("batch %s ended by stop(): %s", time_ms, error)
             return
-        log.error("error in batch %s: %s", time_ms, error)
+        log.error("error in batch %s: %s", time_ms, one_line(error))  # the app gets the whole error
         if self.error is None:
             self.error = error
         self.terminated.set()
