@@ -65,20 +65,26 @@ def is_local_master(master: str) -> bool:
     return master.startswith("local[") or master == "local"
 
 
+def package_files() -> list[tuple[str, str]]:
+    """``(source, path inside a site-packages)`` of sparkwal's packages, as the driver imports them
+    (what the shipped zip and the shipped environment carry)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for package in PACKAGES:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            found += [(os.path.join(dirpath, f), os.path.relpath(os.path.join(dirpath, f), root))
+                      for f in filenames if f.endswith((".py", ".properties"))]
+    return sorted(found)
+
+
 def ship_code(sc) -> str:
     """Zip sparkwal's packages (as the driver imports them) and add the zip to ``sc``."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     fd, path = tempfile.mkstemp(prefix="sparkwal-code-", suffix=".zip")
     os.close(fd)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for package in PACKAGES:
-            base = os.path.join(root, package)
-            for dirpath, dirnames, filenames in os.walk(base):
-                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-                for f in filenames:
-                    if f.endswith((".py", ".properties")):
-                        full = os.path.join(dirpath, f)
-                        z.write(full, os.path.relpath(full, root))
+        for source, name in package_files():
+            z.write(source, name)
     sc.addPyFile(path)
     log.info("shipped sparkwal's packages to the executors (%s)", path)
     return path

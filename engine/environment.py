@@ -40,7 +40,7 @@ import sys
 
 from pyspark import SparkConf
 
-from .cluster import DAEMON_MODULE, PACKAGES, UDS_ENABLED
+from .cluster import DAEMON_MODULE, UDS_ENABLED, package_files
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +89,6 @@ def prepare_conf(conf: SparkConf | None = None) -> SparkConf:
     return ready
 
 
-def _sparkwal_files() -> list[tuple[str, str]]:
-    """(source, path inside site-packages) of sparkwal's packages, as the driver imports them."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    found = []
-    for package in PACKAGES:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-            for f in filenames:
-                if f.endswith((".py", ".properties")):
-                    full = os.path.join(dirpath, f)
-                    found.append((full, os.path.relpath(full, root)))
-    return sorted(found)
-
-
 def packed_environment(cache_dir: str | None = None, prefix: str | None = None) -> str:
     """The archive of the virtualenv at ``prefix`` (the driver's), packed now or found in the
     cache by its fingerprint; its absolute path."""
@@ -126,7 +112,7 @@ def packed_environment(cache_dir: str | None = None, prefix: str | None = None) 
         env = env.exclude(pattern)
     site = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
     packed = {f.target for f in env.files}
-    extra = [venv_pack.File(src, f"{site}/{rel}") for src, rel in _sparkwal_files()
+    extra = [venv_pack.File(src, f"{site}/{rel}") for src, rel in package_files()
              if f"{site}/{rel}" not in packed]
     env.files.extend(extra)
     digest = hashlib.sha256()
