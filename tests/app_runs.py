@@ -1,5 +1,6 @@
 """Running a test app as a subprocess in its own process group, killed with its group if it
-outlives its time: its last stdout line, a JSON report, parsed."""
+outlives its time: its last stdout line, a JSON report, parsed, with the tail of its stderr under
+``"stderr"`` (for the assertion message when the report is not what the test expects)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import sys
 
 def run_app(script: str, args: list[str], *, cwd, env: dict, timeout_s: float) -> dict:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-    proc = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=cwd, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **env),
                             start_new_session=True, text=True)
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    return json.loads(out.strip().splitlines()[-1])
+    lines = out.strip().splitlines()
+    assert lines, f"{script} printed no report; its stderr ends:\n{err[-4000:]}"
+    return dict(json.loads(lines[-1]), stderr=err[-4000:])

@@ -56,21 +56,21 @@ sc = SparkContext(conf=prepare_conf(conf))
 sc.setLogLevel("ERROR")
 ssc = StreamingContext(sc, 1.0)
 ssc.checkpoint(os.path.join(workdir, "ckpt"))
-latest = {}
+latest = {"totals": {}}
 
 
 def on_totals(rdd):
-    latest.clear()
-    latest.update(rdd.collect())
+    latest["totals"] = dict(rdd.collect())  # replaced whole: a stop mid-collect leaves the last totals
 
 
 (ssc.receiverStream(Words(n)).map(lambda w: (w, 1))
  .updateStateByKey(lambda new, old: sum(new) + (old or 0)).foreachRDD(on_totals))
 ssc.start()
 deadline = time.monotonic() + 120
-while sum(latest.values()) < n and time.monotonic() < deadline:
+while sum(latest["totals"].values()) < n and time.monotonic() < deadline:
     time.sleep(0.2)
+totals = latest["totals"]
 workers = sc.parallelize(range(4), 4).mapPartitions(about_worker).collect()
 app_id = sc.applicationId
 ssc.stop(stopSparkContext=True, stopGraceFully=False)
-print(json.dumps({"totals": latest, "workers": workers, "app_id": app_id}), flush=True)
+print(json.dumps({"totals": totals, "workers": workers, "app_id": app_id}), flush=True)

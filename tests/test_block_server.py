@@ -150,6 +150,6 @@ def test_wal_off_blocks_are_read_on_the_executor_that_did_not_receive_them(tmp_p
     receiving executor (replication 1). Before block servers, every such batch failed."""
     report = run_app("block_fetch_app.py", ["local-cluster[2,1,1024]", "3000", str(replication)],
                      cwd=tmp_path, env={"PYSPARK_PYTHON": sys.executable}, timeout_s=240)
-    assert report["failed_batches"] == 0
-    assert report["lines"] == report["total"] == 3000  # each line once
+    assert report["failed_batches"] == 0, report["stderr"]
+    assert report["lines"] == report["total"] == 3000, report["stderr"]  # each line once
     assert report["receiver_executor"] not in report["reading_executors"]

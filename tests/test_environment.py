@@ -84,7 +84,7 @@ def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_envi
     import pyspark  # the executors' work directories (each holds an unpacked environment)
 
     shutil.rmtree(os.path.join(os.path.dirname(pyspark.__file__), "work", report["app_id"]), ignore_errors=True)
-    assert sum(report["totals"].values()) == 2000 and len(report["totals"]) == 7
+    assert sum(report["totals"].values()) == 2000 and len(report["totals"]) == 7, report["stderr"]
     assert report["totals"]["w0"] == 286
     for executable, pyspark_file, unix_sockets, preimported in report["workers"]:
         assert f"/{ALIAS}/bin/python" in executable  # the shipped environment's interpreter
