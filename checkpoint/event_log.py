@@ -49,7 +49,7 @@ import logging
 import queue
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
@@ -127,10 +127,15 @@ def read_events(run_path: str, storage_options: dict | None = None) -> Iterator[
 
 
 class EventLogWriter:
-    """Writes one run: its ``run.json`` at once, then its events from a thread of its own."""
+    """Writes one run: its ``run.json`` at once, then its events from a thread of its own.
+
+    ``prior_batch_times``: the batches earlier runs' logs retain (the oldest are cleaned first),
+    or a callable that reads them: it is called on the writer's thread, before the first write,
+    so that a driver taking over does not wait for earlier runs' logs to be read."""
 
     def __init__(self, events_dir: str, run: dict, *, storage_options: dict | None = None,
-                 retained_batches: int = 1000, prior_batch_times: list[int] = (),
+                 retained_batches: int = 1000,
+                 prior_batch_times: Iterable[int] | Callable[[], Iterable[int]] = (),
                  prior_runs: list[str] = (), lock=None, max_queued: int = 10_000):
         self._storage, root = resolve(events_dir, storage_options)
         self._storage_options = storage_options
@@ -145,7 +150,8 @@ class EventLogWriter:
         self._wal = FileBasedWriteAheadLog(self._storage.url(self._storage.join(self._dir, LOG_DIR)),
                                            rolling_interval_s=rolling_s,
                                            storage_options=storage_options, durability=Durability.FLUSH, lock=lock)
-        self._retained = collections.deque(sorted(prior_batch_times)[-retained_batches:], maxlen=retained_batches)
+        self._retained: collections.deque = collections.deque(maxlen=retained_batches)
+        self._prior_batch_times = prior_batch_times
         self._clean_every = max(1, retained_batches // 10)
         self._since_clean = 0
         self._prior_runs = list(prior_runs)
@@ -201,7 +207,16 @@ class EventLogWriter:
     def _put_run(self) -> None:
         self._storage.put(self._storage.join(self._dir, RUN_FILE), encode(self.run))
 
+    def _read_prior_batch_times(self) -> None:
+        prior = self._prior_batch_times
+        try:
+            self._retained.extend(sorted(prior() if callable(prior) else prior))
+        except Exception as e:  # noqa: BLE001  earlier runs' segments are then cleaned later
+            log.warning("could not read the earlier runs' batches in %s: %s", self._dir, e)
+        self._prior_batch_times = ()
+
     def _write_loop(self) -> None:
+        self._read_prior_batch_times()
         closing = False
         while not closing:
             items = [self._queue.get()]

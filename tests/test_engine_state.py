@@ -66,9 +66,14 @@ def _first_batch_waits(time_ms: int) -> None:
 class Submitted(StreamingListener):
     def __init__(self):
         self.times: list[int] = []
+        self.started: dict[int, object] = {}  # batch time -> its BatchInfo when it started
 
     def onBatchSubmitted(self, batchSubmitted):
         self.times.append(batchSubmitted.batchInfo().batch_time_ms)
+
+    def onBatchStarted(self, batchStarted):
+        info = batchStarted.batchInfo()
+        self.started[info.batch_time_ms] = info
 
 
 @pytest.mark.parametrize("operation", ["updateStateByKey", "mapWithState"])
@@ -119,6 +124,8 @@ def test_a_backlog_does_not_lengthen_the_state_lineage(spark_context, tmp_path, 
         ssc.stop(stopSparkContext=False)
         live_conf.remove("spark.sparkwal.state.maxLineageBatches")
     assert submitted_while_stuck == [500 * i for i in range(1, 6)]  # up to 500 + 4 batches
+    held = submitted.started[3000]  # due at 3000 on the clock, generated once the clock stood at 20000
+    assert held.submission_time_ms == 3000 and held.scheduling_delay_ms == 17_000  # the hold counts
     assert values == {500 * i: [("k", i)] for i in range(1, n + 1)}
     steady = max(depths[500 * i] for i in range(1, 6))  # 5 batches; ~8 lines each, +-1 line
     assert max(depths.values()) <= steady + 4, f"lineage {depths}"  # was 8x as long

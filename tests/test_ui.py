@@ -213,12 +213,16 @@ def test_the_event_log_keeps_the_newest_batches_and_every_run_on_any_store(stora
     events = f"{root}/cp/events"
     for run in range(3):
         prior = read_runs(events, options)
+
+        def prior_times(prior=prior):
+            return [e["batchTime"] for r in prior for e in read_events(r["path"], options) if e["event"] == "batch"]
+
         writer = EventLogWriter(events, {"kind": "restart" if run else "new", "appId": f"app-{run}",
                                          "startTime": 1_000_000 + run * 100_000, "epoch": run + 1,
                                          "batchDuration": 100},
                                 storage_options=options, retained_batches=20, prior_runs=[r["path"] for r in prior],
-                                prior_batch_times=[e["batchTime"] for r in prior
-                                                   for e in read_events(r["path"], options) if e["event"] == "batch"])
+                                # read on the writer's thread (a takeover's) or by the caller
+                                prior_batch_times=prior_times if run == 2 else prior_times())
         for i in range(100):
             t = 1_000_000 + run * 100_000 + i * 100
             writer.append({"event": "batch", "time": t, "batchTime": t, "inputs": {"0": 1}, "ops": []})

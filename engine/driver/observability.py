@@ -98,7 +98,7 @@ class Observer:
             return
         try:
             self.writer = EventLogWriter(self.events_dir, self.status.run, storage_options=driver.storage_options,
-                                         retained_batches=self.retained, prior_batch_times=self._prior_batch_times(),
+                                         retained_batches=self.retained, prior_batch_times=self._prior_batch_times,
                                          prior_runs=[r["path"] for r in self.prior_runs], lock=driver.lead())
             self.recorder.writer = self.writer
         except Exception as e:

@@ -101,12 +101,17 @@ class JobScheduler:
         with self._lock:
             return sorted(self._pending)
 
-    def submit(self, time_ms: int, jobs: list[Job], input_infos: dict) -> None:
+    def submit(self, time_ms: int, jobs: list[Job], input_infos: dict, due_ms: int | None = None) -> None:
+        """``due_ms``: when the batch was due to be generated (default: now). It is the batch's
+        submission time, so a batch generated late (held for its state's lineage, or queued
+        behind a snapshot on the generator's thread) counts that wait in its scheduling delay:
+        "caught up" is never said of a stream that is still late."""
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
             self._driver.on_batch_done(time_ms, None)
             return
-        js = _JobSet(time_ms, jobs, input_infos, self._driver.clock.now_ms())
+        now = self._driver.clock.now_ms()
+        js = _JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now))
         with self._lock:
             self._pending[time_ms] = js
         self._driver.events.post(StreamingListenerBatchSubmitted(js.info()))
@@ -245,6 +250,7 @@ class JobGenerator:
         self.last_processed_ms: int | None = None
         self._processed = threading.Condition()
         self._queued: set[int] = set()  # batch times queued for generation, not generated yet
+        self._due_ms: dict[int, int] = {}  # batch time -> when its generation was queued
         self._held: list[int] = []  # due, held until the batches in flight cut a state's lineage
         self._in_flight: set[int] = set()  # generated with jobs, completion not processed yet
         self._queued_lock = threading.Lock()
@@ -256,6 +262,7 @@ class JobGenerator:
     def _queue_generation(self, time_ms: int) -> None:
         with self._queued_lock:
             self._queued.add(time_ms)
+            self._due_ms.setdefault(time_ms, self._driver.clock.now_ms())
         self._events.submit(self._guard, self._generate_queued, time_ms)
 
     def _generate_queued(self, time_ms: int) -> None:
@@ -265,6 +272,7 @@ class JobGenerator:
         with self._queued_lock:
             self._queued.discard(time_ms)
             if self._generation_cancelled:
+                self._due_ms.pop(time_ms, None)
                 return
             if why is not None:
                 self._held.append(time_ms)
@@ -312,6 +320,8 @@ class JobGenerator:
 
     def generate_jobs(self, time_ms: int) -> None:
         driver = self._driver
+        with self._queued_lock:
+            due_ms = self._due_ms.pop(time_ms, None)
         try:
             driver.block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
             if not driver.plan_batch(time_ms):  # ranges planned and logged, unless committed
@@ -323,7 +333,7 @@ class JobGenerator:
             return
         if jobs:  # its completion is processed by _clear_metadata (no jobs: none)
             self._in_flight.add(time_ms)
-        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms))
+        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms), due_ms)
         driver.do_checkpoint(time_ms, clear_later=False)
 
     def rerun(self, times_ms: list[int]) -> None:
