@@ -152,6 +152,14 @@ def _steady(active: App, batch_s: float, timeout: float = 60) -> float:
     return late
 
 
+def _due_to_done(app: App, batches: int = 10) -> float:
+    """The median time from a batch's time to its completion over ``app``'s newest ``batches``:
+    what any batch takes on this machine, the floor of a takeover's first batch (a takeover's
+    down time is the wait for its first batch's time, then that batch)."""
+    done = [e for e in app.events() if e["event"] == "batch"][-batches:]
+    return statistics.median(e["at"] - e["time_ms"] / 1000 for e in done)
+
+
 def _down_time(new: App, killed: float, last: int) -> float:
     first = new.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
     return first["at"] - killed
@@ -167,6 +175,7 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
     start = lambda standby: App(workdir, "sparkwal", batch_s, standby, checkpoint, extra, env)  # noqa: E731
     apps = [start(False)]
     down, took, after, late = [], [], [], []
+    waited, first_batch, steady = [], [], []  # down = waited + first_batch (see _due_to_done)
     try:
         apps[0].wait(lambda e: e["event"] == "batch")
         active = apps[0]
@@ -179,8 +188,12 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
             last = _last_batch(apps)
             killed = active.kill()
             expiry = lease_expiry_ms() if lease_expiry_ms is not None else None
+            steady.append(_due_to_done(active))
             first = standby.wait(lambda e: e["event"] == "batch" and e["time_ms"] > last)
             down.append(first["at"] - killed)
+            due = max(killed, first["time_ms"] / 1000)  # a re-run batch was due before the kill
+            waited.append(due - killed)
+            first_batch.append(first["at"] - due)
             if expiry is not None:
                 after.append(first["at"] - expiry / 1000)
             took.append(standby.wait(lambda e: e["event"] == "takeover")["took_ms"])
@@ -191,7 +204,8 @@ def takeovers(n: int, keys: int, batch_s: float, seed: int = 1, checkpoint: str 
             if a.proc.poll() is None:
                 a.kill()
     shutil.rmtree(workdir, ignore_errors=True)  # kept for a post-mortem when something failed
-    return {"down_s": down, "took_ms": took, "after_lease_s": after, "late_s": late}
+    return {"down_s": down, "took_ms": took, "after_lease_s": after, "late_s": late, "waited_s": waited,
+            "first_batch_s": first_batch, "steady_s": steady}
 
 
 def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: int = 1) -> dict:
@@ -353,6 +367,10 @@ def _run(args) -> int:
         took = f"{statistics.median(r['took_ms']):.0f} ms" if r.get("took_ms") else "-"
         print(f"| {name} | {len(d)} | {pct(d, .5):.2f} s | {pct(d, .95):.2f} s | {max(d):.2f} s | {took} |",
               flush=True)
+        if r.get("first_batch_s"):
+            print(f"  ({name}: the wait for the first batch's time p50 {pct(r['waited_s'], .5):.2f} s, then that "
+                  f"batch to its completion p50 {pct(r['first_batch_s'], .5):.2f} s; the active driver's own "
+                  f"batches, time to completion, p50 {pct(r['steady_s'], .5):.2f} s before the kills)", flush=True)
         _warn_if_behind(name, r, args.batch)
     if args.s3_takeovers:
         r = s3_takeovers(args.s3_takeovers, args.keys, args.s3_batch)
