@@ -63,9 +63,11 @@ def test_a_crash_after_every_step_of_the_batch_protocol_loses_and_doubles_nothin
     assert results["words"] == expected_direct_counts(appended)
 
 
-def test_drill_direct_mode_counts_every_line_exactly_once_across_20_kills(tmp_path):
-    report = direct_drill.run(20, 0.5, seed=7, workdir=str(tmp_path), log=lambda *_: None)
-    assert report["kills"] == 20 and report["restarts"] == 20
+def test_drill_direct_mode_counts_every_line_exactly_once_across_5_kills(tmp_path):
+    """CI's share of the drill (the brief: at most ~5 kills a mode); 20, 50 and 100 kills are run
+    by hand, figures in docs/direct.md."""
+    report = direct_drill.run(5, 0.5, seed=7, workdir=str(tmp_path), log=lambda *_: None)
+    assert report["kills"] == 5 and report["restarts"] == 5
     assert report["lines_appended"] > 100
     assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
     assert report["ok"]
