@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 
-from engine.errors import one_line  # noqa: F401  (the apps' one-line errors)
+from engine.errors import one_line  # also the apps' (a.one_line)
 
 OK, FAILED, USAGE, FENCED, STORAGE = 0, 1, 2, 3, 4
 
