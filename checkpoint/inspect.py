@@ -117,7 +117,7 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
         report.problems.append(f"{report.newest_file} names code part {code}, which is missing")
     if report.newest is not None:
         report.state = summarize_state(report.newest.data.get("state", {}), storage_options,
-                                       verify=verify_state)
+                                       verify=verify_state, layout=layout.CheckpointLayout(url))
         report.problems += [p for s in report.state for p in s.problems]
 
     if layout.METADATA in names:

@@ -15,10 +15,22 @@ below).
 * ``rdds/``: Spark's RDD checkpoint directory, for users' own ``rdd.checkpoint()``
 * ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each (:mod:`checkpoint.event_log`)
 * ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`wal.locks`)
+
+A checkpoint names the files it references (state snapshots, received blocks' WAL records) by
+*relative* names, ``state/3-20000-e1`` or ``receivedData/0-e1/log-...``, resolved against where
+the checkpoint directory is now (:meth:`CheckpointLayout.locate`): a copied or moved checkpoint
+reads its own files, and a driver on a copy never reads, writes or deletes its original's.
+Checkpoints written before sparkwal did so name them by absolute path: under the directory, they
+are its own; elsewhere (a copy made of such a checkpoint), the part from the layout's directory
+name on (``state/...``) is taken from this directory, and :meth:`CheckpointLayout.written_at`
+says where the names point, for the one line a reader logs.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK
@@ -37,6 +49,29 @@ EVENTS = "events"
 
 #: Subdirectories a checkpoint directory may hold, for the inspectors.
 SUBDIRECTORIES = (STATE, OFFSETS, COMMITS, SOURCES, RECEIVED_BLOCK_METADATA, RECEIVED_DATA, RDDS, EVENTS)
+#: The directories whose files a checkpoint names (relative names start with one of them).
+_NAMED = (STATE, RECEIVED_DATA)
+_RELATIVE = re.compile(rf"(?:{'|'.join(_NAMED)})/[^/]")
+#: an absolute name's part from the last of those directories on (an older release's names)
+_TAIL = re.compile(rf"(?:^|/)((?:{'|'.join(_NAMED)})/[^/][^/]*(?:/[^/]+)?)$")
+
+
+def _normal(url: str) -> str:
+    """``url`` compared as text: a local path absolute and normalised, ``file://`` dropped, no
+    trailing slash."""
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if "://" not in url:
+        return os.path.normpath(os.path.abspath(url))
+    return url.rstrip("/")
+
+
+def _under(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` (both normalised), or None when it lies outside."""
+    if path == root:
+        return ""
+    prefix = root if root.endswith("/") else root + "/"
+    return path[len(prefix):] if path.startswith(prefix) else None
 
 __all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "EVENTS", "LEADER_EPOCH",
            "LEADER_LEASES", "LEADER_LOCK", "METADATA", "OFFSETS", "RDDS", "RECEIVED_BLOCK_METADATA", "RECEIVED_DATA",
@@ -52,6 +87,47 @@ class CheckpointLayout:
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
+
+    def relative(self, url: str) -> str | None:
+        """``url``'s name relative to this directory, or None when it lies outside (symbolic
+        links of a local path followed)."""
+        root, path = _normal(self.root), _normal(url)
+        rel = _under(path, root)
+        if rel is None and "://" not in root and "://" not in path:
+            rel = _under(os.path.realpath(path), os.path.realpath(root))
+        return rel
+
+    def name_of(self, url: str) -> str:
+        """The name a checkpoint records for ``url``, a file of this directory (see the module's
+        docstring); a URL outside it is an error, never recorded."""
+        rel = self.relative(url)
+        if not rel:
+            raise ValueError(f"{url} is not inside the checkpoint directory {self.root}")
+        return rel
+
+    def locate(self, name: str) -> str:
+        """Where the file a checkpoint names as ``name`` is now: a relative name, or an older
+        release's absolute one, resolved against this directory (see the module's docstring). A
+        name that fits nothing this layout writes is returned as it is."""
+        if _RELATIVE.match(name):
+            return self._join(name)
+        rel = self.relative(name)
+        if rel:
+            return self._join(rel)
+        tail = _TAIL.search(name.rstrip("/"))
+        return self._join(tail.group(1)) if tail else name
+
+    def written_at(self, names: Iterable[str]) -> str | None:
+        """Where a checkpoint that names ``names`` was written, when it names files by absolute
+        path outside this directory (a copy of an older release's checkpoint): the directory those
+        names point into, for the one line a reader logs. None: its names are its own."""
+        for name in names:
+            if _RELATIVE.match(name) or self.relative(name) is not None:
+                continue
+            tail = _TAIL.search(name.rstrip("/"))
+            if tail:
+                return name.rstrip("/")[:tail.start(1)].rstrip("/") or "/"
+        return None
 
     def checkpoint_file(self, time_ms: int) -> str:
         return self._join(f"{CHECKPOINT_PREFIX}{time_ms}")

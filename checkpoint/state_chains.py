@@ -4,12 +4,15 @@ A checkpoint's ``state`` entry maps each stateful stream (by its index in the gr
 and its snapshots::
 
     {"3": {"name": "mapWithState-3",
-           "snapshots": {"20000": {"url": ".../state/3-20000", "base": null, "bytes": 4812345},
-                         "30000": {"url": ".../state/3-30000", "base": 20000, "bytes": 512345}}}}
+           "snapshots": {"20000": {"url": "state/3-20000-e1", "base": null, "bytes": 4812345},
+                         "30000": {"url": "state/3-30000-e1", "base": 20000, "bytes": 512345}}}}
 
-``base`` is null for a full snapshot and the previous snapshot of the chain for a delta (the
-files' format is :mod:`checkpoint.state_files`'). Earlier releases wrote ``{"3": {"20000":
-".../state/3-20000"}}``, every snapshot full and in version 1: those entries are still read.
+``url`` is the snapshot's name relative to the checkpoint directory, resolved against where the
+checkpoint is now (:meth:`checkpoint.layout.CheckpointLayout.locate`; earlier releases wrote
+absolute paths, still read). ``base`` is null for a full snapshot and the previous snapshot of
+the chain for a delta (the files' format is :mod:`checkpoint.state_files`'). The first release
+wrote ``{"3": {"20000": ".../state/3-20000"}}``, every snapshot full and in version 1: those
+entries are still read. In memory (:class:`SnapshotRef`) a snapshot's ``url`` is where it is now.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .checkpoint_file import read_checkpoint
+from .layout import CheckpointLayout
 from .state_files import (PICKLED, SnapshotError, arrow_column, merge_chain, part_rows, read_manifest,
                           read_part)
 
@@ -54,22 +58,40 @@ class StreamState:
             t = ref.base_ms
         return out[::-1]
 
-    def to_json(self) -> dict:
+    def to_json(self, layout: CheckpointLayout | None = None) -> dict:
+        """The checkpoint's entry; with ``layout``, each snapshot named relative to its directory."""
+        def name(url: str) -> str:
+            return layout.name_of(url) if layout is not None else url
         return {"name": self.name, "snapshots": {
-            str(t): {"url": r.url, "base": r.base_ms, "bytes": r.bytes} for t, r in self.snapshots.items()}}
+            str(t): {"url": name(r.url), "base": r.base_ms, "bytes": r.bytes} for t, r in self.snapshots.items()}}
 
 
-def parse_state(entry: dict) -> dict[int, StreamState]:
-    """A checkpoint's ``state`` entry (either release's form)."""
+def state_names(entry: dict) -> list[str]:
+    """Every snapshot name a checkpoint's ``state`` entry records, as recorded."""
+    names = []
+    for value in entry.values():
+        if "snapshots" in value:
+            names += [r["url"] for r in value["snapshots"].values()]
+        else:
+            names += list(value.values())
+    return names
+
+
+def parse_state(entry: dict, layout: CheckpointLayout | None = None) -> dict[int, StreamState]:
+    """A checkpoint's ``state`` entry (any release's form), each snapshot located in ``layout``'s
+    directory (where the checkpoint is now); without one, names are taken as they are."""
+    def where(name: str) -> str:
+        return layout.locate(name) if layout is not None else name
+
     out = {}
     for index, value in entry.items():
         if "snapshots" in value:
-            refs = {int(t): SnapshotRef(int(t), r["url"], r.get("base"), r.get("bytes", 0))
+            refs = {int(t): SnapshotRef(int(t), where(r["url"]), r.get("base"), r.get("bytes", 0))
                     for t, r in value["snapshots"].items()}
             out[int(index)] = StreamState(value.get("name") or f"state-{index}", refs)
         else:  # the first release: {time: url}, every snapshot full
             out[int(index)] = StreamState(f"state-{index}",
-                                          {int(t): SnapshotRef(int(t), u) for t, u in value.items()})
+                                          {int(t): SnapshotRef(int(t), where(u)) for t, u in value.items()})
     return out
 
 
@@ -98,7 +120,7 @@ def checkpoint_state(checkpoint_path: str, storage_options: dict | None = None) 
     cp = read_checkpoint(str(checkpoint_path), storage_options=storage_options)
     if cp is None:
         raise FileNotFoundError(f"no DStream checkpoint in {checkpoint_path}")
-    return parse_state(cp.data.get("state", {}))
+    return parse_state(cp.data.get("state", {}), CheckpointLayout(str(checkpoint_path)))
 
 
 def read_state(checkpointPath, storage_options: dict | None = None) -> dict[str, pa.Table]:
@@ -125,12 +147,13 @@ class StateSummary:
     problems: list[str]
 
 
-def summarize_state(entry: dict, storage_options: dict | None = None, verify: bool = False
-                    ) -> list[StateSummary]:
-    """Every stateful stream of a checkpoint's ``state`` entry; with ``verify``, every part of
-    every referenced snapshot is read and checked (size and CRC32C)."""
+def summarize_state(entry: dict, storage_options: dict | None = None, verify: bool = False,
+                    layout: CheckpointLayout | None = None) -> list[StateSummary]:
+    """Every stateful stream of a checkpoint's ``state`` entry, its snapshots located in
+    ``layout``'s directory; with ``verify``, every part of every referenced snapshot is read and
+    checked (size and CRC32C)."""
     out = []
-    for stream in parse_state(entry).values():
+    for stream in parse_state(entry, layout).values():
         problems, chain = [], []
         newest = max(stream.snapshots, default=None)
         for _, ref in sorted(stream.snapshots.items()):

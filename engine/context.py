@@ -348,8 +348,20 @@ def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> Stre
         stream.attach(ssc)
     ssc.checkpoint(path, storage_options=storage_options)
     restore(ssc._driver, checkpoint)
+    _warn_if_written_by_another_app(checkpoint, path, sc)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
+
+
+def _warn_if_written_by_another_app(checkpoint, path: str, sc: SparkContext) -> None:
+    """pyspark's contract stands (the checkpoint's program runs), but a checkpoint written by an
+    application of another name is probably not the one meant: one line names both."""
+    written_by = dict(checkpoint.data.get("conf") or []).get("spark.app.name")
+    if written_by and written_by != sc.appName:
+        log.warning("the checkpoint in %s was written by application %r, and this SparkContext is "
+                    "%r: the checkpoint's program runs (getOrCreate recovers what a checkpoint "
+                    "holds); give each application a checkpoint directory of its own",
+                    path, written_by, sc.appName)
 
 
 def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None,
@@ -383,5 +395,6 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
         ssc.checkpoint(path, storage_options=storage_options)
     if checkpoint is not None:
         restore(ssc._driver, checkpoint)
+        _warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
         ssc._driver.recovery = "upgrade"
     return ssc

@@ -134,6 +134,13 @@ def usable_directory(ap: argparse.ArgumentParser, path: str, flag: str) -> str:
     return full
 
 
+def absolute(url: str | None) -> str | None:
+    """A local path made absolute (the main job changes into its work directory); URLs as given."""
+    if url and "://" not in url:
+        return os.path.abspath(url)
+    return url
+
+
 def local_path_is_directory(ap: argparse.ArgumentParser, url: str | None, flag: str) -> None:
     """A local ``url`` (no scheme, or ``file://``) that names a file is a usage error."""
     if url and ("://" not in url or url.startswith("file://")):
@@ -199,3 +206,48 @@ def storage_fault(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+#: the main job's spark.app.name, and the input stream each of its --source modes reads
+MAIN_JOB = "sparkwal-wordcount"
+MAIN_JOB_INPUTS = {"files": "FileInputDStream", "receiver": "ReceiverInputDStream",
+                   "filelog": "DirectInputDStream"}
+
+
+def checkpoint_program(url: str, options: dict | None) -> tuple[str, list[str]] | None:
+    """Which program wrote the newest checkpoint in ``url``: its ``spark.app.name`` and the kinds
+    of its input streams; None when there is none (or it cannot be read: the job's start says
+    why). Reads files only."""
+    from checkpoint import read_checkpoint
+
+    try:
+        cp = read_checkpoint(url, storage_options=options)
+    except Exception:  # noqa: BLE001
+        return None
+    if cp is None:
+        return None
+    name = dict(cp.data.get("conf") or []).get("spark.app.name", "an unnamed application")
+    inputs = [part.split(":", 1)[-1].split("(", 1)[0] for part in cp.data.get("graph", "").split("; ")
+              if part.endswith("<-[]")]
+    return name, inputs
+
+
+def check_own_checkpoint(prog: str, url: str, options: dict | None, source: str) -> None:
+    """A checkpoint written by another program than the main job with ``--source source`` is
+    refused before anything runs (recovering it would run that program, on its inputs): one line
+    naming both, exit status 2."""
+    found = checkpoint_program(url, options)
+    if found is None:
+        return
+    name, inputs = found
+    if name == MAIN_JOB and MAIN_JOB_INPUTS[source] in inputs:
+        return
+    if name == MAIN_JOB:
+        modes = [m for m, kind in MAIN_JOB_INPUTS.items() if kind in inputs]
+        theirs = f"the main job with --source {modes[0] if modes else '?'}"
+    else:
+        theirs = f"{name!r} (spark.app.name), reading {', '.join(inputs) or 'no input'}"
+    print(f"{prog}: {url} holds the checkpoint of another program, {theirs}, not of this one, the "
+          f"main job with --source {source}: a checkpoint recovers the program that wrote it; give "
+          "this job a work directory (or --checkpoint) of its own", file=sys.stderr)
+    sys.exit(USAGE)

@@ -81,9 +81,9 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
     from engine.sinks import SQLiteSink
     from engine.sources import FileLogSource
 
-    sink = SQLiteSink(os.path.join(workdir, "output.db"), "wordcount")
+    sink = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
     source = (FileLogSource(input_url, storage_options) if input_url
-              else FileLogSource(os.path.join(workdir, "log")))
+              else FileLogSource(os.path.normpath(os.path.join(workdir, "log"))))
     stream = ssc.directStream(source, fromOffsets=sink.offsets())
     counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
     sink.saveStream(counts, stream, app.write_batch)

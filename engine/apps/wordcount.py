@@ -69,16 +69,6 @@ def save_batch(out_url: str, t, rdd) -> None:
     storage.put(storage.join(out_dir, f"batch-{batch_ms}.json"), body.encode())
 
 
-_EMIT_LOCK = threading.Lock()
-
-
-def _emit(event: dict, json_events: bool, text: str) -> None:
-    line = json.dumps(event, sort_keys=True) if json_events else text
-    with _EMIT_LOCK:  # listeners print from several threads: one whole line at a time
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
@@ -89,71 +79,18 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     an AckedLineSource to read instead of files. ``checkpoint`` (default ``WORKDIR/checkpoint``)
     may be any fsspec URL, with ``storage_options``; ``input_url`` is the direct mode's log
     directory (default ``WORKDIR/log``)."""
-    from engine import StreamingContext, StreamingListener
+    from engine import StreamingContext
     from engine.apps import wordcount as app  # this module by its importable name (see setup)
+    from engine.apps.progress import Progress, emit
     from wal import resolve
 
-    input_dir = os.path.join(workdir, "input")
+    # main() runs in its work directory and passes ".": the program names its files relatively,
+    # so a work directory copied or moved runs on its own input and output, never the original's
+    input_dir = os.path.normpath(os.path.join(workdir, "input"))
     checkpoint_url = checkpoint or os.path.join(workdir, "checkpoint")
-    out_url = os.path.join(workdir, "output")
+    out_url = os.path.normpath(os.path.join(workdir, "output"))
     out_storage, out_dir = resolve(out_url)
     out_storage.makedirs(out_dir)
-
-    class Progress(StreamingListener):
-        """One line per batch, as Spark's UI would show it; totals for the summary."""
-
-        def __init__(self):
-            self.batches = self.records = self.files = 0
-            self.processing_ms: list[int] = []
-
-        def onReceiverStarted(self, started):
-            r = started.receiverInfo()
-            _emit({"event": "receiver_started", "stream_id": r.streamId(), "executor_id": r.executorId(),
-                   "host": r.location(), "worker_pid": r.worker_pid}, json_events,
-                  f"receiver {r.streamId()} ({r.name()}) started on executor {r.executorId()} ({r.location()})")
-
-        def onReceiverStopped(self, stopped):
-            r = stopped.receiverInfo()
-            _emit({"event": "receiver_stopped", "stream_id": r.streamId(), "executor_id": r.executorId(),
-                   "error": r.lastError()}, json_events,
-                  f"receiver {r.streamId()} stopped on executor {r.executorId()}"
-                  + (f": {r.lastErrorMessage()}" if r.lastError() else ""))
-
-        def onDriverTakeover(self, takeover):
-            _emit({"event": "takeover", "epoch": takeover.epoch, "resumed_from_ms": takeover.resumed_from_ms,
-                   "took_ms": takeover.took_ms, "rerun_batches": len(takeover.rerun_batch_times),
-                   "rerun": _times(list(takeover.rerun_batch_times))},
-                  json_events, f"took over the stream at epoch {takeover.epoch} in {takeover.took_ms} ms"
-                  + (f", re-running {len(takeover.rerun_batch_times)} batches" if takeover.rerun_batch_times
-                     else ""))
-
-        def onBacklog(self, backlog):
-            if json_events:  # for people, the engine's warning line says it (on stderr)
-                _emit({"event": backlog.state, "scheduling_delay_ms": backlog.scheduling_delay_ms,
-                       "backlog": backlog.backlog, "batch_ms": backlog.batch_time_ms}, True, "")
-
-        def onBatchCommitted(self, committed):
-            if json_events:  # for tools only: the progress line shows completed batches
-                _emit({"event": "batch_committed", "batch_id": committed.batchId(),
-                       "batch_ms": committed.batchTime()}, True, "")
-
-        def onBatchCompleted(self, batchCompleted):
-            info = batchCompleted.batchInfo()
-            files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
-            records = app.BATCH_RECORDS.pop(info.batch_time_ms, 0)
-            if receiver is not None or direct:  # these inputs report their records, as in Spark
-                records = info.num_records
-            self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
-            self.processing_ms.append(info.processing_delay_ms or 0)
-            _emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
-                   "records": records, "scheduling_ms": info.scheduling_delay_ms,
-                   "processing_ms": info.processing_delay_ms},
-                  json_events,
-                  f"batch {_clock(info.batch_time_ms)}: "
-                  + (f"{files} files, " if receiver is None and not direct else "")
-                  + f"{records} records "
-                  f"({records / batch:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
-                  f"processing {info.processing_delay_ms} ms")
 
     def setup():
         ssc = StreamingContext(sc, batch)
@@ -190,64 +127,14 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
 
     ssc = StreamingContext.getOrCreate(checkpoint_url, setup, upgrade=upgrade,
                                        storage_options=storage_options, standby=standby)
-    progress = Progress()
+    progress = Progress(json_events, batch, receiver is not None or direct, app.BATCH_RECORDS)
     ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
     described = {"new": "a new context (no checkpoint)",
                  "checkpoint": "recovered from the checkpoint (program and state)",
                  "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
-    _emit({"event": "context", "recovery": ssc.recovery}, json_events,
-          f"context: {described[ssc.recovery]}")
+    emit({"event": "context", "recovery": ssc.recovery}, json_events,
+         f"context: {described[ssc.recovery]}")
     return ssc, progress
-
-
-def _clock(ms: int) -> str:
-    """A batch time as the wall-clock time Spark's UI shows."""
-    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
-
-
-def _times(times_ms: list[int]) -> dict:
-    """A list of batch times as a JSON event gives it: a count and a range (a restart after
-    hours down re-runs thousands)."""
-    return {"count": len(times_ms), "first_ms": min(times_ms, default=None),
-            "last_ms": max(times_ms, default=None)}
-
-
-def _recovered(ssc, json_events: bool) -> None:
-    """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
-    WAL blocks replayed (nothing for a new context with nothing logged)."""
-    from engine.dstream import describe_times
-
-    blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
-    reran, skipped = ssc.rerun_batch_times, ssc.skipped_batch_times
-    event = {"event": "recovered", "rerun_batches": len(reran), "rerun": _times(reran),
-             "committed_batches_skipped": len(skipped),
-             "logged_batches_replayed": len(blog.rerun_times) if blog is not None else 0,
-             "blocks_replayed": tracker.recovered_block_additions if tracker is not None else 0}
-    if not any(event[k] for k in ("rerun_batches", "committed_batches_skipped", "blocks_replayed")):
-        return
-    text = (f"recovered: re-running {describe_times(reran)}"
-            + (f", {event['logged_batches_replayed']} of them with their logged offsets"
-               if event["logged_batches_replayed"] else "")
-            + (f"; {len(skipped)} committed batch(es) not output again" if skipped else "")
-            + (f"; {event['blocks_replayed']} received blocks replayed from the WAL"
-               if event["blocks_replayed"] else ""))
-    _emit(event, json_events, text)
-
-
-def _summary(ssc, p, json_events: bool, outputs: int, out_dir: str, signal_name: str | None) -> None:
-    from engine.dstream import describe_times
-
-    reran, left = ssc.rerun_batch_times, ssc.batches_left_for_restart
-    p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0
-    _emit({"event": "stopped", "outputs": outputs, "batches": p.batches, "records": p.records,
-           "files": p.files, "rerun_batches": len(reran), "rerun": _times(reran),
-           "left_for_restart": _times(left), "signal": signal_name, "processing_p50_ms": p50},
-          json_events,
-          (f"stopped on {signal_name}" if signal_name else "stopped")
-          + f" after {p.batches} batches: {p.files} files, {p.records} records, processing "
-          f"p50 {p50} ms" + (f"; the restart re-ran {describe_times(reran)}" if reran else "")
-          + (f"; {describe_times(left)} left for the next restart (graceful stop timeout)" if left else "")
-          + f"; {outputs} batch outputs in {out_dir}")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -295,6 +182,7 @@ def _fail(message: str, status: int) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
     from engine.apps import arguments as a
+    from engine.apps.progress import emit, recovered, summary
 
     ap = _parser(prog)
     args = ap.parse_args(argv)
@@ -313,7 +201,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
     a.local_path_is_directory(ap, args.input, "--input")
     workdir = a.usable_directory(ap, args.dir, "--dir")
+    args.checkpoint, args.input = a.absolute(args.checkpoint), a.absolute(args.input)
+    a.check_own_checkpoint(prog, args.checkpoint or os.path.join(workdir, "checkpoint"), options, args.source)
     os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
+    os.chdir(workdir)  # the program names its files relative to it (see build)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     from engine.signals import StopSignals, jvm_ignores_stop_signals
@@ -365,7 +256,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     from wal import FencedError
 
     try:
-        ssc, progress = build(sc, workdir, args.batch, upgrade=args.upgrade, json_events=args.json,
+        ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
                               receiver=receiver, direct=direct, checkpoint=args.checkpoint,
                               storage_options=options, input_url=args.input, standby=args.standby)
         ssc.start()
@@ -376,7 +267,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         sc.stop()
         return _fail(f"could not start: {a.one_line(e)}", a.STORAGE if a.storage_fault(e) else a.FAILED)
     if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
-        _emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json, f"UI: {ssc.uiWebUrl}/streaming/")
+        emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json,
+             f"UI: {ssc.uiWebUrl}/streaming/")
 
     def generate() -> None:
         if source is not None:
@@ -407,42 +299,42 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     try:
         if ssc.isStandby():
             lead = ssc.currentLeader()
-            _emit({"event": "standby", "leader": lead.holder if lead else None,
-                   "leader_epoch": lead.epoch if lead else None}, args.json,
-                  f"standby: waiting to take over from {lead.describe() if lead else 'the active driver'}")
+            emit({"event": "standby", "leader": lead.holder if lead else None,
+                  "leader_epoch": lead.epoch if lead else None}, args.json,
+                 f"standby: waiting to take over from {lead.describe() if lead else 'the active driver'}")
             while not stop.is_set() and not ssc.awaitLeadership(0.2):
                 pass
         else:
             threading.Thread(target=generate, daemon=True).start()
         if not stop.is_set():
-            _recovered(ssc, args.json)
+            recovered(ssc, args.json)
         deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             if ssc.awaitTerminationOrTimeout(0.2):
                 break
     except FencedError as e:
-        _emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
+        emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)  # 4 if its lease lapsed on the storage
         return _fail(f"this driver was fenced and wrote nothing more: {e}", a.STORAGE if a.storage_fault(e) else a.FENCED)
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
-        _emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
+        emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)
         status = a.STORAGE if a.storage_fault(e) else a.FAILED
         return _fail(f"{'the storage failed' if status == a.STORAGE else 'a batch failed'}, the job stopped "
                      f"(a restart resumes from the checkpoint): {a.one_line(e)}", status)
     if stop.is_set():
-        _emit({"event": "stopping", "signal": signals.signal_name}, args.json,
-              f"{signals.signal_name}: stopping gracefully (at most "
-              f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
+        emit({"event": "stopping", "signal": signals.signal_name}, args.json,
+             f"{signals.signal_name}: stopping gracefully (at most "
+             f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
         from engine.apps.direct_wordcount import read_results
 
-        _summary(ssc, progress, args.json, read_results(workdir)["batches"],
-                 os.path.join(workdir, "output.db"), signals.signal_name)
+        summary(ssc, progress, args.json, read_results(workdir)["batches"],
+                os.path.join(workdir, "output.db"), signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    _summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
+    summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
     return a.OK
 
 

@@ -8,8 +8,9 @@ tasks, never taken from a network peer.
   checkpoint): each block is one record of ``<checkpoint>/receivedData/<streamId>-e<epoch>/``
   (``<streamId>/`` for a driver without a leadership epoch), a :class:`wal.FileBasedWriteAheadLog`
   (durable, CRC-checked), written before the block is reported; the report carries the record's
-  handle (its segment's full path), so any executor, or the next driver, reads the block back by
-  handle. The epoch in the directory's name fences receivers: a receiver of a driver that lost
+  handle, its segment named relative to the checkpoint directory (``receivedData/0-e1/log-...``:
+  :mod:`checkpoint.layout`), so any executor, or the next driver, reads the block back by handle
+  from wherever the checkpoint is now. The epoch in the directory's name fences receivers: a receiver of a driver that lost
   the leadership (paused, then resumed) writes only into its own epoch's directory, which no
   later driver's tracker references, and never holds up the new receiver with its WAL lock;
   the new receiver cleans the earlier epochs' old segments with its own.
@@ -174,6 +175,7 @@ class WalBlockHandler:
                  clock: Clock | None = None, rolling_interval_s: float = 60,
                  stopped: threading.Event | None = None, epoch: int | None = None):
         self.wal_dir = receiver_wal_dir(checkpoint_dir, stream_id, epoch)
+        self._layout = CheckpointLayout(checkpoint_dir)
         self._earlier = earlier_wal_dirs(checkpoint_dir, stream_id, epoch, storage_options)
         self._storage_options = storage_options
         self._stopped = stopped or threading.Event()
@@ -187,7 +189,8 @@ class WalBlockHandler:
         delay = 0.2
         while True:
             try:
-                return self._wal.write(data, self._clock.now_ms())
+                path, offset, length = self._wal.write(data, self._clock.now_ms())
+                return RecordHandle(self._layout.name_of(path), offset, length)
             except LogLockedError as e:
                 if self._stopped.is_set():
                     raise
@@ -290,9 +293,19 @@ _readers: dict[tuple, FileBasedWriteAheadLog] = {}
 _readers_lock = threading.Lock()
 
 
+def is_wal_block_name(name: str) -> bool:
+    """Whether a reported handle names a segment of this checkpoint's receiver WALs, relatively
+    (``receivedData/<stream>[-e<epoch>]/<segment>``): nothing a receiver reports is read elsewhere."""
+    return _WAL_BLOCK_NAME.fullmatch(name) is not None
+
+
+_WAL_BLOCK_NAME = re.compile(r"receivedData/\d{1,9}(?:-e\d{1,18})?/[A-Za-z0-9_.-]{1,200}")
+
+
 def read_wal_block(wal_dir: str, storage_options: dict | None, stream_id: int, block_id: str,
                    handle: list) -> list:
-    """A block's records from the receiver WAL, by handle (inside a task; read-only, no lock)."""
+    """A block's records from the receiver WAL, by handle (its segment located by the driver:
+    inside a task; read-only, no lock)."""
     key = (wal_dir, repr(sorted((storage_options or {}).items())))
     with _readers_lock:
         reader = _readers.get(key)

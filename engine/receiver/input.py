@@ -10,6 +10,7 @@ from functools import partial
 
 from pyspark import RDD
 
+from checkpoint.layout import CheckpointLayout
 from tracker import ExecutorLocation
 
 from ..inputs import InputDStream
@@ -51,7 +52,8 @@ class ReceiverInputDStream(InputDStream):
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
             wal_dir = receiver_wal_dir(ssc.driver.checkpoint_dir, self.input_id)
-            items = [(b.block_id, list(b.wal_handle)) for b in blocks]
+            layout = CheckpointLayout(ssc.driver.checkpoint_dir)  # where the checkpoint is now
+            items = [(b.block_id, [layout.locate(b.wal_handle[0]), *b.wal_handle[1:]]) for b in blocks]
             return self._sc.parallelize(items, len(items)).flatMap(
                 partial(_read_wal_blocks, wal_dir, ssc.driver.storage_options, self.input_id))
         if logged:

@@ -33,8 +33,8 @@ from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
 from .block_server import discover_block_servers
-from .blocks import (BlockCopy, block_time_ms, copies_from_wire, oldest_kept_block_ms,
-                     remove_local_blocks)
+from .blocks import (BlockCopy, block_time_ms, copies_from_wire, is_wal_block_name,
+                     oldest_kept_block_ms, remove_local_blocks)
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
@@ -433,7 +433,7 @@ def _block(raw: list) -> ReceivedBlockInfo:
     if not isinstance(bid, str) or not 0 < len(bid) <= 200:
         raise wire.ProtocolError(f"bad block id {bid!r}")
     if handle is not None and not (isinstance(handle, list) and len(handle) == 3
-                                   and isinstance(handle[0], str)
+                                   and isinstance(handle[0], str) and is_wal_block_name(handle[0])
                                    and all(isinstance(x, int) and x >= 0 for x in handle[1:])):
         raise wire.ProtocolError(f"bad WAL handle {handle!r} in block {bid}")
     try:

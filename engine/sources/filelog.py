@@ -119,15 +119,15 @@ class FileLogSource(ReplayableSource):
         return scan
 
     def read_hint(self, partition: TopicPartition, from_offset: int, until_offset: int):
+        """(line, byte) to start reading at, and the directory as the driver resolved it: a
+        relative path is the driver's (tasks may run in another working directory)."""
         scan = self._scans.get(str(partition.partition))
-        if scan is None:
-            return None
         best = (0, 0)
-        for line, byte in scan.index:  # the index is short (one point per 4096 lines)
+        for line, byte in scan.index if scan is not None else ():  # short: a point per 4096 lines
             if line > from_offset:
                 break
             best = (line, byte)
-        return best
+        return (*best, self._storage()[1])
 
     def parse_partition(self, key: str) -> str:
         return key
@@ -140,9 +140,9 @@ class FileLogSource(ReplayableSource):
     def read(self, partition: TopicPartition, from_offset: int, until_offset: int,
              hint=None) -> Iterator[str]:
         storage, directory = self._storage()
+        line, pos, directory = hint if hint is not None and len(hint) == 3 else (*(hint or (0, 0)), directory)
         name = str(partition.partition)
         path = storage.join(directory, name)
-        line, pos = hint or (0, 0)
         wanted = until_offset - from_offset
         if wanted <= 0:
             return

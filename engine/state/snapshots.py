@@ -36,15 +36,13 @@ durable: checkpoints are written behind the batches, and one taken earlier still
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 
 from pyspark import StorageLevel
 
 from checkpoint.errors import CheckpointMismatchError
 from checkpoint.layout import CheckpointLayout
-from checkpoint.state_chains import SnapshotRef, StreamState, parse_state
+from checkpoint.state_chains import SnapshotRef, StreamState, parse_state, state_names
 from checkpoint.state_files import read_manifest
 
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
@@ -123,16 +121,19 @@ class StateSnapshots:
         return None
 
     def restore(self, data: dict) -> None:
-        """From a checkpoint's ``state`` entry. A relative path (a checkpoint made in a relative
-        directory before ``checkpoint()`` qualified it) is the driver's: tasks get it absolute."""
-        self.by_stream = parse_state(data)
-        for state in self.by_stream.values():
-            for t, ref in state.snapshots.items():
-                if "://" not in ref.url and not os.path.isabs(ref.url):
-                    state.snapshots[t] = dataclasses.replace(ref, url=os.path.abspath(ref.url))
+        """From a checkpoint's ``state`` entry: each snapshot located in this checkpoint directory,
+        wherever it was written (:mod:`checkpoint.layout`)."""
+        layout = CheckpointLayout(self._driver.checkpoint_dir)
+        elsewhere = layout.written_at(state_names(data))
+        if elsewhere is not None:
+            log.warning("the checkpoint in %s names its state snapshots under %s, where an older "
+                        "sparkwal wrote it: they are read from %s, and nothing under %s is read, "
+                        "written or deleted", layout.root, elsewhere, layout.root, elsewhere)
+        self.by_stream = parse_state(data, layout)
 
     def checkpoint_data(self) -> dict:
-        return {str(i): s.to_json() for i, s in self.by_stream.items()}
+        layout = CheckpointLayout(self._driver.checkpoint_dir)
+        return {str(i): s.to_json(layout) for i, s in self.by_stream.items()}
 
     def check_directory(self) -> None:
         """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
@@ -335,9 +336,14 @@ class StateSnapshots:
         may fall behind: one taken before the retirement, which still references the snapshot,
         can be written after it."""
         written = self._driver.checkpoint_writer.last_written_seq
+        layout = CheckpointLayout(self._driver.checkpoint_dir)
         keep = []
         for queued_then, path in self._retired:
             if written >= queued_then + 2:
+                if not layout.relative(path):  # never: the driver deletes only its own files
+                    log.warning("not deleting state snapshot %s: it is outside the checkpoint "
+                                "directory %s", path, layout.root)
+                    continue
                 try:
                     delete_snapshot(path, self._driver.storage_options)
                 except Exception as e:  # noqa: BLE001
