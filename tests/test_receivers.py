@@ -11,6 +11,7 @@ import time
 import pytest
 from pyspark import cloudpickle
 
+from checkpoint.layout import CheckpointLayout
 from engine import Receiver, StreamingContext, StreamingListener
 from engine.receiver import ReceiverNotStartedError, SocketReceiver
 from engine.receiver.receiver_tracker import total_cores
@@ -146,7 +147,11 @@ def test_store_block_returns_once_the_block_is_durable_and_recorded(spark_contex
         assert [b.metadata for b in blocks] == [{"chunk": i} for i in range(5)]
         assert all(b.num_records == 10 for b in blocks)
         reader = FileBasedWriteAheadLog(str(tmp_path / "ckpt" / "receivedData" / f"0-e{ssc.leaderEpoch}"))
-        assert all(reader.read(RecordHandle(*b.wal_handle)) for b in blocks)  # and it is in the WAL
+        # in the WAL, named relative to the checkpoint (which may be copied or moved)
+        assert all(b.wal_handle.path.startswith(f"receivedData/0-e{ssc.leaderEpoch}/") for b in blocks)
+        layout = CheckpointLayout(str(tmp_path / "ckpt"))
+        assert all(reader.read(RecordHandle(layout.locate(b.wal_handle.path), *b.wal_handle[1:]))
+                   for b in blocks)
         clock.advance(1_000)  # batch 1,001,000 takes them
         wait_until(lambda: len(got) == 50, what="the batch")
     finally:

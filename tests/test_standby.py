@@ -17,7 +17,7 @@ import pytest
 from engine import DriverAlreadyActiveError, StreamingContext, StreamingListener
 from engine.apps.drill_runs import AppRun, check_outputs, start_input, wait_until_counted
 from wal import FencedError, FileBasedWriteAheadLog, LeaderHeldError, ManualClock, resolve
-from wal.locks import lease_path
+from wal.leases import lease_path
 
 
 # ------------------------------------------------------------------ leadership (wal/storage.py)

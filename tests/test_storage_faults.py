@@ -120,7 +120,7 @@ def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_ov
     import time
 
     from wal import FencedError, LeaderHeldError, resolve
-    from wal.locks import lease_path
+    from wal.leases import lease_path
 
     url, _ = s3_url
     proxy = FaultProxy(s3_endpoint, seed=3, delay_s=4.0)

@@ -17,7 +17,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from . import atomic, locks, retry
+from . import atomic, leases, locks, retry
 from .append_files import (
     CAN_MAP,
     AppendFile,
@@ -133,6 +133,12 @@ class Storage(ABC):
         """``directory``'s current (or last) leader, found without taking anything; None when no
         driver ever led it."""
         return None
+
+    def seed_epoch(self, directory: str, epoch: int, holder: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        """Make ``directory``'s next leader start after ``epoch``, with no leader holding it now
+        (a checkpoint's copy goes on numbering where its original was: the files that carry an
+        epoch in their names never clash). ``directory`` must never have been led."""
+        raise NotImplementedError
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release cached resources (open read handles); nothing to release by default."""
@@ -297,6 +303,9 @@ class LocalStorage(Storage):
     def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
         return locks.local_leader(self, directory)
 
+    def seed_epoch(self, directory: str, epoch: int, holder: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        locks.local_seed_epoch(self, directory, epoch, holder, clock)
+
     def close(self) -> None:
         with self._fd_lock:
             for entry in self._read_fds.values():
@@ -403,16 +412,19 @@ class FsspecStorage(Storage):
         self.put(path, self.read_range(path, 0, size))
 
     def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
-        return locks.lease_writer(self, directory, clock)
+        return leases.lease_writer(self, directory, clock)
 
     def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
-        return locks.lease_leader(self, directory, clock)
+        return leases.lease_leader(self, directory, clock)
+
+    def seed_epoch(self, directory: str, epoch: int, holder: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        leases.lease_seed_epoch(self, directory, epoch, holder, clock)
 
     def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
-        return locks.lease_lead(self, directory, clock, lease_ms)
+        return leases.lease_lead(self, directory, clock, lease_ms)
 
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
-        return locks.lease_lock(self, directory, clock, lease_ms)
+        return leases.lease_lock(self, directory, clock, lease_ms)
 
 
 def mtime_ms(entry: dict) -> int | None:

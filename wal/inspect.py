@@ -10,6 +10,7 @@ reader takes for a segment) and replaced by the records before the damage.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -96,6 +97,22 @@ def scan_log(url: str, storage_options: dict | None = None,
         if progress is not None:
             progress(i + 1, len(segments))
     return LogReport(storage.url(root), reports, storage.writer(root, clock=SYSTEM_CLOCK))
+
+
+def segment_bytes(storage: Storage, path: str, newest: bool) -> tuple[bytes, int]:
+    """A segment's bytes as its readers take them: the newest segment of a log without a torn or
+    preallocated tail (returns the bytes and how many were left out); a damaged segment whole,
+    as it is (its damage stays for ``verify`` to report)."""
+    data = storage.read_file(path)
+    if not newest:
+        return data, 0
+    result = ScanResult()
+    try:
+        for _ in iter_segment(io.BytesIO(data), path, newest=True, result=result):
+            pass
+    except CorruptRecordError:
+        return data, 0
+    return data[:result.valid_end], len(data) - result.valid_end
 
 
 def iter_records(url: str, storage_options: dict | None = None) -> Iterator[tuple[str, int, bytes]]:

@@ -3,7 +3,8 @@
 Everything sparkwal persists (WAL segments, metadata logs, checkpoints) goes through a
 :class:`Storage`, and every guarantee of the seam is listed here, once. By job:
 :mod:`wal.backends` (the two backends), :mod:`wal.atomic` (fsync, atomic create and replace),
-:mod:`wal.locks` (locks, leases, epochs), :mod:`wal.append_files` (appends and their fsync).
+:mod:`wal.locks` (locks, epochs), :mod:`wal.leases` (their object-store leases),
+:mod:`wal.append_files` (appends and their fsync).
 ``resolve(url)`` picks the backend:
 
 * a plain path or ``file://`` URL -> :class:`LocalStorage`, straight ``os`` calls (so ``fsync`` means

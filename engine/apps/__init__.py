@@ -28,6 +28,11 @@ def run_from_command(argv: list[str]) -> int:
         return main(argv, prog=f"sparkwal {argv[0]}")
     if argv[0] == "drill":
         module, rest, prog = "engine.apps.drill", argv[1:], "sparkwal drill"
+    elif len(argv) > 1 and argv[1] in ("-h", "--help"):
+        print(f"usage: sparkwal run APP [ARGS]  (sparkwal run APP --help: the app's own)\n\napps:\n"
+              + "\n".join(f"  {name:<10} {importlib.import_module(m).__doc__.splitlines()[0]}"
+                          for name, m in APPS.items()))
+        return 0
     elif len(argv) < 2 or argv[1] not in APPS:
         what = f"unknown app {argv[1]!r}" if len(argv) > 1 else "an app to run is missing"
         print(f"sparkwal run: {what}; apps: {', '.join(APPS)}", file=sys.stderr)

@@ -8,7 +8,9 @@ A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.checkpoint_f
      (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
      "completed_ms": the checkpoint's batch time when it was written after every output of that
      batch succeeded (a restart then regenerates that batch without outputting it again), else
-     None, "leader_epoch": the writing driver's leadership epoch (None: not leading)}
+     None, "leader_epoch": the writing driver's leadership epoch (None: not leading),
+     "floor_ms": the oldest batch time a restart from it may need (its blocks, logged batches
+     and received data are kept from there; ``sparkwal checkpoint copy`` copies from there)}
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def do_checkpoint(driver, time_ms: int, clear_later: bool) -> None:
 
 
 def _write(driver, time_ms: int, clear_later: bool) -> None:
+    pending = driver.scheduler.pending_times()
+    floor = min(driver.snapshots.floor(min([time_ms, *pending])), time_ms - driver.max_remember_ms())
     data = {
         "fingerprint": driver.graph.fingerprint(),
         "graph": driver.graph.describe(),
@@ -79,9 +83,8 @@ def _write(driver, time_ms: int, clear_later: bool) -> None:
         # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
         "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
         "leader_epoch": driver.leader_epoch,
+        "floor_ms": floor,
     }
-    pending = driver.scheduler.pending_times()
-    floor = driver.snapshots.floor(min([time_ms, *pending]))
     with driver.floors_lock:
         driver.cleanup_floors.setdefault(time_ms, []).append((floor, time.monotonic()))
     driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))

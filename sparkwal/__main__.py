@@ -1,0 +1,7 @@
+"""``python -m sparkwal ...``: the ``sparkwal`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
