@@ -217,6 +217,7 @@ class CheckpointWriter:
         #: paths, listed once, then kept up to date; the last file written and its bytes
         self._files: list[tuple[int, bool, str]] | None = None
         self._last_written: tuple[str, bytes] | None = None
+        self._progress = threading.Condition()  # notified when a checkpoint is written or fails
         self._thread = threading.Thread(target=self._run, name="CheckpointWriter", daemon=True)
         self._thread.start()
 
@@ -234,6 +235,17 @@ class CheckpointWriter:
                 f"{self.directory}: {self._queue.qsize()} checkpoints are waiting to be written; "
                 f"checkpoint {checkpoint.checkpoint_time_ms} not queued within "
                 f"{self._put_timeout} s (storage too slow?)") from None
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything queued so far is durable; raises if a checkpoint failed, or
+        :class:`CheckpointError` after ``timeout`` seconds."""
+        wanted = self.queued
+        with self._progress:
+            done = self._progress.wait_for(
+                lambda: self.last_written_seq >= wanted or self._error is not None, timeout)
+        self._raise_if_failed()
+        if not done:
+            raise CheckpointError(f"{self.directory}: checkpoint {wanted} not written within {timeout} s")
 
     def stop(self, timeout: float | None = None) -> None:
         """Write everything queued, then stop the thread; raises if a checkpoint failed."""
@@ -259,7 +271,11 @@ class CheckpointWriter:
             item = self._queue.get()
             if item is None:
                 return
-            self._write_one(*item)
+            try:
+                self._write_one(*item)
+            finally:
+                with self._progress:
+                    self._progress.notify_all()
 
     def _write_one(self, time_ms: int, blob: bytes, seq: int) -> None:
         path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{max(self._latest, time_ms)}")

@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") ->
         if not os.path.isdir(report_dir):
             ap.error(f"--report {args.report}: no such directory {report_dir}")
     workdir = a.usable_directory(ap, args.dir, "--dir") if args.dir else tempfile.mkdtemp(prefix="sparkwal-drill-")
+    if args.dir and not args.nemesis:  # its main job runs on WORKDIR/checkpoint
+        a.check_own_checkpoint(prog, os.path.join(workdir, "checkpoint"), None,
+                               {"files": "files", "direct": "filelog", "receiver": "receiver"}[args.mode])
     stopped_by: list[str] = []
 
     def on_signal(signum, _frame):  # unwinds the drill: its finally blocks kill the apps

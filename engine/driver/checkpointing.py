@@ -66,6 +66,15 @@ def do_checkpoint(driver, time_ms: int, clear_later: bool) -> None:
     _write(driver, time_ms, clear_later)
 
 
+def write_first(driver, first_ms: int) -> None:
+    """A new stream's first checkpoint, of the time before its first batch, durable before
+    ``start()`` returns: a driver killed before its first batch's checkpoint then restarts from
+    where the stream began (its inputs' start, every batch since re-run) instead of starting a
+    new stream, which would miss what arrived meanwhile."""
+    _write(driver, first_ms - driver.batch_ms, False)
+    driver.checkpoint_writer.flush()  # bounded: each storage call has its deadline (wal.retry)
+
+
 def _write(driver, time_ms: int, clear_later: bool) -> None:
     pending = driver.scheduler.pending_times()
     floor = min(driver.snapshots.floor(min([time_ms, *pending])), time_ms - driver.max_remember_ms())

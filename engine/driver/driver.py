@@ -182,6 +182,8 @@ class Driver:
         try:
             batches.start_batch_log(self)
             first = recovery.fresh_start(self) if self.restored is None else recovery.restart(self)
+            if self.restored is None and self.checkpoint_writer is not None:
+                checkpointing.write_first(self, first)
         except BaseException:
             if self.checkpoint_writer is not None:
                 self.checkpoint_writer.stop()

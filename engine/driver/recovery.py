@@ -59,7 +59,8 @@ def restart(driver) -> int:
     restart_ms = driver.generator.timer.restart_time(zero)
     down = list(range(cp.checkpoint_time_ms, restart_ms, driver.batch_ms))
     logged = driver.batch_log.rerun_times if driver.batch_log is not None else []
-    times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if t < restart_ms})
+    # (a stream's first checkpoint is of its zero time, before its first batch: not a batch)
+    times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if zero < t < restart_ms})
     driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
     return rerun(driver, times, restart_ms)
 

@@ -1,0 +1,87 @@
+"""A program knows its checkpoint: the main job and the drills refuse a checkpoint another program
+wrote (recovering it would run that program on that program's inputs) with one line naming both,
+exit status 2, before any JVM; through the API pyspark's contract stands, with one warning line
+when the checkpoint's ``spark.app.name`` is not the running context's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint import Checkpoint
+from engine import StreamingContext
+from test_engine_state import SnapshotApp
+from wal import ManualClock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def foreign_checkpoint(directory: Path, app_name: str, graph: str) -> None:
+    directory.mkdir(parents=True)
+    data = {"conf": [["spark.app.name", app_name], ["spark.master", "local[2]"]], "graph": graph,
+            "batch_ms": 1000, "code": None, "state": {}, "inputs": {}}
+    (directory / "checkpoint-1000").write_bytes(Checkpoint(1000, [], data).encode())
+
+
+PORTED = "0:FileInputDStream(slide=1000 directory=/tmp/app/in)<-[]; 1:StateDStream(slide=1000)<-[0]"
+RECEIVER_JOB = "0:ReceiverInputDStream(slide=1000)<-[]; 1:TransformedDStream(slide=1000)<-[0]"
+
+
+def run(module: str, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("module, args, graph, name, theirs", [
+    ("engine.wordcount", [], PORTED, "ported", "'ported' (spark.app.name), reading FileInputDStream"),
+    ("engine.wordcount", ["--source", "filelog"], RECEIVER_JOB, "sparkwal-wordcount",
+     "the main job with --source receiver"),
+    ("engine.drill", ["--mode", "direct"], PORTED, "ported", "'ported' (spark.app.name)"),
+], ids=["another-app", "another-mode", "drill"])
+def test_the_main_job_and_the_drill_refuse_another_programs_checkpoint(tmp_path, module, args, graph, name, theirs):
+    foreign_checkpoint(tmp_path / "work" / "checkpoint", name, graph)
+    before = sorted(p.name for p in (tmp_path / "work").rglob("*"))
+    proc = run(module, "--dir", tmp_path / "work", *args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and theirs in lines[0] and "not of this one, the main job with --source" in lines[0]
+    assert "SparkContext" not in proc.stderr and proc.stdout == ""  # before any JVM or batch
+    assert sorted(p.name for p in (tmp_path / "work").rglob("*")) == before  # nothing made
+
+
+def test_the_main_job_takes_its_own_checkpoint(tmp_path):
+    """The check lets the main job's own checkpoint through (here, one it cannot recover: the
+    refusal is not what stops it)."""
+    foreign_checkpoint(tmp_path / "work" / "checkpoint", "sparkwal-wordcount",
+                       "0:FileInputDStream(slide=1000 directory=input)<-[]")
+    proc = run("engine.wordcount", "--dir", tmp_path / "work", "--seconds", "1", "--files", "0")
+    assert "another program" not in proc.stderr
+    assert proc.returncode == 1 and "could not start" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_context, tmp_path, caplog):
+    app = SnapshotApp(spark_context, tmp_path)
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), None or _noop()))
+    ssc.start()
+    ssc.stop(stopSparkContext=False)
+    for f in app.ckpt.glob("checkpoint-*"):  # as if written by an application named "billing"
+        cp = Checkpoint.decode(f.read_bytes())
+        cp.data["conf"] = [kv for kv in cp.data["conf"] if kv[0] != "spark.app.name"] + [["spark.app.name", "billing"]]
+        f.write_bytes(cp.encode())
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        again = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()), upgrade=True)
+    assert again.recovery == "upgrade"
+    said = [r.getMessage() for r in caplog.records if "was written by application" in r.getMessage()]
+    assert len(said) == 1 and "'billing'" in said[0] and f"'{spark_context.appName}'" in said[0]
+
+
+def _noop():
+    from engine import StreamingListener
+
+    return StreamingListener()
