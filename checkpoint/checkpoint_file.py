@@ -237,8 +237,9 @@ class CheckpointWriter:
                 f"{self._put_timeout} s (storage too slow?)") from None
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything queued so far is durable; raises if a checkpoint failed, or
-        :class:`CheckpointError` after ``timeout`` seconds."""
+        """Wait until everything queued so far is durable (not for ``on_written``, which runs
+        after); raises if a checkpoint failed, or :class:`CheckpointError` after ``timeout``
+        seconds."""
         wanted = self.queued
         with self._progress:
             done = self._progress.wait_for(
@@ -315,7 +316,9 @@ class CheckpointWriter:
                     return
         self._written += 1
         self.last_written_bytes = len(blob)  # read by on_written (the same thread)
-        self.last_written_seq = seq
+        with self._progress:  # durable: flush() returns, whatever on_written does next
+            self.last_written_seq = seq
+            self._progress.notify_all()
         self._retain()
         if self._on_written is not None:
             self._on_written(time_ms)

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
+from wal.inspect import trim_preallocated
 from wal.storage import resolve
 
 log = logging.getLogger(__name__)
@@ -215,8 +216,18 @@ class EventLogWriter:
             log.warning("could not read the earlier runs' batches in %s: %s", self._dir, e)
         self._prior_batch_times = ()
 
+    def _trim_prior_runs(self) -> None:
+        """Earlier runs killed while writing left space reserved ahead of their last records:
+        cut it (this run leads the checkpoint now; they write nothing more)."""
+        for run_path in self._prior_runs:
+            try:
+                trim_preallocated(f"{run_path.rstrip('/')}/{LOG_DIR}", self._storage_options)
+            except Exception as e:  # noqa: BLE001  left for the next run
+                log.warning("could not trim the event log of %s: %s", run_path, e)
+
     def _write_loop(self) -> None:
         self._read_prior_batch_times()
+        self._trim_prior_runs()
         closing = False
         while not closing:
             items = [self._queue.get()]

@@ -19,6 +19,7 @@ from . import layout
 from .code import CODE_FILE, read_code
 from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
 from .errors import CheckpointError
+from .event_log import LOG_DIR
 from .offsets import CommitLog, OffsetSeqLog
 from .resume import RestartPoint, resolve_restart
 from .state_chains import StateSummary, summarize_state
@@ -39,7 +40,7 @@ class LogSummary:
 @dataclass
 class CheckpointReport:
     url: str
-    kind: str  # "sparkwal", "structured streaming" or "empty"
+    kind: str  # "sparkwal", "structured streaming" or "empty" (none of a checkpoint's files)
     newest: Checkpoint | None = None  # the DStream checkpoint a restart would use
     newest_file: str | None = None
     files: list[str] = field(default_factory=list)  # DStream checkpoint files, oldest first
@@ -71,13 +72,18 @@ def _log_summary(log) -> LogSummary:
 
 
 def _write_ahead_logs(storage, root: str, subdirs: set[str]) -> list[str]:
-    """The URLs of the write-ahead logs a sparkwal checkpoint holds: the block tracker's, and
-    each receiver's data log."""
+    """The URLs of the write-ahead logs a sparkwal checkpoint holds: the block tracker's, each
+    receiver's data log, and each driver run's event log."""
     paths = layout.CheckpointLayout(storage.url(root))
     logs = [paths.block_metadata] if layout.RECEIVED_BLOCK_METADATA in subdirs else []
     if layout.RECEIVED_DATA in subdirs:
         data = storage.join(root, layout.RECEIVED_DATA)
         logs += [storage.url(storage.join(data, d)) for d in sorted(storage.list_dirs(data))]
+    if layout.EVENTS in subdirs:
+        events = storage.join(root, layout.EVENTS)
+        for run in sorted(storage.list_dirs(events)):
+            if LOG_DIR in storage.list_dirs(storage.join(events, run)):
+                logs.append(storage.url(storage.join(storage.join(events, run), LOG_DIR)))
     return logs
 
 
@@ -146,7 +152,7 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
         report.problems += [f"{s.path} at byte offset {s.problem[0]}: {s.problem[1]}"
                             for s in log_report.problems]
     report.leader = storage.leader(root)  # read only: inspectors take no lock
-    if report.newest is not None or report.code_parts or report.files:
+    if report.newest is not None or report.code_parts or report.files or report.logs:
         report.kind = "sparkwal"
     elif report.metadata is not None or report.offsets is not None:
         report.kind = "structured streaming"

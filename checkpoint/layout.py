@@ -105,17 +105,24 @@ class CheckpointLayout:
             raise ValueError(f"{url} is not inside the checkpoint directory {self.root}")
         return rel
 
+    def own_name(self, name: str) -> str | None:
+        """The relative name a name a checkpoint records stands for in this directory (see the
+        module's docstring): itself, an older release's absolute name made relative, or None
+        when it fits nothing this layout writes."""
+        if _RELATIVE.match(name):
+            return name
+        rel = self.relative(name)
+        if rel:
+            return rel
+        tail = _TAIL.search(name.rstrip("/"))
+        return tail.group(1) if tail else None
+
     def locate(self, name: str) -> str:
         """Where the file a checkpoint names as ``name`` is now: a relative name, or an older
         release's absolute one, resolved against this directory (see the module's docstring). A
         name that fits nothing this layout writes is returned as it is."""
-        if _RELATIVE.match(name):
-            return self._join(name)
-        rel = self.relative(name)
-        if rel:
-            return self._join(rel)
-        tail = _TAIL.search(name.rstrip("/"))
-        return self._join(tail.group(1)) if tail else name
+        own = self.own_name(name)
+        return self._join(own) if own is not None else name
 
     def written_at(self, names: Iterable[str]) -> str | None:
         """Where a checkpoint that names ``names`` was written, when it names files by absolute

@@ -7,6 +7,7 @@ import threading
 from collections import deque
 
 from pyspark import RDD
+from pyspark.accumulators import AccumulatorParam
 
 from wal.storage import resolve
 
@@ -17,6 +18,11 @@ class InputDStream(DStream):
     """A stream with no parent; its slide is the batch duration."""
 
     receiver_based = False  # True: its data arrives as blocks tracked by the ReceivedBlockTracker
+
+    def records_read(self, time_ms: int) -> int | None:
+        """The records batch ``time_ms`` read from this input, known once its jobs are done, for
+        an input that cannot count them when the batch is generated (None: it reported them)."""
+        return None
 
     def __init__(self, ssc):
         super().__init__(ssc, [], ssc.driver.batch_ms)
@@ -129,6 +135,34 @@ def _read_remote(storage_options: dict | None, record_length: int | None):
     return read
 
 
+class _LineCounts(AccumulatorParam):
+    """``{(batch ms, partition): records}``, merged by the larger count: a partition computed
+    again (a retried task, a second output operation) counts once."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, value1, value2):
+        for key, n in value2.items():
+            if n > value1.get(key, -1):
+                value1[key] = n
+        return value1
+
+
+def _counting(counts, time_ms: int):
+    """The task function passing a partition's records on and counting them, once it was read
+    to its end (an output that takes only the first records, as ``pprint`` does, counts none of
+    a partition it did not finish)."""
+
+    def count(index, records):
+        n = 0
+        for n, record in enumerate(records, 1):
+            yield record
+        counts.add({(time_ms, index): n})
+
+    return count
+
+
 class FileInputDStream(InputDStream):
     """New files in a directory, as lines of text or fixed-length binary records (Spark's
     FileInputDStream). Files are expected to appear atomically (written elsewhere, then moved
@@ -145,16 +179,21 @@ class FileInputDStream(InputDStream):
     lost. With ``new_files_only=False`` start is 0: files already there when a fresh context
     starts are taken too, within the remember window. A file is never taken twice: each batch's
     files are remembered until they fall out of the remember window, and the files of each
-    batch are recovery data, so a re-run batch after a restart reads exactly the same files."""
+    batch are recovery data, so a re-run batch after a restart reads exactly the same files.
+
+    Unlike Spark's (whose page shows 0 records for a file stream), a batch's records are the
+    lines its jobs read, counted by the tasks as they read them (:meth:`records_read`): no other
+    job, no read of its own."""
 
     MIN_REMEMBER_MS = 60_000
     storage_options: dict | None = None  # streams pickled before it existed read local paths
     MTIME_SLACK_MS = 2_000
-    _transient = (*InputDStream._transient, "_files_lock")
+    _transient = (*InputDStream._transient, "_files_lock", "_counts")
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._files_lock = threading.Lock()
+        self._counts = None
 
     def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None,
                  storage_options: dict | None = None):
@@ -166,6 +205,7 @@ class FileInputDStream(InputDStream):
         self.batch_files: dict[int, list[str]] = {}
         self._recent: set[str] = set()
         self._files_lock = threading.Lock()
+        self._counts = None  # the accumulator of the lines each batch's tasks read
         self._start_threshold_ms = 0
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
         self.min_remember_ms = ssc.driver.file_remember_ms()
@@ -196,10 +236,29 @@ class FileInputDStream(InputDStream):
                 files = self._find_new_files(time_ms)
                 self.batch_files[time_ms] = files
                 self._recent.update(files)
-        # like Spark, a file stream reports 0 records (counting lines would need another job)
+        # the records are counted as the tasks read them (records_read): 0 until then
         self._ssc.driver.report_input(time_ms, self, 0, {"files": files})
         if not files:
             return self._sc.emptyRDD()
+        if self._counts is None:
+            self._counts = self._sc.accumulator({}, _LineCounts())
+        return self._read(files).mapPartitionsWithIndex(_counting(self._counts, time_ms),
+                                                        preservesPartitioning=True)
+
+    def records_read(self, time_ms: int) -> int | None:
+        if self._counts is None:
+            return 0
+        counts = self._counts.value  # the accumulator's own dict, added to in place as tasks report
+        n = 0
+        # this batch's counts, and strays of older ones (a partition computed again for a later
+        # batch, from the state's lineage)
+        for key in [k for k in list(counts) if k[0] <= time_ms]:
+            value = counts.pop(key, 0)
+            if key[0] == time_ms:
+                n += value
+        return n
+
+    def _read(self, files: list[str]) -> RDD:
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
                 _read_remote(self.storage_options, self.record_length))

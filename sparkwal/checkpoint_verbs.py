@@ -6,15 +6,31 @@ from __future__ import annotations
 
 import dataclasses
 
-from .common import OK, PROBLEM, UsageError, emit, require_directory, storage_options, when
+from .common import OK, PROBLEM, MissingDirectory, UsageError, emit, require_directory, storage_options, when
+
+
+def _inspected(args, verify: bool):
+    """The checkpoint in DIR, inspected (with ``verify``: every state part read and every block
+    the tracker names checked, as ``wal verify`` checks every record); a directory holding none
+    of a checkpoint's files is one line, exit 1, never an OK about nothing."""
+    from checkpoint.inspect import inspect_checkpoint
+
+    from .received import lost_blocks
+
+    require_directory(args, "checkpoint")
+    options = storage_options(args.storage_option)
+    r = inspect_checkpoint(args.dir, options, verify_state=verify)
+    if r.kind == "empty":
+        raise MissingDirectory(f"{args.dir} is not a checkpoint: it holds no checkpoint file, code part, "
+                               "offset or commit log, or write-ahead log")
+    if verify and r.kind == "sparkwal":
+        r.problems += [b.describe() for b in lost_blocks(r.url, options)]
+    return r
 
 
 def checkpoint_inspect(args) -> int:
-    from checkpoint.inspect import inspect_checkpoint
-
-    require_directory(args, "checkpoint")
     # everything checked, as `wal inspect` checks every record: the exit status says the same
-    r = inspect_checkpoint(args.dir, storage_options(args.storage_option), verify_state=True)
+    r = _inspected(args, verify=True)
     lines = [f"checkpoint {r.url} ({r.kind})"]
     if r.newest is not None:
         data = r.newest.data
@@ -99,10 +115,7 @@ def _per_stream(out: str, name: str) -> str:
 
 
 def checkpoint_verify(args) -> int:
-    from checkpoint.inspect import inspect_checkpoint
-
-    require_directory(args, "checkpoint")
-    r = inspect_checkpoint(args.dir, storage_options(args.storage_option), verify_state=True)
+    r = _inspected(args, verify=True)
     lines = [f"PROBLEM: {p}" for p in r.problems]
     lines.append(f"{'FAILED' if r.problems else 'OK'}: {r.url} ({r.kind}), {len(r.files)} checkpoint "
                  f"files, {len(r.code_parts)} code parts, "
@@ -120,13 +133,11 @@ def checkpoint_repair(args) -> int:
     from checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
     from checkpoint.checkpoint_file import set_aside_damaged
     from checkpoint.layout import CheckpointLayout
-    from checkpoint.inspect import inspect_checkpoint
     from wal import LogLockedError
     from wal.inspect import plan_repair as plan_log_repair, repair_log
 
-    require_directory(args, "checkpoint")
     options = storage_options(args.storage_option)
-    r = inspect_checkpoint(args.dir, options)
+    r = _inspected(args, verify=False)
     if r.leader is not None and r.leader.held:
         emit(args, {"checkpoint": r.url, "error": "a driver leads it", "applied": False},
               [f"cannot repair {r.url}: a running driver leads it ({r.leader.describe()}); stop it first"])

@@ -16,8 +16,9 @@ class UsageError(ValueError):
 
 
 class MissingDirectory(ValueError):
-    """DIR does not exist or is not a directory (exit status 1: a cron job's mistyped path must
-    not verify as a healthy, empty log)."""
+    """DIR does not exist, is not a directory, or is not what the verb works on (no log, no
+    checkpoint in it): exit status 1, one line (a cron job's mistyped path must not verify as a
+    healthy, empty log)."""
 
 
 def require_directory(args, what: str) -> None:

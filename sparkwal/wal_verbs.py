@@ -6,18 +6,42 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .common import OK, PROBLEM, Progress, emit, require_directory, storage_options, when
+from .common import OK, PROBLEM, MissingDirectory, Progress, emit, require_directory, storage_options, when
+
+
+def _require_log(args) -> None:
+    """A directory with no segment and no writer's lock or lease is not a log: one line, exit 1
+    (an inspector never says OK about nothing, and repair creates nothing there)."""
+    from wal.segment import parse_segment_name
+    from wal.storage import resolve
+
+    require_directory(args, "log")
+    storage, root = resolve(args.dir, storage_options(args.storage_option))
+    if any(parse_segment_name(f.name) for f in storage.list_files(root)) or storage.writer(root) is not None:
+        return
+    raise MissingDirectory(f"{args.dir} is not a write-ahead log: it holds no segment (log-<start>-<end>) "
+                           "and no writer's lock")
 
 
 def _scan(args):
     from wal.inspect import scan_log
 
-    require_directory(args, "log")
+    _require_log(args)
     progress = Progress("scanning segments")
     try:
         return scan_log(args.dir, storage_options(args.storage_option), progress)
     finally:
         progress.close()
+
+
+def _lost_blocks(args, report) -> list:
+    """A receiver's WAL in a checkpoint: the blocks its tracker names that do not read back."""
+    from .received import checkpoint_of_receiver_log, lost_blocks
+
+    checkpoint = checkpoint_of_receiver_log(report.url)
+    if checkpoint is None:
+        return []
+    return lost_blocks(checkpoint, storage_options(args.storage_option), only_log=report.url)
 
 
 def _writer_line(writer) -> str:
@@ -34,6 +58,7 @@ def wal_inspect(args) -> int:
              _writer_line(report.writer)]
     for s in report.segments:
         note = (f"  DAMAGED at byte {s.problem[0]}: {s.problem[1]}" if s.problem
+                else f"  {s.torn_bytes} bytes reserved ahead (zeros)" if s.torn_bytes and s.preallocated == s.torn_bytes
                 else f"  torn tail of {s.torn_bytes} bytes" if s.torn_bytes else "")
         lines.append(f"  {s.path}  {when(s.start_ms)} .. {when(s.end_ms)}  {s.size} bytes  "
                      f"{s.records} records{note}")
@@ -78,23 +103,33 @@ def wal_verify(args) -> int:
     problems = [{"file": s.path, "offset": s.problem[0], "problem": s.problem[1],
                  "records_before": s.records} for s in report.problems]
     torn = [{"file": s.path, "offset": s.valid_end, "torn_bytes": s.torn_bytes}
-            for s in report.segments if s.torn_bytes]
+            for s in report.segments if s.torn_bytes and s.preallocated != s.torn_bytes]
+    reserved = [{"file": s.path, "offset": s.valid_end, "bytes": s.preallocated}
+                for s in report.segments if s.torn_bytes and s.preallocated == s.torn_bytes]
+    lost = _lost_blocks(args, report)
     lines = [f"{p['file']} at byte offset {p['offset']}: {p['problem']} "
              f"({p['records_before']} records before it read back)" for p in problems]
-    lines += [f"{t['file']}: torn tail of {t['torn_bytes']} bytes after offset {t['offset']} "
-              "(a write cut short by a crash; never acknowledged; the next writer cuts it)" for t in torn]
-    lines.append(f"{'FAILED' if problems else 'OK'}: {report.records} records in "
-                 f"{len(report.segments)} segments verified, {len(problems)} damaged")
+    lines += [f"{t['file']}: torn tail of {t['torn_bytes']} bytes after offset {t['offset']}: no whole "
+              "record there (what a write cut short by a crash leaves, or a file cut short; the next "
+              "writer cuts it)" for t in torn]
+    lines += [f"{r['file']}: {r['bytes']} bytes of space reserved ahead after offset {r['offset']} (zeros "
+              "a writer that was killed did not cut off; not damage: the next writer cuts them)" for r in reserved]
+    lines += [f"LOST: {b.describe()}" for b in lost]
+    failed = problems or lost
+    lines.append(f"{'FAILED' if failed else 'OK'}: {report.records} records in "
+                 f"{len(report.segments)} segments verified, {len(problems)} damaged"
+                 + (f", {len(lost)} blocks its checkpoint needs lost" if lost else ""))
     emit(args, {"log": report.url, "records": report.records, "problems": problems, "torn_tails": torn,
-                 "ok": not problems}, lines)
-    return PROBLEM if problems else OK
+                "reserved_tails": reserved,
+                "lost_blocks": [dataclasses.asdict(b) for b in lost], "ok": not failed}, lines)
+    return PROBLEM if failed else OK
 
 
 def wal_repair(args) -> int:
     from wal import LogLockedError
     from wal.inspect import repair_log
 
-    require_directory(args, "log")  # repairing creates nothing where there is nothing
+    _require_log(args)  # repairing creates nothing where there is no log
     progress = Progress("scanning segments")
     try:
         steps, moved, applied = repair_log(args.dir, args.yes, storage_options(args.storage_option), progress)

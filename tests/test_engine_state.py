@@ -16,6 +16,7 @@ from test_engine_recovery import Completed, ms, put_file
 from test_receivers import wait_until
 
 from checkpoint import Checkpoint, read_checkpoint
+from checkpoint.layout import CheckpointLayout
 from engine import CheckpointMismatchError, StateSpec, StreamingContext, StreamingListener
 from wal import ManualClock
 
@@ -149,7 +150,7 @@ class HoldTheWriterThenCheck(StreamingListener):
         newest = read_checkpoint(self.ckpt)
         for stream in newest.data["state"].values():
             for ref in stream["snapshots"].values():
-                if not os.path.exists(ref["url"] + ".manifest"):
+                if not os.path.exists(CheckpointLayout(self.ckpt).locate(ref["url"]) + ".manifest"):
                     self.gone.append((newest.checkpoint_time_ms, ref["url"]))
 
 

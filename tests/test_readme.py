@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,16 +74,25 @@ def porting_example() -> str:
 
 
 class App:
-    """One run of the README's example in its own process group; its output read as it comes."""
+    """One run of the README's example in its own process group; its output read as it comes
+    (its standard error kept: ``self.stderr()``)."""
 
-    def __init__(self, script: Path, base: Path):
+    def __init__(self, script: Path, base: Path, ui: bool = False):
+        submit = ("--conf spark.ui.enabled=true --conf spark.sparkwal.ui.port=0 --conf spark.ui.port=0"
+                  if ui else "--conf spark.ui.enabled=false")
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1",
-                   PYSPARK_SUBMIT_ARGS="--conf spark.ui.enabled=false pyspark-shell")
+                   PYSPARK_SUBMIT_ARGS=f"{submit} pyspark-shell")
         self.lines: list[str] = []
         self.changed = threading.Condition()
+        self._err = open(base.parent / f"stderr-{time.monotonic_ns()}.log", "w+")
         self.proc = subprocess.Popen([sys.executable, str(script), str(base), "120"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+                                     stderr=self._err, text=True, env=env, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
+
+    def stderr(self) -> str:
+        self._err.flush()
+        self._err.seek(0)
+        return self._err.read()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -132,3 +143,61 @@ def test_the_porting_example_runs_as_printed_and_survives_kill_9(tmp_path):
         assert "('b', 1)" in second.lines and "('c', 1)" in second.lines
     finally:
         second.kill()
+
+
+def started(lines) -> bool:
+    return any(line.startswith("counting the words of files moved into ") for line in lines)
+
+
+def totals(app: App) -> dict[str, int]:
+    """The newest printed total of each word (``('a', 3)`` lines)."""
+    out = {}
+    with app.changed:
+        for line in app.lines:
+            if line.startswith("('") and line.endswith(")"):
+                word, n = line[2:-1].split("', ")
+                out[word] = int(n)
+    return out
+
+
+def test_a_file_moved_in_before_the_first_batch_or_while_down_is_counted_once(tmp_path):
+    """The promise holds from the moment ``start()`` returns: a file moved in before the first
+    batch completed, a kill -9, a file moved in while it was down: both counted, once."""
+    script = tmp_path / "app.py"
+    script.write_text(porting_example())
+    base = tmp_path / "app"
+    first = App(script, base)
+    try:
+        first.wait_for(started)
+        drop(base / "in", "early.txt", "early bird\n")
+    finally:
+        first.kill()  # kill -9, at once: before its first batch is done (it is due a second later)
+    drop(base / "in", "down.txt", "down time bird\n")
+    second = App(script, base)
+    try:
+        second.wait_for(lambda lines: totals(second).get("bird") == 2)
+        seen = second.batches()
+        second.wait_for(lambda lines: second.batches() >= seen + 2)  # two more batches
+        assert totals(second) == {"early": 1, "down": 1, "time": 1, "bird": 2}
+    finally:
+        second.kill()
+
+
+def test_the_example_prints_its_ui_and_stops_gracefully_on_ctrl_c(tmp_path):
+    script = tmp_path / "app.py"
+    script.write_text(porting_example())
+    base = tmp_path / "app"
+    app = App(script, base, ui=True)
+    try:
+        app.wait_for(started)
+        url = next(line for line in app.lines if started([line])).rsplit("Streaming UI: ", 1)[1]
+        page = urllib.request.urlopen(f"{url}/streaming/", timeout=30).read().decode()
+        assert "Streaming Statistics: ported" in page
+        drop(base / "in", "one.txt", "a b a\n")
+        app.wait_for(lambda lines: "('a', 2)" in lines)
+        os.killpg(app.proc.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert app.proc.wait(60) == 0
+        err = app.stderr()
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    finally:
+        app.kill()

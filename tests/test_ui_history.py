@@ -89,7 +89,14 @@ def test_a_killed_driver_and_its_restart_are_on_record_live_and_after_death(tmp_
     assert runs[1]["downtimeMs"] >= 0 and runs[1]["checkpointTime"] is not None
     dom = browser_dom(f"{ui2['url']}/streaming/", tmp_path)
     assert "Recoveries" in dom and ">restart<" in dom and ">new<" in dom
-    assert "killed (no end recorded)" in dom and ">running<" in dom
+    assert "killed</span> (no end recorded; last heard of 20" in dom and ">running<" in dom
+    assert dom.index("Recoveries") < dom.index("Active Batches")  # near the top: after an incident
+    first_id = get_json(f"{ui2['url']}/api/v1/applications")[-1]["id"]
+    assert f"href=\"/history/{first_id}/streaming/\"" in dom  # the earlier run's own page
+    # a file stream's records are counted (Spark's page shows 0), as the console counts them
+    console = sum(e["records"] for e in second.events if e.get("event") == "batch_completed")
+    api = get_json(f"{ui2['url']}/api/v1/applications/{app_id}/streaming/batches")
+    assert console > 0 and {b["batchId"]: b["inputSize"] for b in api if b["inputSize"]}
     assert second.proc.wait(120) == 0
 
     status = subprocess.run([sys.executable, "-m", "sparkwal", "status", str(work / "checkpoint"), "--json"],
@@ -97,13 +104,20 @@ def test_a_killed_driver_and_its_restart_are_on_record_live_and_after_death(tmp_
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
     assert [r["kind"] for r in summary["runs"]] == ["new", "restart"] and summary["runs"][1].get("endTime")
+    assert [r["ended"] for r in summary["runs"]] == ["killed", "stopped"]
     assert summary["newest"]["statistics"]["numTotalCompletedBatches"] >= 2
+    text = subprocess.run([sys.executable, "-m", "sparkwal", "status", str(work / "checkpoint")],
+                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60).stdout
+    assert "KILLED: no end recorded, last heard of" in text.splitlines()[1]
 
     history = Proc([sys.executable, "-m", "sparkwal", "ui", str(work / "checkpoint"), "--port", "0", "--json"])
     try:
         url = history.wait_for("ui", timeout=30)["url"]
         apps = get_json(f"{url}/api/v1/applications")
-        assert len(apps) == 2 and all(a["attempts"][0]["completed"] for a in apps)
+        killed, stopped = sorted((a["attempts"][0] for a in apps), key=lambda a: a["startTimeEpoch"])
+        assert not killed["completed"] and killed["ended"] == "killed" and stopped["completed"]
+        assert killed["endTimeEpoch"] > killed["startTimeEpoch"] and killed["duration"] > 0
+        assert not killed["endTime"].startswith("1969")  # it ends at its last recorded event
         for app in apps:  # the dead first run's batches too
             batches = get_json(f"{url}/api/v1/applications/{app['id']}/streaming/batches")
             assert batches and {b["status"] for b in batches} == {"COMPLETED"}

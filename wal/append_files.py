@@ -97,12 +97,15 @@ class MappedAppendFile(AppendFile):
     they survive the process (even ``kill -9``), as soon as the copy ends, as after ``write(2)``,
     without a system call per record.
 
-    Space is reserved ahead in steps of ``STEP`` bytes with ``posix_fallocate`` (so a full disk
-    fails an append with ENOSPC instead of a later SIGBUS), so until the file is closed it is
-    longer than its records: zeros follow them. Readers treat the zeros of the newest segment as
-    a torn tail, and a writer that opens the log after a crash cuts them off; ``close`` cuts the
-    file to its size and syncs that, so a sealed segment never ends in zeros."""
+    Space is reserved ahead with ``posix_fallocate`` (so a full disk fails an append with ENOSPC
+    instead of a later SIGBUS), ``FIRST_STEP`` bytes first, then as much again as the file holds,
+    at most ``STEP`` at a time: a log of a few records reserves little, a busy one grows in large
+    steps. Until the file is closed it is longer than its records: zeros follow them. Readers treat
+    the zeros of the newest segment as reserved space (``ScanResult.preallocated``), not damage,
+    and a writer that opens the log after a crash cuts them off; ``close`` cuts the file to its
+    size and syncs that, so a sealed segment never ends in zeros."""
 
+    FIRST_STEP = 64 << 10
     STEP = 8 << 20
 
     def __init__(self, path: str, fd: int):
@@ -117,7 +120,7 @@ class MappedAppendFile(AppendFile):
         need = self.size + n
         if need <= self.capacity:
             return
-        new = max(need, self.capacity + self.STEP)
+        new = max(need, self.capacity + min(self.STEP, max(self.FIRST_STEP, self.capacity)))
         new = -(-new // mmap.PAGESIZE) * mmap.PAGESIZE
         os.posix_fallocate(self._fd, self.capacity, new - self.capacity)
         if self.map is None:

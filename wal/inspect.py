@@ -37,6 +37,7 @@ class SegmentReport:
     valid_end: int  #: end of the last good record
     torn_bytes: int = 0  #: a torn tail (newest segment only): readers stop there, silently
     problem: tuple[int, str] | None = None  #: (byte offset, what) of damage: readers fail there
+    preallocated: int = 0  #: of the torn bytes, space reserved ahead (zeros), not a cut write
 
     @property
     def lost_bytes(self) -> int:
@@ -93,7 +94,7 @@ def scan_log(url: str, storage_options: dict | None = None,
         except FileNotFoundError:
             continue  # cleaned while we looked
         reports.append(SegmentReport(storage.url(path), start, end, size, result.records,
-                                     result.valid_end, result.torn_bytes, problem))
+                                     result.valid_end, result.torn_bytes, problem, result.preallocated))
         if progress is not None:
             progress(i + 1, len(segments))
     return LogReport(storage.url(root), reports, storage.writer(root, clock=SYSTEM_CLOCK))
@@ -113,6 +114,28 @@ def segment_bytes(storage: Storage, path: str, newest: bool) -> tuple[bytes, int
     except CorruptRecordError:
         return data, 0
     return data[:result.valid_end], len(data) - result.valid_end
+
+
+def trim_preallocated(url: str, storage_options: dict | None = None) -> int:
+    """Cut the space a killed mapped writer reserved ahead of its records (zeros after the last
+    record of the log's newest segment) and return how many bytes went; nothing else is touched.
+    Only for a log nobody writes any more (an earlier driver run's, whose leadership is over)."""
+    storage, root = resolve(url, storage_options)
+    segments = _segments(storage, root)
+    if not segments or not storage.is_local:
+        return 0
+    path = segments[-1][2]
+    result = ScanResult()
+    try:
+        with storage.open_read(path) as f:
+            for _ in iter_segment(f, path, newest=True, result=result):
+                pass
+    except (CorruptRecordError, FileNotFoundError):
+        return 0
+    if not result.preallocated or result.preallocated != result.torn_bytes:
+        return 0
+    storage.truncate(path, result.valid_end)
+    return result.preallocated
 
 
 def iter_records(url: str, storage_options: dict | None = None) -> Iterator[tuple[str, int, bytes]]:

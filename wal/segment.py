@@ -160,6 +160,9 @@ class ScanResult:
     valid_end: int = HEADER_LEN  # end of the last good frame (the file size after truncation)
     torn_bytes: int = 0  # bytes past valid_end (0 when the segment ends cleanly)
     header_ok: bool = True
+    #: how many of the torn bytes are zeros all through: space a mapped writer reserved ahead of
+    #: its records (wal.append_files) and did not cut off (it was killed), not a write cut short
+    preallocated: int = 0
 
 
 def iter_segment(
@@ -225,5 +228,6 @@ def _bad_frame(f: BinaryIO, path: str, buf: bytes, pos: int, buf_start: int, new
     if newest and valid_frame_follows(rest, 1) is None:
         res.valid_end = offset
         res.torn_bytes = len(rest)
+        res.preallocated = len(rest) if _NONZERO.search(rest) is None else 0
         return
     raise CorruptRecordError(path, offset, reason)

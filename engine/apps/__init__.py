@@ -29,7 +29,7 @@ def run_from_command(argv: list[str]) -> int:
     if argv[0] == "drill":
         module, rest, prog = "engine.apps.drill", argv[1:], "sparkwal drill"
     elif len(argv) > 1 and argv[1] in ("-h", "--help"):
-        print(f"usage: sparkwal run APP [ARGS]  (sparkwal run APP --help: the app's own)\n\napps:\n"
+        print("usage: sparkwal run APP [ARGS]  (sparkwal run APP --help: the app's own)\n\napps:\n"
               + "\n".join(f"  {name:<10} {importlib.import_module(m).__doc__.splitlines()[0]}"
                           for name, m in APPS.items()))
         return 0

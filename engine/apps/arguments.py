@@ -12,7 +12,9 @@ Exit statuses shared by ``python -m engine.wordcount`` and ``python -m engine.dr
 * 4 the storage failed: a storage call kept failing past ``spark.sparkwal.storage.deadline``
   (``wal.StorageUnavailableError``: the operation, the object and the last error are named) or
   the disk is full. Nothing half-written is left where a restart reads; restarted once the
-  storage works again, the job resumes from its checkpoint.
+  storage works again, the job resumes from its checkpoint;
+* 5 the main job did not start: another live driver leads its checkpoint (run it with
+  ``--standby`` to take over when that one dies). Nothing was recovered or run.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 
 from engine.errors import one_line  # also the apps' (a.one_line)
 
-OK, FAILED, USAGE, FENCED, STORAGE = 0, 1, 2, 3, 4
+OK, FAILED, USAGE, FENCED, STORAGE, LEADER_HELD = 0, 1, 2, 3, 4, 5
 
 #: module -> what provides it, for a line that says what to install
 NEEDED = {"pyspark": "pyspark", "pyarrow": "pyarrow", "msgpack": "msgpack", "crc32c": "crc32c",
@@ -251,3 +253,23 @@ def check_own_checkpoint(prog: str, url: str, options: dict | None, source: str)
           f"main job with --source {source}: a checkpoint recovers the program that wrote it; give "
           "this job a work directory (or --checkpoint) of its own", file=sys.stderr)
     sys.exit(USAGE)
+
+
+def leader_held_line(leader: str, checkpoint: str) -> str:
+    return (f"another driver leads {checkpoint} ({leader}): this job did not start; run it with "
+            "--standby to take over when that driver dies, or stop that driver first")
+
+
+def check_no_leader(prog: str, url: str, options: dict | None) -> None:
+    """A live driver leading the checkpoint is said in one line before anything starts, exit 5
+    (looked at without taking anything; ``start()`` decides for good)."""
+    from wal.storage import resolve
+
+    try:
+        storage, root = resolve(url, options)
+        leader = storage.leader(root) if storage.exists(root) else None
+    except Exception:  # noqa: BLE001  unknown here: start() says
+        return
+    if leader is not None and leader.held:
+        print(f"{prog}: {leader_held_line(leader.describe(), url)}", file=sys.stderr)
+        sys.exit(LEADER_HELD)

@@ -112,7 +112,10 @@ def status(argv: list[str], prog: str = "sparkwal status") -> int:
               + (f", after {r['downtimeMs'] / 1000:.1f} s down" if r.get("downtimeMs") is not None else "")
               + (f", re-ran {len(r['rerunBatches'])} batch(es)" if r.get("rerunBatches") else "")
               + (f", fenced: {r['fenced']}" if r.get("fenced") else "")
-              + (f", ended {r['endTime']}" if r.get("endTime") else ""))
+              + (f", ended {r['endTime']}" if r.get("endTime") else "")
+              + (", running" if r.get("ended") == "running" else "")
+              + (f", KILLED: no end recorded, last heard of {_when(r.get('lastEventTime') or r.get('startTimeEpoch'))}"
+                 if r.get("ended") == "killed" else ""))
     print(f"newest run {app}: {stats['numTotalCompletedBatches']} batches completed, "
           f"{stats['numProcessedRecords']} records; avg processing {stats.get('avgProcessingTime', '-')} ms, "
           f"scheduling delay {stats.get('avgSchedulingDelay', '-')} ms")
@@ -124,6 +127,12 @@ def status(argv: list[str], prog: str = "sparkwal status") -> int:
     if last:
         print(f"last checkpoint: batch {last['checkpointTime']} (epoch {last['epoch']}), written in {last['tookMs']} ms")
     return OK
+
+
+def _when(ms: int | None) -> str:
+    import time
+
+    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
 
 
 def main(argv: list[str], prog: str) -> int:

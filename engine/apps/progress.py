@@ -22,13 +22,12 @@ def emit(event: dict, json_events: bool, text: str) -> None:
 
 
 class Progress(StreamingListener):
-    """One line per batch, as Spark's UI would show it; totals for the summary. ``batch_s``: the
-    batch duration; ``counts_records``: the input reports its records (receivers, direct streams;
-    a file stream's come from ``batch_records``, batch time -> lines, filled by the output)."""
+    """One line per batch, as Spark's UI would show it (the same records as the Streaming
+    page); totals for the summary. ``batch_s``: the batch duration; ``files``: the input is a
+    file stream (its files are counted too)."""
 
-    def __init__(self, json_events: bool, batch_s: float, counts_records: bool, batch_records: dict):
-        self.json_events, self.batch_s, self.counts_records = json_events, batch_s, counts_records
-        self.batch_records = batch_records
+    def __init__(self, json_events: bool, batch_s: float, files: bool):
+        self.json_events, self.batch_s, self.show_files = json_events, batch_s, files
         self.batches = self.records = self.files = 0
         self.processing_ms: list[int] = []
 
@@ -66,9 +65,7 @@ class Progress(StreamingListener):
     def onBatchCompleted(self, batchCompleted):
         info = batchCompleted.batchInfo()
         files = sum(len(i.metadata.get("files", [])) for i in info.stream_id_to_input_info.values())
-        records = self.batch_records.pop(info.batch_time_ms, 0)
-        if self.counts_records:  # these inputs report their records, as in Spark
-            records = info.num_records
+        records = info.num_records
         self.batches, self.records, self.files = self.batches + 1, self.records + records, self.files + files
         self.processing_ms.append(info.processing_delay_ms or 0)
         emit({"event": "batch_completed", "batch_ms": info.batch_time_ms, "files": files,
@@ -76,10 +73,18 @@ class Progress(StreamingListener):
               "processing_ms": info.processing_delay_ms},
              self.json_events,
              f"batch {clock(info.batch_time_ms)}: "
-             + ("" if self.counts_records else f"{files} files, ")
+             + (f"{files} files, " if self.show_files else "")
              + f"{records} records "
              f"({records / self.batch_s:.0f}/s) | scheduling {info.scheduling_delay_ms} ms, "
              f"processing {info.processing_delay_ms} ms")
+
+
+def say_context(ssc, json_events: bool) -> None:
+    """Which context the started job runs: new, recovered with its program, or upgraded."""
+    described = {"new": "a new context (no checkpoint)",
+                 "checkpoint": "recovered from the checkpoint (program and state)",
+                 "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
+    emit({"event": "context", "recovery": ssc.recovery}, json_events, f"context: {described[ssc.recovery]}")
 
 
 def clock(ms: int) -> str:

@@ -47,8 +47,7 @@ import time
 
 from .wordcount_data import receiver_line, write_input_file
 
-#: batch time -> lines the batch counted, for the progress line (the output operation runs in the
-#: driver before the batch completes; a file stream reports no record counts, as in Spark)
+#: kept for ``engine.wordcount``'s names (the progress line shows the records the engine counts)
 BATCH_RECORDS: dict[int, int] = {}
 
 
@@ -61,7 +60,6 @@ def save_batch(out_url: str, t, rdd) -> None:
     out: dict[str, dict] = {"file": {}, "word": {}, "total": {}}
     for (kind, key), n in rdd.reduceByKey(operator.add).collect():
         out[kind][key] = n
-    BATCH_RECORDS[batch_ms] = sum(out["file"].values())
     if not out["file"]:
         return
     body = json.dumps({"batch_ms": batch_ms, "files": sorted(out["file"]), "file_counts": out["file"],
@@ -73,7 +71,8 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
           input_url: str | None = None, standby: bool = False):
-    """The app's context and its progress listener: the context made by ``setup`` on a fresh work
+    """The app's context and its progress listener (not started: :func:`progress.say_context`
+    says which it is once it is): the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
     program's graph with the checkpoint's data). ``receiver``: (host, port, secret variable) of
     an AckedLineSource to read instead of files. ``checkpoint`` (default ``WORKDIR/checkpoint``)
@@ -81,7 +80,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     directory (default ``WORKDIR/log``)."""
     from engine import StreamingContext
     from engine.apps import wordcount as app  # this module by its importable name (see setup)
-    from engine.apps.progress import Progress, emit
+    from engine.apps.progress import Progress
     from wal import resolve
 
     # main() runs in its work directory and passes ".": the program names its files relatively,
@@ -121,19 +120,14 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
                     .union(batch_totals.map(lambda kv: (("total", kv[0]), kv[1]))))
 
         # through the importable module, not __main__: cloudpickle pickles a function of __main__
-        # by value, and a recovered one would count into a copy of BATCH_RECORDS
+        # by value, and a recovered program would run that copy, not this module's code
         lines.transformWith(tag, totals).foreachRDD(lambda t, rdd: app.save_batch(out_url, t, rdd))
         return ssc
 
     ssc = StreamingContext.getOrCreate(checkpoint_url, setup, upgrade=upgrade,
                                        storage_options=storage_options, standby=standby)
-    progress = Progress(json_events, batch, receiver is not None or direct, app.BATCH_RECORDS)
+    progress = Progress(json_events, batch, receiver is None and not direct)
     ssc.addStreamingListener(progress)  # listeners are not part of a checkpoint (as in pyspark)
-    described = {"new": "a new context (no checkpoint)",
-                 "checkpoint": "recovered from the checkpoint (program and state)",
-                 "upgrade": "this program's graph with the checkpoint's data (upgrade)"}
-    emit({"event": "context", "recovery": ssc.recovery}, json_events,
-         f"context: {described[ssc.recovery]}")
     return ssc, progress
 
 
@@ -182,7 +176,7 @@ def _fail(message: str, status: int) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
     from engine.apps import arguments as a
-    from engine.apps.progress import emit, recovered, summary
+    from engine.apps.progress import emit, recovered, say_context, summary
 
     ap = _parser(prog)
     args = ap.parse_args(argv)
@@ -202,7 +196,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     a.local_path_is_directory(ap, args.input, "--input")
     workdir = a.usable_directory(ap, args.dir, "--dir")
     args.checkpoint, args.input = a.absolute(args.checkpoint), a.absolute(args.input)
-    a.check_own_checkpoint(prog, args.checkpoint or os.path.join(workdir, "checkpoint"), options, args.source)
+    checkpoint_url = args.checkpoint or os.path.join(workdir, "checkpoint")
+    a.check_own_checkpoint(prog, checkpoint_url, options, args.source)
+    if not args.standby:
+        a.check_no_leader(prog, checkpoint_url, options)
     os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
     os.chdir(workdir)  # the program names its files relative to it (see build)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -211,7 +208,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
 
     signals = StopSignals()  # before the JVM starts: a signal then ends the job quietly
     stop = signals.requested
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
+
+    from engine.apps.quiet_jvm import start_spark
 
     from engine import EnvironmentShippingError, prepare_conf
     receiver = source = None
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     if receiver is not None:  # executors' receivers read the source's secret from their environment
         conf.setExecutorEnv(args.source_secret_env, os.environ[args.source_secret_env])
     try:  # prepare_conf: off local mode, the environment shipped, the executors' workers set up
-        sc = SparkContext.getOrCreate(prepare_conf(conf))
+        sc = start_spark(prepare_conf(conf), args.verbose)
     except (ValueError, EnvironmentShippingError) as e:  # a bad switch, no virtualenv to ship
         return _fail(str(e), a.USAGE)
     except Exception as e:  # noqa: BLE001  (one line, not a Py4J trace)
@@ -253,6 +252,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     if direct:
         os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
     from engine.cluster import ExecutorEnvironmentError
+    from engine import DriverAlreadyActiveError
     from wal import FencedError
 
     try:
@@ -263,9 +263,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     except ExecutorEnvironmentError as e:
         sc.stop()
         return _fail(str(e).replace("\n", "; "), a.USAGE)
+    except DriverAlreadyActiveError as e:  # it took the lead between the look before the JVM and now
+        sc.stop()
+        return _fail(a.leader_held_line(e.leader.describe(), checkpoint_url), a.LEADER_HELD)
     except Exception as e:  # noqa: BLE001
         sc.stop()
         return _fail(f"could not start: {a.one_line(e)}", a.STORAGE if a.storage_fault(e) else a.FAILED)
+    say_context(ssc, args.json)
     if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
         emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json,
              f"UI: {ssc.uiWebUrl}/streaming/")

@@ -369,6 +369,16 @@ class Driver:
         except TrackerError:  # a re-generated batch (after a restart) reports its input again
             pass
 
+    def with_records_read(self, time_ms: int, infos: dict) -> dict:
+        """``infos`` (a batch's input infos) with the records of the inputs that count them as
+        their tasks read them (file streams), once the batch's jobs are done."""
+        out = dict(infos)
+        for stream in self.graph.inputs:
+            n = stream.records_read(time_ms)
+            if n is not None and stream.input_id in out:
+                out[stream.input_id] = StreamInputInfo(stream.input_id, n, out[stream.input_id].metadata)
+        return out
+
     def max_remember_ms(self) -> int:
         return max((s.remember_ms or 0) for s in self.graph.streams) if self.graph.streams else 0
 

@@ -37,7 +37,11 @@ LOCAL_POLL_S = 0.01
 
 class DriverAlreadyActiveError(RuntimeError):
     """Another live driver leads this checkpoint directory (start it with ``standby=True`` to
-    wait for it instead)."""
+    wait for it instead); ``leader`` (a ``wal.storage.LeaderInfo``) says which."""
+
+    def __init__(self, message: str, leader=None):
+        super().__init__(message)
+        self.leader = leader
 
 
 class DriverLeadership:
@@ -75,7 +79,7 @@ class DriverLeadership:
                     raise DriverAlreadyActiveError(
                         f"{self.url} is the checkpoint directory of a running driver: {info.describe()}. "
                         "Stop it first, or start this one with getOrCreate(..., standby=True) to take "
-                        "over when it stops; nothing was written") from None
+                        "over when it stops; nothing was written", info) from None
                 seen_expiry = info.expires_ms
                 log.warning("%s: waiting for the lease of %s to expire (a dead driver's lease stays "
                             "until then)", self.url, info.describe())

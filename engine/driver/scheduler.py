@@ -171,6 +171,7 @@ class JobScheduler:
             with self._lock:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
+            js.input_infos = self._driver.with_records_read(js.time_ms, js.input_infos)
             info = js.info()
             self._driver.on_batch_done(js.time_ms, info)
             # queued before listeners hear of it: a stop they make then still checkpoints it

@@ -12,6 +12,7 @@ from pyspark import RDD
 
 from checkpoint.layout import CheckpointLayout
 from tracker import ExecutorLocation
+from wal import resolve
 
 from ..inputs import InputDStream
 from .blocks import read_block, read_wal_block, receiver_wal_dir
@@ -52,13 +53,20 @@ class ReceiverInputDStream(InputDStream):
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
             wal_dir = receiver_wal_dir(ssc.driver.checkpoint_dir, self.input_id)
-            layout = CheckpointLayout(ssc.driver.checkpoint_dir)  # where the checkpoint is now
-            items = [(b.block_id, [layout.locate(b.wal_handle[0]), *b.wal_handle[1:]]) for b in blocks]
+            items = [(b.block_id, [self._segment_path(b.wal_handle[0]), *b.wal_handle[1:]]) for b in blocks]
             return self._sc.parallelize(items, len(items)).flatMap(
                 partial(_read_wal_blocks, wal_dir, ssc.driver.storage_options, self.input_id))
         if logged:
             log.error("stream %d batch %d mixes blocks in the WAL and on executors", self.input_id, time_ms)
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
+
+    def _segment_path(self, name: str) -> str:
+        """The storage path of the receiver-WAL segment a block's handle names (relative to the
+        checkpoint directory, wherever it is now: :mod:`checkpoint.layout`)."""
+        driver = self._ssc.driver
+        storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
+        own = CheckpointLayout(driver.checkpoint_dir).own_name(name)
+        return storage.join(root, own) if own is not None else name
 
     def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:
         """WAL off: blocks on the executors holding their copies (tasks prefer those executors

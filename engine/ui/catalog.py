@@ -15,6 +15,7 @@ import threading
 import time
 
 from checkpoint.event_log import read_events, read_runs
+from wal.storage import resolve
 
 from .status import RunStatus, recoveries, spark_date
 
@@ -93,15 +94,49 @@ class Catalog:
                 self._cache.popitem(last=False)
         return status
 
-    def recoveries(self) -> list[dict]:
-        """Every run, with the downtime before it (the previous run's last event: a run that is
-        not the newest wrote its last event long ago, so it is read once and remembered)."""
-        runs = self.runs()
+    def last_events(self, runs: list[dict]) -> dict:
+        """Run path -> its last recorded event's time (a run that is not the newest wrote its
+        last event long ago: it is read once and remembered; the newest is read again)."""
         for run in runs[:-1]:
             key = run.get("path")
             if key not in self._last_event:
                 self._last_event[key] = self.status_of(run, newest=False).last_event_ms
-        return recoveries(runs, self._last_event)
+        out = dict(self._last_event)
+        if runs and not self.is_live(runs[-1]):
+            out[runs[-1].get("path")] = self.status_of(runs[-1], newest=True).last_event_ms
+        return out
+
+    def is_live(self, run: dict) -> bool:
+        return self.live is not None and run is self.live.run
+
+    def endings(self, runs: list[dict]) -> list[str]:
+        """How each run ended: "stopped" (its end recorded), "fenced", "running" (this process's
+        run, or the newest run while a driver leads the checkpoint at its epoch) or "killed" (no
+        end recorded: it ended at its last recorded event). Reads the leadership, takes nothing."""
+        leader = None
+        if runs and not runs[-1].get("endTime") and not self.is_live(runs[-1]) and self.events_dir:
+            try:
+                storage, root = resolve(self.events_dir.rstrip("/").rpartition("/")[0], self.storage_options)
+                leader = storage.leader(root)
+            except Exception as e:  # noqa: BLE001  unknown: said as killed, the safe reading
+                log.warning("could not read the leadership of %s: %s", self.events_dir, e)
+        out = []
+        for i, run in enumerate(runs):
+            if run.get("fenced"):
+                out.append("fenced")
+            elif run.get("endTime"):
+                out.append("stopped")
+            elif self.is_live(run) or (i == len(runs) - 1 and leader is not None and leader.held
+                                       and leader.epoch == run.get("epoch")):
+                out.append("running")
+            else:
+                out.append("killed")
+        return out
+
+    def recoveries(self) -> list[dict]:
+        """Every run, with the downtime before it, how it ended and its page's id."""
+        runs = self.runs()
+        return recoveries(runs, self.last_events(runs), self.endings(runs), self.app_ids(runs))
 
     def cached(self, key, version, render):
         """``render()``, or what it returned for ``key`` at the same ``version`` (a page asked for
@@ -121,17 +156,22 @@ class Catalog:
     # ------------------------------------------------------------------ Spark's application list
 
     def applications(self) -> list[dict]:
+        """Spark's application list. A run whose end was recorded is ``completed``; one still
+        running is not, with Spark's "no end yet" (``endTimeEpoch`` -1); a killed run is not
+        completed either, and ends at its last recorded event (``ended: "killed"`` says so)."""
         runs = self.runs()
+        last, endings = self.last_events(runs), self.endings(runs)
         out = []
-        for run, app_id in zip(runs, self.app_ids(runs)):
-            live = self.live is not None and run is self.live.run
+        for run, app_id, ended in zip(runs, self.app_ids(runs), endings):
             start = run.get("startTime") or 0
             end = run.get("endTime")
-            updated = end or (int(time.time() * 1000) if live else start)
+            if ended == "killed":
+                end = max(last.get(run.get("path")) or start, start)
+            updated = end or int(time.time() * 1000)
             out.append({"id": app_id, "name": run.get("appName", ""), "attempts": [{
                 "startTime": spark_date(start), "endTime": spark_date(end) or "1969-12-31T23:59:59.999GMT",
                 "lastUpdated": spark_date(updated), "duration": (end or updated) - start,
-                "sparkUser": run.get("sparkUser", ""), "completed": bool(end) or not live,
-                "appSparkVersion": run.get("sparkVersion", self.spark_version),
+                "sparkUser": run.get("sparkUser", ""), "completed": ended in ("stopped", "fenced"),
+                "ended": ended, "appSparkVersion": run.get("sparkVersion", self.spark_version),
                 "startTimeEpoch": start, "endTimeEpoch": end if end else -1, "lastUpdatedEpoch": updated}]})
         return sorted(out, key=lambda a: -a["attempts"][0]["startTimeEpoch"])

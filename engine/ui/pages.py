@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from html import escape
+from urllib.parse import quote
 
 from . import charts
 from .status import COMPLETED, PROCESSING, QUEUED, batch_records, delays
@@ -86,6 +87,8 @@ def streaming_page(view: dict) -> str:
                 f"Driver run: <b>{escape(str(run.get('kind', 'new')))}</b>, epoch {escape(str(run.get('epoch')))}"
                 + (f"; <span class='failed'>fenced: {escape(str(run['fenced']))}</span>" if run.get("fenced") else "")
                 + "</p>")
+    # after an incident, the first thing looked for: which runs there were, and how each ended
+    body.append(_recovery_panel(view.get("recoveries") or [], run))
     with status.lock:
         timings = list(status.timings)  # (time, records, scheduling, processing, total), worked out once
 
@@ -120,7 +123,6 @@ def streaming_page(view: dict) -> str:
     body.append(f"<h2>Completed Batches (last {len(completed)} out of {stats['numTotalCompletedBatches']})</h2>")
     body.append(_table(headers, _batch_rows(status, [(COMPLETED, b) for b in completed[-100:]], prefix),
                        "completed"))
-    body.append(_recovery_panel(view.get("recoveries") or [], bool(view.get("live"))))
     body.append(_storage_panel(checkpoints, sample, view))
     return _page(f"{name} - Streaming Statistics", "".join(body))
 
@@ -134,19 +136,28 @@ def _batches_text(times: list[int]) -> str:
     return f"{len(times)} ({_when(min(times))} .. {_when(max(times))})"
 
 
-def _recovery_panel(recoveries: list[dict], live: bool) -> str:
+def _recovery_panel(recoveries: list[dict], shown: dict) -> str:
+    """Every run, oldest first, each but the one shown linked to its own page."""
     def ended(r):
-        if r.get("fenced"):
-            return f"<span class='failed'>fenced: {escape(str(r['fenced']))}</span>"
-        if r.get("endTime"):
-            return "stopped " + escape(str(r["endTime"]))
-        if r is recoveries[-1]:
-            return "running" if live else "no end recorded (running, or killed)"
-        return "killed (no end recorded)"
-    rows = [[escape(str(r.get("kind"))), escape(str(r.get("epoch"))), escape(_when(r.get("startTimeEpoch"))),
+        if r.get("ended") == "fenced" or r.get("fenced"):
+            return f"<span class='failed'>fenced: {escape(str(r.get('fenced')))}</span>"
+        if r.get("endTimeEpoch"):
+            return "stopped " + escape(_when(r["endTimeEpoch"]))
+        if r.get("ended") == "running":
+            return "running"
+        return ("<span class='failed'>killed</span> (no end recorded; last heard of "
+                + escape(_when(r.get("lastEventTime") or r.get("startTimeEpoch"))) + ")")
+
+    def started(r):
+        text = escape(_when(r.get("startTimeEpoch")))
+        if r.get("id") is None or r.get("startTimeEpoch") == shown.get("startTime"):
+            return text
+        return f"<a href='/history/{quote(str(r['id']), safe='')}/streaming/'>{text}</a>"
+    rows = [[escape(str(r.get("kind"))), escape(str(r.get("epoch"))), started(r),
              _ms(r.get("downtimeMs")), escape(_batches_text(r.get("rerunBatches") or [])),
              escape(_when(r.get("firstNewBatch"))), ended(r)] for r in recoveries]
-    return ("<h2>Recoveries</h2><p class='note'>Every run of a driver on this checkpoint, oldest first.</p>"
+    return ("<h2>Recoveries</h2><p class='note'>Every run of a driver on this checkpoint, oldest first "
+            "(times in UTC); each earlier run links to its own page.</p>"
             + _table(["Kind", "Epoch", "Started", "Downtime", "Re-ran batches", "First new batch", "Ended"],
                      rows, "recoveries"))
 

@@ -254,12 +254,15 @@ def operation_view(op: dict) -> dict:
     })
 
 
-def recoveries(runs: list[dict], last_event_ms: dict) -> list[dict]:
+def recoveries(runs: list[dict], last_event_ms: dict, endings: list[str] | None = None,
+               ids: list[str] | None = None) -> list[dict]:
     """sparkwal's ``.../streaming/recoveries``: every run of a driver on this checkpoint, oldest
     first. ``downtimeMs``: from the previous run's last recorded event (or its recorded end) to this
-    run's start (None for the first run)."""
+    run's start (None for the first run); ``ended``: running, stopped, fenced or killed (no end
+    recorded: ``lastEventTime`` is when it was last heard of); ``id``: its application id, whose
+    page is ``/history/<id>/streaming/``."""
     out, previous = [], None
-    for run in runs:
+    for i, run in enumerate(runs):
         prev_last = None
         if previous is not None:  # its last event, its recorded end, or at least its start
             seen = [t for t in (last_event_ms.get(previous.get("path")), previous.get("endTime")) if t is not None]
@@ -277,8 +280,12 @@ def recoveries(runs: list[dict], last_event_ms: dict) -> list[dict]:
             "takeoverMs": run.get("takeoverMs"),
             "downtimeMs": (run["startTime"] - prev_last) if prev_last is not None and run.get("startTime") else None,
             "endTime": spark_date(run.get("endTime")),
+            "endTimeEpoch": run.get("endTime"),
             "fenced": run.get("fenced"),
             "error": run.get("error"),
+            "ended": endings[i] if endings else None,
+            "lastEventTime": last_event_ms.get(run.get("path")),
+            "id": ids[i] if ids else None,
         }))
         previous = run
     return out

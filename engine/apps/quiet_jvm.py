@@ -1,0 +1,36 @@
+"""The main job's JVM, started with its standard error read by the job: the lines Spark and Java
+print on every start (a JDK module warning, the shell's log-level hint) are left out unless
+``--verbose``, everything else is passed on as it comes. A JVM outliving a driver killed with
+SIGKILL writes into a pipe nobody reads: its shutdown errors (``EOF reached before Python server
+acknowledged`` and a Java trace) reach no terminal."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+
+#: lines every start prints that say nothing about this run
+NOISE = re.compile(r"WARNING: Using incubator modules: .*|Setting default log level to .*"
+                   r"|To adjust logging level use sc\.setLogLevel\(newLevel\)\..*"
+                   r"|Using Spark's default log4j profile: .*")
+
+
+def start_spark(conf, verbose: bool):
+    """A SparkContext made from ``conf`` on a JVM whose standard error this process filters."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    threading.Thread(target=_pass_on, args=(gateway.proc.stderr, verbose), name="sparkwal-jvm-stderr",
+                     daemon=True).start()
+    return SparkContext(conf=conf, gateway=gateway)
+
+
+def _pass_on(stream, verbose: bool) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if verbose or not NOISE.match(line.rstrip("\n")):
+            sys.stderr.write(line)
+            sys.stderr.flush()
