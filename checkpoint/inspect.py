@@ -152,8 +152,8 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
         report.problems += [f"{s.path} at byte offset {s.problem[0]}: {s.problem[1]}"
                             for s in log_report.problems]
     report.leader = storage.leader(root)  # read only: inspectors take no lock
-    if report.newest is not None or report.code_parts or report.files or report.logs:
-        report.kind = "sparkwal"
+    if report.newest is not None or report.code_parts or report.files or report.logs or report.leader:
+        report.kind = "sparkwal"  # (a driver leading it before its first checkpoint, too)
     elif report.metadata is not None or report.offsets is not None:
         report.kind = "structured streaming"
     return report

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -196,7 +197,8 @@ class MainJob:
         self.changed = threading.Condition()
         self.stderr = ""
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._err_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._err_reader.start()
 
     def _read(self) -> None:
         for event in map(_events, self.proc.stdout):
@@ -269,6 +271,44 @@ def test_stop_gracefully_on_shutdown_makes_a_ported_app_stop_on_sigterm(tmp_path
     assert proc.returncode == 0 and events[-1]["event"] == "stopped", (events[-3:], stderr[-3000:])
     assert not any(t in stderr for t in TRACES), stderr[-3000:]
     assert "SIGTERM received: stopping the streaming context gracefully" in stderr
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie is gone too
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_second_job_on_a_led_checkpoint_is_refused_and_the_default_output_has_no_jvm_noise(tmp_path):
+    """A second main job on the checkpoint a live one leads: one line naming the leader and
+    ``--standby``, exit 5, before any JVM and before anything is recovered. The first job's
+    output has no start-up lines of the JVM, and a kill -9 of its Python process leaves no JVM
+    shutdown trace behind."""
+    job = MainJob(tmp_path, "--files", "30")
+    job.wait_for(lambda es: _batches(es) >= 2)
+    second = _job("engine.wordcount", "--dir", tmp_path, "--json")
+    assert second.returncode == 5 and second.stdout == "", (second.stdout, second.stderr)
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pid {job.proc.pid}" in lines[0] and "--standby" in lines[0]
+    assert "recovered" not in second.stderr and "SparkContext" not in second.stderr
+    jvms = _children(job.proc.pid)
+    os.kill(job.proc.pid, signal.SIGKILL)  # the Python driver alone: its JVM sees it gone
+    job.proc.wait(60)
+    deadline = time.monotonic() + 60
+    while not all(_gone(j) for j in jvms) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job._err_reader.join(60)
+    for noise in ("WARNING: Using incubator modules", "Setting default log level", "To adjust logging level",
+                  "EOF reached before Python server acknowledged", "ERROR DAGScheduler", *TRACES):
+        assert noise not in job.stderr, job.stderr[-3000:]
 
 
 def test_a_graceful_stop_gives_up_after_its_timeout_and_leaves_the_rest_to_the_restart(spark_context):

@@ -6,9 +6,16 @@ import os
 
 import pytest
 
+from checkpoint.layout import CheckpointLayout
 from engine.receiver.blocks import (BlockReadError, LocalBlockHandler, WalBlockHandler, read_local_block,
                                     read_wal_block, receiver_wal_dir, serialize_block)
 from wal import ManualClock
+
+
+def located(checkpoint_dir, handle) -> list:
+    """A handle as the driver hands it to a task: its segment, named relative to the checkpoint
+    directory by the receiver, located there."""
+    return [CheckpointLayout(str(checkpoint_dir)).locate(handle.path), handle.offset, handle.length]
 
 
 def test_a_block_in_the_receiver_wal_is_read_back_by_handle(tmp_path):
@@ -19,12 +26,13 @@ def test_a_block_in_the_receiver_wal_is_read_back_by_handle(tmp_path):
         handles.append(handler.store(f"input-3-{clock.now_ms()}-x", serialize_block([i, "é", (i, i)])))
         clock.advance(2_000)
     wal_dir = receiver_wal_dir(str(tmp_path), 3)
-    assert read_wal_block(wal_dir, None, 3, "b2", list(handles[2])) == [2, "é", (2, 2)]
+    assert all(h.path.startswith("receivedData/3/log-") for h in handles)  # relative: the checkpoint moves
+    assert read_wal_block(wal_dir, None, 3, "b2", located(tmp_path, handles[2])) == [2, "é", (2, 2)]
     handler.cleanup_old_blocks(14_000)  # the segments of the first two blocks end before it
     handler.close()
-    assert read_wal_block(wal_dir, None, 3, "b3", list(handles[3])) == [3, "é", (3, 3)]
+    assert read_wal_block(wal_dir, None, 3, "b3", located(tmp_path, handles[3])) == [3, "é", (3, 3)]
     with pytest.raises(BlockReadError, match=r"block b0 of stream 3 .*write-ahead log record"):
-        read_wal_block(wal_dir, None, 3, "b0", list(handles[0]))
+        read_wal_block(wal_dir, None, 3, "b0", located(tmp_path, handles[0]))
 
 
 def test_each_leadership_epoch_has_its_own_receiver_wal_and_cleans_the_earlier_ones(tmp_path):
@@ -42,15 +50,15 @@ def test_each_leadership_epoch_has_its_own_receiver_wal_and_cleans_the_earlier_o
     clock.advance(5_000)
     new = WalBlockHandler(str(tmp_path), 3, clock=clock, rolling_interval_s=1, epoch=2)
     h2 = new.store("input-3-15000-z", serialize_block(["new"]))  # not held up by epoch 1's lock
-    assert os.path.dirname(h1.path) == receiver_wal_dir(str(tmp_path), 3, 1)
-    assert os.path.dirname(h2.path) == receiver_wal_dir(str(tmp_path), 3, 2)
+    assert os.path.dirname(located(tmp_path, h1)[0]) == receiver_wal_dir(str(tmp_path), 3, 1)
+    assert os.path.dirname(located(tmp_path, h2)[0]) == receiver_wal_dir(str(tmp_path), 3, 2)
     reader_dir = receiver_wal_dir(str(tmp_path), 3, 2)
-    assert read_wal_block(reader_dir, None, 3, "x", list(h0)) == ["plain"]  # any epoch's, by handle
+    assert read_wal_block(reader_dir, None, 3, "x", located(tmp_path, h0)) == ["plain"]  # any epoch's, by handle
     new.cleanup_old_blocks(12_000)
     assert not os.path.exists(h0.path) and not os.path.exists(h1.path)
     with pytest.raises(BlockReadError, match="block y of stream 3"):
-        read_wal_block(reader_dir, None, 3, "y", list(h1))
-    assert read_wal_block(reader_dir, None, 3, "z", list(h2)) == ["new"]
+        read_wal_block(reader_dir, None, 3, "y", located(tmp_path, h1))
+    assert read_wal_block(reader_dir, None, 3, "z", located(tmp_path, h2)) == ["new"]
     assert os.listdir(receiver_wal_dir(str(tmp_path), 4, 1))  # another stream's log is left alone
     new.close()
     stale.close()
@@ -61,11 +69,11 @@ def test_a_damaged_wal_block_is_an_error_naming_block_stream_and_record(tmp_path
     handler = WalBlockHandler(str(tmp_path), 0)
     handle = handler.store("input-0-1-x", serialize_block(list(range(100))))
     handler.close()
-    with open(handle.path, "r+b") as f:
+    with open(located(tmp_path, handle)[0], "r+b") as f:
         f.seek(handle.offset + 20)
         f.write(b"\xff")
     with pytest.raises(BlockReadError, match=r"block input-0-1-x of stream 0 .*" + str(handle.offset)):
-        read_wal_block(receiver_wal_dir(str(tmp_path), 0), None, 0, "input-0-1-x", list(handle))
+        read_wal_block(receiver_wal_dir(str(tmp_path), 0), None, 0, "input-0-1-x", located(tmp_path, handle))
 
 
 def test_local_blocks_are_stored_cleaned_and_checked(tmp_path, monkeypatch):

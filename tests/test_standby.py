@@ -288,13 +288,16 @@ class Takeovers(StreamingListener):
         self.ready.append(standbyReady)
 
 
-def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enabled, tmp_path):
+def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enabled, tmp_path, monkeypatch):
     """The main job runs as the active driver in a subprocess; this process tries a second
     driver (refused), then runs a standby, which takes over when the active one is killed. The
-    standby's page says it is one while it waits; after the takeover, the record shows both runs."""
+    standby's page says it is one while it waits; after the takeover, the record shows both runs.
+    The standby runs where the main job runs (its program names its files relative to its work
+    directory, as ``--standby`` runs it)."""
     spark_context = ui_enabled
     workdir = tmp_path / "app"
     (workdir / "input").mkdir(parents=True)
+    monkeypatch.chdir(workdir)
     ckpt = workdir / "checkpoint"
     stop, stop_input = threading.Event(), threading.Event()
     generator, generated = start_input(str(workdir / "input"), 14, 1.0, stop, stop_input)

@@ -262,7 +262,8 @@ def leader_held_line(leader: str, checkpoint: str) -> str:
 
 def check_no_leader(prog: str, url: str, options: dict | None) -> None:
     """A live driver leading the checkpoint is said in one line before anything starts, exit 5
-    (looked at without taking anything; ``start()`` decides for good)."""
+    (looked at without taking anything; ``start()`` decides for good). Only a local lock says so
+    for certain: a lease may be a dead driver's, which ``start()`` waits out."""
     from wal.storage import resolve
 
     try:
@@ -270,6 +271,6 @@ def check_no_leader(prog: str, url: str, options: dict | None) -> None:
         leader = storage.leader(root) if storage.exists(root) else None
     except Exception:  # noqa: BLE001  unknown here: start() says
         return
-    if leader is not None and leader.held:
+    if leader is not None and leader.held and leader.kind == "lock":
         print(f"{prog}: {leader_held_line(leader.describe(), url)}", file=sys.stderr)
         sys.exit(LEADER_HELD)

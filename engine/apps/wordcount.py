@@ -176,11 +176,11 @@ def _fail(message: str, status: int) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
     from engine.apps import arguments as a
-    from engine.apps.progress import emit, recovered, say_context, summary
 
     ap = _parser(prog)
     args = ap.parse_args(argv)
     a.check_environment(ap)
+    from engine.apps.progress import emit, recovered, say_context, summary
     a.check_master(ap, args.master)
     confs = a.check_key_values(ap, args.conf, "--conf")
     a.check_worker_python(ap, args.master, confs)
@@ -201,7 +201,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     if not args.standby:
         a.check_no_leader(prog, checkpoint_url, options)
     os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
-    os.chdir(workdir)  # the program names its files relative to it (see build)
+    # The program names its files relative to the work directory (see build): the job runs in it.
+    # Its checkpoint/ must not shadow sparkwal's packages, for this interpreter (whose path may
+    # hold the directory it started in, as "") nor for the Python workers its JVM starts there.
+    sys.path[:] = [os.path.abspath(p) for p in sys.path]
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.chdir(workdir)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     from engine.signals import StopSignals, jvm_ignores_stop_signals
