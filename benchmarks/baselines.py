@@ -12,7 +12,7 @@ import time
 
 from crc32c import crc32c
 
-from wal.segment import FRAME_HEADER, FRAME_HEADER_LEN, HEADER_LEN, frame_header
+from sparkwal.wal.segment import FRAME_HEADER, FRAME_HEADER_LEN, HEADER_LEN, frame_header
 
 #: Every row's measured pass lasts this long (``--seconds``); each write row runs after a
 #: discarded warm-up pass of the same work (for Spark: in the same JVM).

@@ -35,7 +35,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from engine.apps.standalone import StandaloneCluster
+from sparkwal.engine.apps.standalone import StandaloneCluster
 
 from .receiver_bench import measure
 from .receiver_flow import processes

@@ -41,7 +41,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def protocol_overhead(directory: str, batches: int, sync: bool, lines_per_batch: int = 500) -> dict:
-    from engine.sources import BatchLog, FileLogSource
+    from sparkwal.engine.sources import BatchLog, FileLogSource
 
     shutil.rmtree(directory, ignore_errors=True)
     logdir = os.path.join(directory, "log")
@@ -87,9 +87,9 @@ def protocol_overhead(directory: str, batches: int, sync: bool, lines_per_batch:
 def wordcount(directory: str, records: int, batches: int) -> list[dict]:
     from pyspark import SparkConf, SparkContext
 
-    from engine import StreamingContext, StreamingListener
-    from engine.sources import FileLogSource
-    from wal import ManualClock
+    from sparkwal.engine import StreamingContext, StreamingListener
+    from sparkwal.engine.sources import FileLogSource
+    from sparkwal.wal import ManualClock
 
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-bench")
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")

@@ -72,7 +72,7 @@ def _listener(collector: _Collector):
     if collector.pyspark_engine:
         from pyspark.streaming.listener import StreamingListener
     else:
-        from engine import StreamingListener
+        from sparkwal.engine import StreamingListener
 
     class Listener(StreamingListener):
         def onBatchCompleted(self, batchCompleted):
@@ -94,7 +94,7 @@ def _context_class(engine: str):
     if engine == "pyspark.streaming":
         from pyspark.streaming import StreamingContext
     else:
-        from engine import StreamingContext
+        from sparkwal.engine import StreamingContext
     return StreamingContext
 
 

@@ -4,7 +4,7 @@ with a hot standby, its checkpoint on S3.
     python -m benchmarks.object_store_bill [--batches 40] [--warmup 15] [--batch 1.0]
 
 A real S3-compatible server (moto, on 127.0.0.1) behind the fault proxy (no faults: it only
-counts, engine/apps/fault_proxy.py); the main job (``python -m engine.wordcount --source receiver
+counts, engine/apps/fault_proxy.py); the main job (``python -m sparkwal.engine.wordcount --source receiver
 --batch 1``: a reliable receiver with its WAL, ``updateStateByKey``, the event log, the UI) with
 ``--checkpoint s3://...`` and a hot standby of it. After ``--warmup`` batches, every request the
 proxy sees in the next ``--batches`` batch intervals is counted: per batch interval by kind (GET,
@@ -50,7 +50,7 @@ class Job:
     def __init__(self, args: list[str], env: dict, log_path: str):
         self.batches = 0
         self.events: list[dict] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine.wordcount", *args], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkwal.engine.wordcount", *args], env=env,
                                      stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True,
                                      start_new_session=True)
         self.changed = threading.Condition()
@@ -93,7 +93,7 @@ def measure(batches: int, warmup: int, batch_s: float) -> dict:
 
     from moto.server import ThreadedMotoServer
 
-    from engine.apps.fault_proxy import FaultProxy
+    from sparkwal.engine.apps.fault_proxy import FaultProxy
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -53,13 +53,13 @@ def app(args) -> None:
         conf.set("spark.streaming.backpressure.enabled", "true")
         conf.set("spark.streaming.backpressure.initialRate", "100000")
     if args.engine == "sparkwal":  # off local mode: the executors' workers set up (sparkwal is
-        from engine import prepare_conf  # installed in the executors' Python here)
+        from sparkwal.engine import prepare_conf  # installed in the executors' Python here)
 
         conf = prepare_conf(conf.setIfMissing("spark.sparkwal.shipCode", "false"))
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     if args.engine == "sparkwal":
-        from engine import StreamingContext, StreamingListener
+        from sparkwal.engine import StreamingContext, StreamingListener
     else:
         from pyspark.streaming import StreamingContext
         from pyspark.streaming.listener import StreamingListener

@@ -67,7 +67,7 @@ def app(args) -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.engine == "sparkwal":
-        from engine import StreamingContext, StreamingListener
+        from sparkwal.engine import StreamingContext, StreamingListener
     else:
         from pyspark.streaming import StreamingContext
         from pyspark.streaming.listener import StreamingListener

@@ -2,7 +2,7 @@
 
     python -m benchmarks.soak [--minutes 120] [--sample 60] [--dir WORKDIR] [--out soak.json]
 
-Starts the main job (``python -m engine.wordcount --source receiver --batch 1``: a reliable
+Starts the main job (``python -m sparkwal.engine.wordcount --source receiver --batch 1``: a reliable
 receiver with its WAL, ``updateStateByKey`` running totals, a checkpoint, the Streaming UI and
 event log on) and a hot standby of it (``--standby``), each in its own process group. Every
 ``--sample`` seconds it records, for each of the two drivers: the Python driver's, its JVM's and

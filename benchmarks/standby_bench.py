@@ -215,7 +215,7 @@ def s3_takeovers(n: int, keys: int, batch_s: float, lease_s: float = 3.0, seed: 
     first newer batch completed by the new driver."""
     import boto3
 
-    from wal.storage import parse_storage_options, resolve
+    from sparkwal.wal.storage import parse_storage_options, resolve
 
     server, host, port = _moto_process()
     endpoint = f"http://{host}:{port}"
@@ -243,7 +243,7 @@ def _moto_process() -> tuple[subprocess.Popen, str, int]:
     polling of the drivers' events, and answer the drivers late."""
     import socket
 
-    from engine.apps.standalone import free_port
+    from sparkwal.engine.apps.standalone import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     for pair in args.conf:
         conf.set(*pair.split("=", 1))
     if args.engine == "sparkwal":  # off local mode: the executors' workers set up (installed there)
-        from engine import prepare_conf
+        from sparkwal.engine import prepare_conf
 
         conf = prepare_conf(conf.setIfMissing("spark.sparkwal.shipCode", "false"))
     sc = SparkContext.getOrCreate(conf)
@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.engine == "pyspark":
         from pyspark.streaming import StreamingContext, StreamingListener
     else:
-        from engine import StateSpec, StreamingContext, StreamingListener
+        from sparkwal.engine import StateSpec, StreamingContext, StreamingListener
     events = open(args.events, "a", buffering=1)
     options = None
     if args.storage_option:
-        from wal.storage import parse_storage_options
+        from sparkwal.wal.storage import parse_storage_options
 
         options = parse_storage_options(args.storage_option)
     where = {"storage_options": options} if options else {}

@@ -20,10 +20,10 @@ import shutil
 import sys
 import time
 
-from checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
-from tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
+from sparkwal.checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
+from sparkwal.tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
                      ReceivedBlockInfo, ReceivedBlockTracker, encode_event)
-from wal import FileBasedWriteAheadLog, RecordHandle
+from sparkwal.wal import FileBasedWriteAheadLog, RecordHandle
 
 from .baselines import run_writers
 

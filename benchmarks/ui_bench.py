@@ -4,7 +4,7 @@
 
 Rows:
 
-* ``main job, everything on / off``: the main job (``python -m engine.wordcount``, 0.5 s batches,
+* ``main job, everything on / off``: the main job (``python -m sparkwal.engine.wordcount``, 0.5 s batches,
   its bundled generator, a local checkpoint) run as a subprocess with its defaults (UI, metrics,
   event log on) and with ``spark.ui.enabled=false`` + ``spark.sparkwal.eventLog.enabled=false``,
   alternating, ``--runs`` times each; per run the median processing time of its batches that read
@@ -54,7 +54,7 @@ OFF = ["--conf", "spark.ui.enabled=false", "--conf", "spark.sparkwal.eventLog.en
 def main_job_run(on: bool, seconds: float) -> list[int]:
     work = tempfile.mkdtemp(prefix="ui-bench-")
     try:
-        args = [sys.executable, "-m", "engine.wordcount", "--dir", work, "--json", "--batch", "0.5",
+        args = [sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", work, "--json", "--batch", "0.5",
                 "--seconds", str(seconds), "--files", str(int(seconds * 2)), "--conf", "spark.sparkwal.ui.port=0"]
         out = subprocess.run(args + ([] if on else OFF), capture_output=True, text=True, env=ENV, cwd=ROOT,
                              timeout=seconds + 120)
@@ -99,8 +99,8 @@ def paired_rows(rounds: int, batches: int = 20) -> dict:
     the same in both (one SparkContext): the difference is sparkwal's recording, log, UI and metrics."""
     import operator
 
-    from engine import StreamingContext, StreamingListener
-    from wal import ManualClock
+    from sparkwal.engine import StreamingContext, StreamingListener
+    from sparkwal.wal import ManualClock
 
     sc = _spark_context()
     lines = sc.parallelize([f"{i} " + " ".join(f"w{(i * 7 + k) % 500}" for k in range(10)) for i in range(20_000)], 4)
@@ -157,17 +157,17 @@ def paired_rows(rounds: int, batches: int = 20) -> dict:
 
 
 def recorder_cpu(batches: int = 5000) -> dict:
-    from engine.driver.events import EventBus
-    from engine.listener import (StreamingListenerBatchCompleted, StreamingListenerBatchStarted,
+    from sparkwal.engine.driver.events import EventBus
+    from sparkwal.engine.listener import (StreamingListenerBatchCompleted, StreamingListenerBatchStarted,
                                  StreamingListenerBatchSubmitted, StreamingListenerCheckpointWritten,
                                  StreamingListenerOutputOperationCompleted, StreamingListenerOutputOperationStarted)
-    from checkpoint.event_log import EventLogWriter
-    from engine.ui.metrics import Metrics
-    from engine.ui.recorder import Recorder
-    from engine.ui.status import RunStatus
-    from tracker import BatchInfo
-    from tracker.input_info import OutputOperationInfo, StreamInputInfo
-    from wal import ManualClock
+    from sparkwal.checkpoint.event_log import EventLogWriter
+    from sparkwal.engine.ui.metrics import Metrics
+    from sparkwal.engine.ui.recorder import Recorder
+    from sparkwal.engine.ui.status import RunStatus
+    from sparkwal.tracker import BatchInfo
+    from sparkwal.tracker.input_info import OutputOperationInfo, StreamInputInfo
+    from sparkwal.wal import ManualClock
 
     work = tempfile.mkdtemp(prefix="ui-bench-log-")
     try:
@@ -201,8 +201,8 @@ def recorder_cpu(batches: int = 5000) -> dict:
 
 
 def rest_latency(requests: int) -> dict:
-    from engine import StreamingContext, StreamingListener
-    from wal import ManualClock
+    from sparkwal.engine import StreamingContext, StreamingListener
+    from sparkwal.wal import ManualClock
 
     sc = _spark_context()
     work = tempfile.mkdtemp(prefix="ui-bench-rest-")
@@ -242,8 +242,8 @@ def rest_latency(requests: int) -> dict:
                  "batches/{id}": f"{api}/batches/{newest}", "operations": f"{api}/batches/{newest}/operations",
                  "page /streaming/": f"{base}/streaming/", "batch page": f"{base}/streaming/batch/?id={newest}",
                  "/metrics": f"{base}/metrics"}
-        from engine.ui import Catalog
-        from engine.ui.routes import respond
+        from sparkwal.engine.ui import Catalog
+        from sparkwal.engine.ui.routes import respond
 
         live = ssc.driver.observer.status
 
@@ -276,8 +276,8 @@ def rest_latency(requests: int) -> dict:
 
 
 def memory(retained: int, batches: int = 5000) -> int:
-    from engine.ui.metrics import Metrics
-    from engine.ui.status import RunStatus
+    from sparkwal.engine.ui.metrics import Metrics
+    from sparkwal.engine.ui.status import RunStatus
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

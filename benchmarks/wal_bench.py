@@ -38,9 +38,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog
-from wal.segment import FRAME_HEADER_LEN, frame_header
-from wal.segment import HEADER as SEGMENT_HEADER
+from sparkwal.wal import BatchedWriteAheadLog, FileBasedWriteAheadLog
+from sparkwal.wal.segment import FRAME_HEADER_LEN, frame_header
+from sparkwal.wal.segment import HEADER as SEGMENT_HEADER
 
 from .baselines import (SECONDS, WARMUP_SECONDS, RawGroupCommit, SparkHarness, raw_crc_scan,
                         timed_writes, wake_up_us)

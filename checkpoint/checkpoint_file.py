@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import msgpack
 from crc32c import crc32c
 
-from wal.errors import FencedError
-from wal.storage import Lock, Storage, resolve
+from sparkwal.wal.errors import FencedError
+from sparkwal.wal.storage import Lock, Storage, resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError

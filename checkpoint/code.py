@@ -27,7 +27,7 @@ import struct
 
 from crc32c import crc32c
 
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError

@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from wal.inspect import segment_bytes
-from wal.segment import SEGMENT_NAME
-from wal.storage import Storage, resolve
+from sparkwal.wal.inspect import segment_bytes
+from sparkwal.wal.segment import SEGMENT_NAME
+from sparkwal.wal.storage import Storage, resolve
 
 from . import layout
 from .checkpoint_file import CHECKPOINT_FILE, Checkpoint

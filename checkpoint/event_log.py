@@ -52,9 +52,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
-from wal.inspect import trim_preallocated
-from wal.storage import resolve
+from sparkwal.wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
+from sparkwal.wal.inspect import trim_preallocated
+from sparkwal.wal.storage import resolve
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from wal.inspect import LogReport, scan_log
-from wal.storage import LeaderInfo, resolve
+from sparkwal.wal.inspect import LogReport, scan_log
+from sparkwal.wal.storage import LeaderInfo, resolve
 
 from . import layout
 from .code import CODE_FILE, read_code

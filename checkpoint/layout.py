@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK
+from sparkwal.wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CODE_PREFIX = "code-"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from wal.storage import Storage, resolve
+from sparkwal.wal.storage import Storage, resolve
 
 from .errors import BatchRangeError, MalformedLogError, UnsupportedLogVersionError
 

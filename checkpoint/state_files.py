@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 import crc32c
 import pyarrow as pa
 
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 VERSION = 2
 COMPRESSION = "zstd"

@@ -1,10 +1,11 @@
 """sparkwal's thin DStream engine on PySpark RDDs, with pyspark.streaming's API names.
 
 Porting an app: ``from pyspark.streaming import StreamingContext`` becomes
-``from engine import StreamingContext``.
+``from sparkwal import StreamingContext`` (pyspark.streaming's names are at the package's top; the
+engine's others are here: ``from sparkwal.engine import StateSpec``).
 
 The names below are imported on first use (PEP 562), so that importing a submodule, e.g.
-:mod:`engine.worker_daemon` as PySpark's worker daemon, does not import PySpark first.
+:mod:`sparkwal.engine.worker_daemon` as PySpark's worker daemon, does not import PySpark first.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "tracker": ["BatchInfo"],
-    "checkpoint.state_chains": ["read_state"],
+    "sparkwal.tracker": ["BatchInfo"],
+    "sparkwal.checkpoint.state_chains": ["read_state"],
     ".context": ["CheckpointMismatchError", "StreamingContext", "StreamingContextStateError"],
     ".dstream": ["DStream"],
     ".listener": [

@@ -1,8 +1,8 @@
 """Running on a cluster: sparkwal's code on the executors, and a clear error when they lack it.
 
-Spark's Python workers unpickle the engine's task functions, which import ``engine``, ``wal``,
-``checkpoint`` and ``tracker`` and their dependencies. On a cluster whose executors do not have
-sparkwal installed, ``start()`` ships the four packages as one zip (``sc.addPyFile``), then runs a
+Spark's Python workers unpickle the engine's task functions, which import ``sparkwal`` (its
+``engine``, ``wal``, ``checkpoint`` and ``tracker``) and their dependencies. On a cluster whose
+executors do not have sparkwal installed, ``start()`` ships the package as one zip (``sc.addPyFile``), then runs a
 probe job, one task per executor core, that imports everything tasks need: a missing module is a
 :class:`ExecutorEnvironmentError` naming it, the hosts that lack it and the pip requirement, before
 any batch runs, instead of an ImportError deep inside a task's traceback.
@@ -34,13 +34,14 @@ import threading
 import weakref
 import zipfile
 
-from wal.retry import DEADLINE_ENV
+from sparkwal.wal.retry import DEADLINE_ENV
 
 from .durations import parse_duration_ms
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("wal", "checkpoint", "tracker", "engine")
+#: the package and its rooms (in a checkout the rooms are folders beside it, mapped under it)
+PACKAGES = ("sparkwal", "sparkwal.wal", "sparkwal.checkpoint", "sparkwal.tracker", "sparkwal.engine")
 #: module -> the pip requirement that provides it
 REQUIREMENTS = {"msgpack": "msgpack>=1.0,<2", "crc32c": "crc32c>=2.4,<3", "fsspec": "fsspec>=2024.6",
                 "pyarrow": "pyarrow>=15"}
@@ -66,14 +67,19 @@ def is_local_master(master: str) -> bool:
 
 
 def package_files() -> list[tuple[str, str]]:
-    """``(source, path inside a site-packages)`` of sparkwal's packages, as the driver imports them
-    (what the shipped zip and the shipped environment carry)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """``(source, path inside a site-packages)`` of sparkwal's files, from wherever the driver
+    imports them (an installed package, or a checkout's folders mapped under ``sparkwal``): what
+    the shipped zip and the shipped environment carry."""
+    import importlib
+
     found = []
     for package in PACKAGES:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-            found += [(os.path.join(dirpath, f), os.path.relpath(os.path.join(dirpath, f), root))
+        directory = os.path.dirname(importlib.import_module(package).__file__)
+        prefix = package.replace(".", "/")
+        for dirpath, dirnames, filenames in os.walk(directory):
+            # the top's own files only: its rooms are walked as packages of their own
+            dirnames[:] = [] if package == "sparkwal" else [d for d in dirnames if d != "__pycache__"]
+            found += [(os.path.join(dirpath, f), f"{prefix}/{os.path.relpath(os.path.join(dirpath, f), directory)}")
                       for f in filenames if f.endswith((".py", ".properties"))]
     return sorted(found)
 
@@ -213,7 +219,7 @@ def configure_local_workers(sc, conf) -> None:
     unix_sockets_for_workers(sc)
 
 
-DAEMON_MODULE = "engine.worker_daemon"
+DAEMON_MODULE = "sparkwal.engine.worker_daemon"
 
 
 def preimport_in_workers(sc, conf) -> None:

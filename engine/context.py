@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
-from checkpoint import read_checkpoint
-from checkpoint.errors import CheckpointError, CheckpointMismatchError
-from tracker import ReceivedBlockTracker
-from wal import Clock, resolve
+from sparkwal.checkpoint import read_checkpoint
+from sparkwal.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from sparkwal.tracker import ReceivedBlockTracker
+from sparkwal.wal import Clock, resolve
 
 from .driver import Driver
 from .driver.program import load_program, warm_active_workers

@@ -4,7 +4,7 @@ A shim for pickled names: a direct-mode checkpoint written before the move holds
 pickled by module path, calling ``engine.direct_wordcount._tag`` and ``write_batch``.
 """
 
-from engine.apps.direct_wordcount import tag_line, write_batch
+from sparkwal.engine.apps.direct_wordcount import tag_line, write_batch
 
 _tag = tag_line
 

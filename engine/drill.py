@@ -1,7 +1,7 @@
-"""``python -m engine.drill``: the kill-and-restart drill, now :mod:`engine.apps.drill` (this
+"""``python -m sparkwal.engine.drill``: the kill-and-restart drill, now :mod:`engine.apps.drill` (this
 module stays so that the documented command keeps working)."""
 
-from engine.apps.drill import main
+from sparkwal.engine.apps.drill import main
 
 __all__ = ["main"]
 

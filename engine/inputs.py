@@ -9,7 +9,7 @@ from collections import deque
 from pyspark import RDD
 from pyspark.accumulators import AccumulatorParam
 
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 from .dstream import DStream
 
@@ -73,7 +73,7 @@ def _list_files(directory: str, storage_options: dict | None = None) -> list[tup
     """(path or URL, modification time in whole ms) of the candidate files in ``directory`` (a
     path or any fsspec URL): regular files whose names do not start with "." or "_" (files being
     written). A missing directory has none. Local files are named by path, others by URL."""
-    from wal.storage import resolve
+    from sparkwal.wal.storage import resolve
 
     storage, path = resolve(directory, storage_options)
     try:
@@ -121,7 +121,7 @@ def _read_remote(storage_options: dict | None, record_length: int | None):
     Hadoop filesystems): lines of text, or fixed-length binary records."""
 
     def read(url: str):
-        from wal.storage import resolve
+        from sparkwal.wal.storage import resolve
 
         storage, path = resolve(url, storage_options)
         data = storage.read_file(path)

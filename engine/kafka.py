@@ -1,7 +1,7 @@
 """Kafka direct streams for Python, as pyspark 2.x's removed ``KafkaUtils`` had them, on
 confluent-kafka (the optional extra ``sparkwal[kafka]``).
 
-    from engine.kafka import KafkaUtils
+    from sparkwal.engine.kafka import KafkaUtils
     stream = KafkaUtils.createDirectStream(ssc, ["events"], {"metadata.broker.list": "host:9092"})
     stream.map(lambda kv: kv[1])...   # records are (key, value), decoded as UTF-8 by default
 

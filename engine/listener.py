@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracker import BatchInfo
-from tracker.input_info import OutputOperationInfo
+from sparkwal.tracker import BatchInfo
+from sparkwal.tracker.input_info import OutputOperationInfo
 
 
 @dataclass(frozen=True)

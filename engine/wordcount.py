@@ -1,4 +1,4 @@
-"""``python -m engine.wordcount``: the main job, now :mod:`engine.apps.wordcount` (this module
+"""``python -m sparkwal.engine.wordcount``: the main job, now :mod:`engine.apps.wordcount` (this module
 stays so that the README's first command, scripts and old checkpoints keep working).
 
 A shim for pickled names: checkpoints written before the main job moved hold its program pickled
@@ -6,8 +6,8 @@ by module path, calling ``engine.wordcount._save_batch`` and counting into
 ``engine.wordcount._BATCH_RECORDS``; both are the app's own objects under their old names.
 """
 
-from engine.apps.wordcount import BATCH_RECORDS, build, main, save_batch
-from engine.apps.wordcount_data import (expected_counts, expected_line_counts, file_lines,
+from sparkwal.engine.apps.wordcount import BATCH_RECORDS, build, main, save_batch
+from sparkwal.engine.apps.wordcount_data import (expected_counts, expected_line_counts, file_lines,
                                         receiver_line, write_input_file)
 
 _save_batch = save_batch

@@ -27,9 +27,9 @@ import os
 import sys
 import zipfile
 
-PREIMPORTED = ("pyspark.worker", "engine.state.snapshot_tasks", "engine.state.state_map",
-               "engine.state.map_with_state", "engine.state.update_state", "engine.inputs",
-               "checkpoint.state_files", "pyarrow", "pyarrow.ipc", "crc32c")
+PREIMPORTED = ("pyspark.worker", "sparkwal.engine.state.snapshot_tasks", "sparkwal.engine.state.state_map",
+               "sparkwal.engine.state.map_with_state", "sparkwal.engine.state.update_state", "sparkwal.engine.inputs",
+               "sparkwal.checkpoint.state_files", "pyarrow", "pyarrow.ipc", "crc32c")
 
 #: a zip Spark puts on the workers' path -> the file whose bytes name its version
 _ZIPPED = {"pyspark.zip": "pyspark/version.py", "py4j-": "py4j/version.py"}

@@ -1,7 +1,7 @@
-"""``python -m sparkwal ...``: the ``sparkwal`` command."""
+"""``python -m sparkwal ...``: the ``sparkwal`` command (:mod:`sparkwal.cli`)."""
 
 import sys
 
-from . import main
+from .cli import main
 
 sys.exit(main())

@@ -13,7 +13,7 @@ def _inspected(args, verify: bool):
     """The checkpoint in DIR, inspected (with ``verify``: every state part read and every block
     the tracker names checked, as ``wal verify`` checks every record); a directory holding none
     of a checkpoint's files is one line, exit 1, never an OK about nothing."""
-    from checkpoint.inspect import inspect_checkpoint
+    from sparkwal.checkpoint.inspect import inspect_checkpoint
 
     from .received import lost_blocks
 
@@ -72,7 +72,7 @@ def checkpoint_state(args) -> int:
     import pyarrow.feather as feather
     import pyarrow.parquet as parquet
 
-    from checkpoint.state_chains import read_state
+    from sparkwal.checkpoint.state_chains import read_state
 
     require_directory(args, "checkpoint")
     tables = read_state(args.dir, storage_options(args.storage_option))
@@ -130,11 +130,11 @@ def checkpoint_repair(args) -> int:
     """Everything that keeps a checkpoint from verifying, in one plan: damaged ``checkpoint-<t>``
     files set aside (a restart reads the newest good one), its write-ahead logs repaired as
     ``wal repair`` does, the offsets/commits made restartable. Refused while a driver leads it."""
-    from checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
-    from checkpoint.checkpoint_file import set_aside_damaged
-    from checkpoint.layout import CheckpointLayout
-    from wal import LogLockedError
-    from wal.inspect import plan_repair as plan_log_repair, repair_log
+    from sparkwal.checkpoint import CommitLog, OffsetSeqLog, plan_repair, repair
+    from sparkwal.checkpoint.checkpoint_file import set_aside_damaged
+    from sparkwal.checkpoint.layout import CheckpointLayout
+    from sparkwal.wal import LogLockedError
+    from sparkwal.wal.inspect import plan_repair as plan_log_repair, repair_log
 
     options = storage_options(args.storage_option)
     r = _inspected(args, verify=False)
@@ -188,7 +188,7 @@ def checkpoint_repair(args) -> int:
 
 def checkpoint_copy(args) -> int:
     """``sparkwal checkpoint copy SRC DST``: :func:`checkpoint.copy.copy_checkpoint`, verified."""
-    from checkpoint.copy import CopyError, copy_checkpoint
+    from sparkwal.checkpoint.copy import CopyError, copy_checkpoint
 
     require_directory(args, "checkpoint")
     try:

@@ -26,7 +26,7 @@ def require_directory(args, what: str) -> None:
     store: unless something is stored under it). Reads only."""
     import os
 
-    from wal.storage import resolve
+    from sparkwal.wal.storage import resolve
 
     try:
         storage, root = resolve(args.dir, storage_options(args.storage_option))
@@ -39,7 +39,7 @@ def require_directory(args, what: str) -> None:
 
 
 def storage_options(pairs: list[str]) -> dict | None:
-    from wal.storage import parse_storage_options
+    from sparkwal.wal.storage import parse_storage_options
 
     try:
         return parse_storage_options(pairs)

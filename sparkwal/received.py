@@ -24,10 +24,10 @@ class LostBlock:
 def lost_blocks(checkpoint_url: str, options: dict | None, only_log: str | None = None) -> list[LostBlock]:
     """The blocks the checkpoint's tracker names whose receiver-WAL records do not read back
     (within the receiver WAL ``only_log`` if given). Reads only, takes no lock."""
-    from checkpoint.layout import RECEIVED_BLOCK_METADATA, CheckpointLayout
-    from tracker.inspect import named_blocks
-    from wal import FileBasedWriteAheadLog, RecordHandle, WalError
-    from wal.storage import resolve
+    from sparkwal.checkpoint.layout import RECEIVED_BLOCK_METADATA, CheckpointLayout
+    from sparkwal.tracker.inspect import named_blocks
+    from sparkwal.wal import FileBasedWriteAheadLog, RecordHandle, WalError
+    from sparkwal.wal.storage import resolve
 
     where = CheckpointLayout(checkpoint_url)
     storage, root = resolve(checkpoint_url, options)
@@ -63,7 +63,7 @@ def lost_blocks(checkpoint_url: str, options: dict | None, only_log: str | None 
 def checkpoint_of_receiver_log(log_url: str) -> str | None:
     """The checkpoint directory holding ``log_url`` when it is a receiver's WAL there
     (``<checkpoint>/receivedData/<stream>[-e<epoch>]``), else None."""
-    from checkpoint.layout import RECEIVED_DATA
+    from sparkwal.checkpoint.layout import RECEIVED_DATA
 
     parent, _, _name = log_url.rstrip("/").rpartition("/")
     top, _, middle = parent.rpartition("/")

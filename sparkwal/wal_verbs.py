@@ -12,8 +12,8 @@ from .common import OK, PROBLEM, MissingDirectory, Progress, emit, require_direc
 def _require_log(args) -> None:
     """A directory with no segment and no writer's lock or lease is not a log: one line, exit 1
     (an inspector never says OK about nothing, and repair creates nothing there)."""
-    from wal.segment import parse_segment_name
-    from wal.storage import resolve
+    from sparkwal.wal.segment import parse_segment_name
+    from sparkwal.wal.storage import resolve
 
     require_directory(args, "log")
     storage, root = resolve(args.dir, storage_options(args.storage_option))
@@ -24,7 +24,7 @@ def _require_log(args) -> None:
 
 
 def _scan(args):
-    from wal.inspect import scan_log
+    from sparkwal.wal.inspect import scan_log
 
     _require_log(args)
     progress = Progress("scanning segments")
@@ -75,12 +75,12 @@ def wal_inspect(args) -> int:
 
 def _records(args):
     """Every record, with the tracker's events decoded in a ``receivedBlockMetadata`` log."""
-    from checkpoint.layout import RECEIVED_BLOCK_METADATA
-    from wal.inspect import iter_records
+    from sparkwal.checkpoint.layout import RECEIVED_BLOCK_METADATA
+    from sparkwal.wal.inspect import iter_records
 
     decode = None
     if args.dir.rstrip("/").endswith(RECEIVED_BLOCK_METADATA):
-        from tracker import decode_event
+        from sparkwal.tracker import decode_event
 
         decode = decode_event
     for segment, offset, payload in iter_records(args.dir, storage_options(args.storage_option)):
@@ -126,8 +126,8 @@ def wal_verify(args) -> int:
 
 
 def wal_repair(args) -> int:
-    from wal import LogLockedError
-    from wal.inspect import repair_log
+    from sparkwal.wal import LogLockedError
+    from sparkwal.wal.inspect import repair_log
 
     _require_log(args)  # repairing creates nothing where there is no log
     progress = Progress("scanning segments")

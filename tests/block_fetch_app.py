@@ -16,7 +16,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark import SparkConf, SparkContext, StorageLevel  # noqa: E402
 
-from engine import Receiver, StreamingContext, StreamingListener  # noqa: E402
+from sparkwal.engine import Receiver, StreamingContext, StreamingListener  # noqa: E402
 
 master, n, replication = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
@@ -39,7 +39,7 @@ class Numbers(Receiver):
 
 
 def where(rows):
-    from engine.receiver.placement import this_executor
+    from sparkwal.engine.receiver.placement import this_executor
 
     lines = list(rows)
     return [(this_executor("127.0.0.1").executor_id, lines)]

@@ -9,7 +9,7 @@ import os
 import sys
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from checkpoint import Checkpoint, CheckpointWriter, MetadataLog  # noqa: E402
+from sparkwal.checkpoint import Checkpoint, CheckpointWriter, MetadataLog  # noqa: E402
 
 directory, start, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None

@@ -14,6 +14,20 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkw
 from faulty_fs import FaultyFileSystem  # noqa: E402  (registers the faulty:// protocol)
 
 
+class _NoOldTopLevelNames:
+    """The rooms are ``sparkwal.wal``, ``sparkwal.engine``, ...: their folders at the repository's
+    root must never be imported as top-level packages (a second copy of the engine, and a test
+    that passes by accident where an installed sparkwal would fail)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name in ("engine", "wal", "checkpoint", "tracker"):
+            raise ImportError(f"no top-level {name!r}: it is sparkwal.{name}")
+        return None
+
+
+sys.meta_path.insert(0, _NoOldTopLevelNames())
+
+
 @pytest.fixture(scope="session")
 def spark_context():
     """The one SparkContext of this pytest process (started on first use)."""
@@ -93,7 +107,7 @@ def no_context_left_active():
     """A test that fails before stopping its context must not fail every later one ("Only one
     StreamingContext may be started in this process"): whatever it left active is stopped."""
     yield
-    engine = sys.modules.get("engine.context")
+    engine = sys.modules.get("sparkwal.engine.context")
     if engine is not None:
         active = engine.StreamingContext.getActive()
         if active is not None:

@@ -30,9 +30,9 @@ def main() -> None:
     crash_at = sys.argv[3] if len(sys.argv) > 3 else None
     from pyspark import SparkConf, SparkContext
 
-    from engine import StreamingListener
-    from engine.sinks import SQLiteSink
-    from engine.apps.wordcount import build
+    from sparkwal.engine import StreamingListener
+    from sparkwal.engine.sinks import SQLiteSink
+    from sparkwal.engine.apps.wordcount import build
 
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")

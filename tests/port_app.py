@@ -17,7 +17,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark import SparkConf, SparkContext  # noqa: E402
 
-from engine import StreamingContext, StreamingListener  # noqa: E402
+from sparkwal.engine import StreamingContext, StreamingListener  # noqa: E402
 
 workdir, batches = sys.argv[1], int(sys.argv[2])
 conf = (SparkConf().setMaster("local[2]").setAppName("port-app").set("spark.ui.enabled", "false")

@@ -18,7 +18,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pyspark import SparkConf, SparkContext  # noqa: E402
 
-from engine import StreamingContext, StreamingListener  # noqa: E402
+from sparkwal.engine import StreamingContext, StreamingListener  # noqa: E402
 
 workdir = sys.argv[1]
 upgrade = len(sys.argv) > 2 and sys.argv[2] == "upgrade"

@@ -16,7 +16,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark import SparkConf, SparkContext  # noqa: E402
 
-from engine import Receiver, StreamingContext, prepare_conf  # noqa: E402
+from sparkwal.engine import Receiver, StreamingContext, prepare_conf  # noqa: E402
 
 master, workdir, cache, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
@@ -45,7 +45,7 @@ def about_worker(_):
     import pyspark
 
     return [(sys.executable, pyspark.__file__, os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED"),
-             "engine.state.snapshot_tasks" in sys.modules)]
+             "sparkwal.engine.state.snapshot_tasks" in sys.modules)]
 
 
 conf = (SparkConf().setMaster(master).setAppName("shipped-env").set("spark.ui.enabled", "false")

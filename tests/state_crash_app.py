@@ -23,8 +23,8 @@ def count(key, value, state):
 
 
 def setup(sc, workdir: str, total: int):
-    from engine import StateSpec, StreamingContext
-    from engine.sources import FileLogSource
+    from sparkwal.engine import StateSpec, StreamingContext
+    from sparkwal.engine.sources import FileLogSource
 
     def create():
         ssc = StreamingContext(sc, 0.5)
@@ -57,7 +57,7 @@ def main() -> None:
     workdir, total = sys.argv[1], int(sys.argv[2])
     from pyspark import SparkConf, SparkContext
 
-    from engine import StreamingContext
+    from sparkwal.engine import StreamingContext
 
     conf = (SparkConf().setMaster("local[2]").setAppName("state-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")

@@ -15,10 +15,10 @@ import sys
 import pytest
 from app_runs import run_app
 
-from engine.receiver import wire
-from engine.receiver.block_client import BlockServerError, connect, fetch_block, put_block
-from engine.receiver.block_server import INFO, app_block_dir, ensure_block_server
-from engine.receiver.blocks import (BlockReadError, LocalBlockHandler, block_tag, read_block,
+from sparkwal.engine.receiver import wire
+from sparkwal.engine.receiver.block_client import BlockServerError, connect, fetch_block, put_block
+from sparkwal.engine.receiver.block_server import INFO, app_block_dir, ensure_block_server
+from sparkwal.engine.receiver.blocks import (BlockReadError, LocalBlockHandler, block_tag, read_block,
                                     serialize_block)
 
 APP, SECRET = "app-blocks", os.urandom(32)

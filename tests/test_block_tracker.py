@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
-from tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
+from sparkwal.checkpoint.layout import RECEIVED_BLOCK_METADATA as WAL_DIR
+from sparkwal.tracker import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent,
                      ReceivedBlockInfo, ReceivedBlockTracker, decode_event, encode_event)
-from wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
-from wal.segment import HEADER, encode_frames, parse_segment_name
+from sparkwal.wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
+from sparkwal.wal.segment import HEADER, encode_frames, parse_segment_name
 
 STREAM = 1
 _ids = iter(range(10**9))
@@ -288,7 +288,7 @@ def test_injected_wal_failures_never_lose_or_duplicate_a_block(faulty, memory_ur
 def test_event_encoding_round_trips_and_rejects_unknown_versions():
     import msgpack
 
-    from tracker import EventFormatError
+    from sparkwal.tracker import EventFormatError
 
     infos = block_infos(3) + [ReceivedBlockInfo(2, None, "input-2-x")]
     for event in (BlockAdditionEvent(infos[0]), BatchAllocationEvent(7, {1: infos[:3], 2: infos[3:]}),

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint import Checkpoint, read_checkpoint
-from checkpoint.copy import CopyError, copy_checkpoint
-from engine import StreamingContext
+from sparkwal.checkpoint import Checkpoint, read_checkpoint
+from sparkwal.checkpoint.copy import CopyError, copy_checkpoint
+from sparkwal.engine import StreamingContext
 from test_engine_recovery import Completed, put_file
 from test_engine_state import SnapshotApp, words_at
-from wal import ManualClock
+from sparkwal.wal import ManualClock
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -112,7 +112,7 @@ def test_a_copy_of_an_older_checkpoint_reads_its_own_files_and_says_so(original,
     before = digest(home)
     copy = tmp_path / "copy"
     shutil.copytree(home, copy)
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="sparkwal.engine"):
         run_batches(original, copy, 3000, 8000, upgrade=True)
     assert digest(home) == before  # not one snapshot of the original deleted
     assert original.totals[8000] == expected_totals(8000)
@@ -176,7 +176,7 @@ def test_checkpoint_copy_of_a_running_driver_recovers_to_a_completed_batch(spark
 
 def test_a_copy_starts_again_when_the_driver_deletes_what_it_needs(original, tmp_path, monkeypatch):
     """A snapshot the checkpoint names, deleted by the driver's clean-up before it was copied."""
-    from wal.backends import LocalStorage
+    from sparkwal.wal.backends import LocalStorage
 
     real, gone = LocalStorage.read_file, []
 
@@ -217,6 +217,6 @@ def test_the_copy_command_says_what_it_copied_and_refuses_what_it_cannot(origina
 
 
 def test_copy_error_is_a_checkpoint_error():
-    from checkpoint import CheckpointError
+    from sparkwal.checkpoint import CheckpointError
 
     assert issubclass(CopyError, CheckpointError)

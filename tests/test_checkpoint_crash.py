@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from checkpoint import MetadataLog, read_checkpoint
+from sparkwal.checkpoint import MetadataLog, read_checkpoint
 
 HERE = os.path.dirname(__file__)
 

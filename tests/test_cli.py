@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from engine import StreamingListener
-from tracker import ReceivedBlockInfo, ReceivedBlockTracker
-from wal import FileBasedWriteAheadLog
+from sparkwal.engine import StreamingListener
+from sparkwal.tracker import ReceivedBlockInfo, ReceivedBlockTracker
+from sparkwal.wal import FileBasedWriteAheadLog
 
 
 def sparkwal(*args, expect: int) -> subprocess.CompletedProcess:
@@ -143,7 +143,7 @@ def test_a_structured_streaming_checkpoint_and_a_damaged_copy(spark_context, tmp
 
 
 def test_a_sparkwal_app_checkpoint_and_a_damaged_code_part(spark_context, tmp_path):
-    from engine import StreamingContext
+    from sparkwal.engine import StreamingContext
 
     ckpt = tmp_path / "ckpt"
     ssc = StreamingContext(spark_context, 0.5)
@@ -184,7 +184,7 @@ def test_a_missing_or_wrong_path_is_a_problem_named_never_ok_and_nothing_is_crea
 
 
 def _checkpoint_with_a_damaged_file_and_log(tmp_path):
-    from checkpoint import Checkpoint, CheckpointWriter
+    from sparkwal.checkpoint import Checkpoint, CheckpointWriter
 
     ckpt = tmp_path / "ckpt"
     writer = CheckpointWriter(str(ckpt))
@@ -211,7 +211,7 @@ def test_inspect_and_verify_agree_on_a_damaged_checkpoint_and_its_logs(tmp_path)
 
 
 def test_checkpoint_repair_sets_damaged_files_aside_so_verify_passes(tmp_path):
-    from checkpoint import read_checkpoint
+    from sparkwal.checkpoint import read_checkpoint
 
     ckpt, newest, sealed = _checkpoint_with_a_damaged_file_and_log(tmp_path)
     damaged = newest.read_bytes()
@@ -226,7 +226,7 @@ def test_checkpoint_repair_sets_damaged_files_aside_so_verify_passes(tmp_path):
 
 
 def test_checkpoint_repair_refuses_while_a_driver_leads(tmp_path):
-    from wal import resolve
+    from sparkwal.wal import resolve
 
     ckpt, newest, _ = _checkpoint_with_a_damaged_file_and_log(tmp_path)
     storage, root = resolve(str(ckpt))

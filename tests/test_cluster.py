@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from engine.apps.direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from engine.apps.drill_runs import AppRun
+from sparkwal.engine.apps.direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
+from sparkwal.engine.apps.drill_runs import AppRun
 
-from engine.apps.standalone import StandaloneCluster
+from sparkwal.engine.apps.standalone import StandaloneCluster
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
@@ -99,7 +99,7 @@ def test_direct_job_on_a_standalone_cluster_with_an_s3_checkpoint(tmp_path, clus
 
 
 def test_executors_lacking_a_module_get_a_clear_error_before_any_batch(spark_context):
-    from engine.cluster import ExecutorEnvironmentError, check_executors
+    from sparkwal.engine.cluster import ExecutorEnvironmentError, check_executors
 
     check_executors(spark_context)  # this machine's workers have everything
     with pytest.raises(ExecutorEnvironmentError) as err:
@@ -112,7 +112,7 @@ def test_executors_lacking_a_module_get_a_clear_error_before_any_batch(spark_con
 def test_shipped_code_holds_the_four_packages(spark_context, monkeypatch):
     import zipfile
 
-    from engine.cluster import ship_code
+    from sparkwal.engine.cluster import ship_code
 
     added = []
     monkeypatch.setattr(spark_context, "addPyFile", added.append)

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 
-from checkpoint import CommitLog, OffsetSeqLog
-from engine.apps import direct_drill
-from engine.apps.direct_wordcount import append_lines, expected_direct_counts, read_results
+from sparkwal.checkpoint import CommitLog, OffsetSeqLog
+from sparkwal.engine.apps import direct_drill
+from sparkwal.engine.apps.direct_wordcount import append_lines, expected_direct_counts, read_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -9,11 +9,11 @@ import sqlite3
 
 import pytest
 
-from checkpoint import CommitLog, OffsetSeqLog
-from engine import StreamingContext
-from engine.sinks import SinkOffsetsError, SQLiteSink
-from engine.sources import BatchLog, FileLogSource, OffsetRange, TopicPartition
-from wal import ManualClock
+from sparkwal.checkpoint import CommitLog, OffsetSeqLog
+from sparkwal.engine import StreamingContext
+from sparkwal.engine.sinks import SinkOffsetsError, SQLiteSink
+from sparkwal.engine.sources import BatchLog, FileLogSource, OffsetRange, TopicPartition
+from sparkwal.wal import ManualClock
 
 from test_engine_operations import Harness
 from test_engine_recovery import Completed, put_file

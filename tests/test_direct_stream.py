@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from checkpoint import CommitLog, OffsetSeqLog
-from engine import StreamingContext, StreamingListener
-from engine.sources import DataLossError, FileLogSource, OffsetRange, TopicPartition
-from wal import ManualClock
+from sparkwal.checkpoint import CommitLog, OffsetSeqLog
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.sources import DataLossError, FileLogSource, OffsetRange, TopicPartition
+from sparkwal.wal import ManualClock
 
 from test_engine_recovery import Completed, ms
 
@@ -230,7 +230,7 @@ def test_rate_limit_per_partition(spark_context, tmp_path):
 
 
 def test_rate_limits_follow_sparks_rule():
-    from engine.sources.direct import rate_limits
+    from sparkwal.engine.sources.direct import rate_limits
 
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
     assert rate_limits({a: 10, b: 30}, 1000, 0, 0, 1) is None  # no estimate, no cap: no limit

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from checkpoint import Checkpoint, CheckpointError, CheckpointWriter, read_checkpoint
+from sparkwal.checkpoint import Checkpoint, CheckpointError, CheckpointWriter, read_checkpoint
 
 
 def names(d):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.apps.drill import run
+from sparkwal.engine.apps.drill import run
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def events_of(workdir, *args) -> list[dict]:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--json",
+    out = subprocess.run([sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", str(workdir), "--json",
                           *map(str, args)], capture_output=True, text=True, timeout=180,
                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
     assert out.returncode == 0, out.stderr[-2000:]

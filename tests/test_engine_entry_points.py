@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine import StreamingContext
+from sparkwal.engine import StreamingContext
 
 LINES = 100
 

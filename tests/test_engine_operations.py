@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from engine import StreamingContext, StreamingContextStateError, StreamingListener
-from wal import ManualClock
+from sparkwal.engine import StreamingContext, StreamingContextStateError, StreamingListener
+from sparkwal.wal import ManualClock
 
 BATCH = 0.5
 

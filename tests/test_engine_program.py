@@ -14,9 +14,9 @@ import zipfile
 
 import pytest
 
-from checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
-from engine import CheckpointMismatchError, StreamingContext, StreamingListener
-from engine.driver.program import CheckpointSerializationError
+from sparkwal.checkpoint import Checkpoint, CheckpointWriter, read_checkpoint
+from sparkwal.engine import CheckpointMismatchError, StreamingContext, StreamingListener
+from sparkwal.engine.driver.program import CheckpointSerializationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -295,7 +295,7 @@ def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, 
 
 
 def test_earlier_runs_code_parts_are_deleted_once_no_checkpoint_names_them(spark_context, tmp_path):
-    from wal import ManualClock
+    from sparkwal.wal import ManualClock
 
     ckpt = str(tmp_path / "ckpt")
 
@@ -330,8 +330,8 @@ def test_earlier_runs_code_parts_are_deleted_once_no_checkpoint_names_them(spark
 _LOCAL_WORKERS_APP = """
 import json, os, stat, sys
 from pyspark import SparkConf, SparkContext
-from checkpoint import read_checkpoint
-from engine import StreamingContext
+from sparkwal.checkpoint import read_checkpoint
+from sparkwal.engine import StreamingContext
 sc = SparkContext(conf=SparkConf().setMaster("local[2]").set("spark.ui.enabled", "false"))
 sc.setLogLevel("ERROR")
 def setup():
@@ -347,7 +347,7 @@ where = conf.get("spark.python.unix.domain.socket.dir")
 doubled = sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
 def worker_facts(_):
     import pyspark, sys as s
-    return pyspark.__file__, "engine.state.state_map" in s.modules
+    return pyspark.__file__, "sparkwal.engine.state.state_map" in s.modules
 facts = sc.parallelize(range(2), 2).map(worker_facts).collect()
 mode = os.stat(where)
 sockets = [n for n in os.listdir(where) if n.endswith(".sock")]
@@ -376,7 +376,7 @@ def test_local_python_workers_are_reached_over_unix_sockets_and_start_with_compi
     assert seen["mode"] == 0o700 and seen["uid"] == os.getuid()
     assert seen["sockets"] >= 1  # the worker daemon's socket: the workers are reached through it
     assert seen["doubled"] == [0, 2, 4, 6]
-    assert seen["early_daemon"] == "engine.worker_daemon"
+    assert seen["early_daemon"] == "sparkwal.engine.worker_daemon"
     for pyspark_file, engine_imported in seen["facts"]:
         assert ".zip" not in pyspark_file and os.path.isfile(pyspark_file)
         assert engine_imported  # by the daemon: the task itself imports nothing of the engine
@@ -391,7 +391,7 @@ def _zip_with(path, name, text):
 
 
 def test_the_worker_daemon_drops_sparks_zips_only_for_the_same_installed_versions(tmp_path):
-    from engine.worker_daemon import prefer_installed_pyspark
+    from sparkwal.engine.worker_daemon import prefer_installed_pyspark
 
     site = tmp_path / "site-packages"
     for pkg, version in (("pyspark", "4.3.0"), ("py4j", "0.10.9.9")):
@@ -422,7 +422,7 @@ def test_the_worker_daemon_drops_sparks_zips_only_for_the_same_installed_version
 
 _IMPORT_EACH_FIRST = """
 import importlib, json, pickle, pkgutil, sys
-import wal, checkpoint, tracker, engine
+import sparkwal.wal, sparkwal.checkpoint, sparkwal.tracker, sparkwal.engine
 names = sorted(m.name for p in (wal, checkpoint, tracker, engine)
                for m in pkgutil.walk_packages(p.__path__, p.__name__ + "."))
 failed = []
@@ -450,4 +450,4 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["modules"] > 40 and seen["failed"] == []
-    assert seen["old_name"] == "engine.state.update_state.StateDStream"
+    assert seen["old_name"] == "sparkwal.engine.state.update_state.StateDStream"

@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-from engine import CheckpointMismatchError, StreamingContext, StreamingListener
-from engine.inputs import InputDStream
-from tracker import ReceivedBlockInfo
-from wal import ManualClock
+from sparkwal.engine import CheckpointMismatchError, StreamingContext, StreamingListener
+from sparkwal.engine.inputs import InputDStream
+from sparkwal.tracker import ReceivedBlockInfo
+from sparkwal.wal import ManualClock
 
 
 class Completed(StreamingListener):
@@ -305,7 +305,7 @@ class Recorder(StreamingListener):
 
 
 def test_the_driver_publishes_checkpoints_written_and_its_restart_on_its_event_bus(spark_context, tmp_path):
-    from engine.listener import StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted
+    from sparkwal.engine.listener import StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted
 
     app, ssc, clock, done = started_app(spark_context, tmp_path)
     first = Recorder()
@@ -334,8 +334,8 @@ def test_the_driver_publishes_checkpoints_written_and_its_restart_on_its_event_b
 
 
 def test_a_failing_subscriber_does_not_keep_an_event_from_the_others(caplog):
-    from engine.driver.events import EventBus
-    from engine.listener import StreamingListenerStreamingStarted
+    from sparkwal.engine.driver.events import EventBus
+    from sparkwal.engine.listener import StreamingListenerStreamingStarted
 
     class Broken(StreamingListener):
         def onStreamingStarted(self, event):
@@ -345,7 +345,7 @@ def test_a_failing_subscriber_does_not_keep_an_event_from_the_others(caplog):
     bus.subscribe(Broken())
     bus.subscribe(object())  # no callbacks at all: skipped
     bus.subscribe(type("Hears", (StreamingListener,), {"onStreamingStarted": lambda self, e: heard.append(e)})())
-    with caplog.at_level("WARNING", logger="engine.driver.events"):
+    with caplog.at_level("WARNING", logger="sparkwal.engine.driver.events"):
         bus.post(StreamingListenerStreamingStarted(7))
     assert heard == [StreamingListenerStreamingStarted(7)]
     assert "failed in onStreamingStarted" in caplog.text
@@ -355,7 +355,7 @@ def test_a_batch_seen_complete_is_checkpointed_by_a_stop_that_does_not_wait(spar
     """Spark's non-graceful stop drops its generator's queue, so a batch its listeners saw
     complete can lose its completion checkpoint and run again; sparkwal queues the checkpoint
     before telling listeners and keeps it through the stop."""
-    from checkpoint import read_checkpoint
+    from sparkwal.checkpoint import read_checkpoint
 
     clock, stopped = ManualClock(0), threading.Event()
     ssc = StreamingContext(spark_context, 0.5, clock=clock)

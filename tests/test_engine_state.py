@@ -15,10 +15,10 @@ import pytest
 from test_engine_recovery import Completed, ms, put_file
 from test_receivers import wait_until
 
-from checkpoint import Checkpoint, read_checkpoint
-from checkpoint.layout import CheckpointLayout
-from engine import CheckpointMismatchError, StateSpec, StreamingContext, StreamingListener
-from wal import ManualClock
+from sparkwal.checkpoint import Checkpoint, read_checkpoint
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.engine import CheckpointMismatchError, StateSpec, StreamingContext, StreamingListener
+from sparkwal.wal import ManualClock
 
 
 def lineage_depth(rdd) -> int:

@@ -14,8 +14,8 @@ import pytest
 from app_runs import run_app
 from pyspark import SparkConf
 
-from engine import prepare_conf
-from engine.environment import ALIAS, packed_environment
+from sparkwal.engine import prepare_conf
+from sparkwal.engine.environment import ALIAS, packed_environment
 
 CLUSTER = "spark://127.0.0.1:7077"
 
@@ -34,7 +34,7 @@ def test_local_mode_is_left_alone():
 
 def test_executors_with_sparkwal_installed_get_the_daemon_and_unix_sockets():
     ready = prepare_conf(conf(**{"spark.sparkwal.shipCode": "false"}))
-    assert ready.get("spark.python.daemon.module") == "engine.worker_daemon"
+    assert ready.get("spark.python.daemon.module") == "sparkwal.engine.worker_daemon"
     assert ready.get("spark.python.unix.domain.socket.enabled") == "true"
     plain = prepare_conf(conf())  # sparkwal shipped as a zip: the daemon could not import it
     assert not plain.contains("spark.python.daemon.module")
@@ -67,7 +67,7 @@ def test_the_environment_is_packed_once_and_found_again(env_cache):
     assert first.get("spark.archives") == f"file:///data/models.zip#models,file://{env_cache}/{archive}#{ALIAS}"
     assert first.get("spark.pyspark.python") == f"./{ALIAS}/bin/python"
     assert first.get("spark.pyspark.driver.python") == sys.executable
-    assert first.get("spark.python.daemon.module") == "engine.worker_daemon"
+    assert first.get("spark.python.daemon.module") == "sparkwal.engine.worker_daemon"
     again = prepare_conf(first)  # a restart from the checkpoint's conf: found, not packed again
     assert again.get("spark.archives") == first.get("spark.archives")
     assert os.stat(os.path.join(env_cache, archive)).st_ino == inode
@@ -96,7 +96,7 @@ def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_envi
 def test_a_checkpoint_keeps_no_per_pod_or_per_run_setting():
     """A standby in another pod recovers from the checkpoint: the first pod's name, ports and
     secrets must not override its own (Spark's Checkpoint.scala reloads the same keys)."""
-    from engine.driver.program import checkpoint_conf
+    from sparkwal.engine.driver.program import checkpoint_conf
 
     class Context:
         def getConf(self):
@@ -108,7 +108,7 @@ def test_a_checkpoint_keeps_no_per_pod_or_per_run_setting():
 
 
 def test_a_directory_that_is_no_virtualenv_is_named(tmp_path):
-    from engine import EnvironmentShippingError
+    from sparkwal.engine import EnvironmentShippingError
 
     with pytest.raises(EnvironmentShippingError, match=f"cannot pack the environment {tmp_path}: .*not a valid virtual"):
         packed_environment(str(tmp_path / "cache"), prefix=str(tmp_path))

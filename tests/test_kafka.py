@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from checkpoint import CommitLog
-from engine import StreamingContext
-from engine.kafka import KafkaUtils, TopicAndPartition
-from engine.sources import OffsetRange
-from wal import ManualClock
+from sparkwal.checkpoint import CommitLog
+from sparkwal.engine import StreamingContext
+from sparkwal.engine.kafka import KafkaUtils, TopicAndPartition
+from sparkwal.engine.sources import OffsetRange
+from sparkwal.wal import ManualClock
 
 from test_engine_recovery import Completed, ms
 

@@ -10,9 +10,9 @@ import pytest
 from pyspark import cloudpickle
 from test_engine_recovery import Completed, ms
 
-from checkpoint.state_chains import checkpoint_state, summarize_state
-from engine import State, StateSpec, StreamingContext, read_state
-from wal import ManualClock
+from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
+from sparkwal.engine import State, StateSpec, StreamingContext, read_state
+from sparkwal.wal import ManualClock
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its mapping functions run in tasks
 
@@ -203,7 +203,7 @@ def test_a_full_snapshot_ends_the_lineage_once_it_reaches_back_max_lineage_batch
     """Deltas alone would let the state's lineage grow for deltasPerFull intervals (here 1000); a
     full snapshot read back ends it once it reaches back MAX_LINEAGE_BATCHES batches (the soak's
     driver died of a StackOverflowError deserializing a task with ~160 batches of lineage)."""
-    from engine.state.snapshots import MAX_LINEAGE_BATCHES
+    from sparkwal.engine.state.snapshots import MAX_LINEAGE_BATCHES
 
     live_conf = spark_context._jsc.sc().conf()
     live_conf.set("spark.sparkwal.state.deltasPerFull", "1000")

@@ -9,9 +9,9 @@ import pytest
 
 from concurrency import run_concurrently
 
-from checkpoint import (BatchRangeError, MalformedLogError, MetadataLog, UnsupportedLogVersionError,
+from sparkwal.checkpoint import (BatchRangeError, MalformedLogError, MetadataLog, UnsupportedLogVersionError,
                         parse_version, verify_batch_ids)
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 
 def make(storage_url, name="log"):

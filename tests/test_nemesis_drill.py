@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.apps.nemesis_drill import run
+from sparkwal.engine.apps.nemesis_drill import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 

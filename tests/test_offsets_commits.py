@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint import (CommitLog, CommitMetadata, MalformedLogError, OffsetMap, OffsetSeq,
+from sparkwal.checkpoint import (CommitLog, CommitMetadata, MalformedLogError, OffsetMap, OffsetSeq,
                         OffsetSeqLog, OffsetSeqMetadata, UnsupportedLogVersionError)
 
 GOLDEN_OFFSETS_2_1_0 = (b'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1480981499528}\n'

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from engine import StreamingContext, StreamingListener
-from engine.driver.backlog import BacklogWatch
-from wal import ManualClock
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.driver.backlog import BacklogWatch
+from sparkwal.wal import ManualClock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT_APP = os.path.join(ROOT, "tests", "port_app.py")
@@ -104,7 +104,7 @@ def test_checkpoint_creates_its_directory_at_once(spark_context, tmp_path, memor
     ssc.checkpoint(str(tmp_path / "a" / "b"))
     assert (tmp_path / "a" / "b").is_dir()  # as Spark's checkpoint() mkdirs it
     ssc.checkpoint(memory_url + "/ckpt")
-    from wal import resolve
+    from sparkwal.wal import resolve
 
     storage, root = resolve(memory_url + "/ckpt")
     assert storage.exists(root)
@@ -125,21 +125,21 @@ def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout:
 
 
 @pytest.mark.parametrize("module, args, names", [
-    ("engine.wordcount", ["--batch", "0"], "argument --batch: must be a positive number of seconds, got '0'"),
-    ("engine.wordcount", ["--batch", "nan"], "argument --batch"),
-    ("engine.wordcount", ["--files", "-3"], "argument --files"),
-    ("engine.wordcount", ["--master", "locl[2]"], "--master 'locl[2]': not a Spark master"),
-    ("engine.wordcount", ["--conf", "spark.x"], "--conf takes KEY=VALUE, got 'spark.x'"),
-    ("engine.wordcount", ["--conf", "spark.sparkwal.storage.deadline=abc"],
+    ("sparkwal.engine.wordcount", ["--batch", "0"], "argument --batch: must be a positive number of seconds, got '0'"),
+    ("sparkwal.engine.wordcount", ["--batch", "nan"], "argument --batch"),
+    ("sparkwal.engine.wordcount", ["--files", "-3"], "argument --files"),
+    ("sparkwal.engine.wordcount", ["--master", "locl[2]"], "--master 'locl[2]': not a Spark master"),
+    ("sparkwal.engine.wordcount", ["--conf", "spark.x"], "--conf takes KEY=VALUE, got 'spark.x'"),
+    ("sparkwal.engine.wordcount", ["--conf", "spark.sparkwal.storage.deadline=abc"],
      "--conf spark.sparkwal.storage.deadline must be a duration such as 30s or 500ms, got 'abc'"),
-    ("engine.wordcount", ["--conf", "spark.sparkwal.state.maxLineageBatches=0"],
+    ("sparkwal.engine.wordcount", ["--conf", "spark.sparkwal.state.maxLineageBatches=0"],
      "--conf spark.sparkwal.state.maxLineageBatches must be a whole number of at least 1, got '0'"),
-    ("engine.wordcount", ["--storage-option", "x"], "key=value"),
-    ("engine.wordcount", ["--source-port", "0"], "argument --source-port"),
-    ("engine.drill", ["--batch", "-1"], "argument --batch"),
-    ("engine.drill", ["--kills", "x"], "argument --kills"),
-    ("engine.drill", ["--kinds", "driver"], "--kinds is for --mode receiver"),
-    ("engine.drill", ["--mode", "receiver", "--kinds", "driver,disk"], "choose among driver,executor,worker"),
+    ("sparkwal.engine.wordcount", ["--storage-option", "x"], "key=value"),
+    ("sparkwal.engine.wordcount", ["--source-port", "0"], "argument --source-port"),
+    ("sparkwal.engine.drill", ["--batch", "-1"], "argument --batch"),
+    ("sparkwal.engine.drill", ["--kills", "x"], "argument --kills"),
+    ("sparkwal.engine.drill", ["--kinds", "driver"], "--kinds is for --mode receiver"),
+    ("sparkwal.engine.drill", ["--mode", "receiver", "--kinds", "driver,disk"], "choose among driver,executor,worker"),
 ])
 def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, names, tmp_path):
     proc = _job(module, *args, "--dir", tmp_path / "work")
@@ -150,7 +150,7 @@ def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, 
     assert not (tmp_path / "work").exists()  # found before anything was made
 
 
-@pytest.mark.parametrize("module", ["engine.wordcount", "engine.drill"])
+@pytest.mark.parametrize("module", ["sparkwal.engine.wordcount", "sparkwal.engine.drill"])
 def test_an_unusable_dir_is_named(module, tmp_path):
     regular = tmp_path / "a-file"
     regular.write_text("not a directory")
@@ -164,7 +164,7 @@ def test_an_unusable_dir_is_named(module, tmp_path):
 def test_an_interpreter_without_the_packages_is_told_what_to_install(tmp_path):
     """``python3 -m engine.wordcount`` from a checkout, with an interpreter that has no PySpark
     (-S: no site-packages): one line naming the interpreter and the packages."""
-    proc = _job("engine.wordcount", "--dir", tmp_path / "work", python=[sys._base_executable, "-S"])
+    proc = _job("sparkwal.engine.wordcount", "--dir", tmp_path / "work", python=[sys._base_executable, "-S"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "lacks pyspark" in last and ".venv/bin/python" in last
@@ -174,7 +174,7 @@ def test_a_workers_interpreter_that_cannot_serve_is_named_before_the_jvm(tmp_pat
     bare = _script(tmp_path / "bare-python", f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")
     for python, says in ((bare, "the workers' interpreter cannot import pyspark"),
                          (str(tmp_path / "no-such-python"), "the workers' interpreter does not run")):
-        proc = subprocess.run([sys.executable, "-m", "engine.wordcount", "--dir", str(tmp_path / "work")],
+        proc = subprocess.run([sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", str(tmp_path / "work")],
                               capture_output=True, text=True, env=_env(PYSPARK_PYTHON=python), cwd=ROOT,
                               timeout=60)
         last = proc.stderr.strip().splitlines()[-1]
@@ -186,11 +186,11 @@ def test_a_workers_interpreter_that_cannot_serve_is_named_before_the_jvm(tmp_pat
 
 
 class MainJob:
-    """``python -m engine.wordcount --json`` in its own process group, its events read as they come."""
+    """``python -m sparkwal.engine.wordcount --json`` in its own process group, its events read as they come."""
 
     def __init__(self, workdir, *args):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--seconds", "0", "--json",
+            [sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", str(workdir), "--seconds", "0", "--json",
              *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
             cwd=ROOT, start_new_session=True)
         self.events: list[dict] = []
@@ -294,7 +294,7 @@ def test_a_second_job_on_a_led_checkpoint_is_refused_and_the_default_output_has_
     shutdown trace behind."""
     job = MainJob(tmp_path, "--files", "30")
     job.wait_for(lambda es: _batches(es) >= 2)
-    second = _job("engine.wordcount", "--dir", tmp_path, "--json")
+    second = _job("sparkwal.engine.wordcount", "--dir", tmp_path, "--json")
     assert second.returncode == 5 and second.stdout == "", (second.stdout, second.stderr)
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and f"pid {job.proc.pid}" in lines[0] and "--standby" in lines[0]
@@ -368,7 +368,7 @@ class _Started:
 def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_recovers(caplog):
     clock, posted = ManualClock(0), []
     watch = BacklogWatch(1000, 3, clock, lambda: 7, posted.append)
-    with caplog.at_level("WARNING", logger="engine.driver.backlog"):
+    with caplog.at_level("WARNING", logger="sparkwal.engine.driver.backlog"):
         for delay in (500, 2000, 3500, 5000, 9000):  # passes 3 intervals at 3.5 s
             clock.advance(1000)
             watch.onBatchStarted(_Started(clock.now_ms(), delay))

@@ -1,9 +1,16 @@
-"""Checkpoints written before the engine moved into rooms (issue 31) still recover: the programs
-in them were pickled by module path (``engine.wordcount``'s functions, the DStream classes of
-``engine.dstream``, ``engine.inputs`` and ``engine.state``), so each of those paths must still
-import. The fixtures (``fixtures/pre_move``, made by ``fixtures/make_pre_move_checkpoints.py`` at
-commit 5caa667) hold the main job's checkpoint and a stateful app's; both are recovered here and
-run one new batch on top of their state.
+"""Checkpoints written by earlier sparkwal releases still recover, their programs pickled by the
+module paths of their time:
+
+* ``fixtures/pre_move`` (made by ``fixtures/make_pre_move_checkpoints.py`` at commit 5caa667),
+  before the engine moved into rooms (issue 31): ``engine.wordcount``'s functions, the DStream
+  classes of ``engine.dstream``, ``engine.inputs`` and ``engine.state``;
+* ``fixtures/pre_package`` (made by ``fixtures/make_pre_package_checkpoints.py`` at commit
+  08f1519), while the rooms were the top-level packages ``engine``, ``wal``, ``checkpoint`` and
+  ``tracker`` (before ``sparkwal.*``, issue 42), state snapshots named relative to the checkpoint.
+
+A program's module names are translated to ``sparkwal.*`` when it is read, and the old paths inside
+the engine still resolve. Each set holds the main job's checkpoint and a stateful app's; both are
+recovered here and run one new batch on top of their state.
 """
 
 from __future__ import annotations
@@ -13,12 +20,15 @@ import os
 import shutil
 from pathlib import Path
 
-from checkpoint import read_checkpoint
-from engine import StreamingContext
-from test_engine_recovery import Completed
-from wal import ManualClock
+import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pre_move"
+from sparkwal.checkpoint import read_checkpoint
+from sparkwal.engine import StreamingContext
+from test_engine_recovery import Completed
+from sparkwal.wal import ManualClock
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RELEASES = ["pre_move", "pre_package"]
 
 
 def put_file(directory: str, name: str, text: str, mtime_ms: int) -> None:
@@ -30,11 +40,11 @@ def put_file(directory: str, name: str, text: str, mtime_ms: int) -> None:
     os.replace(tmp, os.path.join(directory, name))
 
 
-def recover(tmp_path, monkeypatch, name: str):
+def recover(tmp_path, monkeypatch, release: str, name: str):
     """The fixture's copy in tmp_path (its programs use relative paths), recovered on a manual
     clock half a batch after its checkpoint: returns the context, the clock, the listener and the
     checkpoint's time."""
-    shutil.copytree(FIXTURES / name, tmp_path / name)
+    shutil.copytree(FIXTURES / release / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
     checkpoint = f"{name}/checkpoint"
     cp_ms = read_checkpoint(checkpoint).checkpoint_time_ms
@@ -49,10 +59,11 @@ def recover(tmp_path, monkeypatch, name: str):
     return ssc, clock, done, cp_ms
 
 
-def test_the_main_jobs_pre_move_checkpoint_recovers_with_its_totals(spark_context, tmp_path, monkeypatch):
-    from engine.wordcount import expected_counts, file_lines
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_main_jobs_earlier_checkpoint_recovers_with_its_totals(spark_context, tmp_path, monkeypatch, release):
+    from sparkwal.engine.wordcount import expected_counts, file_lines
 
-    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, "wordcount")
+    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, release, "wordcount")
     try:
         ssc.start()
         put_file("wordcount/input", "f000003.txt", "\n".join(file_lines(3)) + "\n", cp_ms + 900)
@@ -65,9 +76,10 @@ def test_the_main_jobs_pre_move_checkpoint_recovers_with_its_totals(spark_contex
     assert out["totals"] == expected_counts(range(4))  # the fixture counted files 0-2
 
 
-def test_a_stateful_apps_pre_move_checkpoint_recovers_its_state_and_window(spark_context, tmp_path,
-                                                                            monkeypatch):
-    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, "stateful")
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_stateful_apps_earlier_checkpoint_recovers_its_state_and_window(spark_context, tmp_path,
+                                                                          monkeypatch, release):
+    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, release, "stateful")
     try:
         ssc.start()
         put_file("stateful/input", "2.txt", "a d\n", cp_ms + 900)

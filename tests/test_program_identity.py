@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint import Checkpoint
-from engine import StreamingContext
+from sparkwal.checkpoint import Checkpoint
+from sparkwal.engine import StreamingContext
 from test_engine_state import SnapshotApp
-from wal import ManualClock
+from sparkwal.wal import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,10 +39,10 @@ def run(module: str, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("module, args, graph, name, theirs", [
-    ("engine.wordcount", [], PORTED, "ported", "'ported' (spark.app.name), reading FileInputDStream"),
-    ("engine.wordcount", ["--source", "filelog"], RECEIVER_JOB, "sparkwal-wordcount",
+    ("sparkwal.engine.wordcount", [], PORTED, "ported", "'ported' (spark.app.name), reading FileInputDStream"),
+    ("sparkwal.engine.wordcount", ["--source", "filelog"], RECEIVER_JOB, "sparkwal-wordcount",
      "the main job with --source receiver"),
-    ("engine.drill", ["--mode", "direct"], PORTED, "ported", "'ported' (spark.app.name)"),
+    ("sparkwal.engine.drill", ["--mode", "direct"], PORTED, "ported", "'ported' (spark.app.name)"),
 ], ids=["another-app", "another-mode", "drill"])
 def test_the_main_job_and_the_drill_refuse_another_programs_checkpoint(tmp_path, module, args, graph, name, theirs):
     foreign_checkpoint(tmp_path / "work" / "checkpoint", name, graph)
@@ -60,7 +60,7 @@ def test_the_main_job_takes_its_own_checkpoint(tmp_path):
     refusal is not what stops it)."""
     foreign_checkpoint(tmp_path / "work" / "checkpoint", "sparkwal-wordcount",
                        "0:FileInputDStream(slide=1000 directory=input)<-[]")
-    proc = run("engine.wordcount", "--dir", tmp_path / "work", "--seconds", "1", "--files", "0")
+    proc = run("sparkwal.engine.wordcount", "--dir", tmp_path / "work", "--seconds", "1", "--files", "0")
     assert "another program" not in proc.stderr
     assert proc.returncode == 1 and "could not start" in proc.stderr.strip().splitlines()[-1]
 
@@ -74,7 +74,7 @@ def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_c
         cp = Checkpoint.decode(f.read_bytes())
         cp.data["conf"] = [kv for kv in cp.data["conf"] if kv[0] != "spark.app.name"] + [["spark.app.name", "billing"]]
         f.write_bytes(cp.encode())
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="sparkwal.engine"):
         again = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()), upgrade=True)
     assert again.recovery == "upgrade"
     said = [r.getMessage() for r in caplog.records if "was written by application" in r.getMessage()]
@@ -82,6 +82,6 @@ def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_c
 
 
 def _noop():
-    from engine import StreamingListener
+    from sparkwal.engine import StreamingListener
 
     return StreamingListener()

@@ -9,9 +9,9 @@ from concurrent.futures import Future
 
 import pytest
 
-from tracker import (BatchInfo, InputInfoTracker, PIDRateEstimator, RateController, RateLimiter,
+from sparkwal.tracker import (BatchInfo, InputInfoTracker, PIDRateEstimator, RateController, RateLimiter,
                      StreamInputInfo, TrackerError, create_rate_estimator)
-from wal import ManualClock
+from sparkwal.wal import ManualClock
 
 # ------------------------------------------------------------------------------ RateLimiterSuite
 

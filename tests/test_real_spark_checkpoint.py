@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from checkpoint import (CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata,
+from sparkwal.checkpoint import (CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata,
                         resolve_restart)
 
 pytestmark = pytest.mark.slow

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from checkpoint.layout import CheckpointLayout
-from engine.receiver.blocks import (BlockReadError, LocalBlockHandler, WalBlockHandler, read_local_block,
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.engine.receiver.blocks import (BlockReadError, LocalBlockHandler, WalBlockHandler, read_local_block,
                                     read_wal_block, receiver_wal_dir, serialize_block)
-from wal import ManualClock
+from sparkwal.wal import ManualClock
 
 
 def located(checkpoint_dir, handle) -> list:
@@ -99,9 +99,9 @@ def test_blocks_of_a_batch_still_kept_are_never_below_the_cleanup_threshold():
     """A backlog: batch 3000 waits while a checkpoint of batch 5000 cleans up to 3000. Its blocks
     were cut before 3000, so a batch-time threshold alone would delete them before it runs;
     unallocated blocks (reported late) are kept as well."""
-    from tracker import ReceivedBlockInfo, ReceivedBlockTracker
+    from sparkwal.tracker import ReceivedBlockInfo, ReceivedBlockTracker
 
-    from engine.receiver.blocks import oldest_kept_block_ms
+    from sparkwal.engine.receiver.blocks import oldest_kept_block_ms
 
     tracker = ReceivedBlockTracker([0])
     for block_id in ("input-0-1500-a", "input-0-2200-a", "input-0-2600-a"):

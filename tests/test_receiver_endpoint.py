@@ -9,9 +9,9 @@ import threading
 import msgpack
 import pytest
 
-from engine.receiver import wire
-from engine.receiver.client import DriverConnection, DriverUnreachableError
-from engine.receiver.endpoint import LABEL, ReceiverEndpoint
+from sparkwal.engine.receiver import wire
+from sparkwal.engine.receiver.client import DriverConnection, DriverUnreachableError
+from sparkwal.engine.receiver.endpoint import LABEL, ReceiverEndpoint
 
 
 class RecordingHandler:

@@ -11,11 +11,11 @@ import time
 import pytest
 from pyspark import cloudpickle
 
-from checkpoint.layout import CheckpointLayout
-from engine import Receiver, StreamingContext, StreamingListener
-from engine.receiver import ReceiverNotStartedError, SocketReceiver
-from engine.receiver.receiver_tracker import total_cores
-from wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.engine import Receiver, StreamingContext, StreamingListener
+from sparkwal.engine.receiver import ReceiverNotStartedError, SocketReceiver
+from sparkwal.engine.receiver.receiver_tracker import total_cores
+from sparkwal.wal import FileBasedWriteAheadLog, ManualClock, RecordHandle
 
 # the receivers below run in Spark's Python workers, which cannot import this test module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

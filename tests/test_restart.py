@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint import (CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata,
+from sparkwal.checkpoint import (CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata,
                         RestartError, plan_repair, repair, resolve_restart)
 
 

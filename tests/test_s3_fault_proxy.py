@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
-from engine.apps.fault_proxy import FaultProxy
+from sparkwal.engine.apps.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.s3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracker import (ExecutorLocation, HostLocation, ReceiverSchedulingPolicy, ReceiverState,
+from sparkwal.tracker import (ExecutorLocation, HostLocation, ReceiverSchedulingPolicy, ReceiverState,
                      ReceiverTrackingInfo)
 
 policy = ReceiverSchedulingPolicy()

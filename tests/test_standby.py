@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import DriverAlreadyActiveError, StreamingContext, StreamingListener
-from engine.apps.drill_runs import AppRun, check_outputs, start_input, wait_until_counted
-from wal import FencedError, FileBasedWriteAheadLog, LeaderHeldError, ManualClock, resolve
-from wal.leases import lease_path
+from sparkwal.engine import DriverAlreadyActiveError, StreamingContext, StreamingListener
+from sparkwal.engine.apps.drill_runs import AppRun, check_outputs, start_input, wait_until_counted
+from sparkwal.wal import FencedError, FileBasedWriteAheadLog, LeaderHeldError, ManualClock, resolve
+from sparkwal.wal.leases import lease_path
 
 
 # ------------------------------------------------------------------ leadership (wal/storage.py)
@@ -140,7 +140,7 @@ class WaitingClock(ManualClock):
 
 @pytest.mark.parametrize("holder", ["dead", "alive"])
 def test_a_driver_waits_out_a_lease_and_fails_only_if_its_holder_renews_it(memory_url, holder):
-    from engine.driver.leadership import DriverLeadership
+    from sparkwal.engine.driver.leadership import DriverLeadership
 
     clock = WaitingClock(0)
     storage, path = resolve(f"{memory_url}/ckpt")
@@ -370,7 +370,7 @@ def test_getorcreate_standby_needs_a_checkpoint_directory(spark_context):
 def test_three_takeovers_in_a_row_lose_nothing_and_count_nothing_twice(tmp_path):
     """The drill's standby mode: the active driver's process group killed three times, a fresh
     standby started after each takeover; every file counted once, the running state exact."""
-    from engine.apps.standby_drill import run
+    from sparkwal.engine.apps.standby_drill import run
 
     r = run(kills=3, files=14, batch=1.0, seed=5, workdir=str(tmp_path), gap_s=(1.5, 4.0))
     assert r["kills"] == 3 and r["takeovers"] == 3 and r["failures"] == [], r
@@ -435,7 +435,7 @@ def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_it
 
 @pytest.mark.slow
 def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
-    from engine.apps import direct_drill
+    from sparkwal.engine.apps import direct_drill
 
     r = direct_drill.run(kills=2, batch=1.0, seed=11, workdir=str(tmp_path), standby=True)
     assert r["kills"] == 2 and r["lines_appended"] > 0
@@ -444,7 +444,7 @@ def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
 
 @pytest.mark.slow
 def test_a_reliable_receiver_loses_nothing_acknowledged_across_takeovers(tmp_path):
-    from engine.apps import receiver_drill
+    from sparkwal.engine.apps import receiver_drill
 
     r = receiver_drill.run(1, 240, 1.0, 13, str(tmp_path), kinds=("driver",), standby=True,
                            min_gap_s=2.0, max_gap_s=4.0)

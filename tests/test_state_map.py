@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from engine.state import state_map
-from engine.state.map_with_state import _update_partition
-from engine.state.state_map import StateMap, StateRecord, take_state
+from sparkwal.engine.state import state_map
+from sparkwal.engine.state.map_with_state import _update_partition
+from sparkwal.engine.state.state_map import StateMap, StateRecord, take_state
 
 
 def counting(key, value, state):
@@ -137,7 +137,7 @@ def test_the_live_map_of_an_attempt_whose_record_was_thrown_away_is_never_used(m
 
 
 def test_a_worker_that_restores_a_partition_from_a_snapshot_keeps_it_live(monkeypatch):
-    from engine.state.map_with_state import _restore_partition
+    from sparkwal.engine.state.map_with_state import _restore_partition
 
     state_map._LIVE.clear()
     [(index, record)] = _restore_partition(2, [("a", 1, 100), ("b", 2, 200)], uid="r")

@@ -12,8 +12,8 @@ import crc32c
 import pytest
 from pyspark.rdd import Partitioner, portable_hash
 
-from checkpoint.state_chains import SnapshotRef, parse_state, state_table
-from checkpoint.state_files import (
+from sparkwal.checkpoint.state_chains import SnapshotRef, parse_state, state_table
+from sparkwal.checkpoint.state_files import (
     column_values,
     decode_part,
     delete_snapshot,
@@ -21,8 +21,8 @@ from checkpoint.state_files import (
     rows_table,
     snapshot_files,
 )
-from engine import SnapshotError
-from engine.state.snapshot_tasks import apply_delta, read_chain, write_snapshot
+from sparkwal.engine import SnapshotError
+from sparkwal.engine.state.snapshot_tasks import apply_delta, read_chain, write_snapshot
 
 
 @pytest.mark.parametrize("values, arrow_type", [
@@ -147,7 +147,7 @@ def test_a_snapshot_written_under_a_leadership_carries_its_epoch_and_replaces_ev
     """Parts are written by tasks, which a fenced driver may still be running: the snapshot's name
     carries the writing driver's epoch, so a stale epoch's parts are never what a later checkpoint
     references; writing a batch's snapshot removes what earlier epochs (or a killed run) left."""
-    from wal import resolve
+    from sparkwal.wal import resolve
 
     storage, root = resolve(str(tmp_path / "ckpt"))
     storage.lead(root).release()  # epoch 1, now released

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata, resolve_restart
-from wal.storage import resolve
+from sparkwal.checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata, resolve_restart
+from sparkwal.wal.storage import resolve
 
 
 @pytest.fixture

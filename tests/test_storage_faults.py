@@ -4,9 +4,9 @@ the storage seam absorbs, and how an ambiguous write is resolved."""
 from __future__ import annotations
 
 import pytest
-from engine.apps.fault_proxy import FaultProxy
+from sparkwal.engine.apps.fault_proxy import FaultProxy
 
-from wal import FileBasedWriteAheadLog
+from sparkwal.wal import FileBasedWriteAheadLog
 
 pytestmark = pytest.mark.s3
 
@@ -44,8 +44,8 @@ def test_the_seam_retries_transient_faults_with_bounded_jittered_backoff_until_i
     import errno
     import random
 
-    from wal import RetryPolicy, StorageUnavailableError, retry_statistics
-    from wal.retry import call, is_transient
+    from sparkwal.wal import RetryPolicy, StorageUnavailableError, retry_statistics
+    from sparkwal.wal.retry import call, is_transient
 
     now, pauses = [0.0], []
 
@@ -91,7 +91,7 @@ def test_the_seam_retries_transient_faults_with_bounded_jittered_backoff_until_i
 
 def test_a_store_that_stays_unavailable_stops_the_write_with_the_named_error_and_leaves_nothing_half_written(
         s3_url, s3_endpoint):
-    from wal import RetryPolicy, StorageUnavailableError, set_default_policy
+    from sparkwal.wal import RetryPolicy, StorageUnavailableError, set_default_policy
 
     url, _ = s3_url
     proxy = FaultProxy(s3_endpoint, seed=1)
@@ -119,8 +119,8 @@ def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_ov
     import threading
     import time
 
-    from wal import FencedError, LeaderHeldError, resolve
-    from wal.leases import lease_path
+    from sparkwal.wal import FencedError, LeaderHeldError, resolve
+    from sparkwal.wal.leases import lease_path
 
     url, _ = s3_url
     proxy = FaultProxy(s3_endpoint, seed=3, delay_s=4.0)
@@ -172,8 +172,8 @@ def test_a_full_disk_stops_the_job_with_one_line_and_a_restart_resumes_once_spac
     input file is counted exactly once."""
     import json
 
-    from engine.apps.drill_runs import AppRun, check_outputs, wait_until_counted
-    from engine.apps.wordcount_data import write_input_file
+    from sparkwal.engine.apps.drill_runs import AppRun, check_outputs, wait_until_counted
+    from sparkwal.engine.apps.wordcount_data import write_input_file
 
     workdir, control = tmp_path / "app", tmp_path / ".disk-faults.json"
     (workdir / "input").mkdir(parents=True)
@@ -217,9 +217,9 @@ def test_an_ambiguous_conditional_create_is_ours_once_read_back_not_a_second_com
     hears 'exists'. A batch's commit and a new leadership epoch are each settled by reading the
     object back: the commit is ours (True, one file, not 'another writer committed it'), the
     epoch is ours (no 'led by another driver' against a lease this process just wrote)."""
-    from checkpoint import CommitLog, CommitMetadata
+    from sparkwal.checkpoint import CommitLog, CommitMetadata
 
-    from wal import resolve
+    from sparkwal.wal import resolve
 
     url, _ = s3_url
     proxy = FaultProxy(s3_endpoint, seed=9)
@@ -245,8 +245,8 @@ def test_the_storage_deadline_reaches_the_executors_python_workers(spark_context
     """spark.sparkwal.storage.deadline bounds every storage call of the app, also those made in
     tasks (a receiver's WAL, state snapshot parts): the Spark conf does not reach a Python
     worker, so the driver hands the deadline to them in their environment."""
-    from engine import StreamingContext
-    from wal.retry import default_policy
+    from sparkwal.engine import StreamingContext
+    from sparkwal.wal.retry import default_policy
 
     live_conf = spark_context._jsc.sc().conf()
     live_conf.set("spark.sparkwal.storage.deadline", "7s")

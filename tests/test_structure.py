@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the rooms, folders of the repository mapped under the one import package: wal/ is sparkwal.wal
 PACKAGES = ("wal", "checkpoint", "tracker", "engine")
 MAX_LINES = 450
 
@@ -19,12 +20,23 @@ FOREIGN_PRIVATE = {"_jvm", "_jsc", "_jrdd", "_jrdd_deserializer", "_active_spark
 
 
 def modules() -> dict[str, Path]:
+    """Module name -> file: the package's top and the command (sparkwal/), then the rooms."""
     found = {}
-    for package in ("sparkwal", *PACKAGES):  # the command on top, then the library's rooms
+    for package in ("sparkwal", *PACKAGES):
         for path in sorted((ROOT / package).rglob("*.py")):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts if package == "sparkwal" else ("sparkwal", *parts))
             found[name.removesuffix(".__init__")] = path
     return found
+
+
+def room(name: str) -> str:
+    """``wal``, ``checkpoint``, ``tracker`` or ``engine``; ``top`` for the package itself;
+    ``command`` for the command's modules (``sparkwal.cli``, ...)."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "top"
+    return parts[1] if parts[1] in PACKAGES else "command"
 
 
 MODULES = modules()
@@ -163,22 +175,25 @@ def test_imports_form_no_circle():
 def test_layers_point_one_way():
     """wal imports no other layer; checkpoint and tracker only wal (and not each other); nothing
     below engine imports it; the library's core never imports its apps (but for the shims that
-    keep ``python -m engine.wordcount``/``engine.drill`` and older checkpoints working), and
-    the apps never import the driver's room (they use StreamingContext)."""
-    allowed = {"wal": {"wal"}, "checkpoint": {"checkpoint", "wal"}, "tracker": {"tracker", "wal"}}
-    shims = {"engine.wordcount", "engine.direct_wordcount", "engine.drill"}
+    keep ``python -m sparkwal.engine.wordcount``/``.drill`` and older checkpoints working), the
+    apps and the command never import the driver's room (they use StreamingContext), and no room
+    imports the command."""
+    allowed = {"wal": {"wal", "top"}, "checkpoint": {"checkpoint", "wal", "top"},
+               "tracker": {"tracker", "wal", "top"}}
+    shims = {"sparkwal.engine.wordcount", "sparkwal.engine.direct_wordcount", "sparkwal.engine.drill"}
+    apps, driver = "sparkwal.engine.apps", "sparkwal.engine.driver"
     wrong = []
     for name in MODULES:
-        layer = name.split(".")[0]
+        layer = room(name)
         for target in runtime_imports(name):
-            if layer in allowed and target.split(".")[0] not in allowed[layer]:
+            if layer in allowed and room(target) not in allowed[layer]:
                 wrong.append(f"{name} -> {target}")
-            if target.startswith("engine.apps") and not name.startswith("engine.apps") \
-                    and name not in shims and name.split(".")[0] != "sparkwal":
+            if target.startswith(apps) and not name.startswith(apps) and name not in shims \
+                    and layer != "command":
                 wrong.append(f"{name} -> {target} (an app)")
-            if name.startswith(("engine.apps", "sparkwal")) and target.startswith("engine.driver"):
+            if (name.startswith(apps) or layer == "command") and target.startswith(driver):
                 wrong.append(f"{name} -> {target} (the driver's room)")
-            if layer != "sparkwal" and target.split(".")[0] == "sparkwal":
+            if layer in (*PACKAGES, "top") and room(target) == "command":
                 wrong.append(f"{name} -> {target} (the command)")
     assert wrong == []
 

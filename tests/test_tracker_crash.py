@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from tracker import ReceivedBlockTracker
+from sparkwal.tracker import ReceivedBlockTracker
 
 HERE = os.path.dirname(__file__)
 

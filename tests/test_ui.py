@@ -19,10 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from browser import browser_dom
-from checkpoint.event_log import EventLogWriter, read_events, read_runs
-from engine import StreamingContext, StreamingListener
-from engine.ui import Catalog
-from wal import ManualClock
+from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.ui import Catalog
+from sparkwal.wal import ManualClock
 
 BATCH_MS = 500
 ROOT = Path(__file__).resolve().parents[1]

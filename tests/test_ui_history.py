@@ -67,7 +67,7 @@ def get_json(url: str):
 
 
 def wordcount(workdir: Path, *extra: str) -> Proc:
-    return Proc([sys.executable, "-m", "engine.wordcount", "--dir", str(workdir), "--json", "--batch", "0.5",
+    return Proc([sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", str(workdir), "--json", "--batch", "0.5",
                  "--conf", "spark.sparkwal.ui.port=0", *extra])
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tracker import ReceivedBlockInfo, ReceivedBlockTracker
-from wal import FileBasedWriteAheadLog, RecordHandle
-from wal.append_files import MappedAppendFile
+from sparkwal.tracker import ReceivedBlockInfo, ReceivedBlockTracker
+from sparkwal.wal import FileBasedWriteAheadLog, RecordHandle
+from sparkwal.wal.append_files import MappedAppendFile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_a_torn_tail_no_batch_needs_passes(tmp_path):
 
 
 def test_checkpoint_verify_reads_the_event_logs(tmp_path):
-    from checkpoint.event_log import EventLogWriter
+    from sparkwal.checkpoint.event_log import EventLogWriter
 
     events = tmp_path / "ckpt" / "events"
     writer = EventLogWriter(str(events), {"startTime": 1000, "epoch": 1, "appId": "app", "batchDuration": 500})
@@ -137,7 +137,7 @@ def test_space_reserved_by_a_killed_writer_is_not_damage_and_the_next_run_cuts_i
     assert MappedAppendFile.FIRST_STEP <= reserved < MappedAppendFile.STEP  # a small log reserves little
     out = sparkwal("wal", "verify", log_dir, expect=0).stdout
     assert "bytes of space reserved ahead" in out and "torn tail" not in out and "20 records" in out
-    from wal.inspect import trim_preallocated
+    from sparkwal.wal.inspect import trim_preallocated
 
     assert trim_preallocated(str(log_dir)) > 0
     assert segment.stat().st_size < 1000 and len(list(FileBasedWriteAheadLog(str(log_dir)).read_all())) == 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, LogLockedError, ManualClock, WalError
+from sparkwal.wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, LogLockedError, ManualClock, WalError
 
 
 @pytest.fixture(params=["memory", "s3"])

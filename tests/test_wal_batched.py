@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from concurrency import run_concurrently
-from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError, WriteAheadLog
+from sparkwal.wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError, WriteAheadLog
 
 
 class GatedLog(WriteAheadLog):

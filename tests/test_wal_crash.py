@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from wal import FileBasedWriteAheadLog, LogLockedError
+from sparkwal.wal import FileBasedWriteAheadLog, LogLockedError
 
 HERE = os.path.dirname(__file__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError
-from wal.segment import iter_segment, parse_segment_name
+from sparkwal.wal import BatchedWriteAheadLog, FileBasedWriteAheadLog, WalError
+from sparkwal.wal.segment import iter_segment, parse_segment_name
 
 
 def open_log(url, **kw):
@@ -130,7 +130,7 @@ class _Injected:
                                            ("_os_fdatasync", "eio", 100)])
 def test_the_local_fast_path_cuts_a_failed_write_and_retries(tmp_path, monkeypatch, caplog, call, how,
                                                              size):
-    import wal.file_log as file_log
+    import sparkwal.wal.file_log as file_log
 
     log = FileBasedWriteAheadLog(str(tmp_path), durability="fsync")
     acked = [log.write(bytes([i]) * size, 1000 + i) for i in range(3)]  # opens the fast path

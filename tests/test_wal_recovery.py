@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from wal import CorruptRecordError, FileBasedWriteAheadLog, WalError
-from wal.segment import FRAME_HEADER_LEN, HEADER_LEN, iter_segment, parse_segment_name
+from sparkwal.wal import CorruptRecordError, FileBasedWriteAheadLog, WalError
+from sparkwal.wal.segment import FRAME_HEADER_LEN, HEADER_LEN, iter_segment, parse_segment_name
 
 RECORDS = [bytes([i]) * (10 + 7 * i) for i in range(6)]
 

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from wal import (BatchedWriteAheadLog, CorruptRecordError, FileBasedWriteAheadLog, ManualClock,
+from sparkwal.wal import (BatchedWriteAheadLog, CorruptRecordError, FileBasedWriteAheadLog, ManualClock,
                  RecordHandle, WalError)
-from wal.segment import HEADER, encode_frames, iter_segment, parse_segment_name
+from sparkwal.wal.segment import HEADER, encode_frames, iter_segment, parse_segment_name
 
 CONFIGS = {
     "FileBasedWriteAheadLog": dict(batched=False, close=False),

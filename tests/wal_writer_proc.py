@@ -10,7 +10,7 @@ import sys
 import threading
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from wal import BatchedWriteAheadLog, FileBasedWriteAheadLog  # noqa: E402
+from sparkwal.wal import BatchedWriteAheadLog, FileBasedWriteAheadLog  # noqa: E402
 
 log_dir, tag, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else ""

@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, FileBasedWriteAheadLog,
+from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, FileBasedWriteAheadLog,
                  WriteAheadLog)
 
 from .events import (ADD, ALLOC, CLEAN, BatchAllocationEvent, BatchCleanupEvent,

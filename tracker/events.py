@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from wal import RecordHandle
+from sparkwal.wal import RecordHandle
 
 FORMAT_VERSION = 1
 ADD, ALLOC, CLEAN = 1, 2, 3  #: the event kinds, second element of every record

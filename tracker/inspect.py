@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wal.inspect import iter_records
+from sparkwal.wal.inspect import iter_records
 
 from .events import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent, EventFormatError,
                      ReceivedBlockInfo, decode_event)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
-from wal import SYSTEM_CLOCK, Clock
+from sparkwal.wal import SYSTEM_CLOCK, Clock
 
 from .input_info import BatchInfo
 

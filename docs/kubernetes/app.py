@@ -8,7 +8,7 @@ import os
 
 from pyspark import SparkConf, SparkContext
 
-from engine import StreamingContext, prepare_conf
+from sparkwal.engine import StreamingContext, prepare_conf
 
 CHECKPOINT = os.environ["CHECKPOINT"]  # s3://bucket/app
 INPUT = os.environ.get("INPUT", "s3://streaming-input/logs")

@@ -4,8 +4,8 @@
 what they share, :mod:`.drill_runs`), their argument checks and exit statuses (:mod:`.arguments`)
 and a standalone Spark cluster on this machine (:mod:`.standalone`).
 
-    python -m engine.wordcount ...   (or: sparkwal run wordcount ...)
-    python -m engine.drill ...       (or: sparkwal drill ...)
+    python -m sparkwal.engine.wordcount ...   (or: sparkwal run wordcount ...)
+    python -m sparkwal.engine.drill ...       (or: sparkwal drill ...)
     sparkwal ui CHECKPOINT / sparkwal status CHECKPOINT   (:mod:`.history`)
 """
 
@@ -15,7 +15,7 @@ import importlib
 import sys
 
 #: ``sparkwal run APP``: the apps of :mod:`engine.apps`, each run with its own arguments.
-APPS = {"wordcount": "engine.apps.wordcount"}
+APPS = {"wordcount": "sparkwal.engine.apps.wordcount"}
 
 
 def run_from_command(argv: list[str]) -> int:
@@ -27,7 +27,7 @@ def run_from_command(argv: list[str]) -> int:
 
         return main(argv, prog=f"sparkwal {argv[0]}")
     if argv[0] == "drill":
-        module, rest, prog = "engine.apps.drill", argv[1:], "sparkwal drill"
+        module, rest, prog = "sparkwal.engine.apps.drill", argv[1:], "sparkwal drill"
     elif len(argv) > 1 and argv[1] in ("-h", "--help"):
         print("usage: sparkwal run APP [ARGS]  (sparkwal run APP --help: the app's own)\n\napps:\n"
               + "\n".join(f"  {name:<10} {importlib.import_module(m).__doc__.splitlines()[0]}"

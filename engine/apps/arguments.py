@@ -2,7 +2,7 @@
 is one line naming the argument and the value, plus usage, and exit status 2 (argparse's), not a
 traceback after a JVM started.
 
-Exit statuses shared by ``python -m engine.wordcount`` and ``python -m engine.drill``:
+Exit statuses shared by ``python -m sparkwal.engine.wordcount`` and ``python -m sparkwal.engine.drill``:
 
 * 0 done (also after a graceful stop on SIGTERM or SIGINT);
 * 1 the app failed (a batch's error; the drill: something lost or counted twice);
@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 
-from engine.errors import one_line  # also the apps' (a.one_line)
+from sparkwal.engine.errors import one_line  # also the apps' (a.one_line)
 
 OK, FAILED, USAGE, FENCED, STORAGE, LEADER_HELD = 0, 1, 2, 3, 4, 5
 
@@ -172,7 +172,7 @@ def check_worker_python(ap: argparse.ArgumentParser, master: str, confs: list[tu
     spark.pyspark.python=...`` or ``PYSPARK_PYTHON``) other than this one is tried before the JVM
     starts: one that does not run, or cannot import what sparkwal's tasks need, is one line
     naming it and the modules (off local mode, ``start()``'s probe on the executors says it)."""
-    from engine.cluster import PACKAGES, REQUIREMENTS, is_drivers_python, is_local_master
+    from sparkwal.engine.cluster import PACKAGES, REQUIREMENTS, is_drivers_python, is_local_master
 
     python = dict(confs).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
     if not python or not is_local_master(master) or is_drivers_python(python):
@@ -220,7 +220,7 @@ def checkpoint_program(url: str, options: dict | None) -> tuple[str, list[str]] 
     """Which program wrote the newest checkpoint in ``url``: its ``spark.app.name`` and the kinds
     of its input streams; None when there is none (or it cannot be read: the job's start says
     why). Reads files only."""
-    from checkpoint import read_checkpoint
+    from sparkwal.checkpoint import read_checkpoint
 
     try:
         cp = read_checkpoint(url, storage_options=options)
@@ -264,7 +264,7 @@ def check_no_leader(prog: str, url: str, options: dict | None) -> None:
     """A live driver leading the checkpoint is said in one line before anything starts, exit 5
     (looked at without taking anything; ``start()`` decides for good). Only a local lock says so
     for certain: a lease may be a dead driver's, which ``start()`` waits out."""
-    from wal.storage import resolve
+    from sparkwal.wal.storage import resolve
 
     try:
         storage, root = resolve(url, options)

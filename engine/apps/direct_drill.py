@@ -1,9 +1,9 @@
 """The drill's direct mode: exactly once under SIGKILL.
 
-    python -m engine.drill --mode direct [--kills 20 | --duration S] [--batch 0.5] [--seed 1]
+    python -m sparkwal.engine.drill --mode direct [--kills 20 | --duration S] [--batch 0.5] [--seed 1]
 
 An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
-while the app is down); ``python -m engine.wordcount --source filelog`` counts them into SQLite
+while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into SQLite
 and is killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up,
 between batches or in the middle of one, then restarted on the same work directory. After the
 last kill the appender stops and the app runs until it has counted everything. Exactly once

@@ -1,4 +1,4 @@
-"""The main job's direct mode (``python -m engine.wordcount --source filelog``): exactly-once word
+"""The main job's direct mode (``python -m sparkwal.engine.wordcount --source filelog``): exactly-once word
 counts from a FileLogSource into SQLite.
 
 * ``WORKDIR/log/<partition>``: append-only files of lines ``<partition>-<n> <word> ...`` (line
@@ -77,9 +77,9 @@ def write_batch(cur, batch_ms: int, records: list) -> None:
 
 def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None):
     """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``)."""
-    from engine.apps import direct_wordcount as app  # by its importable name, not __main__
-    from engine.sinks import SQLiteSink
-    from engine.sources import FileLogSource
+    from sparkwal.engine.apps import direct_wordcount as app  # by its importable name, not __main__
+    from sparkwal.engine.sinks import SQLiteSink
+    from sparkwal.engine.sources import FileLogSource
 
     sink = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
     source = (FileLogSource(input_url, storage_options) if input_url

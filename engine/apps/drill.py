@@ -1,11 +1,11 @@
 """Kill-and-restart drill: the word count app, killed with SIGKILL at random moments, must lose
 nothing and count nothing twice.
 
-    python -m engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
+    python -m sparkwal.engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
                            [--kinds driver,executor,worker] [--standby]
-    python -m engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
+    python -m sparkwal.engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
                            [--mode files|receiver|direct] [--standby]
 
 ``--mode receiver`` drills a reliable receiver instead (engine/apps/receiver_drill.py): the drill
@@ -18,7 +18,7 @@ for each ``--mode``, with ``--standby`` beside it.
 append-only files into SQLite, killed at least 20 times by default.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
-down), runs ``python -m engine.wordcount`` in its own process group, kills the whole group (the
+down), runs ``python -m sparkwal.engine.wordcount`` in its own process group, kills the whole group (the
 Python driver and its JVM) with SIGKILL a random 3-10 s after the app reported its context,
 restarts it on the same work directory, and after the last kill lets it run until every file is
 counted. It then checks the per-batch outputs against the input: every file counted in exactly
@@ -114,7 +114,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
     return result
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m engine.drill") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.drill") -> int:
     """The drill; exit statuses in :mod:`engine.apps.arguments` (1: something was lost or counted
     twice, or the app failed; 2: a mistake in the arguments or the environment, found before
     any JVM starts)."""

@@ -29,7 +29,7 @@ class AppRun:
         self.took_over = threading.Event()
         self.fenced: dict | None = None  # the app's "fenced" event: its leadership was lost
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.wordcount", "--dir", workdir, "--batch", str(batch),
+            [sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
              *extra_args],
             stdout=subprocess.PIPE, stderr=self._log_file(workdir), text=True, env=env,

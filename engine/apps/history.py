@@ -35,9 +35,9 @@ def _parser(prog: str, verb: str) -> argparse.ArgumentParser:
 
 def _open(args, prog: str):
     """The catalog of the checkpoint's runs, or an exit status after one clear line."""
-    from checkpoint.event_log import read_runs
-    from checkpoint.layout import CheckpointLayout
-    from wal.storage import parse_storage_options, resolve
+    from sparkwal.checkpoint.event_log import read_runs
+    from sparkwal.checkpoint.layout import CheckpointLayout
+    from sparkwal.wal.storage import parse_storage_options, resolve
 
     from ..ui.catalog import Catalog
 

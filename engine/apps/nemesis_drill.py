@@ -1,7 +1,7 @@
 """The nemesis drill: the main job with its checkpoint on S3 behind a fault proxy, while process
 kills and storage faults come at random; nothing may be lost or counted twice.
 
-    python -m engine.drill --nemesis [--mode files|receiver|direct] [--standby]
+    python -m sparkwal.engine.drill --nemesis [--mode files|receiver|direct] [--standby]
                            [--faults 6 | --duration S] [--seed 1] [--files 60] [--batch 1.0]
 
 A real S3-compatible server (moto) runs on 127.0.0.1 behind the fault proxy

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from engine import StreamingListener
+from sparkwal.engine import StreamingListener
 
 _EMIT_LOCK = threading.Lock()
 
@@ -102,7 +102,7 @@ def times(times_ms: list[int]) -> dict:
 def recovered(ssc, json_events: bool) -> None:
     """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
     WAL blocks replayed (nothing for a new context with nothing logged)."""
-    from engine.dstream import describe_times
+    from sparkwal.engine.dstream import describe_times
 
     blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
     reran, skipped = ssc.rerun_batch_times, ssc.skipped_batch_times
@@ -122,7 +122,7 @@ def recovered(ssc, json_events: bool) -> None:
 
 
 def summary(ssc, p, json_events: bool, outputs: int, out_dir: str, signal_name: str | None) -> None:
-    from engine.dstream import describe_times
+    from sparkwal.engine.dstream import describe_times
 
     reran, left = ssc.rerun_batch_times, ssc.batches_left_for_restart
     p50 = sorted(p.processing_ms)[len(p.processing_ms) // 2] if p.processing_ms else 0

@@ -1,7 +1,7 @@
 """The drill's receiver mode: the word count app reading a reliable receiver, killed at random.
 
 The drill process hosts the source (an :class:`AckedLineSource`, which survives every kill) and
-offers ``lines_per_s`` lines per second. The app (``python -m engine.wordcount --source receiver``)
+offers ``lines_per_s`` lines per second. The app (``python -m sparkwal.engine.wordcount --source receiver``)
 runs on ``master`` in its own process group. Each kill is, at random among ``kinds``: the
 driver's whole process group (then a restart with ``getOrCreate``), the executor JVM that runs
 the receiver (``local-cluster``/standalone only), or the receiver's Python worker. The check:

@@ -1,6 +1,6 @@
 """A Spark standalone cluster on 127.0.0.1: a master and workers started with pyspark's own
 ``spark-class`` scripts (no Spark download: the pyspark wheel carries them), each in its own
-process group, stopped with their executors. Used by the tests and ``python -m engine.drill
+process group, stopped with their executors. Used by the tests and ``python -m sparkwal.engine.drill
 --standalone N``; docs/cluster.md gives the same commands by hand.
 
 The master's REST submission server is off; web UIs bind ephemeral ports on 127.0.0.1. The

@@ -1,9 +1,9 @@
 """The drill's standby mode: two drivers always running, the active one killed at random.
 
-    python -m engine.drill --standby [--kills 5 | --duration S] [--files 40] [--batch 1.0] ...
+    python -m sparkwal.engine.drill --standby [--kills 5 | --duration S] [--files 40] [--batch 1.0] ...
 
 The word count app runs as the active driver and a second one as its hot standby
-(``python -m engine.wordcount --standby`` on the same work directory, each in its own process
+(``python -m sparkwal.engine.wordcount --standby`` on the same work directory, each in its own process
 group). A random 3-10 s after the standby reports that it waits, the active driver's whole process
 group gets SIGKILL; the standby must take the stream over, and a fresh standby is started beside
 the new active one. The same checks as the restart drill follow (every input file counted in

@@ -1,6 +1,6 @@
 """The main job: a local Spark streaming word count over files appearing in a directory.
 
-    python -m engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25] [--json]
+    python -m sparkwal.engine.wordcount [--dir WORKDIR] [--batch 1.0] [--files 20] [--seconds 25] [--json]
                                [--master local[2]] [--source files|receiver|filelog] [--upgrade]
 
 * ``WORKDIR/input``: the input. With ``--files N`` the bundled generator writes N files there,
@@ -53,7 +53,7 @@ BATCH_RECORDS: dict[int, int] = {}
 
 def save_batch(out_url: str, t, rdd) -> None:
     """The output operation: one JSON file per batch time that read files, replaced atomically."""
-    from wal import resolve
+    from sparkwal.wal import resolve
 
     storage, out_dir = resolve(out_url)
     batch_ms = int(round(t.timestamp() * 1000))
@@ -78,10 +78,10 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
     an AckedLineSource to read instead of files. ``checkpoint`` (default ``WORKDIR/checkpoint``)
     may be any fsspec URL, with ``storage_options``; ``input_url`` is the direct mode's log
     directory (default ``WORKDIR/log``)."""
-    from engine import StreamingContext
-    from engine.apps import wordcount as app  # this module by its importable name (see setup)
-    from engine.apps.progress import Progress
-    from wal import resolve
+    from sparkwal.engine import StreamingContext
+    from sparkwal.engine.apps import wordcount as app  # this module by its importable name (see setup)
+    from sparkwal.engine.apps.progress import Progress
+    from sparkwal.wal import resolve
 
     # main() runs in its work directory and passes ".": the program names its files relatively,
     # so a work directory copied or moved runs on its own input and output, never the original's
@@ -95,14 +95,14 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         ssc = StreamingContext(sc, batch)
         ssc.checkpoint(checkpoint_url, storage_options=storage_options)
         if direct:
-            from engine.apps.direct_wordcount import setup_direct
+            from sparkwal.engine.apps.direct_wordcount import setup_direct
 
             setup_direct(ssc, workdir, input_url, storage_options)
             return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
         else:
-            from engine.receiver.acked_lines import AckedLineReceiver
+            from sparkwal.engine.receiver.acked_lines import AckedLineReceiver
 
             host, port, secret_env = receiver
             source = ssc.receiverStream(AckedLineReceiver(host, port, secret_env=secret_env))
@@ -132,7 +132,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    from engine.apps import arguments as a
+    from sparkwal.engine.apps import arguments as a
 
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -173,18 +173,18 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
-    from engine.apps import arguments as a
+    from sparkwal.engine.apps import arguments as a
 
     ap = _parser(prog)
     args = ap.parse_args(argv)
     a.check_environment(ap)
-    from engine.apps.progress import emit, recovered, say_context, summary
+    from sparkwal.engine.apps.progress import emit, recovered, say_context, summary
     a.check_master(ap, args.master)
     confs = a.check_key_values(ap, args.conf, "--conf")
     a.check_worker_python(ap, args.master, confs)
-    from wal.storage import parse_storage_options
+    from sparkwal.wal.storage import parse_storage_options
 
     try:
         options = parse_storage_options(args.storage_option)
@@ -209,20 +209,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     os.chdir(workdir)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    from engine.signals import StopSignals, jvm_ignores_stop_signals
+    from sparkwal.engine.signals import StopSignals, jvm_ignores_stop_signals
 
     signals = StopSignals()  # before the JVM starts: a signal then ends the job quietly
     stop = signals.requested
     from pyspark import SparkConf
 
-    from engine.apps.quiet_jvm import start_spark
+    from sparkwal.engine.apps.quiet_jvm import start_spark
 
-    from engine import EnvironmentShippingError, prepare_conf
+    from sparkwal.engine import EnvironmentShippingError, prepare_conf
     receiver = source = None
     if args.source == "receiver":
         port = args.source_port
         if port is None:  # a demo: the job feeds its own source
-            from engine.receiver.acked_lines import AckedLineSource
+            from sparkwal.engine.receiver.acked_lines import AckedLineSource
 
             os.environ.setdefault(args.source_secret_env, os.urandom(16).hex())
             port_file = os.path.join(workdir, "source-port")  # a recovered receiver reconnects here
@@ -256,9 +256,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
     direct = args.source == "filelog"
     if direct:
         os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
-    from engine.cluster import ExecutorEnvironmentError
-    from engine import DriverAlreadyActiveError
-    from wal import FencedError
+    from sparkwal.engine.cluster import ExecutorEnvironmentError
+    from sparkwal.engine import DriverAlreadyActiveError
+    from sparkwal.wal import FencedError
 
     try:
         ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
         if receiver is not None:
             return
         if direct:
-            from engine.apps.direct_wordcount import PARTITIONS, append_lines, logged_lines
+            from sparkwal.engine.apps.direct_wordcount import PARTITIONS, append_lines, logged_lines
 
             have = logged_lines(os.path.join(workdir, "log"))
             for i in range(sum(have.values()) // 3, args.files):
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m engine.wordcount"
              f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
-        from engine.apps.direct_wordcount import read_results
+        from sparkwal.engine.apps.direct_wordcount import read_results
 
         summary(ssc, progress, args.json, read_results(workdir)["batches"],
                 os.path.join(workdir, "output.db"), signals.signal_name)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import time
 
-from checkpoint import Checkpoint, CheckpointError
-from checkpoint.code import delete_code_parts_except
-from checkpoint.checkpoint_file import CHECKPOINT_FILE
-from wal.storage import resolve
+from sparkwal.checkpoint import Checkpoint, CheckpointError
+from sparkwal.checkpoint.code import delete_code_parts_except
+from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
+from sparkwal.wal.storage import resolve
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import time
 
 from pyspark import RDD, SparkContext
 
-from checkpoint import Checkpoint, CheckpointWriter, write_code
-from checkpoint.layout import CheckpointLayout
-from tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_policy
+from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
+from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_policy
 
 from .. import cluster
 from ..dstream import describe_times

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
+from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
                  StorageUnavailableError, resolve)
 
 from ..durations import parse_duration_ms  # noqa: F401  (its callers import it from here too)

@@ -15,8 +15,8 @@ import os
 import re
 import time
 
-from checkpoint.event_log import EventLogWriter, read_events, read_runs
-from checkpoint.layout import CheckpointLayout
+from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
+from sparkwal.checkpoint.layout import CheckpointLayout
 
 from ..ui.catalog import Catalog
 from ..ui.metrics import Metrics

@@ -12,13 +12,16 @@ binds it to a new context on the active SparkContext, or on one made from that c
 
 from __future__ import annotations
 
+import io
 import logging
+import pickle
 import re
 from dataclasses import dataclass
 
 from pyspark import SparkConf, SparkContext, cloudpickle
+from pyspark.cloudpickle.cloudpickle import subimport
 
-from checkpoint import Checkpoint, read_code
+from sparkwal.checkpoint import Checkpoint, read_code
 
 from .. import cluster
 from ..environment import prepare_conf
@@ -94,12 +97,36 @@ def warm_active_workers() -> None:
         cluster.warm_workers_early(sc)
 
 
+#: the top-level packages sparkwal had before they became ``sparkwal.*``: a program pickled then
+#: names them, and is read under the new names
+_OLD_TOPS = ("engine", "wal", "checkpoint", "tracker")
+
+
+def _renamed(module: str) -> str:
+    return f"sparkwal.{module}" if module.split(".", 1)[0] in _OLD_TOPS else module
+
+
+class _ProgramUnpickler(pickle.Unpickler):
+    """pickle's reader, with the module names of an older sparkwal translated (in the classes and
+    functions it names, and in the modules cloudpickle imports for a function's globals)."""
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(_renamed(module), name)
+        if found is subimport:
+            return lambda module_name: subimport(_renamed(module_name))
+        return found
+
+
+def unpickle_program(body: bytes):
+    return _ProgramUnpickler(io.BytesIO(body)).load()
+
+
 def load_program(checkpoint: Checkpoint, path: str, storage_options: dict | None
                  ) -> tuple[SparkContext, Program]:
     """``checkpoint``'s program (its code part, unpickled), and the SparkContext to run it on:
     the active one, or one made from the checkpoint's conf."""
     body = read_code(path, checkpoint.data["code"], storage_options)
-    program = cloudpickle.loads(body)
+    program = unpickle_program(body)
     if program.get("version") != PROGRAM_VERSION:
         raise ValueError(f"{path}: the checkpoint's program has version {program.get('version')}; "
                          f"this sparkwal reads version {PROGRAM_VERSION}")

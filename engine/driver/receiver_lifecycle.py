@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from checkpoint.layout import CheckpointLayout
-from tracker import ReceivedBlockTracker
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.tracker import ReceivedBlockTracker
 
 from ..receiver.receiver_tracker import ReceiverTracker
 

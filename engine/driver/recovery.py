@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from checkpoint import Checkpoint
-from checkpoint.errors import CheckpointMismatchError
+from sparkwal.checkpoint import Checkpoint
+from sparkwal.checkpoint.errors import CheckpointMismatchError
 
 log = logging.getLogger(__name__)
 

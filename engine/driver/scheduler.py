@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tracker import BatchInfo
+from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 
-from checkpoint import CheckpointFollower
+from sparkwal.checkpoint import CheckpointFollower
 
 from ..cluster import start_python_workers
 from .recovery import restore

@@ -3,7 +3,7 @@ directory to tasks on other executors, and takes the copies receivers elsewhere 
 (what Spark's BlockManager does for its receivers' blocks: core/src/main/scala/org/apache/spark/
 storage/BlockManager.scala, streaming/.../receiver/ReceivedBlockHandler.scala).
 
-One process per executor and application (``python -m engine.receiver.block_server <dir> <host>
+One process per executor and application (``python -m sparkwal.engine.receiver.block_server <dir> <host>
 <watch_pid>``, the secret on its stdin, its port as one JSON line on its stdout), started on demand
 by the first Python worker that needs it (:func:`ensure_block_server`: the driver's probe of the
 executors, or a receiver's task) and recorded in ``<dir>/server.json`` for the others. It listens on
@@ -190,7 +190,7 @@ _started: list[subprocess.Popen] = []  # kept, so that Python reaps them
 def _start(directory: str, secret: bytes, host: str) -> tuple[int, int]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with open(os.path.join(directory, "server.log"), "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.receiver.block_server", directory, host,
+        proc = subprocess.Popen([sys.executable, "-m", "sparkwal.engine.receiver.block_server", directory, host,
                                  str(os.getppid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=err, env=env, close_fds=True)
     _started.append(proc)

@@ -41,8 +41,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from checkpoint.layout import CheckpointLayout
-from wal import Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.wal import Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
 
 from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
 

@@ -10,9 +10,9 @@ from functools import partial
 
 from pyspark import RDD
 
-from checkpoint.layout import CheckpointLayout
-from tracker import ExecutorLocation
-from wal import resolve
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.tracker import ExecutorLocation
+from sparkwal.wal import resolve
 
 from ..inputs import InputDStream
 from .blocks import read_block, read_wal_block, receiver_wal_dir

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pyspark import RDD, SparkContext
 from pyspark.serializers import UTF8Deserializer
 
-from tracker import ExecutorLocation, HostLocation
+from sparkwal.tracker import ExecutorLocation, HostLocation
 
 DRIVER_EXECUTOR_ID = "driver"  # local mode: tasks run in the driver's JVM
 

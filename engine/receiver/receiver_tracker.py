@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from tracker import (BatchInfo, ExecutorLocation, RateController, ReceivedBlockInfo,
+from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceivedBlockInfo,
                      ReceiverSchedulingPolicy, ReceiverState, ReceiverTrackingInfo,
                      create_rate_estimator)
-from tracker.events import EventFormatError, block_from_raw
+from sparkwal.tracker.events import EventFormatError, block_from_raw
 
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)

@@ -20,8 +20,8 @@ import threading
 import traceback
 from dataclasses import dataclass
 
-from tracker import RateLimiter, ReceivedBlockInfo
-from wal import SYSTEM_CLOCK, Clock
+from sparkwal.tracker import RateLimiter, ReceivedBlockInfo
+from sparkwal.wal import SYSTEM_CLOCK, Clock
 
 from . import wire
 from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_block

@@ -43,9 +43,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
-from checkpoint.layout import CheckpointLayout
-from checkpoint.resume import resolve_restart
+from sparkwal.checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.checkpoint.resume import resolve_restart
 
 from .protocol import OffsetRange, TopicPartition
 

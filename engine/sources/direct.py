@@ -27,7 +27,7 @@ import threading
 
 from pyspark import RDD
 
-from tracker import RateController, create_rate_estimator
+from sparkwal.tracker import RateController, create_rate_estimator
 
 from ..inputs import InputDStream
 from .protocol import DataLossError, OffsetRange, ReplayableSource, SourceError, TopicPartition

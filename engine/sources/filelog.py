@@ -19,7 +19,7 @@ import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 from .protocol import DataLossError, ReplayableSource, SourceError, TopicPartition
 

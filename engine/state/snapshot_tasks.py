@@ -15,11 +15,11 @@ from __future__ import annotations
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
 
-from checkpoint.state_chains import SnapshotRef
-from checkpoint.state_files import (VERSION, SnapshotError, delete_snapshot, encode_part,
+from sparkwal.checkpoint.state_chains import SnapshotRef
+from sparkwal.checkpoint.state_files import (VERSION, SnapshotError, delete_snapshot, encode_part,
                                     merge_chain, part_rows, put_part, read_manifest, rows_table,
                                     write_manifest)
-from wal.storage import resolve
+from sparkwal.wal.storage import resolve
 
 __all__ = ["SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
            "read_chain", "write_snapshot"]

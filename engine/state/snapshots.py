@@ -40,10 +40,10 @@ import logging
 
 from pyspark import StorageLevel
 
-from checkpoint.errors import CheckpointMismatchError
-from checkpoint.layout import CheckpointLayout
-from checkpoint.state_chains import SnapshotRef, StreamState, parse_state, state_names
-from checkpoint.state_files import read_manifest
+from sparkwal.checkpoint.errors import CheckpointMismatchError
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.checkpoint.state_chains import SnapshotRef, StreamState, parse_state, state_names
+from sparkwal.checkpoint.state_files import read_manifest
 
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 

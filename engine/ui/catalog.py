@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 
-from checkpoint.event_log import read_events, read_runs
-from wal.storage import resolve
+from sparkwal.checkpoint.event_log import read_events, read_runs
+from sparkwal.wal.storage import resolve
 
 from .status import RunStatus, recoveries, spark_date
 
