@@ -29,7 +29,7 @@ from .baselines import run_writers
 
 
 def add_blocks(root: str, threads: int, per_thread: int) -> dict:
-    tracker = ReceivedBlockTracker(range(threads), os.path.join(root, WAL_DIR))
+    tracker = ReceivedBlockTracker(range(threads), wal_dir=os.path.join(root, WAL_DIR))
     ids = itertools.count()
 
     def add(_payload) -> None:
@@ -76,7 +76,7 @@ def write_events(root: str, n_events: int) -> int:
 
 def recover(root: str) -> dict:
     t0 = time.perf_counter()
-    tracker = ReceivedBlockTracker(range(4), os.path.join(root, WAL_DIR), recover_from_wal=True)
+    tracker = ReceivedBlockTracker(range(4), wal_dir=os.path.join(root, WAL_DIR), recover_from_wal=True)
     secs = time.perf_counter() - t0
     batches = len(tracker.allocated_batch_times())
     tracker.stop()

@@ -25,7 +25,7 @@ def block_infos(n=5, stream=STREAM):
 
 
 def make(checkpoint_dir=None, clock=None, recover=False, **kw):
-    return ReceivedBlockTracker([STREAM], None if checkpoint_dir is None else os.path.join(str(checkpoint_dir), WAL_DIR),
+    return ReceivedBlockTracker([STREAM], None if checkpoint_dir is None else str(checkpoint_dir),
                                 recover_from_wal=recover, clock=clock or ManualClock(10_000),
                                 rolling_interval_s=1, **kw)
 
@@ -323,15 +323,33 @@ def test_tracker_on_every_backend(storage_url):
     """On object stores the tracker's WAL writes one object per group (no append)."""
     base, options = storage_url
     clock = ManualClock(10_000)
-    tracker = ReceivedBlockTracker([STREAM], f"{base}/{WAL_DIR}", clock=clock, storage_options=options)
+    tracker = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options)
     infos = block_infos(4)
     for b in infos[:3]:
         assert tracker.add_block(b)
     assert tracker.allocate_blocks_to_batch(10_000)
     assert tracker.add_block(infos[3])
     tracker.stop()
-    recovered = ReceivedBlockTracker([STREAM], f"{base}/{WAL_DIR}", clock=clock, storage_options=options,
+    recovered = ReceivedBlockTracker([STREAM], base, clock=clock, storage_options=options,
                                      recover_from_wal=True)
     assert recovered.get_blocks_of_batch(10_000) == {STREAM: infos[:3]}
     assert recovered.get_unallocated_blocks(STREAM) == infos[3:]
     recovered.stop()
+
+
+def test_the_tracker_logs_where_spark_does_and_takes_a_wal_directory_as_a_keyword(tmp_path):
+    """Spark's ``ReceivedBlockTracker(..., checkpointDirOption)``: the WAL at
+    ``<checkpoint_dir>/receivedBlockMetadata``, the name the checkpoint layout lists; or a WAL
+    directory of the caller's (``wal_dir=``), not both."""
+    from sparkwal.checkpoint.layout import CheckpointLayout
+
+    tracker = ReceivedBlockTracker([STREAM], checkpoint_dir=str(tmp_path))
+    assert tracker.add_block(block_infos(1)[0])
+    tracker.stop()
+    assert os.listdir(CheckpointLayout(str(tmp_path)).block_metadata)
+    other = ReceivedBlockTracker([STREAM], wal_dir=str(tmp_path / "elsewhere"))
+    assert other.add_block(block_infos(1)[0])
+    other.stop()
+    assert os.listdir(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="not both"):
+        ReceivedBlockTracker([STREAM], str(tmp_path), wal_dir=str(tmp_path / "x"))

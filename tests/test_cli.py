@@ -72,7 +72,7 @@ def test_wal_inspect_and_verify_a_healthy_log_and_see_a_live_writer(tmp_path):
 
 
 def test_records_of_a_tracker_log_are_decoded(tmp_path):
-    tracker = ReceivedBlockTracker([0], str(tmp_path / "receivedBlockMetadata"))
+    tracker = ReceivedBlockTracker([0], str(tmp_path))
     assert tracker.add_block(ReceivedBlockInfo(0, 7, "input-0-1"))
     tracker.allocate_blocks_to_batch(1000)
     tracker.stop()

@@ -32,7 +32,7 @@ def test_sigkill_loses_no_acknowledged_block(tmp_path):
                 break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        tracker = ReceivedBlockTracker([0, 1], str(tmp_path / "receivedBlockMetadata"), recover_from_wal=True)
+        tracker = ReceivedBlockTracker([0, 1], str(tmp_path), recover_from_wal=True)
         blocks = placement(tracker)
         tracker.stop()
         assert len(blocks) == len(set(blocks)), "a block is in two places"

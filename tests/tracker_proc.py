@@ -12,7 +12,7 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from sparkwal.tracker import ReceivedBlockInfo, ReceivedBlockTracker  # noqa: E402
 
 checkpoint_dir, tag = sys.argv[1], sys.argv[2]
-tracker = ReceivedBlockTracker([0, 1], checkpoint_dir + "/receivedBlockMetadata", recover_from_wal=True)
+tracker = ReceivedBlockTracker([0, 1], checkpoint_dir, recover_from_wal=True)
 out = threading.Lock()
 
 

@@ -20,8 +20,8 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, FileBasedWriteAheadLog,
-                 WriteAheadLog)
+from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability,
+                          FileBasedWriteAheadLog, WriteAheadLog)
 
 from .events import (ADD, ALLOC, CLEAN, BatchAllocationEvent, BatchCleanupEvent,
                      BlockAdditionEvent, Event, EventFormatError, ReceivedBlockInfo, block_from_raw,
@@ -31,22 +31,37 @@ log = logging.getLogger(__name__)
 
 
 
+#: the tracker's log under a checkpoint directory: Spark's name (``ReceivedBlockTracker``'s
+#: ``checkpointDirToLogDir``), as :mod:`sparkwal.checkpoint.layout` lists it
+LOG_DIR_NAME = "receivedBlockMetadata"
+
+
+def checkpoint_dir_to_log_dir(checkpoint_dir: str) -> str:
+    """Where the tracker of a checkpoint directory logs: ``<checkpoint_dir>/receivedBlockMetadata``."""
+    return f"{str(checkpoint_dir).rstrip('/')}/{LOG_DIR_NAME}"
+
+
 class ReceivedBlockTracker:
     """Driver-side tracking of received blocks for ``stream_ids``.
 
-    With ``wal_dir`` (under a checkpoint directory: ``receivedBlockMetadata``, Spark's name, which
-    :mod:`checkpoint.layout` gives the caller) the events go to a
-    :class:`BatchedWriteAheadLog` over a durable :class:`FileBasedWriteAheadLog` (one object per
-    group on stores without append); without one nothing is logged and nothing survives a restart.
-    ``lock``: the driver's leadership of the checkpoint directory (a ``wal.Leadership``), which
-    the WAL then writes under instead of taking a lock of its own.
+    With ``checkpoint_dir`` (Spark's ``checkpointDirOption``) the events go to the WAL at
+    ``<checkpoint_dir>/receivedBlockMetadata``; ``wal_dir`` names the WAL's directory itself
+    instead. The WAL is a :class:`BatchedWriteAheadLog` over a durable
+    :class:`FileBasedWriteAheadLog` (one object per group on stores without append); with neither,
+    nothing is logged and nothing survives a restart. ``lock``: the driver's leadership of the
+    checkpoint directory (a ``wal.Leadership``), which the WAL then writes under instead of taking
+    a lock of its own.
     """
 
-    def __init__(self, stream_ids: Iterable[int], wal_dir: str | None = None, *,
+    def __init__(self, stream_ids: Iterable[int], checkpoint_dir: str | None = None, *,
                  recover_from_wal: bool = False, clock: Clock | None = None,
-                 storage_options: dict | None = None, rolling_interval_s: float = 60,
-                 batching_timeout_s: float = 5.0, durability: Durability | str = Durability.FSYNC,
-                 lock=None):
+                 storage_options: dict | None = None, wal_dir: str | None = None,
+                 rolling_interval_s: float = 60, batching_timeout_s: float = 5.0,
+                 durability: Durability | str = Durability.FSYNC, lock=None):
+        if checkpoint_dir is not None and wal_dir is not None:
+            raise ValueError("give the checkpoint directory or the WAL's directory, not both")
+        if checkpoint_dir is not None:
+            wal_dir = checkpoint_dir_to_log_dir(checkpoint_dir)
         self.stream_ids = list(stream_ids)
         self._clock = clock or SYSTEM_CLOCK
         self._lock = threading.RLock()

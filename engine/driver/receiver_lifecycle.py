@@ -19,7 +19,8 @@ def make_block_tracker(driver) -> ReceivedBlockTracker:
     ids = [s.input_id for s in driver.graph.inputs if s.receiver_based]
     enabled = driver.conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
     logged = bool(ids) and driver.checkpoint_dir is not None and enabled.lower() == "true"
-    return ReceivedBlockTracker(ids, CheckpointLayout(driver.checkpoint_dir).block_metadata if logged else None, clock=driver.clock,
+    return ReceivedBlockTracker(ids, wal_dir=CheckpointLayout(driver.checkpoint_dir).block_metadata if logged else None,
+                                clock=driver.clock,
                                 storage_options=driver.storage_options if logged else None,
                                 recover_from_wal=logged and driver.restored is not None,
                                 lock=driver.lead() if logged else None)
