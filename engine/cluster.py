@@ -36,6 +36,7 @@ import zipfile
 
 from sparkwal.wal.retry import DEADLINE_ENV
 
+from .compat import supports
 from .durations import parse_duration_ms
 
 log = logging.getLogger(__name__)
@@ -320,6 +321,8 @@ def unix_sockets_for_workers(sc) -> str | None:
     is made already or when the directory's path would be too long for a socket address; workers
     started before keep TCP. Returns the directory, or None."""
     if not is_local_master(sc.master) or not hasattr(socket, "AF_UNIX"):
+        return None
+    if not supports("unix_socket_workers", sc):
         return None
     jconf = sc._jsc.sc().conf()
     if jconf.contains(UDS_ENABLED):

@@ -41,6 +41,7 @@ import sys
 from pyspark import SparkConf
 
 from .cluster import DAEMON_MODULE, UDS_ENABLED, package_files
+from .compat import supports
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def prepare_conf(conf: SparkConf | None = None) -> SparkConf:
     executors_have_sparkwal = ship == "true" or ship_code == "false"
     if executors_have_sparkwal and preimport == "true" and not ready.contains("spark.python.daemon.module"):
         ready.set("spark.python.daemon.module", DAEMON_MODULE)
-    ready.setIfMissing(UDS_ENABLED, "true")
+    if supports("unix_socket_workers"):  # PySpark's version: no SparkContext yet
+        ready.setIfMissing(UDS_ENABLED, "true")
     return ready
 
 

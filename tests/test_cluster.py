@@ -109,7 +109,7 @@ def test_executors_lacking_a_module_get_a_clear_error_before_any_batch(spark_con
     assert "spark.sparkwal.shipCode=true" in msg and "engine (" not in msg
 
 
-def test_shipped_code_holds_the_four_packages(spark_context, monkeypatch):
+def test_shipped_code_holds_the_package_with_its_four_rooms(spark_context, monkeypatch):
     import zipfile
 
     from sparkwal.engine.cluster import ship_code
@@ -119,7 +119,7 @@ def test_shipped_code_holds_the_four_packages(spark_context, monkeypatch):
     path = ship_code(spark_context)
     names = set(zipfile.ZipFile(path).namelist())
     assert added == [path]
-    assert {"engine/context.py", "engine/sources/direct.py", "wal/storage.py", "checkpoint/offsets.py",
-            "tracker/rate.py"} <= names
-    assert not any("__pycache__" in n for n in names)
+    assert {"sparkwal/__init__.py", "sparkwal/engine/context.py", "sparkwal/engine/sources/direct.py",
+            "sparkwal/wal/storage.py", "sparkwal/checkpoint/offsets.py", "sparkwal/tracker/rate.py"} <= names
+    assert not any("__pycache__" in n or not n.startswith("sparkwal/") for n in names)  # one package
     os.unlink(path)

@@ -22,6 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.compat  # kept under every PySpark the project supports
+
 #: qualified name -> the signature an issue spelled out (``self`` left out of methods)
 SIGNATURES = {
     # issue 2: the WAL

@@ -47,6 +47,7 @@ def test_sqlite_sink_applies_a_batch_once_and_resumes_from_its_offsets(tmp_path)
     assert other.offsets() == {}
 
 
+@pytest.mark.compat
 def test_transactional_output_is_exactly_once_without_a_checkpoint(spark_context, tmp_path):
     logdir = tmp_path / "log"
     logdir.mkdir()

@@ -248,6 +248,7 @@ def stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms: int = 200
     return app
 
 
+@pytest.mark.compat
 def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms=4000)
     snapshots = sorted(p.name for p in (app.ckpt / "state").iterdir())

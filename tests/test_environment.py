@@ -58,6 +58,7 @@ def env_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("env-cache"))
 
 
+@pytest.mark.compat
 def test_the_environment_is_packed_once_and_found_again(env_cache):
     settings = {"spark.sparkwal.shipEnvironment": "true", "spark.sparkwal.shipEnvironment.cacheDir": env_cache,
                 "spark.archives": "file:///data/models.zip#models"}

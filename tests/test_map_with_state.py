@@ -118,6 +118,7 @@ def test_state_object_rules():
         StateSpec.function(running_sum).timeout(0)
 
 
+@pytest.mark.compat
 def test_a_batch_rewrites_only_its_keys_deltas_hold_them_and_read_state_is_typed(spark_context, tmp_path):
     keys = [f"key{i}" for i in range(2000)]
     batches = [[(k, 1) for k in keys], [(k, 1) for k in keys[:20]], [("key5", -100)], []]

@@ -20,6 +20,7 @@ def _check(r: dict) -> None:
     assert r["ok"]
 
 
+@pytest.mark.compat
 def test_executor_jvm_and_python_worker_kills_on_local_cluster(tmp_path):
     """The receiver's executor JVM, then its Python worker (now on the other executor), then the
     driver's whole process group: each time the receiver comes back and the counts stay exact."""

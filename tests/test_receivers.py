@@ -132,6 +132,7 @@ class BlockStorer(Receiver):
         pass
 
 
+@pytest.mark.compat
 def test_store_block_returns_once_the_block_is_durable_and_recorded(spark_context, tmp_path):
     clock = ManualClock(1_000_000)
     acks = tmp_path / "acks"

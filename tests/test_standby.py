@@ -288,6 +288,7 @@ class Takeovers(StreamingListener):
         self.ready.append(standbyReady)
 
 
+@pytest.mark.compat
 def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enabled, tmp_path, monkeypatch):
     """The main job runs as the active driver in a subprocess; this process tries a second
     driver (refused), then runs a standby, which takes over when the active one is killed. The

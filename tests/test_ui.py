@@ -96,6 +96,7 @@ def test_ui_web_url_is_none_when_the_ui_is_disabled(spark_context):
         ssc.stop(stopSparkContext=False)
 
 
+@pytest.mark.compat
 def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path):
     app = App(ui_enabled, tmp_path / "cp", failing={1500})
     try:
