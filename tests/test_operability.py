@@ -389,9 +389,11 @@ def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_reco
 # ------------------------------------------------------------------ 7. packaging
 
 
-def test_benchmarks_are_not_installed_as_a_top_level_package(tmp_path):
-    """Run from outside the checkout, the installed project offers its library only."""
-    proc = subprocess.run([sys.executable, "-c", "import importlib.util as u, json; print(json.dumps("
-                           "[u.find_spec(n) is not None for n in ('benchmarks', 'engine', 'wal', 'sparkwal')]))"],
+def test_one_import_package_is_installed(tmp_path):
+    """Run from outside the checkout, the installed project offers one import package, sparkwal:
+    no benchmarks, no top-level engine, wal, checkpoint or tracker for a user's folder to shadow."""
+    names = ("benchmarks", "engine", "wal", "checkpoint", "tracker", "sparkwal", "sparkwal.engine", "sparkwal.wal")
+    proc = subprocess.run([sys.executable, "-c", "import importlib.util as u, json, sys; print(json.dumps("
+                           "[u.find_spec(n) is not None for n in sys.argv[1:]]))", *names],
                           capture_output=True, text=True, cwd=str(tmp_path), env=_env(PYTHONPATH=None))
-    assert json.loads(proc.stdout) == [False, True, True, True], proc.stderr
+    assert json.loads(proc.stdout) == [False, False, False, False, False, True, True, True], proc.stderr
