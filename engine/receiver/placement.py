@@ -56,8 +56,8 @@ def live_executor_ids(sc: SparkContext) -> set[str] | None:
     """The ids of the executors registered with the driver now, or None in local mode."""
     if sc.master.startswith("local") and not sc.master.startswith("local-cluster"):
         return None
-    jvm = sc._jvm
-    return set(jvm.scala.jdk.javaapi.CollectionConverters.asJava(sc._jsc.sc().getExecutorIds()))
+    converters = sc._jvm.scala.collection.JavaConverters
+    return set(converters.seqAsJavaListConverter(sc._jsc.sc().getExecutorIds()).asJava())
 
 
 def location_string(loc: ExecutorLocation | HostLocation) -> str:
@@ -71,14 +71,16 @@ def rdd_with_locations(sc: SparkContext, items: Sequence[str], locations: Sequen
     location strings ``locations[i]`` (Spark falls back to any executor after
     ``spark.locality.wait``)."""
     jvm = sc._jvm
-    convert = jvm.scala.jdk.javaapi.CollectionConverters
+    # Scala's JavaConverters: in Scala 2.12 (Spark 3.5) and 2.13 (Spark 4) alike, where 2.13's
+    # scala.jdk.javaapi.CollectionConverters is not in 2.12
+    convert = jvm.scala.collection.JavaConverters
     pairs = jvm.java.util.ArrayList()
     for item, locs in zip(items, locations, strict=True):
         jlocs = jvm.java.util.ArrayList()
         for loc in locs:
             jlocs.add(loc)
-        pairs.add(jvm.scala.Tuple2(item, convert.asScala(jlocs).toSeq()))
+        pairs.add(jvm.scala.Tuple2(item, convert.asScalaBufferConverter(jlocs).asScala().toSeq()))
     tag = getattr(jvm.scala.reflect, "ClassTag$").__getattr__("MODULE$").apply(
         jvm.java.lang.Class.forName("java.lang.String"))
-    jrdd = sc._jsc.sc().makeRDD(convert.asScala(pairs).toSeq(), tag)
+    jrdd = sc._jsc.sc().makeRDD(convert.asScalaBufferConverter(pairs).asScala().toSeq(), tag)
     return RDD(jvm.org.apache.spark.api.java.JavaRDD(jrdd, tag), sc, UTF8Deserializer())
