@@ -3,13 +3,13 @@
     python -m benchmarks.cluster_bench [--runs 3] [--seconds 20] [--warmup 10]
                                        [--parts receiver,local,kill] [--json FILE]
 
-It starts its own cluster with pyspark's ``spark-class`` (:mod:`engine.apps.standalone`): a master
+It starts its own cluster with pyspark's ``spark-class`` (:mod:`sparkwal.engine.apps.standalone`): a master
 and two workers of one core and 1 GiB each on 127.0.0.1, the same two cores ``local[2]`` has.
 Every figure is the median of ``--runs`` runs per engine (single runs swing by 2x on a shared
 machine), the engines alternated run by run (sparkwal first in even runs, pyspark.streaming first
 in odd ones) so that neither always runs on a warmer or a busier machine. The apps are
 :mod:`benchmarks.receiver_bench`'s (socket word count, 1 s batches, a checkpoint, backpressure on
-for the word count); sparkwal's conf goes through ``engine.prepare_conf`` (its executors' Python
+for the word count); sparkwal's conf goes through ``sparkwal.engine.prepare_conf`` (its executors' Python
 workers forked from its daemon and on Unix sockets: sparkwal is installed in the executors'
 Python here), pyspark.streaming keeps Spark's defaults.
 

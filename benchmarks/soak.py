@@ -137,7 +137,7 @@ def verdicts(samples: list[dict]) -> list[dict]:
 def _start(args: list[str], log_path: str) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
     log = open(log_path, "w")  # noqa: SIM115 (the process's lifetime)
-    return subprocess.Popen([sys.executable, "-m", "engine.wordcount", *args], stdout=log,
+    return subprocess.Popen([sys.executable, "-m", "sparkwal.engine.wordcount", *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 

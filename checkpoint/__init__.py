@@ -1,6 +1,6 @@
 """sparkwal's checkpoints: atomic metadata logs, Spark's offsets/commits pair, DStream checkpoints.
 
-Built on the storage seam of :mod:`wal.storage` (atomic create-if-absent, atomic replace).
+Built on the storage seam of :mod:`sparkwal.wal.storage` (atomic create-if-absent, atomic replace).
 """
 
 from .code import read_code, write_code

@@ -1,6 +1,6 @@
 """A checkpoint's code part: the program's pickled DStream graph, kept apart from its data part.
 
-A DStream checkpoint (``checkpoint-<ms>``, :mod:`checkpoint.checkpoint_file`) is data only and names the
+A DStream checkpoint (``checkpoint-<ms>``, :mod:`sparkwal.checkpoint.checkpoint_file`) is data only and names the
 code part it goes with, so inspecting, verifying and code-free recovery (``upgrade=True``) never
 execute code. The code part is written once per program run, when the context starts, as
 ``code-<sha>`` in the checkpoint directory (``<sha>``: the first 16 hex digits of the SHA-256 of

@@ -13,10 +13,10 @@ as what the files copied before it need:
 3. the state snapshots C's chains are made of, and the code part C names;
 4. the event logs (a record: copied as found);
 5. the leadership epoch: the copy's first driver takes the epoch after every one the copy names,
-   so the files that carry an epoch in their names never clash (:meth:`wal.Storage.seed_epoch`);
+   so the files that carry an epoch in their names never clash (:meth:`sparkwal.wal.Storage.seed_epoch`);
 6. C itself, last: until it is there, the copy recovers nothing.
 
-What C names is named relative to the checkpoint (:mod:`checkpoint.layout`), so the copy reads
+What C names is named relative to the checkpoint (:mod:`sparkwal.checkpoint.layout`), so the copy reads
 its own files wherever it is. A driver running meanwhile deletes what no newer checkpoint needs:
 if something C needs (a log file reaching its ``floor_ms``, a snapshot, the code part) is deleted
 before it was copied, C is no longer whole in the source and the copy starts again from the then

@@ -3,7 +3,7 @@
 The Streaming page, the REST API and ``sparkwal ui`` / ``sparkwal status`` read it, so a
 driver's history outlives the driver (Spark's Streaming tab forgets everything when it dies).
 
-Layout, under the checkpoint's ``events/`` (:class:`checkpoint.layout.CheckpointLayout.events`)::
+Layout, under the checkpoint's ``events/`` (:class:`sparkwal.checkpoint.layout.CheckpointLayout.events`)::
 
     events/run-<startMs:013d>-e<epoch>/run.json   one driver run: a JSON object, replaced whole
     events/run-<startMs:013d>-e<epoch>/log/       its events: a wal.FileBasedWriteAheadLog
@@ -195,7 +195,7 @@ class EventLogWriter:
         self._wal.close()
 
     def wal_statistics(self):
-        """The statistics of this run's WAL (:class:`wal.WalStatistics`)."""
+        """The statistics of this run's WAL (:class:`sparkwal.wal.WalStatistics`)."""
         return self._wal.statistics()
 
     def statistics(self) -> EventLogStatistics:

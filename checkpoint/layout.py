@@ -4,17 +4,17 @@ The engine, the tracker's caller and the inspectors ask this module where things
 else spells these names. Each file's format is described by the module that owns it (named
 below).
 
-* ``checkpoint-<ms>[.bk]``: DStream checkpoints, data only, Spark's names (:mod:`checkpoint.checkpoint_file`)
-* ``code-<sha>``: the program, pickled (the code part; :mod:`checkpoint.code`)
-* ``state/<stream>-<ms>[-e<epoch>].*``: state snapshots in Arrow, full or delta (:mod:`checkpoint.state_files`)
-* ``offsets/<id>``, ``commits/<id>``: Structured Streaming's offset and commit logs (:mod:`checkpoint.offsets`)
-* ``sources/<input>/0``: where each direct input started (:mod:`engine.sources.batch_log`)
+* ``checkpoint-<ms>[.bk]``: DStream checkpoints, data only, Spark's names (:mod:`sparkwal.checkpoint.checkpoint_file`)
+* ``code-<sha>``: the program, pickled (the code part; :mod:`sparkwal.checkpoint.code`)
+* ``state/<stream>-<ms>[-e<epoch>].*``: state snapshots in Arrow, full or delta (:mod:`sparkwal.checkpoint.state_files`)
+* ``offsets/<id>``, ``commits/<id>``: Structured Streaming's offset and commit logs (:mod:`sparkwal.checkpoint.offsets`)
+* ``sources/<input>/0``: where each direct input started (:mod:`sparkwal.engine.sources.batch_log`)
 * ``metadata``: a Structured Streaming query's id, inspected only (Spark's ``StreamMetadata``)
-* ``receivedBlockMetadata/``: the block tracker's WAL, Spark's name (records: :mod:`tracker.events`)
-* ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch (:mod:`engine.receiver.blocks`)
+* ``receivedBlockMetadata/``: the block tracker's WAL, Spark's name (records: :mod:`sparkwal.tracker.events`)
+* ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch (:mod:`sparkwal.engine.receiver.blocks`)
 * ``rdds/``: Spark's RDD checkpoint directory, for users' own ``rdd.checkpoint()``
-* ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each (:mod:`checkpoint.event_log`)
-* ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`wal.locks`)
+* ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each (:mod:`sparkwal.checkpoint.event_log`)
+* ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`sparkwal.wal.locks`)
 
 A checkpoint names the files it references (state snapshots, received blocks' WAL records) by
 *relative* names, ``state/3-20000-e1`` or ``receivedData/0-e1/log-...``, resolved against where
@@ -188,5 +188,5 @@ class CheckpointLayout:
 
     @property
     def events(self) -> str:
-        """The driver runs' event log (:mod:`checkpoint.event_log`)."""
+        """The driver runs' event log (:mod:`sparkwal.checkpoint.event_log`)."""
         return self._join(EVENTS)

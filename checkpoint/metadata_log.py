@@ -1,6 +1,6 @@
 """MetadataLog: one file per batch id, created atomically and never overwritten.
 
-Spark's HDFSMetadataLog semantics on sparkwal's storage seam (:mod:`wal.storage`):
+Spark's HDFSMetadataLog semantics on sparkwal's storage seam (:mod:`sparkwal.wal.storage`):
 
 * the file of batch ``N`` is named ``N`` in decimal (no padding, no sign) and starts with a line
   ``v<version>``; listing accepts only regular files whose whole name is such a number, so a

@@ -8,9 +8,9 @@ and its snapshots::
                          "30000": {"url": "state/3-30000-e1", "base": 20000, "bytes": 512345}}}}
 
 ``url`` is the snapshot's name relative to the checkpoint directory, resolved against where the
-checkpoint is now (:meth:`checkpoint.layout.CheckpointLayout.locate`; earlier releases wrote
+checkpoint is now (:meth:`sparkwal.checkpoint.layout.CheckpointLayout.locate`; earlier releases wrote
 absolute paths, still read). ``base`` is null for a full snapshot and the previous snapshot of
-the chain for a delta (the files' format is :mod:`checkpoint.state_files`'). The first release
+the chain for a delta (the files' format is :mod:`sparkwal.checkpoint.state_files`'). The first release
 wrote ``{"3": {"20000": ".../state/3-20000"}}``, every snapshot full and in version 1: those
 entries are still read. In memory (:class:`SnapshotRef`) a snapshot's ``url`` is where it is now.
 """

@@ -224,7 +224,7 @@ DAEMON_MODULE = "sparkwal.engine.worker_daemon"
 
 
 def preimport_in_workers(sc, conf) -> None:
-    """In ``local[...]`` mode, Python workers forked from :mod:`engine.worker_daemon` (sparkwal
+    """In ``local[...]`` mode, Python workers forked from :mod:`sparkwal.engine.worker_daemon` (sparkwal
     imported once, in the daemon). Set on the running context's configuration, which Spark reads
     when it starts a daemon: workers started before keep the plain daemon."""
     if not is_local_master(sc.master):
@@ -296,7 +296,7 @@ STORAGE_DEADLINE_KEY = "spark.sparkwal.storage.deadline"
 
 def storage_deadline_s(sc, conf) -> float:
     """``spark.sparkwal.storage.deadline`` in seconds (default 60 s), handed to the executors'
-    Python workers in their environment as well (:data:`wal.retry.DEADLINE_ENV`: the Spark conf
+    Python workers in their environment as well (:data:`sparkwal.wal.retry.DEADLINE_ENV`: the Spark conf
     does not reach them), before the first Python function is wrapped: workers are started per
     environment, so the early warm-up sets it too."""
     seconds = parse_duration_ms(conf.get(STORAGE_DEADLINE_KEY, "60s"), STORAGE_DEADLINE_KEY) / 1000

@@ -60,9 +60,9 @@ def _setup(setupFunc) -> StreamingContext:
 class StreamingContext:
     """Runs a graph of DStreams on ``sparkContext`` every ``batchDuration`` seconds.
 
-    ``clock`` (a :class:`wal.ManualClock` in tests) drives batch times; ``concurrentJobs``
+    ``clock`` (a :class:`sparkwal.wal.ManualClock` in tests) drives batch times; ``concurrentJobs``
     defaults to ``spark.streaming.concurrentJobs`` (1). The machinery behind it is its
-    :attr:`driver` (:mod:`engine.driver`).
+    :attr:`driver` (:mod:`sparkwal.engine.driver`).
     """
 
     def __init__(self, sparkContext: SparkContext, batchDuration: float | None = None, *,
@@ -75,7 +75,7 @@ class StreamingContext:
 
     @property
     def driver(self) -> Driver:
-        """The :class:`engine.driver.Driver` behind this context: what the engine's streams and
+        """The :class:`sparkwal.engine.driver.Driver` behind this context: what the engine's streams and
         tools read (its checkpoint directory, leadership, trackers, event bus); not pyspark's API."""
         return self._driver
 
@@ -87,7 +87,7 @@ class StreamingContext:
     def uiWebUrl(self) -> str | None:
         """The streaming UI's address (``{uiWebUrl}/streaming/``, ``/api/v1/...``, ``/metrics``)
         once started; None before, and when ``spark.ui.enabled`` is false (see
-        :mod:`engine.driver.observability`)."""
+        :mod:`sparkwal.engine.driver.observability`)."""
         observer = self._driver.observer
         return observer.url if observer is not None else None
 
@@ -130,7 +130,7 @@ class StreamingContext:
     @property
     def batchLog(self) -> BatchLog | None:
         """The offsets/commits logs that number and commit the batches (None before start() or
-        without a checkpoint); see :mod:`engine.sources.batch_log`."""
+        without a checkpoint); see :mod:`sparkwal.engine.sources.batch_log`."""
         return self._driver.batch_log
 
     @property
@@ -171,7 +171,7 @@ class StreamingContext:
         self._driver.graph.remember_ms = to_ms(duration)
 
     def addStreamingListener(self, streamingListener: StreamingListener) -> None:
-        """Subscribe ``streamingListener`` to the driver's events (:mod:`engine.driver.events`)."""
+        """Subscribe ``streamingListener`` to the driver's events (:mod:`sparkwal.engine.driver.events`)."""
         self._driver.events.subscribe(streamingListener)
 
     # ------------------------------------------------------------------ inputs
@@ -205,7 +205,7 @@ class StreamingContext:
                                 storage_options=storage_options)
 
     def receiverStream(self, receiver) -> DStream:
-        """The stream of what ``receiver`` (an :class:`engine.Receiver`) stores; it runs on an
+        """The stream of what ``receiver`` (an :class:`sparkwal.engine.Receiver`) stores; it runs on an
         executor, occupying one core, from ``start()`` to ``stop()``."""
         self._check_not_started("Adding new inputs")
         return ReceiverInputDStream(self, receiver)
@@ -216,7 +216,7 @@ class StreamingContext:
 
     def directStream(self, source, fromOffsets: dict | None = None, *,
                      failOnDataLoss: bool = True) -> DStream:
-        """The records of ``source`` (an :class:`engine.sources.ReplayableSource`), read by tasks
+        """The records of ``source`` (an :class:`sparkwal.engine.sources.ReplayableSource`), read by tasks
         straight from it: each batch is a range of offsets per partition, logged before the batch
         runs and committed after its outputs, so that a restart re-runs exactly the uncommitted
         batches. Each batch's RDD answers ``offsetRanges()``. ``fromOffsets`` ({(topic, partition):
@@ -240,7 +240,7 @@ class StreamingContext:
 
     def start(self) -> None:
         """Start the streams. With a checkpoint directory the context first leads it (see
-        :mod:`engine.driver.leadership`): a directory led by a live driver makes this raise
+        :mod:`sparkwal.engine.driver.leadership`): a directory led by a live driver makes this raise
         :class:`DriverAlreadyActiveError`, having written nothing, unless the context came from
         ``getOrCreate(..., standby=True)``: it then returns at once as a standby
         (:meth:`isStandby`), which takes over when the leader dies (:meth:`awaitLeadership`)."""
@@ -315,7 +315,7 @@ class StreamingContext:
         ``standby=True``: if a live driver leads ``checkpointPath``, the context's ``start()``
         returns at once and it waits as a hot standby (``isStandby()``), writing nothing, until
         it takes the stream over from the newest checkpoint when that driver dies (see
-        :mod:`engine.driver.standby`); with no live leader it starts as the active driver."""
+        :mod:`sparkwal.engine.driver.standby`); with no live leader it starts as the active driver."""
         path = _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         if path is None:
@@ -339,7 +339,7 @@ class StreamingContext:
 
 
 def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> StreamingContext:
-    """A context rebuilt from ``checkpoint`` and its code part (:mod:`engine.driver.program`)."""
+    """A context rebuilt from ``checkpoint`` and its code part (:mod:`sparkwal.engine.driver.program`)."""
     sc, program = load_program(checkpoint, path, storage_options)
     ssc = StreamingContext(sc, program.batch_ms / 1000, concurrentJobs=program.concurrent_jobs,
                            clock=clock)

@@ -1,4 +1,4 @@
-"""``python -m sparkwal.engine.drill``: the kill-and-restart drill, now :mod:`engine.apps.drill` (this
+"""``python -m sparkwal.engine.drill``: the kill-and-restart drill, now :mod:`sparkwal.engine.apps.drill` (this
 module stays so that the documented command keeps working)."""
 
 from sparkwal.engine.apps.drill import main

@@ -52,12 +52,12 @@ class Job(NamedTuple):
 
 
 class DStream(StreamMachinery):
-    """pyspark.streaming's DStream API over the machinery of :mod:`engine.stream_machinery`."""
+    """pyspark.streaming's DStream API over the machinery of :mod:`sparkwal.engine.stream_machinery`."""
 
     #: The stateful operations (``updateStateByKey``, ``mapWithState``, an inverse
     #: ``reduceByKeyAndWindow``), by name: their streams subclass DStream, so they are defined in
-    #: :mod:`engine.state` and registered there (:meth:`operation`); importing
-    #: :mod:`engine.context` imports it, so every context has them.
+    #: :mod:`sparkwal.engine.state` and registered there (:meth:`operation`); importing
+    #: :mod:`sparkwal.engine.context` imports it, so every context has them.
     operations: ClassVar[dict[str, Callable]] = {}
 
     @staticmethod
@@ -310,7 +310,7 @@ class DStream(StreamMachinery):
         return self._stateful("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD)
 
     def mapWithState(self, spec) -> DStream:
-        """Spark's mapWithState: ``spec`` (a :class:`engine.StateSpec`) calls its function once per
+        """Spark's mapWithState: ``spec`` (a :class:`sparkwal.engine.StateSpec`) calls its function once per
         record of a batch and once per key timing out; the result is the stream of the values it
         returns, with ``stateSnapshots()`` for the state itself."""
         return self._stateful("mapWithState", spec)
@@ -413,9 +413,9 @@ _MOVED_TO_STATE = ("ReducedWindowedDStream", "StateDStream", "update_by_key")
 
 
 def __getattr__(name: str):
-    """The stateful streams live in :mod:`engine.state.update_state`; their old names here keep older
+    """The stateful streams live in :mod:`sparkwal.engine.state.update_state`; their old names here keep older
     checkpoints' programs (which refer to them by module) loadable. Looked up on use, not imported
-    at the end of this module: that import made ``engine.state.update_state`` fail when a worker
+    at the end of this module: that import made ``sparkwal.engine.state.update_state`` fail when a worker
     imported it first (it imports this module, which imported it back, half made)."""
     if name in _MOVED_TO_STATE:
         from .state import update_state

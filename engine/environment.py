@@ -16,7 +16,7 @@ of it: ``start()`` sets what it needs on the running context):
   of packing again (20-60 s); the cache keeps the newest :data:`KEEP` archives. venv-pack does
   not pack the interpreter: ``bin/python`` links to the driver's base Python, which executors
   must have at the same path (the same image or package), with nothing else installed.
-* The executors' Python workers forked from :mod:`engine.worker_daemon` (installed PySpark and
+* The executors' Python workers forked from :mod:`sparkwal.engine.worker_daemon` (installed PySpark and
   sparkwal imported once, compiled) when they can import sparkwal: the environment is shipped,
   or ``spark.sparkwal.shipCode=false`` says sparkwal is installed there; unless
   ``spark.sparkwal.preimportWorkers=false`` or ``spark.python.daemon.module`` is set.

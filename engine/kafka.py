@@ -6,7 +6,7 @@ confluent-kafka (the optional extra ``sparkwal[kafka]``).
     stream.map(lambda kv: kv[1])...   # records are (key, value), decoded as UTF-8 by default
 
 Each batch is a range of offsets per topic partition, from the broker's high watermarks, logged
-to the checkpoint's offset log before the batch runs (:mod:`engine.sources.batch_log`) and read
+to the checkpoint's offset log before the batch runs (:mod:`sparkwal.engine.sources.batch_log`) and read
 by tasks with an assigned consumer (``assign`` + ``seek``; no consumer group membership). With no
 checkpoint the stream starts at ``fromOffsets`` ({(topic, partition): offset}), else at
 ``auto.offset.reset``: ``smallest``/``earliest`` or ``largest``/``latest`` (the default, as in

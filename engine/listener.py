@@ -273,7 +273,7 @@ class StreamingListenerReceiverStopped(_ReceiverEvent):
     pass
 
 
-#: The listener callback each event goes to (see :class:`engine.driver.events.EventBus`).
+#: The listener callback each event goes to (see :class:`sparkwal.engine.driver.events.EventBus`).
 CALLBACKS: dict[type, str] = {
     StreamingListenerStreamingStarted: "onStreamingStarted",
     StreamingListenerBatchSubmitted: "onBatchSubmitted",

@@ -2,7 +2,7 @@
 one RDD per valid batch time (a multiple of its slide duration after the zero time), remembers
 generated RDDs for ``remember`` milliseconds, and forgets (and unpersists) older ones; pickled
 into a checkpoint's code part, it leaves out its context and what lives only in a running driver.
-:class:`engine.dstream.DStream` adds pyspark.streaming's API on top.
+:class:`sparkwal.engine.dstream.DStream` adds pyspark.streaming's API on top.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""``python -m sparkwal.engine.wordcount``: the main job, now :mod:`engine.apps.wordcount` (this module
+"""``python -m sparkwal.engine.wordcount``: the main job, now :mod:`sparkwal.engine.apps.wordcount` (this module
 stays so that the README's first command, scripts and old checkpoints keep working).
 
 A shim for pickled names: checkpoints written before the main job moved hold its program pickled
-by module path, calling ``engine.wordcount._save_batch`` and counting into
-``engine.wordcount._BATCH_RECORDS``; both are the app's own objects under their old names.
+by module path, calling ``sparkwal.engine.wordcount._save_batch`` and counting into
+``sparkwal.engine.wordcount._BATCH_RECORDS``; both are the app's own objects under their old names.
 """
 
 from sparkwal.engine.apps.wordcount import BATCH_RECORDS, build, main, save_batch

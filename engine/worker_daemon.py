@@ -14,7 +14,7 @@ several workers at once. As ``spark.python.daemon.module`` this module:
 * imports ``pyspark.worker`` and sparkwal's task-side modules once, in the daemon (none starts a
   thread, which PySpark's daemon forbids before it forks).
 
-:func:`engine.cluster.prepare` sets it in ``local[...]`` mode (where the executors run this
+:func:`sparkwal.engine.cluster.prepare` sets it in ``local[...]`` mode (where the executors run this
 interpreter and can import sparkwal), unless ``spark.python.daemon.module`` is set already or
 ``spark.sparkwal.preimportWorkers`` is false. An import that fails here is left to the task that
 needs it, which names it.

@@ -1,6 +1,6 @@
 """``sparkwal checkpoint inspect|verify|repair|state|copy DIR``: a checkpoint directory, looked into,
-checked, repaired, its state shown and the whole copied (:mod:`checkpoint.inspect`,
-:mod:`checkpoint.copy`)."""
+checked, repaired, its state shown and the whole copied (:mod:`sparkwal.checkpoint.inspect`,
+:mod:`sparkwal.checkpoint.copy`)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def checkpoint_repair(args) -> int:
 
 
 def checkpoint_copy(args) -> int:
-    """``sparkwal checkpoint copy SRC DST``: :func:`checkpoint.copy.copy_checkpoint`, verified."""
+    """``sparkwal checkpoint copy SRC DST``: :func:`sparkwal.checkpoint.copy.copy_checkpoint`, verified."""
     from sparkwal.checkpoint.copy import CopyError, copy_checkpoint
 
     require_directory(args, "checkpoint")

@@ -36,7 +36,7 @@ from .wal_verbs import wal_inspect, wal_repair, wal_verify
 __all__ = ["OK", "PROBLEM", "USAGE", "build_parser", "main"]
 
 
-#: the verbs run by the apps (:mod:`engine.apps`), with their own arguments and ``--help``
+#: the verbs run by the apps (:mod:`sparkwal.engine.apps`), with their own arguments and ``--help``
 APP_VERBS = {"run": "run an app: sparkwal run wordcount [ARGS] (the main job)",
              "drill": "the kill-and-restart drill (sparkwal drill --help)",
              "ui": "serve a checkpoint's driver runs and batches (Spark's pages and REST API)",

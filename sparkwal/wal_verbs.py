@@ -1,5 +1,5 @@
 """``sparkwal wal inspect|verify|repair DIR``: a write-ahead log directory, looked into, checked and
-repaired (:mod:`wal.inspect`)."""
+repaired (:mod:`sparkwal.wal.inspect`)."""
 
 from __future__ import annotations
 

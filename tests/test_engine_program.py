@@ -445,8 +445,8 @@ print(json.dumps({"modules": len(names), "failed": failed, "tops": tops,
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """A Python worker imports whichever module its task's function lives in first (on a cluster,
     from the shipped zip): no module may depend on another having been imported before it (an
-    import cycle once made ``engine.state.update_state`` fail on local-cluster executors). The
-    stateful streams' old names in ``engine.dstream`` still resolve."""
+    import cycle once made ``sparkwal.engine.state.update_state`` fail on local-cluster executors). The
+    stateful streams' old names in ``sparkwal.engine.dstream`` still resolve."""
     out = subprocess.run([sys.executable, "-c", _IMPORT_EACH_FIRST], capture_output=True, text=True,
                          timeout=180, cwd=os.path.dirname(HERE))
     assert out.returncode == 0, out.stderr[-3000:]

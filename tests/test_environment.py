@@ -1,4 +1,4 @@
-"""The conf a cluster's SparkContext is made with (``engine.prepare_conf``): the driver's
+"""The conf a cluster's SparkContext is made with (``sparkwal.engine.prepare_conf``): the driver's
 virtualenv packed once and shipped with ``spark.archives``, executors whose own Python is bare
 running a stateful receiver app with it, their Python workers forked from sparkwal's daemon
 (installed PySpark, not Spark's zip) and reached over Unix sockets."""

@@ -89,3 +89,12 @@ def test_the_installed_environment_packs_for_executors_with_sparkwal_in_it(insta
     names = tarfile.open(archive).getnames()
     site = [n for n in names if n.endswith("site-packages/sparkwal/engine/context.py")]
     assert site and not any(n.endswith((".pth",)) and "__editable__" in n for n in names)
+
+
+def test_the_installed_package_imports_every_module_first(installed, tmp_path):
+    """As the checkout's editable install does (tests/test_engine_program.py): every module of the
+    built package imports first in a fresh interpreter, under sparkwal.* names only."""
+    from test_engine_program import _IMPORT_EACH_FIRST
+
+    seen = json.loads(run(installed / "python", "-c", _IMPORT_EACH_FIRST, cwd=tmp_path).stdout.splitlines()[-1])
+    assert seen["modules"] > 40 and seen["failed"] == [] and seen["tops"] == []

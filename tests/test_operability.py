@@ -162,7 +162,7 @@ def test_an_unusable_dir_is_named(module, tmp_path):
 
 
 def test_an_interpreter_without_the_packages_is_told_what_to_install(tmp_path):
-    """``python3 -m engine.wordcount`` from a checkout, with an interpreter that has no PySpark
+    """``python3 -m sparkwal.engine.wordcount`` from a checkout, with an interpreter that has no PySpark
     (-S: no site-packages): one line naming the interpreter and the packages."""
     proc = _job("sparkwal.engine.wordcount", "--dir", tmp_path / "work", python=[sys._base_executable, "-S"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

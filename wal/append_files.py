@@ -1,5 +1,5 @@
 """How bytes are appended to a WAL segment on each kind of storage (the seam is
-:mod:`wal.storage`, which creates these): plain ``os.write`` on a local file, copies into a memory
+:mod:`sparkwal.wal.storage`, which creates these): plain ``os.write`` on a local file, copies into a memory
 map of space reserved ahead (local, ``Durability.FLUSH``), or a file object of an fsspec store."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Durable, atomic writes: fsync'ed temporary files made visible by ``link`` (create-if-absent)
 or ``rename`` (replace) on a local filesystem, and their object-store equivalents. The
-guarantees are listed in :mod:`wal.storage`."""
+guarantees are listed in :mod:`sparkwal.wal.storage`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The storage backends behind :func:`wal.storage.resolve`: :class:`LocalStorage` (plain ``os``
+"""The storage backends behind :func:`sparkwal.wal.storage.resolve`: :class:`LocalStorage` (plain ``os``
 calls) and :class:`FsspecStorage` (any fsspec filesystem), both implementing :class:`Storage`.
-Their atomic writes are :mod:`wal.atomic`'s, their locks :mod:`wal.locks`'; the guarantees are
-listed in :mod:`wal.storage`."""
+Their atomic writes are :mod:`sparkwal.wal.atomic`'s, their locks :mod:`sparkwal.wal.locks`'; the guarantees are
+listed in :mod:`sparkwal.wal.storage`."""
 
 from __future__ import annotations
 
@@ -335,7 +335,7 @@ class FsspecStorage(Storage):
         return f"{self.protocol}://{path.lstrip('/') if self.protocol != 'memory' else path}"
 
     def retrying(self, operation: str, path: str, fn):
-        """``fn()`` under :mod:`wal.retry`'s policy: transient faults retried until the deadline."""
+        """``fn()`` under :mod:`sparkwal.wal.retry`'s policy: transient faults retried until the deadline."""
         return retry.call(operation, self.url(path), fn)
 
     def list_files(self, directory: str) -> list[FileInfo]:

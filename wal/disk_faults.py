@@ -1,7 +1,7 @@
 """``faulty+file://``: a local filesystem that fails on command, for storage-fault tests and drills.
 
 A local path given as ``faulty+file:///data/app/checkpoint`` is the plain local storage
-(:class:`wal.backends.LocalStorage`) with faults injected at its system calls, as a failing disk
+(:class:`sparkwal.wal.backends.LocalStorage`) with faults injected at its system calls, as a failing disk
 would: EIO or ENOSPC on ``create`` (a new file), ``write``, ``fsync`` and ``rename`` (the step that
 makes an atomic write visible), and a disk that is **full** (ENOSPC on every create, write and
 fsync) until space is freed. A write that fails writes part of its bytes first, as a real one

@@ -31,7 +31,7 @@ class LogLockedError(WalError):
 
 
 class LeaderHeldError(LogLockedError):
-    """A live driver leads the checkpoint directory; ``info`` (a ``wal.storage.LeaderInfo``) says
+    """A live driver leads the checkpoint directory; ``info`` (a ``sparkwal.wal.storage.LeaderInfo``) says
     who, since when, at which epoch and, for a lease, until when it holds unless renewed."""
 
     def __init__(self, path: str, info):

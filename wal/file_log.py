@@ -1,8 +1,8 @@
 """FileBasedWriteAheadLog: a time-rolled, checksummed, fsync'd log of segment files on any storage.
 
 Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning), improved: every record carries a CRC32C
-(format in :mod:`wal.segment`): a torn tail is cut off when a writer opens the log, corruption anywhere else is a
-loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``; :class:`~wal.base.Durability`);
+(format in :mod:`sparkwal.wal.segment`): a torn tail is cut off when a writer opens the log, corruption anywhere else is a
+loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``; :class:`~sparkwal.wal.base.Durability`);
 a writer never appends to a segment it did not create (each starts a fresh one at ``max(time, newest start +
 1)``, so names are unique and increasing even when two writes share a millisecond: Spark re-opened the same
 name); a failed write cuts the segment back to its last good record before retrying on a new one (no garbage

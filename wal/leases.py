@@ -1,6 +1,6 @@
 """Leases and epochs on object stores: the single writer of a directory (``.writer.lease``) and
 the leader of a checkpoint directory (one lease object per epoch under ``.leader/``). How they
-work, and what they guarantee, is told in :mod:`wal.storage`."""
+work, and what they guarantee, is told in :mod:`sparkwal.wal.storage`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Locks and epochs: the single writer of a directory and the leader of a checkpoint directory, on
 a local filesystem (``flock``), and what every lock and leadership offers (the object stores'
-lease objects are :mod:`wal.leases`'). How each works, and what it guarantees, is told in
-:mod:`wal.storage`; the files are named here."""
+lease objects are :mod:`sparkwal.wal.leases`'). How each works, and what it guarantees, is told in
+:mod:`sparkwal.wal.storage`; the files are named here."""
 
 from __future__ import annotations
 

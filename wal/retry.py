@@ -3,7 +3,7 @@
 Object stores fail transiently every day: S3 answers 500 InternalError or 503 SlowDown, a
 connection is reset, a request times out. The client libraries retry some of these themselves
 (botocore, s3fs), each its own way and without a bound on the whole operation; the seam wraps each
-of its calls to a remote store (:class:`wal.backends.FsspecStorage`) in one more loop, the one
+of its calls to a remote store (:class:`sparkwal.wal.backends.FsspecStorage`) in one more loop, the one
 that decides:
 
 * **what is transient**: errors with errno EBUSY (s3fs's 503 SlowDown), EREMOTEIO (its 500),
@@ -19,7 +19,7 @@ that decides:
 
 Only idempotent calls are retried blindly (reads, listings, deletes, whole-object puts). An
 ambiguous conditional create (the connection reset after the store took it) comes back as
-"already exists" on its retry and is settled by reading the object back (:mod:`wal.atomic`), so a
+"already exists" on its retry and is settled by reading the object back (:mod:`sparkwal.wal.atomic`), so a
 record is never written twice. The process-wide :func:`retry_statistics` count what was retried.
 
 The default policy is set once per process with :func:`set_default_policy` (the engine's driver

@@ -13,7 +13,7 @@ Layout, format version 1 (all integers unsigned big-endian)::
     payload_crc = CRC32C(payload)
     header_crc  = CRC32C(length:u32 || payload_crc:u32)
 
-A :class:`~wal.base.RecordHandle` ``(path, offset, length)`` points at the frame start and names the
+A :class:`~sparkwal.wal.base.RecordHandle` ``(path, offset, length)`` points at the frame start and names the
 payload length, so a random read is one ``pread`` of ``12 + length`` bytes and two CRC checks.
 
 Why a header CRC: it lets the reader tell a *corrupt length* from a *torn tail*. When a frame fails,
@@ -21,7 +21,7 @@ the scanner asks whether any valid frame follows it in the same file (a frame pa
 
 * no valid frame follows, and the file is the newest segment -> a torn tail (a write cut short by a
   crash); readers stop there silently and the next writer truncates it;
-* otherwise -> :class:`~wal.errors.CorruptRecordError` naming the file and byte offset. Sealed
+* otherwise -> :class:`~sparkwal.wal.errors.CorruptRecordError` naming the file and byte offset. Sealed
   segments are always fully synced before the next one opens, so they have no legitimate torn tail.
 """
 

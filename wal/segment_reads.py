@@ -1,6 +1,6 @@
 """Reading a log's records back: one record by its handle (one ``pread`` of its frame, both
 CRCs checked) and every record of a list of segments, oldest first (the frame format is
-:mod:`wal.segment`'s)."""
+:mod:`sparkwal.wal.segment`'s)."""
 
 from __future__ import annotations
 

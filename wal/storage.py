@@ -2,15 +2,15 @@
 
 Everything sparkwal persists (WAL segments, metadata logs, checkpoints) goes through a
 :class:`Storage`, and every guarantee of the seam is listed here, once. By job:
-:mod:`wal.backends` (the two backends), :mod:`wal.atomic` (fsync, atomic create and replace),
-:mod:`wal.locks` (locks, epochs), :mod:`wal.leases` (their object-store leases),
-:mod:`wal.append_files` (appends and their fsync).
+:mod:`sparkwal.wal.backends` (the two backends), :mod:`sparkwal.wal.atomic` (fsync, atomic create and replace),
+:mod:`sparkwal.wal.locks` (locks, epochs), :mod:`sparkwal.wal.leases` (their object-store leases),
+:mod:`sparkwal.wal.append_files` (appends and their fsync).
 ``resolve(url)`` picks the backend:
 
 * a plain path or ``file://`` URL -> :class:`LocalStorage`, straight ``os`` calls (so ``fsync`` means
   what it says and random reads are a cached-fd ``pread``);
 * ``faulty+file://`` + a local path -> the local storage failing on command, for fault tests and
-  drills (:mod:`wal.disk_faults`);
+  drills (:mod:`sparkwal.wal.disk_faults`);
 * any other URL -> :class:`FsspecStorage` over the fsspec filesystem registered for that protocol
   (``memory://``, ``s3://``, ... or a test double registered by a test).
 
@@ -53,9 +53,9 @@ is the same lock with a number:
   stops writing (fences itself) a fifth of the lease before it would expire unrenewed.
 
 Transient faults of remote stores (5xx, SlowDown, resets, timeouts) are retried by
-:mod:`wal.retry` under a per-operation deadline; on S3 each attempt is one request (botocore's and
+:mod:`sparkwal.wal.retry` under a per-operation deadline; on S3 each attempt is one request (botocore's and
 s3fs's own retries off, timeouts of half the deadline). ``faulty+file://`` is the local storage
-failing on command, for tests and drills (:mod:`wal.disk_faults`).
+failing on command, for tests and drills (:mod:`sparkwal.wal.disk_faults`).
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: ``sparkwal run APP``: the apps of :mod:`engine.apps`, each run with its own arguments.
+#: ``sparkwal run APP``: the apps of :mod:`sparkwal.engine.apps`, each run with its own arguments.
 APPS = {"wordcount": "sparkwal.engine.apps.wordcount"}
 
 
 def run_from_command(argv: list[str]) -> int:
     """``sparkwal run APP ARGS`` and ``sparkwal drill ARGS`` (``argv`` from ``run`` or ``drill`` on):
-    the app's own ``main(ARGS)``, its exit statuses (:mod:`engine.apps.arguments`) and its
+    the app's own ``main(ARGS)``, its exit statuses (:mod:`sparkwal.engine.apps.arguments`) and its
     ``--help``."""
     if argv[0] in ("ui", "status"):  # a checkpoint's event log: no Spark, so no app's main
         from .history import main

@@ -115,7 +115,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.drill") -> int:
-    """The drill; exit statuses in :mod:`engine.apps.arguments` (1: something was lost or counted
+    """The drill; exit statuses in :mod:`sparkwal.engine.apps.arguments` (1: something was lost or counted
     twice, or the app failed; 2: a mistake in the arguments or the environment, found before
     any JVM starts)."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,

@@ -5,10 +5,10 @@ kills and storage faults come at random; nothing may be lost or counted twice.
                            [--faults 6 | --duration S] [--seed 1] [--files 60] [--batch 1.0]
 
 A real S3-compatible server (moto) runs on 127.0.0.1 behind the fault proxy
-(:mod:`engine.apps.fault_proxy`); the main job (its checkpoint, WALs, batch log, lease and event
+(:mod:`sparkwal.engine.apps.fault_proxy`); the main job (its checkpoint, WALs, batch log, lease and event
 log on ``s3://``, ``spark.sparkwal.storage.deadline`` 4 s, a 10 s lease, files remembered for 2 h
 so that none falls out of the window while it is down) runs in its own process group, fed by its
-mode's source (:mod:`engine.apps.nemesis_workloads`: one file per batch interval, a reliable
+mode's source (:mod:`sparkwal.engine.apps.nemesis_workloads`: one file per batch interval, a reliable
 receiver's acknowledged lines, or a direct source's partitions), with ``updateStateByKey``
 running totals for files and the receiver. With ``--standby`` a hot standby runs beside it.
 Once the job has completed a batch newer than any before (it is back at work), a random 3-8 s
@@ -77,7 +77,7 @@ def plan(faults: int, rng: random.Random) -> list[str]:
 
 def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, mode: str = "files", standby: bool = False) -> dict:
-    """``mode``: the job's source (files, receiver, direct: :mod:`engine.apps.nemesis_workloads`).
+    """``mode``: the job's source (files, receiver, direct: :mod:`sparkwal.engine.apps.nemesis_workloads`).
     ``standby``: a hot standby always runs beside the active driver; a killed or stopped active
     driver's stream is taken over by it, and a fresh standby is started."""
     rng = random.Random(seed)

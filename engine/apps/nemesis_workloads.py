@@ -1,6 +1,6 @@
 """What the nemesis drill feeds the main job and how it checks the outputs, per source mode: the
-same sources and checks as the kill drills (:mod:`engine.apps.drill_runs` for files,
-:mod:`engine.apps.receiver_drill`, :mod:`engine.apps.direct_drill`).
+same sources and checks as the kill drills (:mod:`sparkwal.engine.apps.drill_runs` for files,
+:mod:`sparkwal.engine.apps.receiver_drill`, :mod:`sparkwal.engine.apps.direct_drill`).
 
 Each workload gives the job's extra arguments and environment, keeps its input coming until
 :meth:`stop_input`, says when everything offered is counted, and checks the outputs of all runs:

@@ -1,5 +1,5 @@
 """The main job's progress: one line per batch for people, or JSON-line events for tools
-(``--json``), and what a restart recovered and a run did (:mod:`engine.apps.wordcount`)."""
+(``--json``), and what a restart recovered and a run did (:mod:`sparkwal.engine.apps.wordcount`)."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@
   id, so a verifier knows what to expect). Without it, files are expected from elsewhere (the
   drill writes them).
 * ``--source receiver``: the input is lines ``r<id> <word> ...`` from a reliable receiver
-  (:class:`engine.receiver.acked_lines.AckedLineReceiver`, receiver WAL on). With ``--source-port``
+  (:class:`sparkwal.engine.receiver.acked_lines.AckedLineReceiver`, receiver WAL on). With ``--source-port``
   it connects to an :class:`AckedLineSource` there (the drill's; the secret in the environment
   variable named by ``--source-secret-env``); without it the job runs its own source, fed with
   ``--files`` x 3 lines.
 * ``--source filelog``: a direct stream (exactly once) over the append-only files of
-  ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`engine.apps.direct_wordcount`. With
+  ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`sparkwal.engine.apps.direct_wordcount`. With
   ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
   drill's appender). It also emits ``batch_committed`` events.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
@@ -32,7 +32,7 @@ batches a restart re-ran); with ``--json`` these are JSON events instead (``cont
 lines are left out unless ``--verbose``. SIGTERM or SIGINT, to the job or to its process group,
 stops it gracefully within ``spark.streaming.gracefulStopTimeout`` (batches not done by then are
 left to the restart). Runs until ``--seconds`` have passed (0: until stopped). A mistake in the
-arguments or the environment is one line and status 2 (:mod:`engine.apps.arguments`).
+arguments or the environment is one line and status 2 (:mod:`sparkwal.engine.apps.arguments`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import time
 
 from .wordcount_data import receiver_line, write_input_file
 
-#: kept for ``engine.wordcount``'s names (the progress line shows the records the engine counts)
+#: kept for ``sparkwal.engine.wordcount``'s names (the progress line shows the records the engine counts)
 BATCH_RECORDS: dict[int, int] = {}
 
 
@@ -174,7 +174,7 @@ def _fail(message: str, status: int) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.wordcount") -> int:
-    """The main job; exit statuses in :mod:`engine.apps.arguments` (a mistake: one line, status 2)."""
+    """The main job; exit statuses in :mod:`sparkwal.engine.apps.arguments` (a mistake: one line, status 2)."""
     from sparkwal.engine.apps import arguments as a
 
     ap = _parser(prog)

@@ -1,4 +1,4 @@
-"""The driver room: the machinery behind :class:`engine.StreamingContext`.
+"""The driver room: the machinery behind :class:`sparkwal.engine.StreamingContext`.
 
 :class:`Driver` owns the driver's state; each module here does one job on it:
 

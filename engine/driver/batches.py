@@ -1,4 +1,4 @@
-"""The context's side of the batch protocol (:mod:`engine.sources.batch_log`): which inputs are
+"""The context's side of the batch protocol (:mod:`sparkwal.engine.sources.batch_log`): which inputs are
 direct, when the offsets/commits logs are kept, planning and logging each batch."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The context's DStream checkpoints: what each one holds, and what follows once one is durable.
 
-A checkpoint's ``data`` (the file format itself is :mod:`checkpoint.checkpoint_file`'s)::
+A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.checkpoint_file`'s)::
 
     {"fingerprint", "graph": the graph's identity and description (a restart must match it),
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},

@@ -1,9 +1,9 @@
-"""The driver behind a :class:`engine.StreamingContext`: one object owning its state.
+"""The driver behind a :class:`sparkwal.engine.StreamingContext`: one object owning its state.
 
 ``StreamingContext`` keeps pyspark's API; everything that runs the stream works on a
 :class:`Driver`: the checkpoint directory and its storage options, the leadership and its epoch,
 the batch log, the state snapshots, the block and receiver trackers, the job generator and
-scheduler, and the :class:`~engine.driver.events.EventBus` that listeners subscribe to. The
+scheduler, and the :class:`~sparkwal.engine.driver.events.EventBus` that listeners subscribe to. The
 driver's modules read and change these attributes only through this object (a test walks the
 package's syntax trees to keep it so).
 
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 class Driver:
     """The state and lifecycle of one streaming driver. ``context`` is the
-    :class:`engine.StreamingContext` it runs for (what :meth:`StreamingContext.getActive`
-    returns); ``clock`` drives batch times (a :class:`wal.ManualClock` in tests)."""
+    :class:`sparkwal.engine.StreamingContext` it runs for (what :meth:`StreamingContext.getActive`
+    returns); ``clock`` drives batch times (a :class:`sparkwal.wal.ManualClock` in tests)."""
 
     #: The driver started in this process (one at a time, as Spark allows), under ``active_lock``.
     active: Driver | None = None
@@ -385,7 +385,7 @@ class Driver:
     def checkpoint_rdd(self, stream, time_ms: int, rdd: RDD) -> None:
         """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
         stream's RDD, when the driver checkpoints, is cut later by its snapshot instead (see
-        :mod:`engine.state.snapshots`); others are checkpointed locally (no files to clean up)."""
+        :mod:`sparkwal.engine.state.snapshots`); others are checkpointed locally (no files to clean up)."""
         if not (stream.must_checkpoint and self.checkpoint_dir is not None):
             rdd.localCheckpoint()
 

@@ -2,10 +2,10 @@
 
 What happens in a driver (a batch submitted, started, completed, an output operation run, a
 checkpoint written, a restart, a takeover, a fence, a receiver started, failing or stopped, the
-app falling behind) is posted as one of :mod:`engine.listener`'s events. Subscribers are
-:class:`engine.listener.StreamingListener` objects (``StreamingContext.addStreamingListener``
+app falling behind) is posted as one of :mod:`sparkwal.engine.listener`'s events. Subscribers are
+:class:`sparkwal.engine.listener.StreamingListener` objects (``StreamingContext.addStreamingListener``
 subscribes one; so do the driver's own watchers), each called on the callback the event names
-(:data:`engine.listener.CALLBACKS`), in the order they subscribed, on the thread that posts
+(:data:`sparkwal.engine.listener.CALLBACKS`), in the order they subscribed, on the thread that posts
 (the scheduler's, the checkpoint writer's, the receiver tracker's): keep callbacks short. A
 subscriber that raises is logged and the others still hear of the event, as Spark's
 ``StreamingListenerBus`` does.

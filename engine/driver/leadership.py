@@ -1,7 +1,7 @@
 """The driver's leadership of its checkpoint directory: taking it, waiting for it, keeping it.
 
 One driver leads a checkpoint directory at a time, at an epoch that only grows (the lock and the
-epoch live in :meth:`wal.Storage.lead`). The leader writes every log under the directory (DStream
+epoch live in :meth:`sparkwal.wal.Storage.lead`). The leader writes every log under the directory (DStream
 checkpoints, offsets and commits, the tracker's WAL, state snapshot manifests) under that one
 leadership, so no second, longer lock can hold a takeover up.
 
@@ -14,7 +14,7 @@ leadership, so no second, longer lock can hold a takeover up.
 * The leader renews its lease (object stores) on a thread every third of
   ``spark.streaming.driver.leaseTimeout`` (default 30s); when renewal shows it lost the leadership,
   or it could not renew in time, the context is fenced: it stops at once and
-  ``awaitTermination`` raises :class:`wal.FencedError`.
+  ``awaitTermination`` raises :class:`sparkwal.wal.FencedError`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ LOCAL_POLL_S = 0.01
 
 class DriverAlreadyActiveError(RuntimeError):
     """Another live driver leads this checkpoint directory (start it with ``standby=True`` to
-    wait for it instead); ``leader`` (a ``wal.storage.LeaderInfo``) says which."""
+    wait for it instead); ``leader`` (a ``sparkwal.wal.storage.LeaderInfo``) says which."""
 
     def __init__(self, message: str, leader=None):
         super().__init__(message)

@@ -1,4 +1,4 @@
-"""What a driver shows of itself: its events recorded (:mod:`engine.ui.recorder`) into its run's
+"""What a driver shows of itself: its events recorded (:mod:`sparkwal.engine.ui.recorder`) into its run's
 status, its metrics and its checkpoint's event log, served at ``StreamingContext.uiWebUrl``.
 
 Conf keys: ``spark.ui.enabled`` (Spark's; "false": no server, ``uiWebUrl`` None; events are still

@@ -238,7 +238,7 @@ def spark_job_ids(sc, group: str) -> tuple[int, ...]:
 class JobGenerator:
     """Turns batch times into job sets; clears metadata and checkpoints, in order.
 
-    A batch whose state would reach back too far (:meth:`engine.state.snapshots.StateSnapshots.
+    A batch whose state would reach back too far (:meth:`sparkwal.engine.state.snapshots.StateSnapshots.
     generation_waits`) is held, with every later one, until the batches in flight are done and
     their snapshots have cut the lineage; it is then generated from the state read back. A held
     batch takes the inputs that arrived until it is generated (receiver blocks, direct ranges,

@@ -11,10 +11,10 @@ directory, no output), and keeps itself ready:
 * **tailing**, on a thread of its own: it reads the newest DStream checkpoint whenever a newer one
   appears, applies it to its graph (inputs' remembered files, state snapshot references), and
   reads the state a takeover from it would start from into its executors, cached
-  (:meth:`engine.state.snapshots.StateSnapshots.preload`: a delta snapshot is applied to the
+  (:meth:`sparkwal.engine.state.snapshots.StateSnapshots.preload`: a delta snapshot is applied to the
   state held, only a full one is read whole), so a takeover re-reads only what was written since.
   Listeners get ``onStandbyReady`` once the warm-up and the first of these reads are done;
-* **polling** the leadership (:meth:`engine.driver.leadership.DriverLeadership.wait_for`) on another
+* **polling** the leadership (:meth:`sparkwal.engine.driver.leadership.DriverLeadership.wait_for`) on another
   thread, so that no job of the tail delays it: every 10 ms on a local directory, at the lease's
   expiry on an object store.
 

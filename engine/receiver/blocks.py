@@ -6,10 +6,10 @@ tasks, never taken from a network peer.
 
 * Receiver WAL on (``spark.streaming.receiver.writeAheadLog.enable``, the default with a
   checkpoint): each block is one record of ``<checkpoint>/receivedData/<streamId>-e<epoch>/``
-  (``<streamId>/`` for a driver without a leadership epoch), a :class:`wal.FileBasedWriteAheadLog`
+  (``<streamId>/`` for a driver without a leadership epoch), a :class:`sparkwal.wal.FileBasedWriteAheadLog`
   (durable, CRC-checked), written before the block is reported; the report carries the record's
   handle, its segment named relative to the checkpoint directory (``receivedData/0-e1/log-...``:
-  :mod:`checkpoint.layout`), so any executor, or the next driver, reads the block back by handle
+  :mod:`sparkwal.checkpoint.layout`), so any executor, or the next driver, reads the block back by handle
   from wherever the checkpoint is now. The epoch in the directory's name fences receivers: a receiver of a driver that lost
   the leadership (paused, then resumed) writes only into its own epoch's directory, which no
   later driver's tracker references, and never holds up the new receiver with its WAL lock;

@@ -62,7 +62,7 @@ class ReceiverInputDStream(InputDStream):
 
     def _segment_path(self, name: str) -> str:
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
-        checkpoint directory, wherever it is now: :mod:`checkpoint.layout`)."""
+        checkpoint directory, wherever it is now: :mod:`sparkwal.checkpoint.layout`)."""
         driver = self._ssc.driver
         storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
         own = CheckpointLayout(driver.checkpoint_dir).own_name(name)

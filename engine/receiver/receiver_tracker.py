@@ -2,7 +2,7 @@
 (streaming/src/main/scala/org/apache/spark/streaming/scheduler/ReceiverTracker.scala).
 
 It owns the endpoint receivers connect to, runs every receiver as a one-partition Spark job
-placed by :class:`tracker.ReceiverSchedulingPolicy`, and starts it again (as a new job, wherever
+placed by :class:`sparkwal.tracker.ReceiverSchedulingPolicy`, and starts it again (as a new job, wherever
 the policy and the scheduler allow) whenever that job ends while the context runs: local mode
 does not retry failed tasks, and a retried attempt exits at once anyway. It records reported
 blocks in the context's ReceivedBlockTracker (the driver's WAL), publishes rate limits

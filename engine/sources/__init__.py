@@ -1,5 +1,5 @@
 """Direct (receiver-less) sources: replayable by offset range, read by tasks, exactly once with
-the batch protocol of :mod:`engine.sources.batch_log`."""
+the batch protocol of :mod:`sparkwal.engine.sources.batch_log`."""
 
 from .batch_log import BatchLog, BatchLogStatistics
 from .direct import DirectInputDStream

@@ -25,7 +25,7 @@ at all there is no commit, and every logged batch re-runs on fresh state.
 
 On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
 
-* ``offsets/<id>``: :class:`checkpoint.OffsetSeq` version 1: the metadata line
+* ``offsets/<id>``: :class:`sparkwal.checkpoint.OffsetSeq` version 1: the metadata line
   ``{"batchWatermarkMs":0,"batchTimestampMs":<batch time ms>,"conf":{...}}``, then one line per
   direct input (input order): the batch's END offset of every partition the input knows, as
   Spark's Kafka source writes them: ``{"<topic>":{"<partition>":<offset>,...}}``. A batch's
@@ -33,7 +33,7 @@ On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
   else (a partition that appeared later) at the source's earliest offset.
 * ``sources/<input id>/0``: ``v1`` and the same JSON: where the input started (Spark's Kafka
   source keeps its initial offsets there too).
-* ``commits/<id>``: :class:`checkpoint.CommitMetadata` version 1, ``{"nextBatchWatermarkMs":0}``.
+* ``commits/<id>``: :class:`sparkwal.checkpoint.CommitMetadata` version 1, ``{"nextBatchWatermarkMs":0}``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ ends at the source's latest offset, limited by the rate (Spark's ``maxMessagesPe
   partition gets at least ``spark.streaming.kafka.minRatePerPartition`` (1) records per batch.
 
 With a checkpoint, the plan goes to the offset log before any job runs, and a re-run batch takes
-its ranges from there (:mod:`engine.sources.batch_log`). A source that changed under the stream
+its ranges from there (:mod:`sparkwal.engine.sources.batch_log`). A source that changed under the stream
 is checked here: a partition that disappears with records the stream never read, or whose latest
 offset went below what a batch already planned, is a :class:`DataLossError` (``failOnDataLoss``,
 default True; False logs a warning and goes on: a vanished partition is forgotten, one that went

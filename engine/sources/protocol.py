@@ -2,12 +2,12 @@
 
 A :class:`ReplayableSource` is asked on the driver which partitions exist and how far each one
 goes; a batch is then a planned ``[from, until)`` range per partition, written ahead to the offset
-log (:mod:`engine.sources.batch_log`), and read by a task straight from the source. Reading the
+log (:mod:`sparkwal.engine.sources.batch_log`), and read by a task straight from the source. Reading the
 same range twice gives the same records: that is what makes a re-run batch after a driver crash
 identical to the first run.
 
 Offsets are non-negative integers that only grow (Kafka offsets, line numbers). A partition is a
-``(topic, partition)`` pair: Kafka's, or for a :class:`~engine.sources.FileLogSource` its
+``(topic, partition)`` pair: Kafka's, or for a :class:`~sparkwal.engine.sources.FileLogSource` its
 directory's name and a file name.
 """
 

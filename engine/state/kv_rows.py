@@ -1,9 +1,9 @@
 """How a stateful stream whose RDDs are its state as ``(key, value)`` records (updateStateByKey,
 the incremental windowed reduce) becomes snapshot rows and comes back from them.
 
-Every stateful stream answers the same four questions (:class:`engine.state.snapshots.
+Every stateful stream answers the same four questions (:class:`sparkwal.engine.state.snapshots.
 StateSnapshots` asks them); mapWithState answers them its own way
-(:mod:`engine.state.map_with_state`).
+(:mod:`sparkwal.engine.state.map_with_state`).
 """
 
 from __future__ import annotations

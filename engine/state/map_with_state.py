@@ -9,7 +9,7 @@ records' order within their partition, then once for every key idle for longer t
 Keys without new data are not touched: each partition's update times are kept in update order, so
 finding the idle keys, and the keys a delta snapshot must write, costs the keys found, not the
 state's size; and a partition is carried from batch to batch as a base plus per-batch layers, live
-in the Python worker that last updated it (:mod:`engine.state.state_map`), so that a batch neither
+in the Python worker that last updated it (:mod:`sparkwal.engine.state.state_map`), so that a batch neither
 unpickles nor pickles the whole state when its worker kept it.
 
 Differences from Spark, on purpose: idle keys time out in the first batch after their timeout,

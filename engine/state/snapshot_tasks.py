@@ -1,5 +1,5 @@
 """Writing and reading state snapshots with Spark's tasks (the files' format is
-:mod:`checkpoint.state_files`').
+:mod:`sparkwal.checkpoint.state_files`').
 
 Each task writes or reads its own partition's part, straight from or into the state cache: no
 record goes through the driver, and no JVM object file (SequenceFile + Java serialisation) path
@@ -42,7 +42,7 @@ def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, pa
     left (of any epoch: none is referenced, or this one would not be written); return its manifest.
     ``storage_options`` go to the tasks too. ``fence``: the driver's leadership, checked before the
     driver deletes or writes anything (its epoch is recorded; ``url`` names it, see
-    :mod:`checkpoint.state_files`)."""
+    :mod:`sparkwal.checkpoint.state_files`)."""
     if fence is not None:
         fence.check()
     storage, path = resolve(url, storage_options)

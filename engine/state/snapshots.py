@@ -2,8 +2,8 @@
 a checkpoint needs.
 
 At every checkpoint-interval time a stateful stream's state is written (by Spark's tasks; the
-files' format is :mod:`checkpoint.state_files`', the checkpoint's entry
-:mod:`checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
+files' format is :mod:`sparkwal.checkpoint.state_files`', the checkpoint's entry
+:mod:`sparkwal.checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
 previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
 ``spark.sparkwal.state.deltasPerFull`` deltas (default 10), when its deltas together are as
 large as its full snapshot (so a restart reads at most about twice the state), or when the state's
@@ -23,7 +23,7 @@ to run would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs b
 checkpointed one in place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits`
 names the batches that would reach back further than the next cut can be due (``maxLineageBatches``
 plus a checkpoint interval): the generator holds them until the cut is made
-(:class:`engine.driver.scheduler.JobGenerator`), so no task's lineage is ever longer, whatever the
+(:class:`sparkwal.engine.driver.scheduler.JobGenerator`), so no task's lineage is ever longer, whatever the
 backlog. A Java thread's stack deserializes such a task's RDDs recursively: the soak's driver died
 of a StackOverflowError with ~160 batches of lineage queued at 1 s batches.
 
@@ -122,7 +122,7 @@ class StateSnapshots:
 
     def restore(self, data: dict) -> None:
         """From a checkpoint's ``state`` entry: each snapshot located in this checkpoint directory,
-        wherever it was written (:mod:`checkpoint.layout`)."""
+        wherever it was written (:mod:`sparkwal.checkpoint.layout`)."""
         layout = CheckpointLayout(self._driver.checkpoint_dir)
         elsewhere = layout.written_at(state_names(data))
         if elsewhere is not None:
@@ -214,7 +214,7 @@ class StateSnapshots:
         into RDDs cached in this driver's executors (the caller materialises the returned new ones
         now, so that the takeover's first batch finds them there, then calls
         :meth:`drop_unwanted`). A delta whose base is held already is applied to it, partition by
-        partition (:func:`engine.state.snapshot_tasks.apply_delta`): the standby reads only the keys changed
+        partition (:func:`sparkwal.engine.state.snapshot_tasks.apply_delta`): the standby reads only the keys changed
         since its last look, and the whole state only at a full snapshot."""
         self._wanted, new = set(), []
         for index, state in self.by_stream.items():
@@ -231,7 +231,7 @@ class StateSnapshots:
 
     def _advance(self, stream, index: int, state: StreamState, t: int):
         """The state at delta ``t`` from preloaded state of its chain and the deltas after it
-        (:func:`engine.state.snapshot_tasks.apply_delta`), or None when none of its chain is held."""
+        (:func:`sparkwal.engine.state.snapshot_tasks.apply_delta`), or None when none of its chain is held."""
         chain = state.chain(t)
         for start in range(len(chain) - 2, -1, -1):
             held = self._preloaded.get((index, chain[start].time_ms))

@@ -1,5 +1,5 @@
 """The driver's events, recorded: one listener turns each into an event record
-(:mod:`checkpoint.event_log`'s format) and hands it to the run's status (the page and the REST
+(:mod:`sparkwal.checkpoint.event_log`'s format) and hands it to the run's status (the page and the REST
 API), its metrics and, for a driver with a checkpoint, its event log.
 
 It runs on the threads that post (the scheduler's, the checkpoint writer's, the receiver

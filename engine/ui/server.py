@@ -2,7 +2,7 @@
 
 Only GET and HEAD are answered (any other method: 405). Every length is bounded: the request
 line and headers by http.server's own limits (64 KiB a line, 100 headers), the target by
-:data:`engine.ui.routes.MAX_TARGET`; a client that sends nothing for ``TIMEOUT_S`` is dropped.
+:data:`sparkwal.engine.ui.routes.MAX_TARGET`; a client that sends nothing for ``TIMEOUT_S`` is dropped.
 Whatever a request holds, the answer is a 2xx, 3xx or 4xx, never a crash of the driver.
 """
 

@@ -1,6 +1,6 @@
 """What one driver run did, kept in memory and shown as Spark's streaming REST API shows it.
 
-A :class:`RunStatus` is fed the event records of :mod:`checkpoint.event_log` (the live driver's
+A :class:`RunStatus` is fed the event records of :mod:`sparkwal.checkpoint.event_log` (the live driver's
 recorder hands it the same records it writes; ``sparkwal ui`` replays a run's log into one), so
 the live page and a dead app's history are built by the same code. It holds at most
 ``retained_batches`` completed batches (Spark's ``spark.streaming.ui.retainedBatches``) and as
