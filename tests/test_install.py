@@ -38,8 +38,11 @@ def installed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("install")
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", ROOT)
     (wheel,) = (root / "wheel").glob("sparkwal-*.whl")
-    tops = {n.split("/", 1)[0] for n in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"sparkwal"}, tops  # one import package
+    assert {"sparkwal/cli.py", "sparkwal/wal/storage.py", "sparkwal/engine/context.py",
+            "sparkwal/engine/apps/log4j2-quiet.properties"} <= set(names)
     run(sys._base_executable, "-m", "venv", root / "venv")
     run(root / "venv" / "bin" / "pip", "install", "-q", wheel, f"pyspark=={pyspark.__version__}")
     return root / "venv" / "bin"
