@@ -190,6 +190,8 @@ def checkpoint_copy(args) -> int:
     """``sparkwal checkpoint copy SRC DST``: :func:`sparkwal.checkpoint.copy.copy_checkpoint`, verified."""
     from sparkwal.checkpoint.copy import CopyError, copy_checkpoint
 
+    from .received import lost_blocks
+
     require_directory(args, "checkpoint")
     try:
         r = copy_checkpoint(args.dir, args.dst, source_options=storage_options(args.storage_option),
@@ -198,6 +200,8 @@ def checkpoint_copy(args) -> int:
         emit(args, {"source": args.dir, "destination": args.dst, "error": str(e), "ok": False},
              [f"FAILED: {e}"])
         return PROBLEM
+    # verified as checkpoint verify verifies: the received blocks its batches need too
+    r.problems.extend(b.describe() for b in lost_blocks(r.destination, storage_options(args.dst_storage_option)))
     resumes = (f"a restart resumes from the checkpoint of batch {when(r.checkpoint_time_ms)}"
                if r.checkpoint_time_ms is not None else "no DStream checkpoint yet: its logs only")
     lines = [f"PROBLEM: {p}" for p in r.problems]
