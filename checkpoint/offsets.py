@@ -47,7 +47,7 @@ def _read_json_object(text: str) -> dict:
 class _Remembers:
     """Mixin: ``source_bytes`` is set when a value is read from a file (excluded from equality)."""
 
-    def _remember(self, data: bytes):
+    def with_source_bytes(self, data: bytes):
         object.__setattr__(self, "source_bytes", data)
         return self
 
@@ -108,7 +108,7 @@ class OffsetSeqLog(MetadataLog["OffsetSeq | OffsetMap"]):
         return "\n".join(lines).encode()
 
     def decode(self, data: bytes, path: str) -> OffsetSeq | OffsetMap:
-        return super().decode(data, path)._remember(data)
+        return super().decode(data, path).with_source_bytes(data)
 
     def parse(self, version: int, lines: list[str], path: str) -> OffsetSeq | OffsetMap:
         meta_line = lines[0].strip() if lines else ""
@@ -150,7 +150,7 @@ class CommitLog(MetadataLog[CommitMetadata]):
         return f"v2\n{json.dumps(body, **_COMPACT)}".encode()
 
     def decode(self, data: bytes, path: str) -> CommitMetadata:
-        return super().decode(data, path)._remember(data)
+        return super().decode(data, path).with_source_bytes(data)
 
     def parse(self, version: int, lines: list[str], path: str) -> CommitMetadata:
         obj = _read_json_object(lines[0]) if lines and lines[0].strip() else {}

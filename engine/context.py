@@ -323,7 +323,7 @@ class StreamingContext:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
         ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
-        ssc._driver.standby_requested = standby
+        ssc.driver.standby_requested = standby
         return ssc
 
     @staticmethod
@@ -343,11 +343,11 @@ def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> Stre
     sc, program = load_program(checkpoint, path, storage_options)
     ssc = StreamingContext(sc, program.batch_ms / 1000, concurrentJobs=program.concurrent_jobs,
                            clock=clock)
-    ssc._driver.graph = program.graph
+    ssc.driver.graph = program.graph
     for stream in program.graph.streams:
         stream.attach(ssc)
     ssc.checkpoint(path, storage_options=storage_options)
-    restore(ssc._driver, checkpoint)
+    restore(ssc.driver, checkpoint)
     _warn_if_written_by_another_app(checkpoint, path, sc)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
@@ -388,13 +388,13 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
                 raise
             log.info("%s; reading the newest checkpoint again", e)
             continue
-        ssc._driver.recovery = "checkpoint"
+        ssc.driver.recovery = "checkpoint"
         return ssc
     ssc = setup()
-    if ssc._driver.checkpoint_dir is None:
+    if ssc.driver.checkpoint_dir is None:
         ssc.checkpoint(path, storage_options=storage_options)
     if checkpoint is not None:
-        restore(ssc._driver, checkpoint)
+        restore(ssc.driver, checkpoint)
         _warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
-        ssc._driver.recovery = "upgrade"
+        ssc.driver.recovery = "upgrade"
     return ssc

@@ -68,7 +68,7 @@ class DStream(StreamMachinery):
             return build
         return register
 
-    def _stateful(self, name: str, *args) -> DStream:
+    def stateful_stream(self, name: str, *args) -> DStream:
         build = DStream.operations.get(name)
         if build is None:
             raise RuntimeError(f"{name} is defined in engine.state, which is not imported "
@@ -299,7 +299,7 @@ class DStream(StreamMachinery):
             joined = a.leftOuterJoin(b, n)
             return joined.mapValues(lambda vs: invFunc(vs[0], vs[1]) if vs[1] is not None else vs[0])
 
-        return reduced._stateful("reduceByKeyAndWindow", reduce_func, inv_reduce_func,
+        return reduced.stateful_stream("reduceByKeyAndWindow", reduce_func, inv_reduce_func,
                                  to_ms(windowDuration), slide)
 
     def updateStateByKey(self, updateFunc: Callable, numPartitions: int | None = None,
@@ -307,13 +307,13 @@ class DStream(StreamMachinery):
         """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(initialRDD)
-        return self._stateful("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD)
+        return self.stateful_stream("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD)
 
     def mapWithState(self, spec) -> DStream:
         """Spark's mapWithState: ``spec`` (a :class:`sparkwal.engine.StateSpec`) calls its function once per
         record of a batch and once per key timing out; the result is the stream of the values it
         returns, with ``stateSnapshots()`` for the state itself."""
-        return self._stateful("mapWithState", spec)
+        return self.stateful_stream("mapWithState", spec)
 
 
 class TransformedDStream(DStream):

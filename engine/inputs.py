@@ -41,7 +41,7 @@ class QueueInputDStream(InputDStream):
 
     #: The queued RDDs live in the driver that queued them: a recovered queue stream starts
     #: empty (Spark refuses to checkpoint queue streams at all).
-    _transient = (*InputDStream._transient, "_queue", "_default", "_queue_lock")
+    transient_fields = (*InputDStream.transient_fields, "_queue", "_default", "_queue_lock")
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -188,7 +188,7 @@ class FileInputDStream(InputDStream):
     MIN_REMEMBER_MS = 60_000
     storage_options: dict | None = None  # streams pickled before it existed read local paths
     MTIME_SLACK_MS = 2_000
-    _transient = (*InputDStream._transient, "_files_lock", "_counts")
+    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts")
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)

@@ -38,17 +38,17 @@ class StreamMachinery:
     # ------------------------------------------------------------------ pickling (the code part)
 
     #: What a pickled stream leaves out: its context and what lives only in a running driver.
-    _transient = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
+    transient_fields = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in self._transient:
+        for name in self.transient_fields:
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        for name in self._transient:
+        for name in self.transient_fields:
             setattr(self, name, None)
         self.generated_rdds, self._superseded, self.lineage_from = {}, {}, {}
         self._lock = threading.RLock()

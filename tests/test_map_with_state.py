@@ -100,7 +100,7 @@ def test_a_timing_out_state_cannot_be_updated_or_removed(spark_context):
 
 def test_state_object_rules():
     st = State()
-    st._wrap(False, None)
+    st.wrap(False, None)
     assert not st.exists() and st.getOption() is None
     with pytest.raises(LookupError, match="State is not set"):
         st.get()

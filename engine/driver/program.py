@@ -4,7 +4,7 @@ pyspark's contract for ``StreamingContext.getOrCreate`` is that the setup functi
 there is no checkpoint; otherwise the context, functions included, comes back from it. So when a
 context with a checkpoint directory starts, its graph is pickled with pyspark's cloudpickle (the
 streams leave out their context and everything that lives only in a running driver: see
-``DStream._transient``) and stored as the checkpoint's code part (format and file rules in
+``DStream.transient_fields``) and stored as the checkpoint's code part (format and file rules in
 :mod:`sparkwal.checkpoint.code`); every DStream checkpoint names the code part it goes with and carries the
 SparkConf to recover with (data, readable without unpickling). Recovering unpickles the graph and
 binds it to a new context on the active SparkContext, or on one made from that conf.

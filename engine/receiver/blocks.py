@@ -42,7 +42,7 @@ import threading
 from dataclasses import dataclass
 
 from sparkwal.checkpoint.layout import CheckpointLayout
-from sparkwal.wal import Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
+from sparkwal.wal import SYSTEM_CLOCK, Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
 
 from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
 
@@ -179,9 +179,9 @@ class WalBlockHandler:
         self._earlier = earlier_wal_dirs(checkpoint_dir, stream_id, epoch, storage_options)
         self._storage_options = storage_options
         self._stopped = stopped or threading.Event()
+        self._clock = clock or SYSTEM_CLOCK
         self._wal = FileBasedWriteAheadLog(self.wal_dir, rolling_interval_s=rolling_interval_s,
-                                           storage_options=storage_options, clock=clock)
-        self._clock = self._wal._clock
+                                           storage_options=storage_options, clock=self._clock)
 
     def store(self, block_id: str, data: bytes) -> RecordHandle:
         """Durable when it returns. A previous receiver of this stream that still holds the WAL's

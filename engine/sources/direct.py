@@ -66,7 +66,7 @@ class DirectInputDStream(InputDStream):
     """``ssc.directStream(source)``: one RDD partition per source partition with new records;
     each batch's RDD answers ``offsetRanges()``."""
 
-    _transient = (*InputDStream._transient, "_planned", "_ends", "_seen", "_plan_lock",
+    transient_fields = (*InputDStream.transient_fields, "_planned", "_ends", "_seen", "_plan_lock",
                   "_rate_controller", "_log")
 
     def __init__(self, ssc, source: ReplayableSource, fromOffsets: dict | None = None,

@@ -33,7 +33,8 @@ class State:
 
     __slots__ = ("_exists", "_value", "_updated", "_removed", "_timing_out")
 
-    def _wrap(self, exists: bool, value, timing_out: bool = False) -> None:
+    def wrap(self, exists: bool, value, timing_out: bool = False) -> None:
+        """Show the function this key's state (the engine's call, Spark's ``StateImpl.wrap``)."""
         self._exists, self._value = exists, value
         self._updated = self._removed = False
         self._timing_out = timing_out
@@ -65,6 +66,13 @@ class State:
 
     def isTimingOut(self) -> bool:
         return self._timing_out
+
+    def isRemoved(self) -> bool:
+        """The function removed the state (read by the engine, as Spark's ``StateImpl``)."""
+        return self._removed
+
+    def isUpdated(self) -> bool:
+        return self._updated
 
     def __repr__(self) -> str:
         return f"State({self._value!r})" if self._exists else "State(<none>)"
@@ -102,6 +110,21 @@ class StateSpec:
         self._timeout_ms = to_ms(idleDuration)
         return self
 
+    # what the engine reads (Spark's StateSpecImpl getters)
+
+    def getFunction(self):
+        return self._func
+
+    def getInitialStateRDD(self):
+        return self._initial
+
+    def getNumPartitions(self) -> int | None:
+        return self._partitions
+
+    def getTimeoutInterval(self) -> int | None:
+        """The idle timeout in milliseconds (None: none)."""
+        return self._timeout_ms
+
 
 LIVE_KEYS_CONF = "spark.sparkwal.state.liveKeysPerWorker"  # see engine/state/state_map.py
 
@@ -122,17 +145,17 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
         if state is None:
             raise _no_state(index, batch_ms)
         values = state.values
-        st._wrap(key in values, values.get(key))
+        st.wrap(key in values, values.get(key))
         mapped.append(func(key, value, st))
-        if st._removed:
+        if st.isRemoved():
             state.remove(key, batch_ms)
-        elif st._updated or (st._exists and timeout_ms is not None):
-            state.put(key, st._value, batch_ms)
+        elif st.isUpdated() or (st.exists() and timeout_ms is not None):
+            state.put(key, st.getOption(), batch_ms)
     if state is None:
         raise _no_state(index, batch_ms)
     if timeout_ms is not None:
         for key in state.idle_before(batch_ms - timeout_ms):
-            st._wrap(True, state.values[key], timing_out=True)
+            st.wrap(True, state.values[key], timing_out=True)
             mapped.append(func(key, None, st))
             state.remove(key, batch_ms)
     state.forget_removals_before(forget_before_ms)
@@ -179,16 +202,16 @@ def _by_partition(rdd: RDD, n: int) -> RDD:
 class InternalMapWithStateDStream(DStream):
     """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
 
-    _transient = (*DStream._transient, "_initial")  # a restart restores the state instead
+    transient_fields = (*DStream.transient_fields, "_initial")  # a restart restores the state instead
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
 
     def __init__(self, ssc, parent: DStream, spec: StateSpec):
         super().__init__(ssc, [parent])
-        self._func = spec._func
-        self._initial = spec._initial
-        self.num_partitions = spec._partitions or self._sc.defaultParallelism
-        self.timeout_ms = spec._timeout_ms
+        self._func = spec.getFunction()
+        self._initial = spec.getInitialStateRDD()
+        self.num_partitions = spec.getNumPartitions() or self._sc.defaultParallelism
+        self.timeout_ms = spec.getTimeoutInterval()
         self.must_checkpoint = True
         self.storage_level = StorageLevel.MEMORY_ONLY
         self._uid = uuid.uuid4().hex  # names this run's live maps in the workers

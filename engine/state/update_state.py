@@ -58,7 +58,7 @@ class StateDStream(KeyValueState, DStream):
     """updateStateByKey: the state at ``t`` = ``func(state at t - slide, batch at t)``."""
 
     state_operator = "updateStateByKey"
-    _transient = (*DStream._transient, "_initial")  # a restart restores the state instead
+    transient_fields = (*DStream.transient_fields, "_initial")  # a restart restores the state instead
 
     def __init__(self, ssc, parent: DStream, func, initial: RDD | None):
         super().__init__(ssc, [parent])
