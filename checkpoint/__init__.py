@@ -6,17 +6,17 @@ Built on the storage seam of :mod:`sparkwal.wal.storage` (atomic create-if-absen
 from .code import read_code, write_code
 from .checkpoint_file import (Checkpoint, CheckpointFollower, CheckpointWriter, CheckpointWriterStatistics,
                               read_checkpoint)
-from .errors import (BatchRangeError, CheckpointError, MalformedLogError, RestartError,
-                     UnsupportedLogVersionError)
+from .errors import (BatchRangeError, CheckpointError, CheckpointMismatchError, MalformedLogError,
+                     MissingCodePartError, RestartError, SnapshotError, UnsupportedLogVersionError)
 from .metadata_log import MetadataLog, parse_version, verify_batch_ids
 from .offsets import CommitLog, CommitMetadata, OffsetMap, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
 from .resume import RepairPlan, RestartPoint, plan_repair, repair, resolve_restart
 
 __all__ = [
     "CheckpointFollower",
-    "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointWriter",
-    "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog",
+    "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointMismatchError", "CheckpointWriter",
+    "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog", "MissingCodePartError",
     "OffsetMap", "OffsetSeq", "OffsetSeqLog", "OffsetSeqMetadata", "RepairPlan", "RestartError",
-    "RestartPoint", "UnsupportedLogVersionError", "parse_version", "plan_repair", "read_checkpoint",
+    "RestartPoint", "SnapshotError", "UnsupportedLogVersionError", "parse_version", "plan_repair", "read_checkpoint",
     "read_code", "repair", "resolve_restart", "verify_batch_ids", "write_code",
 ]

@@ -30,7 +30,7 @@ from crc32c import crc32c
 from sparkwal.wal.storage import resolve
 
 from .envelope import open_envelope
-from .errors import CheckpointError
+from .errors import CheckpointError, MissingCodePartError
 from .layout import CODE_PREFIX
 
 MAGIC = b"SWCODE"
@@ -76,8 +76,8 @@ def read_code(directory: str, name: str, storage_options: dict | None = None) ->
     try:
         blob = storage.read_file(path)
     except FileNotFoundError:
-        raise CheckpointError(f"{storage.url(path)}: the code part named by the checkpoint is "
-                              "missing") from None
+        raise MissingCodePartError(f"{storage.url(path)}: the code part named by the checkpoint is "
+                                   "missing") from None
     body = decode_code(blob, storage.url(path))
     if code_name(body) != name:
         raise CheckpointError(f"{storage.url(path)}: its content does not match its name")

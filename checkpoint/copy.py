@@ -66,7 +66,7 @@ class CopyReport:
     problems: list[str] = field(default_factory=list)  #: what verifying the copy found
 
 
-class _Race(Exception):
+class _Race(CopyError):
     """Something C needs went from the source before it was copied."""
 
 

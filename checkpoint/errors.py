@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from sparkwal.errors import SparkwalError
 
-class CheckpointError(Exception):
+
+class CheckpointError(SparkwalError):
     """Base class of every checkpoint-layer error."""
 
 
@@ -34,7 +36,21 @@ class RestartError(CheckpointError):
     """The offset and commit logs do not determine where to restart; says what to do."""
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(CheckpointError, ValueError):
     """The checkpoint was written by a different program: another DStream graph or batch
-    duration, or an offset log that does not go with it. Not a :class:`CheckpointError` (the
-    checkpoint is sound; the program is not the one that wrote it)."""
+    duration, or an offset log that does not go with it (the checkpoint may be sound; the program
+    is not the one that wrote it). A ``ValueError`` too, as it always was."""
+
+
+class ConcurrentUpdateError(CheckpointError, RuntimeError):
+    """Another driver wrote the same batch of a log: two contexts write one checkpoint directory
+    (Spark's ``ConcurrentModificationException`` of the offset log)."""
+
+
+class MissingCodePartError(CheckpointError):
+    """The code part a checkpoint names is gone: a running driver deleted it after writing a
+    newer checkpoint (which names its own), so reading the newest checkpoint again finds it."""
+
+
+class SnapshotError(CheckpointError, RuntimeError):
+    """A snapshot is missing, incomplete or damaged (the message names the file)."""

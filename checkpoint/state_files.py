@@ -45,6 +45,8 @@ import pyarrow as pa
 
 from sparkwal.wal.storage import resolve
 
+from .errors import SnapshotError  # noqa: F401  (raised here; re-exported where it was)
+
 VERSION = 2
 COMPRESSION = "zstd"
 BATCH_ROWS = 65_536
@@ -52,10 +54,6 @@ PICKLED = b"sparkwal.pickled"
 _SCALARS = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(), bytes: pa.binary()}
 _PLAIN = (pa.types.is_string, pa.types.is_int64, pa.types.is_float64, pa.types.is_boolean,
           pa.types.is_binary, pa.types.is_null)
-
-
-class SnapshotError(RuntimeError):
-    """A snapshot is missing, incomplete or damaged (the message names the file)."""
 
 
 def part_name(base: str, i: int) -> str:

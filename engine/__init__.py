@@ -26,6 +26,7 @@ _HOMES = {
         "StreamingListenerStandbyReady", "StreamingListenerStreamingStarted"],
     ".driver.leadership": ["DriverAlreadyActiveError"],
     ".environment": ["EnvironmentShippingError", "prepare_conf"],
+    ".errors": ["EngineError", "StateError"],
     ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],
     ".state.snapshot_tasks": ["SnapshotError"],
     ".state.map_with_state": ["State", "StateSpec"],

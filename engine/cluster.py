@@ -38,6 +38,7 @@ from sparkwal.wal.retry import DEADLINE_ENV
 
 from .compat import supports
 from .durations import parse_duration_ms
+from .errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def probe(_):
 '''
 
 
-class ExecutorEnvironmentError(RuntimeError):
+class ExecutorEnvironmentError(EngineError, RuntimeError):
     """Executors cannot import what sparkwal's tasks need (the message names it)."""
 
 

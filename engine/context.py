@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pyspark import RDD, SparkContext
 
 from sparkwal.checkpoint import read_checkpoint
-from sparkwal.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from sparkwal.checkpoint.errors import CheckpointMismatchError, MissingCodePartError
 from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import Clock, resolve
 
@@ -381,10 +381,10 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
                 "applies its data to the graph that setupFunc builds")
         try:
             ssc = _recover(checkpoint, path, storage_options, clock)
-        except CheckpointError as e:
+        except MissingCodePartError as e:
             # a running driver (this one's standby reads beside it) deletes an earlier run's code
             # part once no checkpoint names it: a newer checkpoint names the current one
-            if "code part named by the checkpoint is missing" not in str(e) or attempt == 2:
+            if attempt == 2:
                 raise
             log.info("%s; reading the newest checkpoint again", e)
             continue

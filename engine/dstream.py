@@ -17,6 +17,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
+from .errors import EngineError
 from .stream_machinery import StreamMachinery
 
 
@@ -71,7 +72,7 @@ class DStream(StreamMachinery):
     def stateful_stream(self, name: str, *args) -> DStream:
         build = DStream.operations.get(name)
         if build is None:
-            raise RuntimeError(f"{name} is defined in engine.state, which is not imported "
+            raise EngineError(f"{name} is defined in sparkwal.engine.state, which is not imported "
                                "(import engine.context or engine.state first)")
         return build(self, *args)
 

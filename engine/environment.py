@@ -42,6 +42,7 @@ from pyspark import SparkConf
 
 from .cluster import DAEMON_MODULE, UDS_ENABLED, package_files
 from .compat import supports
+from .errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ _EXCLUDED = ("lib/python*/site-packages/pyspark/jars/*",  # the executors are Sp
              "lib/python*/site-packages/__editable__*sparkwal*")  # sparkwal goes in as files
 
 
-class EnvironmentShippingError(RuntimeError):
+class EnvironmentShippingError(EngineError, RuntimeError):
     """The driver's environment cannot be packed (the message says why and what to do)."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from sparkwal.errors import SparkwalError
+
 
 def one_line(error: BaseException) -> str:
     """An error as one line: a Py4J error's Java exception and its message (not its trace), a
@@ -21,3 +23,17 @@ def one_line(error: BaseException) -> str:
         if re.match(r"[A-Za-z_][\w.]*(Error|Exception): ", line) and not line.startswith(("at ", "org.", "java.")):
             return line
     return lines[0] if lines else type(error).__name__
+
+
+class EngineError(SparkwalError):
+    """Base class of every error the DStream engine raises (its receivers, sources and sinks too);
+    an error that is also a built-in kind keeps that base (see :mod:`sparkwal.errors`)."""
+
+
+class StateError(EngineError, RuntimeError):
+    """A stateful stream's partitions do not line up with its batch (the state partition missing
+    or misplaced): names the stream or partition and the batch."""
+
+
+class StreamingContextStateError(EngineError, RuntimeError):
+    """An operation not allowed in the context's (or a stream's) current state."""

@@ -13,6 +13,7 @@ import types
 from pyspark import RDD, StorageLevel
 
 from .graph import creation_site
+from .errors import StreamingContextStateError
 
 
 class StreamMachinery:
@@ -72,7 +73,7 @@ class StreamMachinery:
 
     def initialize(self, zero_time_ms: int) -> None:
         if self.zero_time_ms is not None and self.zero_time_ms != zero_time_ms:
-            raise RuntimeError(f"{self} initialized with two zero times")
+            raise StreamingContextStateError(f"{self} initialized with two zero times")
         self.zero_time_ms = zero_time_ms
         if self.must_checkpoint and self.checkpoint_ms is None:  # Spark's: >= 10 s, whole slides
             self.checkpoint_ms = -(-10_000 // self.slide_ms) * self.slide_ms
@@ -94,7 +95,7 @@ class StreamMachinery:
 
     def is_time_valid(self, time_ms: int) -> bool:
         if self.zero_time_ms is None:
-            raise RuntimeError(f"{self} has not been initialized")
+            raise StreamingContextStateError(f"{self} has not been initialized")
         return time_ms > self.zero_time_ms and (time_ms - self.zero_time_ms) % self.slide_ms == 0
 
     def compute(self, time_ms: int) -> RDD | None:
@@ -160,7 +161,7 @@ class StreamMachinery:
     def rdds_between(self, from_ms: int, until_ms: int) -> list[RDD]:
         """The RDDs of the batch times from ``from_ms`` to ``until_ms`` (both included)."""
         if self.zero_time_ms is None:
-            raise RuntimeError(f"{self} has not been initialized")
+            raise StreamingContextStateError(f"{self} has not been initialized")
         z, s = self.zero_time_ms, self.slide_ms
         until_ms = z + ((until_ms - z) // s) * s
         from_ms = z + ((from_ms - z) // s) * s

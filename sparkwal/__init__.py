@@ -17,6 +17,8 @@ import os
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
+from .errors import SparkwalError
+
 
 def _checkout_root() -> str | None:
     """The repository this package's folder sits in, when it does (the rooms are folders beside it
@@ -42,7 +44,7 @@ except PackageNotFoundError:  # run from a checkout that was not installed
 #: pyspark.streaming's public names, from the engine
 _ENGINE_NAMES = ("StreamingContext", "DStream", "StreamingListener")
 
-__all__ = ["__version__", *_ENGINE_NAMES]
+__all__ = ["SparkwalError", "__version__", *_ENGINE_NAMES]
 
 
 def __getattr__(name: str):

@@ -8,14 +8,16 @@ import json
 import sys
 import time
 
+from .errors import SparkwalError
+
 OK, PROBLEM, USAGE = 0, 1, 2
 
 
-class UsageError(ValueError):
+class UsageError(SparkwalError, ValueError):
     """A command line that cannot be carried out as written (exit status 2)."""
 
 
-class MissingDirectory(ValueError):
+class MissingDirectory(SparkwalError, ValueError):
     """DIR does not exist, is not a directory, or is not what the verb works on (no log, no
     checkpoint in it): exit status 1, one line (a cron job's mistyped path must not verify as a
     healthy, empty log)."""

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the rooms, folders of the repository mapped under the one import package: wal/ is sparkwal.wal
 PACKAGES = ("wal", "checkpoint", "tracker", "engine")
 MAX_LINES = 450
+#: the package's top beside its __init__: what every room may import (the errors' root)
+TOP_MODULES = {"sparkwal.errors"}
 
 #: Private names of other projects that have no public equivalent: PySpark's Py4J gateway and
 #: JVM handles (the brief allows Spark core's JVM API through Py4J), confluent-kafka's
@@ -32,10 +34,11 @@ def modules() -> dict[str, Path]:
 
 
 def room(name: str) -> str:
-    """``wal``, ``checkpoint``, ``tracker`` or ``engine``; ``top`` for the package itself;
+    """``wal``, ``checkpoint``, ``tracker`` or ``engine``; ``top`` for the package itself and
+    :data:`TOP_MODULES`;
     ``command`` for the command's modules (``sparkwal.cli``, ...)."""
     parts = name.split(".")
-    if len(parts) == 1:
+    if len(parts) == 1 or name in TOP_MODULES:
         return "top"
     return parts[1] if parts[1] in PACKAGES else "command"
 

@@ -23,13 +23,15 @@ import msgpack
 
 from sparkwal.wal import RecordHandle
 
+from .input_info import TrackerError
+
 FORMAT_VERSION = 1
 ADD, ALLOC, CLEAN = 1, 2, 3  #: the event kinds, second element of every record
 _tuple_new = tuple.__new__
 _object_new = object.__new__
 
 
-class EventFormatError(ValueError):
+class EventFormatError(TrackerError, ValueError):
     """A WAL record that is not a tracker event this version understands."""
 
 

@@ -10,8 +10,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sparkwal.errors import SparkwalError
 
-class TrackerError(Exception):
+
+class TrackerError(SparkwalError):
     """Misuse of a tracker (e.g. reporting a batch's input twice)."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from sparkwal.errors import SparkwalError
 
-class WalError(Exception):
+
+class WalError(SparkwalError):
     """Base class of every error the WAL and its storage layer raise."""
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 
 from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
-from .drill_runs import AppRun, kill_budget, kill_remaining, pct
+from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
@@ -47,7 +47,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
                 waiting = AppRun(workdir, batch, extra_args=(*args, "--standby"))
                 runs.append(waiting)
                 if not waiting.standby_seen.wait(120):
-                    raise RuntimeError("the standby did not report that it waits")
+                    raise DrillError("the standby did not report that it waits")
             if k < kills and (until is None or time.monotonic() < until):
                 if not standby and rng.random() < 0.2:  # during start-up or the first batches
                     time.sleep(rng.uniform(1.0, 5.0))
@@ -69,7 +69,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
                 if all_counted(workdir, appended):
                     break
                 if app.proc.poll() is not None:
-                    raise RuntimeError("the app exited before counting everything")
+                    raise DrillError("the app exited before counting everything")
                 time.sleep(0.2)
             app.terminate()
             break
@@ -139,6 +139,6 @@ def _wait_first_batch(app: AppRun, timeout_s: float) -> float:
         if done:
             return done[0][0]
         if app.proc.poll() is not None:
-            raise RuntimeError(f"the app exited (status {app.proc.returncode}) before its first batch")
+            raise DrillError(f"the app exited (status {app.proc.returncode}) before its first batch")
         time.sleep(0.02)
-    raise RuntimeError(f"no batch completed within {timeout_s} s")
+    raise DrillError(f"no batch completed within {timeout_s} s")

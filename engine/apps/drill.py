@@ -42,7 +42,7 @@ import time
 
 from . import arguments as a
 from . import direct_drill, nemesis_drill, receiver_drill, standby_drill
-from .drill_runs import (AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
+from .drill_runs import (DrillError, AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
                          wait_until_counted, write_report)
 
 
@@ -77,13 +77,13 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
                         recovery_s.append(newer[0] - killed_at)
                         break
                     if app.proc.poll() is not None:
-                        raise RuntimeError("the app exited during recovery")
+                        raise DrillError("the app exited during recovery")
                     time.sleep(0.05)
             if k < kills and (until is None or time.monotonic() < until):
                 # the random moment counts from the app's context, not from its spawn: a slow
                 # machine's JVM start-up must not turn a kill while streaming into one at start-up
                 if not app.context_seen.wait(120) and app.proc.poll() is not None:
-                    raise RuntimeError("the app exited before it reported its context")
+                    raise DrillError("the app exited before it reported its context")
                 time.sleep(rng.uniform(3, 10))
                 done_before = [b for r in runs for _, b in r.batches()]
                 pending_kill = (app.kill(), max(done_before) if done_before else 0)

@@ -12,7 +12,14 @@ import sys
 import threading
 import time
 
+from sparkwal.errors import SparkwalError
+
 from .wordcount_data import expected_counts, file_lines, write_input_file
+
+
+class DrillError(SparkwalError, RuntimeError):
+    """A drill could not go on: its app exited or never reported what the drill waits for (the
+    message says which, and where the app's log is)."""
 
 
 class AppRun:

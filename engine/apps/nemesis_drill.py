@@ -39,7 +39,7 @@ import logging
 import random
 import time
 
-from .drill_runs import AppRun, kill_remaining
+from .drill_runs import DrillError, AppRun, kill_remaining
 from .nemesis_workloads import WORKLOADS
 
 NEMESES = ("kill", "storm", "outage")
@@ -204,7 +204,7 @@ class _Pair:
             if self.active is None or self.active.proc.poll() is not None:
                 self.active = self._start()
         if not self.active.context_seen.wait(180) and self.active.proc.poll() is not None:
-            raise RuntimeError(f"the job exited ({self.active.proc.returncode}) before it reported its context")
+            raise DrillError(f"the job exited ({self.active.proc.returncode}) before it reported its context")
         _await_progress(self.active, self.runs)  # back at work before the next strike
         if spare and self._standby and (self.spare is None or self.spare.proc.poll() is not None):
             self.spare = self._start("--standby")

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from .drill_runs import AppRun, pct, read_outputs
+from .drill_runs import DrillError, AppRun, pct, read_outputs
 from .wordcount_data import expected_line_counts, receiver_line
 from ..receiver.acked_lines import AckedLineSource
 
@@ -82,7 +82,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
                 waiting = AppRun(workdir, batch, extra_args=[*args, "--standby"], env={SECRET_ENV: secret})
                 runs.append(waiting)
                 if not waiting.standby_seen.wait(120):
-                    raise RuntimeError("the standby did not report that it waits")
+                    raise DrillError("the standby did not report that it waits")
             time.sleep(rng.uniform(min_gap_s, max_gap_s))
             kind = kinds[k % len(kinds)] if cycle else rng.choice(kinds)
             with app.lock:
@@ -103,7 +103,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
                 worker = int(started[-1]["worker_pid"])
                 target = worker if kind == "worker" else executor_jvm_of(worker)
                 if target is None:
-                    raise RuntimeError(f"no executor JVM above the receiver's worker {worker}")
+                    raise DrillError(f"no executor JVM above the receiver's worker {worker}")
                 previous = len(started)
                 killed_at = time.monotonic()
                 os.kill(target, signal.SIGKILL)
@@ -117,7 +117,7 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
                     record["recovery_s"] = round(at - killed_at, 2)
                     break
                 if app.proc.poll() is not None:
-                    raise RuntimeError(f"the app exited after the {kind} kill")
+                    raise DrillError(f"the app exited after the {kind} kill")
                 time.sleep(0.05)
             killed.append(record)
         stop.set()

@@ -18,11 +18,17 @@ import time
 
 import pyspark
 
+from sparkwal.errors import SparkwalError
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class StandaloneClusterError(SparkwalError, RuntimeError):
+    """The standalone cluster's master or a worker did not come up (names which, and its logs)."""
 
 
 class StandaloneCluster:
@@ -72,7 +78,7 @@ class StandaloneCluster:
         deadline = time.monotonic() + timeout_s
         while not ready():
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                raise RuntimeError(f"standalone cluster: {what} not up (logs in {self.workdir})")
+                raise StandaloneClusterError(f"standalone cluster: {what} not up (logs in {self.workdir})")
             time.sleep(0.1)
 
     def executor_pids(self) -> list[int]:

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 
-from .drill_runs import (AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
+from .drill_runs import (DrillError, AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
                     wait_until_counted)
 
 
@@ -26,10 +26,10 @@ def _wait(event: threading.Event, app: AppRun, what: str, timeout_s: float = 120
     deadline = time.monotonic() + timeout_s
     while not event.wait(0.05):
         if app.proc.poll() is not None:
-            raise RuntimeError(f"the app (pid {app.proc.pid}) exited before {what}; see its log in "
+            raise DrillError(f"the app (pid {app.proc.pid}) exited before {what}; see its log in "
                                "WORKDIR/logs")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the app (pid {app.proc.pid}) did not report {what} in {timeout_s} s")
+            raise DrillError(f"the app (pid {app.proc.pid}) did not report {what} in {timeout_s} s")
 
 
 def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, log=print,

@@ -28,6 +28,7 @@ from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Lea
 
 from ..durations import parse_duration_ms  # noqa: F401  (its callers import it from here too)
 from ..listener import StreamingListenerDriverFenced
+from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ LEASE_TIMEOUT_KEY = "spark.streaming.driver.leaseTimeout"
 LOCAL_POLL_S = 0.01
 
 
-class DriverAlreadyActiveError(RuntimeError):
+class DriverAlreadyActiveError(EngineError, RuntimeError):
     """Another live driver leads this checkpoint directory (start it with ``standby=True`` to
     wait for it instead); ``leader`` (a ``sparkwal.wal.storage.LeaderInfo``) says which."""
 

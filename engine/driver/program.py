@@ -25,6 +25,7 @@ from sparkwal.checkpoint import Checkpoint, read_code
 
 from .. import cluster
 from ..environment import prepare_conf
+from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", 
 _SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
 
 
-class CheckpointSerializationError(TypeError):
+class CheckpointSerializationError(EngineError, TypeError):
     """A function of the graph cannot be pickled, so the context cannot be checkpointed."""
 
 

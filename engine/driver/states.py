@@ -1,8 +1,6 @@
 """A driver's lifecycle states (pyspark's ``StreamingContextState``) and the error of an operation
 its state does not allow."""
 
+from ..errors import StreamingContextStateError  # noqa: F401  (its home before the errors' root)
+
 INITIALIZED, ACTIVE, STOPPED = "INITIALIZED", "ACTIVE", "STOPPED"
-
-
-class StreamingContextStateError(RuntimeError):
-    """An operation not allowed in the context's current state."""

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from . import wire
+from ..sources.protocol import SourceError
 from .receiver import Receiver
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ class AckedLineReceiver(Receiver):
             return self._secret
         value = os.environ.get(self.secret_env)
         if not value:
-            raise RuntimeError(f"environment variable {self.secret_env} (the source's secret) is not set")
+            raise SourceError(f"environment variable {self.secret_env} (the source's secret) is not set")
         return _secret_bytes(value)
 
     def onStart(self) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import socket
 
 from . import wire
+from ..errors import EngineError
 
 LABEL = b"sparkwal-block-server"
 CONNECT_TIMEOUT_S = 5.0
 IO_TIMEOUT_S = 60.0
 
 
-class BlockServerError(Exception):
+class BlockServerError(EngineError):
     """The block server refused a request or broke the protocol (the message says which)."""
 
 

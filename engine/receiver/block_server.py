@@ -34,7 +34,7 @@ import threading
 import time
 
 from . import wire
-from .block_client import LABEL, receive_chunks
+from .block_client import LABEL, BlockServerError, receive_chunks
 from .blocks import (BLOCK_ID, MAX_BLOCK_BYTES, TAG_LEN, BlockCopy, block_tag, clean_block_dir,
                      local_block_dir, read_block_file, write_block_file)
 
@@ -203,7 +203,7 @@ def _start(directory: str, secret: bytes, host: str) -> tuple[int, int]:
         return int(json.loads(line)["port"]), proc.pid
     except (ValueError, KeyError, TypeError):
         proc.kill()
-        raise RuntimeError(f"the block server did not start within {START_TIMEOUT_S:.0f} s (its log: "
+        raise BlockServerError(f"the block server did not start within {START_TIMEOUT_S:.0f} s (its log: "
                            f"{os.path.join(directory, 'server.log')})") from None
 
 

@@ -45,6 +45,7 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.wal import SYSTEM_CLOCK, Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
 
 from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
+from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ LOCAL_MAGIC = b"SWB2"
 BLOCK_ID = re.compile(r"input-\d{1,9}-\d{1,15}-[0-9a-f]{1,16}")
 
 
-class BlockReadError(RuntimeError):
+class BlockReadError(EngineError, RuntimeError):
     """A batch's block could not be read back (names the block, stream and where it was)."""
 
 

@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 from . import wire
 from .endpoint import LABEL
+from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
 
-class DriverUnreachableError(ConnectionError):
+class DriverUnreachableError(EngineError, ConnectionError):
     """The driver's endpoint is gone (the driver died or stopped): the receiver must stop."""
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from ..errors import EngineError
 
 
-class ReceiverNotStartedError(RuntimeError):
+class ReceiverStoppedError(EngineError, RuntimeError):
+    """The receiver (or its block generator) has stopped: what it was handed is not stored."""
+
+
+class ReceiverNotStartedError(EngineError, RuntimeError):
     """A receiver method that needs its supervisor was called outside a running receiver."""
 
 

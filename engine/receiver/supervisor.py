@@ -28,9 +28,14 @@ from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_blo
 from .block_server import ensure_block_server
 from .client import DriverConnection, DriverUnreachableError
 from .placement import this_executor
-from .receiver import Receiver
+from ..errors import EngineError
+from .receiver import Receiver, ReceiverStoppedError
 
 log = logging.getLogger(__name__)
+
+
+class BlockNotRecordedError(EngineError, RuntimeError):
+    """The driver refused to record a stored block (its answer names why): nothing acknowledged."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ class BlockGenerator:
                     except queue.Full:
                         self._cond.wait(0.1)
                 if not self._adding:
-                    raise RuntimeError("cannot add data: the block generator has stopped")
+                    raise ReceiverStoppedError("cannot add data: the block generator has stopped")
                 self._buffer.extend(part)
 
     def _cut(self) -> None:
@@ -284,17 +289,17 @@ class ReceiverSupervisor:
 
     def push_single(self, record) -> None:
         if self.stopped:
-            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+            raise ReceiverStoppedError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
         self._generator.add(record)
 
     def push_many(self, records: list) -> None:
         if self.stopped:
-            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+            raise ReceiverStoppedError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
         self._generator.add_many(records)
 
     def push_block(self, records: list, metadata) -> None:
         if self.stopped:
-            raise RuntimeError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
+            raise ReceiverStoppedError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
         self._store_and_report(self._new_block_id(), records, metadata)
 
     def _store_and_report(self, block_id: str, records: list, metadata=None) -> None:
@@ -308,7 +313,7 @@ class ReceiverSupervisor:
                              [[c.executor_id, c.host, c.port] for c in copies]],
             timeout_s=None)
         if not ok:
-            raise RuntimeError(f"the driver did not record block {block_id}: {message}")
+            raise BlockNotRecordedError(f"the driver did not record block {block_id}: {message}")
 
     # ---------------------------------------------------------------- driver
 

@@ -35,6 +35,7 @@ import socket
 import struct
 
 import msgpack
+from ..errors import EngineError
 
 VERSION = 1
 MAGIC = b"SWRP"
@@ -92,7 +93,7 @@ NAMES = {REGISTER: "RegisterReceiver", ADD_BLOCK: "AddBlock", REPORT_ERROR: "Rep
          BLOCK_HEADER: "BlockHeader", BLOCK_CHUNK: "BlockChunk"}
 
 
-class ProtocolError(Exception):
+class ProtocolError(EngineError):
     """The peer sent something that is not this protocol (or failed to authenticate)."""
 
 

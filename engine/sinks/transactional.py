@@ -33,11 +33,12 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..sources.protocol import OffsetRange, TopicPartition
+from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
 
-class SinkOffsetsError(RuntimeError):
+class SinkOffsetsError(EngineError, RuntimeError):
     """The database's stored offsets do not fit the batch (the message names both)."""
 
 

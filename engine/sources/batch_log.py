@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass
 
 from sparkwal.checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from sparkwal.checkpoint.errors import ConcurrentUpdateError
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.checkpoint.resume import resolve_restart
 
@@ -217,7 +218,7 @@ class BatchLog:
                 conf = {**conf, "sparkwal.leaderEpoch": str(self._fence.epoch)}
             entry = OffsetSeq([offsets_json(e) for e in ends], OffsetSeqMetadata(0, time_ms, conf))
             if not self.offsets.add(i, entry):
-                raise RuntimeError(
+                raise ConcurrentUpdateError(
                     f"Concurrent update to the log: {self.offsets.file_url(i)} exists. Multiple "
                     f"streaming contexts are writing batch {i} of {self.directory}")
             self._ids[time_ms], self._times[i], self._raw[i] = i, time_ms, entry

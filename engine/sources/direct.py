@@ -30,6 +30,7 @@ from pyspark import RDD
 from sparkwal.tracker import RateController, create_rate_estimator
 
 from ..inputs import InputDStream
+from ..errors import StreamingContextStateError
 from .protocol import DataLossError, OffsetRange, ReplayableSource, SourceError, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class DirectInputDStream(InputDStream):
 
     def _plan_new(self) -> tuple[list[OffsetRange], dict[TopicPartition, int]]:
         if self._ends is None:
-            raise RuntimeError(f"{self} has not been started")
+            raise StreamingContextStateError(f"{self} has not been started")
         src = self.source
         parts = src.partitions()
         latest = src.latest_offsets(parts)

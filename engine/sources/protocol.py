@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import NamedTuple
+from ..errors import EngineError
 
 
 class TopicPartition(NamedTuple):
@@ -38,7 +39,7 @@ class OffsetRange(NamedTuple):
         return TopicPartition(self.topic, self.partition)
 
 
-class SourceError(RuntimeError):
+class SourceError(EngineError, RuntimeError):
     """A source cannot serve what a batch needs (the message names the partition and offsets)."""
 
 

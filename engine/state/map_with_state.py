@@ -25,6 +25,7 @@ from functools import partial
 from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream, TransformedDStream, to_ms
+from ..errors import StateError
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 
@@ -129,8 +130,8 @@ class StateSpec:
 LIVE_KEYS_CONF = "spark.sparkwal.state.liveKeysPerWorker"  # see engine/state/state_map.py
 
 
-def _no_state(index: int, batch_ms: int) -> RuntimeError:
-    return RuntimeError(f"mapWithState: partition {index} of the batch of {batch_ms} has no state "
+def _no_state(index: int, batch_ms: int) -> StateError:
+    return StateError(f"mapWithState: partition {index} of the batch of {batch_ms} has no state "
                         "partition to update")
 
 
@@ -240,7 +241,7 @@ class InternalMapWithStateDStream(DStream):
         if data is not None:  # the state's records are keyed by partition i: portable_hash(i) == i
             both = state.union(data.partitionBy(n))
         if both.getNumPartitions() != n:
-            raise RuntimeError(f"{self}: the state and the batch of {time_ms} are not partitioned "
+            raise StateError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")
         keep_removals = 2 * (self.checkpoint_ms or self.slide_ms) + self.slide_ms
         delta_since = None  # a checkpoint batch works out its delta from the previous one's

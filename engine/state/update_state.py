@@ -16,6 +16,7 @@ from functools import partial
 from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream
+from ..errors import StateError
 from .kv_rows import KeyValueState
 
 
@@ -107,7 +108,7 @@ def _update_partition(records, func):
     it = iter(records)
     first = next(it, None)
     if type(first) is not _Batch:
-        raise RuntimeError("updateStateByKey: a state partition without its batch group first")
+        raise StateError("updateStateByKey: a state partition without its batch group first")
     new = first.values
     for k, state in it:
         out = func(new.pop(k, None) or [], state)
