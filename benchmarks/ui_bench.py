@@ -122,9 +122,10 @@ def paired_rows(rounds: int, batches: int = 20) -> dict:
                     done.append(took)
                     cond.notify_all()
         clock = ManualClock(0)
+        live = sc._jsc.sc().conf()  # the driver reads its settings when it is made
+        live.set("spark.ui.enabled", "true" if on else "false")
+        live.set("spark.sparkwal.eventLog.enabled", "true" if on else "false")
         ssc = StreamingContext(sc, 0.5, clock=clock)
-        if not on:
-            ssc.driver.conf.set("spark.ui.enabled", "false").set("spark.sparkwal.eventLog.enabled", "false")
         ssc.checkpoint(os.path.join(work, "cp"))
         words = ssc.queueStream([], default=lines).flatMap(str.split).map(lambda w: (w, 1))
         words.reduceByKey(operator.add).updateStateByKey(lambda new, old: sum(new) + (old or 0)).foreachRDD(

@@ -37,7 +37,8 @@ import zipfile
 from sparkwal.wal.retry import DEADLINE_ENV
 
 from .compat import supports
-from .durations import parse_duration_ms
+from . import config
+from .config import ConfigError, StreamingConf
 from .errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -144,17 +145,17 @@ def _last_line(error: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 
-def configured_python(conf) -> str | None:
+def configured_python(settings: StreamingConf) -> str | None:
     """The workers' interpreter the user chose (``spark.pyspark.python``, else ``PYSPARK_PYTHON``,
     as spark-submit reads them), or None."""
-    return conf.get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON") or None
+    return settings.raw("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or None
 
 
-def choose_python(sc, conf) -> str:
+def choose_python(sc, settings: StreamingConf) -> str:
     """Set the interpreter of the Python workers that run this context's functions (PySpark
     reads ``sc.pythonExec`` when it wraps a function, so this holds for every RDD made after):
     the configured one, else, in ``local[...]`` mode, ``sys.executable``. Returns it."""
-    chosen = configured_python(conf)
+    chosen = configured_python(settings)
     if chosen is None and is_local_master(sc.master):
         chosen = sys.executable
     if chosen is not None and sc.pythonExec != chosen:
@@ -174,22 +175,18 @@ def is_drivers_python(python: str) -> bool:
         return False
 
 
-def prepare(sc, conf) -> None:
+def prepare(sc, settings: StreamingConf) -> None:
     """Called by ``StreamingContext.start()``: choose the workers' interpreter, ship the code
     and probe the executors (see the module docstring for the settings)."""
     master = sc.master
-    python = choose_python(sc, conf)
-    ship = conf.get("spark.sparkwal.shipCode", "auto").lower()
-    if ship not in ("auto", "true", "false"):
-        raise ValueError(f"spark.sparkwal.shipCode must be auto, true or false, got {ship!r}")
+    python = choose_python(sc, settings)
+    ship = settings[config.SHIP_CODE]
     if ship == "true" or (ship == "auto" and not is_local_master(master)):
         if not _done(sc, "code shipped"):
             ship_code(sc)
             _mark_done(sc, "code shipped")
-    configure_local_workers(sc, conf)
-    check = conf.get("spark.sparkwal.checkExecutors", "auto").lower()
-    if check not in ("auto", "true", "false"):
-        raise ValueError(f"spark.sparkwal.checkExecutors must be auto, true or false, got {check!r}")
+    configure_local_workers(sc, settings)
+    check = settings[config.CHECK_EXECUTORS]
     if check == "true" or (check == "auto" and (not is_local_master(master) or not is_drivers_python(python))):
         if not _done(sc, "executors checked"):
             check_executors(sc)
@@ -212,25 +209,25 @@ def _mark_done(sc, what: str) -> None:
         _DONE.setdefault(sc, set()).add(what)
 
 
-def configure_local_workers(sc, conf) -> None:
+def configure_local_workers(sc, settings: StreamingConf) -> None:
     """The Python workers' settings in ``local[...]`` mode (each is left alone when already set):
     forked from sparkwal's daemon (when they run the driver's interpreter, which can import it),
     reached over Unix sockets."""
-    if is_drivers_python(choose_python(sc, conf)):
-        preimport_in_workers(sc, conf)
+    if is_drivers_python(choose_python(sc, settings)):
+        preimport_in_workers(sc, settings)
     unix_sockets_for_workers(sc)
 
 
 DAEMON_MODULE = "sparkwal.engine.worker_daemon"
 
 
-def preimport_in_workers(sc, conf) -> None:
+def preimport_in_workers(sc, settings: StreamingConf) -> None:
     """In ``local[...]`` mode, Python workers forked from :mod:`sparkwal.engine.worker_daemon` (sparkwal
     imported once, in the daemon). Set on the running context's configuration, which Spark reads
     when it starts a daemon: workers started before keep the plain daemon."""
     if not is_local_master(sc.master):
         return
-    if conf.get("spark.sparkwal.preimportWorkers", "true").lower() != "true":
+    if not settings[config.PREIMPORT_WORKERS]:
         return
     jconf = sc._jsc.sc().conf()
     if jconf.contains("spark.python.daemon.module"):
@@ -274,12 +271,12 @@ def warm_workers_early(sc) -> threading.Thread | None:
     if not is_local_master(sc.master) or _done(sc, "workers warmed"):
         return None
     _mark_done(sc, "workers warmed")
-    conf = sc.getConf()
-    configure_local_workers(sc, conf)
     try:
-        storage_deadline_s(sc, conf)
-    except ValueError:  # said by the context, which reads it too
-        pass
+        settings = StreamingConf.of(sc.getConf())
+    except ConfigError:  # said by the context, which reads the settings too
+        return None
+    configure_local_workers(sc, settings)
+    storage_deadline_s(sc, settings)
 
     def run() -> None:
         try:
@@ -292,15 +289,15 @@ def warm_workers_early(sc) -> threading.Thread | None:
     return thread
 
 
-STORAGE_DEADLINE_KEY = "spark.sparkwal.storage.deadline"
+STORAGE_DEADLINE_KEY = config.STORAGE_DEADLINE.key
 
 
-def storage_deadline_s(sc, conf) -> float:
+def storage_deadline_s(sc, settings: StreamingConf) -> float:
     """``spark.sparkwal.storage.deadline`` in seconds (default 60 s), handed to the executors'
     Python workers in their environment as well (:data:`sparkwal.wal.retry.DEADLINE_ENV`: the Spark conf
     does not reach them), before the first Python function is wrapped: workers are started per
     environment, so the early warm-up sets it too."""
-    seconds = parse_duration_ms(conf.get(STORAGE_DEADLINE_KEY, "60s"), STORAGE_DEADLINE_KEY) / 1000
+    seconds = settings[config.STORAGE_DEADLINE] / 1000
     sc.environment[DEADLINE_ENV] = str(seconds)
     return seconds
 

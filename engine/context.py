@@ -171,8 +171,10 @@ class StreamingContext:
         self._driver.graph.remember_ms = to_ms(duration)
 
     def addStreamingListener(self, streamingListener: StreamingListener) -> None:
-        """Subscribe ``streamingListener`` to the driver's events (:mod:`sparkwal.engine.driver.events`)."""
-        self._driver.events.subscribe(streamingListener)
+        """Subscribe ``streamingListener`` to the driver's events; it is called on the listener
+        bus's own thread, in order, so a slow listener does not stall the stream
+        (:mod:`sparkwal.engine.driver.events`)."""
+        self._driver.events.subscribe(streamingListener, queued=True)
 
     # ------------------------------------------------------------------ inputs
 

@@ -41,13 +41,15 @@ import sys
 from pyspark import SparkConf
 
 from .cluster import DAEMON_MODULE, UDS_ENABLED, package_files
+from . import config
 from .compat import supports
+from .config import StreamingConf
 from .errors import EngineError
 
 log = logging.getLogger(__name__)
 
-SHIP_ENVIRONMENT = "spark.sparkwal.shipEnvironment"
-CACHE_DIR = "spark.sparkwal.shipEnvironment.cacheDir"
+SHIP_ENVIRONMENT = config.SHIP_ENVIRONMENT.key
+CACHE_DIR = config.SHIP_ENVIRONMENT_CACHE.key
 ALIAS = "sparkwal-env"
 KEEP = 3
 _EXCLUDED = ("lib/python*/site-packages/pyspark/jars/*",  # the executors are Spark
@@ -59,33 +61,24 @@ class EnvironmentShippingError(EngineError, RuntimeError):
     """The driver's environment cannot be packed (the message says why and what to do)."""
 
 
-def _flag(conf: SparkConf, key: str, default: str, allowed=("true", "false")) -> str:
-    value = (conf.get(key, None) or default).strip().lower()
-    if value not in allowed:
-        raise ValueError(f"{key} must be {' or '.join(allowed)}, got {value!r}")
-    return value
-
-
 def prepare_conf(conf: SparkConf | None = None) -> SparkConf:
     """A copy of ``conf`` ready for the cluster its master names (see the module docstring)."""
     ready = SparkConf(loadDefaults=conf is None)
     if conf is not None:
         ready.setAll(conf.getAll())
-    ship = _flag(ready, SHIP_ENVIRONMENT, "false")
-    preimport = _flag(ready, "spark.sparkwal.preimportWorkers", "true")
-    ship_code = _flag(ready, "spark.sparkwal.shipCode", "auto", ("auto", "true", "false"))
+    settings = StreamingConf(ready.getAll())  # every setting checked, before any JVM
     master = ready.get("spark.master", "local[*]")
     if master == "local" or master.startswith("local["):
         return ready
-    if ship == "true":
-        archive = packed_environment(ready.get(CACHE_DIR, None))
+    if settings[config.SHIP_ENVIRONMENT]:
+        archive = packed_environment(settings[config.SHIP_ENVIRONMENT_CACHE])
         archives = [a for a in (ready.get("spark.archives", "") or "").split(",")  # a recovered
                     if a.strip() and not a.strip().endswith(f"#{ALIAS}")]  # conf names an earlier one
         ready.set("spark.archives", ",".join([*archives, f"file://{archive}#{ALIAS}"]))
         ready.set("spark.pyspark.python", f"./{ALIAS}/bin/python")
         ready.setIfMissing("spark.pyspark.driver.python", sys.executable)
-    executors_have_sparkwal = ship == "true" or ship_code == "false"
-    if executors_have_sparkwal and preimport == "true" and not ready.contains("spark.python.daemon.module"):
+    executors_have_sparkwal = settings[config.SHIP_ENVIRONMENT] or settings[config.SHIP_CODE] == "false"
+    if executors_have_sparkwal and settings[config.PREIMPORT_WORKERS] and not ready.contains("spark.python.daemon.module"):
         ready.set("spark.python.daemon.module", DAEMON_MODULE)
     if supports("unix_socket_workers"):  # PySpark's version: no SparkContext yet
         ready.setIfMissing(UDS_ENABLED, "true")

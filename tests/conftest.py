@@ -112,3 +112,23 @@ def no_context_left_active():
         active = engine.StreamingContext.getActive()
         if active is not None:
             active.stop(stopSparkContext=False)
+
+
+@pytest.fixture
+def live_settings(spark_context):
+    """``live_settings({key: value})``: Spark settings the next StreamingContexts read (a driver
+    reads its settings once, when it is made), removed again after the test."""
+    live = spark_context._jsc.sc().conf()
+    touched: dict[str, str | None] = {}
+
+    def apply(pairs: dict[str, str]) -> None:
+        for key, value in pairs.items():
+            touched.setdefault(key, live.get(key) if live.contains(key) else None)
+            live.set(key, value)
+
+    yield apply
+    for key, before in touched.items():
+        if before is None:
+            live.remove(key)
+        else:
+            live.set(key, before)

@@ -167,7 +167,7 @@ def test_a_lost_offset_log_is_refused_by_the_checkpoint(spark_context, tmp_path)
         ssc2.start()
 
 
-def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context, tmp_path):
+def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context, tmp_path, live_settings):
     indir = tmp_path / "in"
     indir.mkdir()
     outputs: list[int] = []
@@ -175,7 +175,6 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
     def setup(clock, done):
         def make():
             ssc = StreamingContext(spark_context, 0.5, clock=clock)
-            ssc.driver.conf.set("spark.sparkwal.batchLog.enabled", "true")
             ssc.checkpoint(str(tmp_path / "ckpt"))
             seen = outputs
             ssc.textFileStream(str(indir)).foreachRDD(lambda t, rdd: seen.append(len(rdd.collect())))
@@ -183,6 +182,7 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
             return ssc
         return make
 
+    live_settings({"spark.sparkwal.batchLog.enabled": "true"})
     clock, done = ManualClock(0), Completed()
     ssc = setup(clock, done)()
     ssc.start()
@@ -193,7 +193,6 @@ def test_batch_protocol_for_a_file_stream_skips_committed_batches(spark_context,
     assert outputs == [2]
     clock2, done2 = ManualClock(1200), Completed()
     ssc2 = StreamingContext.getOrCreate(str(tmp_path / "ckpt"), setup(clock2, done2), upgrade=True)
-    ssc2.driver.conf.set("spark.sparkwal.batchLog.enabled", "true")
     ssc2.start()
     assert ssc2.skipped_batch_times == [500] and 500 not in ssc2.rerun_batch_times
     for t in ssc2.rerun_batch_times:

@@ -201,12 +201,12 @@ def test_a_changed_source_is_an_error_or_documented(spark_context, tmp_path):
     ssc.stop(stopSparkContext=False)
 
 
-def test_a_partition_removed_with_unread_records_is_data_loss(spark_context, tmp_path):
+def test_a_partition_removed_with_unread_records_is_data_loss(spark_context, tmp_path, live_settings):
     app = DirectApp(spark_context, tmp_path)
     append(app.logdir / "a", "a0", "a1")
     clock, done = ManualClock(0), Completed()
+    live_settings({"spark.streaming.direct.maxRatePerPartition": "2"})  # 1 record per batch
     ssc = app.setup(clock, done)()
-    ssc.driver.conf.set("spark.streaming.direct.maxRatePerPartition", "2")  # 1 record per batch
     run(ssc, clock, done, 500)
     assert app.lines[500] == ["a0"]  # the batch saw a1 but was limited to a0
     (app.logdir / "a").unlink()
@@ -216,13 +216,13 @@ def test_a_partition_removed_with_unread_records_is_data_loss(spark_context, tmp
     ssc.stop(stopSparkContext=False)
 
 
-def test_rate_limit_per_partition(spark_context, tmp_path):
+def test_rate_limit_per_partition(spark_context, tmp_path, live_settings):
     app = DirectApp(spark_context, tmp_path)
     append(app.logdir / "a", *[f"a{i}" for i in range(5)])
     append(app.logdir / "b", "b0")
     clock, done = ManualClock(0), Completed()
+    live_settings({"spark.streaming.kafka.maxRatePerPartition": "4"})  # 2 per 0.5 s batch
     ssc = app.setup(clock, done)()
-    ssc.driver.conf.set("spark.streaming.kafka.maxRatePerPartition", "4")  # 2 per 0.5 s batch
     run(ssc, clock, done, 2000)
     ssc.stop(stopSparkContext=False)
     assert [len(app.lines[t]) for t in (500, 1000, 1500, 2000)] == [3, 2, 1, 0]
@@ -240,14 +240,14 @@ def test_rate_limits_follow_sparks_rule():
     assert rate_limits({a: 0, b: 30}, 100, 100, 0, 1) == {a: 1, b: 10}  # minRatePerPartition
 
 
-def test_backpressure_initial_rate_is_split_by_lag(spark_context, tmp_path):
+def test_backpressure_initial_rate_is_split_by_lag(spark_context, tmp_path, live_settings):
     app = DirectApp(spark_context, tmp_path)
     append(app.logdir / "a", *[f"a{i}" for i in range(6)])
     append(app.logdir / "b", "b0", "b1")
     clock, done = ManualClock(0), Completed()
+    live_settings({"spark.streaming.backpressure.enabled": "true",
+                   "spark.streaming.backpressure.initialRate": "8"})  # 4 records per 0.5 s batch
     ssc = app.setup(clock, done)()
-    ssc.driver.conf.set("spark.streaming.backpressure.enabled", "true")
-    ssc.driver.conf.set("spark.streaming.backpressure.initialRate", "8")  # 4 records per 0.5 s batch
     run(ssc, clock, done, 500)
     ssc.stop(stopSparkContext=False)
     # a has 3/4 of the lag: 8 * 6/8 = 6/s -> 3 per batch; b 2/s -> 1

@@ -91,32 +91,21 @@ def check_master(ap: argparse.ArgumentParser, master: str, flag: str = "--master
                  "spark://HOST:PORT, yarn, k8s://...)")
 
 
-#: settings whose values are checked before the JVM starts (a bad one is a usage error, status 2,
-#: not a failed start): durations, with the unit a bare number has (as Spark reads each)...
-DURATION_SETTINGS = {"spark.sparkwal.storage.deadline": "s", "spark.streaming.driver.leaseTimeout": "s",
-                     "spark.streaming.gracefulStopTimeout": "ms",
-                     "spark.streaming.fileStream.minRememberDuration": "s",
-                     "spark.streaming.minRememberDuration": "s"}
-#: ...and whole numbers, with their least value
-COUNT_SETTINGS = {"spark.sparkwal.state.maxLineageBatches": 1, "spark.sparkwal.state.deltasPerFull": 0,
-                  "spark.streaming.concurrentJobs": 1}
-
-
 def check_key_values(ap: argparse.ArgumentParser, pairs: list[str], flag: str) -> list[tuple[str, str]]:
-    from ..durations import parse_duration_ms
+    """``KEY=VALUE`` pairs; a setting sparkwal reads (:mod:`sparkwal.engine.config`) with a bad
+    value is a usage error here, status 2, before the JVM starts (not a failed start)."""
+    from sparkwal.engine.config import ENTRIES, ConfigError
 
     out = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             ap.error(f"{flag} takes KEY=VALUE, got {pair!r}")
-        if key in DURATION_SETTINGS:
+        if key in ENTRIES:
             try:
-                parse_duration_ms(value, key, DURATION_SETTINGS[key])
-            except ValueError as e:
+                ENTRIES[key].parse(value)
+            except ConfigError as e:
                 ap.error(f"{flag} {e}")
-        if key in COUNT_SETTINGS and not (value.strip().isdigit() and int(value) >= COUNT_SETTINGS[key]):
-            ap.error(f"{flag} {key} must be a whole number of at least {COUNT_SETTINGS[key]}, got {value!r}")
         out.append((key, value))
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import config
 from ..listener import StreamingListenerBatchCommitted
 from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
@@ -22,20 +23,18 @@ def start_batch_log(driver) -> None:
     the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
     never re-run after a restart, whatever its inputs), ``false`` never (direct inputs then
     re-plan from their initial offsets: at-least-once at best)."""
-    mode = driver.conf.get("spark.sparkwal.batchLog.enabled", "auto").lower()
-    if mode not in ("auto", "true", "false"):
-        raise ValueError(f"spark.sparkwal.batchLog.enabled must be auto, true or false, got {mode!r}")
+    mode = driver.settings[config.BATCH_LOG]
     wanted = mode == "true" or (mode == "auto" and bool(direct_inputs(driver)))
     if driver.checkpoint_dir is not None and wanted:
-        sync = driver.conf.get("spark.sparkwal.batchLog.fsync", "true").lower() != "false"
-        retain = int(driver.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+        sync = driver.settings[config.BATCH_LOG_FSYNC]
+        retain = driver.settings[config.MIN_BATCHES_TO_RETAIN]
         driver.batch_log = BatchLog(driver.checkpoint_dir, direct_inputs(driver),
                                    storage_options=driver.storage_options, sync=sync,
                                    retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
                                    lock=driver.lead())
         driver.batch_log.recover()
     for s in direct_inputs(driver):
-        s.start_planning(driver.batch_log, driver.conf, driver.batch_ms)
+        s.start_planning(driver.batch_log, driver.settings, driver.batch_ms)
 
 
 def plan_batch(driver, time_ms: int) -> bool:

@@ -27,7 +27,8 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_policy
 
-from .. import cluster
+from .. import cluster, config
+from ..config import StreamingConf
 from ..dstream import describe_times
 from ..errors import one_line
 from ..graph import DStreamGraph
@@ -37,7 +38,7 @@ from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
 from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
-from .backlog import WARN_INTERVALS_KEY, BacklogWatch
+from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
 from .scheduler import JobGenerator, JobScheduler
@@ -45,7 +46,8 @@ from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 
 log = logging.getLogger(__name__)
 
-#: how long a storage call may keep failing transiently before the app stops (wal.retry)
+#: how long stop() lets the listeners catch up with the events queued for them
+LISTENER_DRAIN_S = 30.0
 
 
 class Driver:
@@ -62,11 +64,12 @@ class Driver:
         self.context = context
         self.sc = sc
         self.conf = sc.getConf()  # a copy, read once: each getConf() is a JVM round trip
-        set_default_policy(RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.conf)))
+        self.settings = StreamingConf.of(self.conf)  # every setting, checked once (engine/config.py)
+        set_default_policy(RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings)))
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK
         self.graph = DStreamGraph()
-        self.events = EventBus()
+        self.events = EventBus(capacity=self.settings[config.LISTENER_QUEUE_CAPACITY])
         self.input_infos = InputInfoTracker()
         self.checkpoint_dir: str | None = None
         self.storage_options: dict | None = None  # fsspec options of the checkpoint directory
@@ -107,12 +110,12 @@ class Driver:
         self.graceful_deadline: float | None = None  # set by stop()
         self.error: BaseException | None = None
         self.lock = threading.RLock()
-        cluster.choose_python(sc, self.conf)  # before any Python function is wrapped
-        jobs = concurrent_jobs or int(self.conf.get("spark.streaming.concurrentJobs", "1"))
+        cluster.choose_python(sc, self.settings)  # before any Python function is wrapped
+        jobs = concurrent_jobs or self.settings[config.CONCURRENT_JOBS]
         self.scheduler = JobScheduler(self, jobs)
         self.generator = JobGenerator(self)
         self.events.subscribe(BacklogWatch(
-            self.batch_ms, float(self.conf.get(WARN_INTERVALS_KEY, "3")), self.clock,
+            self.batch_ms, self.settings[config.BACKLOG_WARN_INTERVALS], self.clock,
             lambda: len(set(self.scheduler.pending_times()) | set(self.generator.queued_times())),
             self.events.post))
 
@@ -132,7 +135,7 @@ class Driver:
             self.graph.validate()
             self.snapshots.check_directory()
             self.observer = observability.Observer(self)  # a bad UI setting fails start() here
-            cluster.prepare(self.sc, self.conf)  # sparkwal's code on the executors, or a clear error
+            cluster.prepare(self.sc, self.settings)  # sparkwal's code on the executors, or a clear error
             self.observer.open()  # before leading: a UI port in use fails start() with nothing held
             try:
                 if self.checkpoint_dir is not None:
@@ -148,7 +151,7 @@ class Driver:
                 self.observer.close()
                 raise
             self.leader_event.set()
-        if self.conf.get("spark.streaming.stopGracefullyOnShutdown", "false").lower() == "true":
+        if self.settings[config.STOP_GRACEFULLY_ON_SHUTDOWN]:
             stop_gracefully_on_signals(self.context)
         self.events.post(StreamingListenerStreamingStarted(self.clock.now_ms()))
 
@@ -226,8 +229,7 @@ class Driver:
         return self.leadership.storage.leader(self.leadership.path)
 
     def lease_timeout_ms(self) -> int:
-        return leadership.parse_duration_ms(self.conf.get(leadership.LEASE_TIMEOUT_KEY, "30s"),
-                                            leadership.LEASE_TIMEOUT_KEY)
+        return self.settings[config.LEASE_TIMEOUT]
 
     def on_fenced(self, error: BaseException) -> None:
         leadership.fence(self, error)
@@ -278,6 +280,7 @@ class Driver:
             with Driver.active_lock:
                 if Driver.active is self:
                     Driver.active = None
+            self.events.stop(LISTENER_DRAIN_S)  # the listeners hear of everything before stop returns
             self.terminated.set()
 
     def file_remember_ms(self) -> int:
@@ -285,18 +288,13 @@ class Driver:
         of its batch time: ``spark.streaming.fileStream.minRememberDuration``, else
         ``spark.streaming.minRememberDuration``, else 60 s (Spark's ``FileInputDStream.scala``). A
         job that may be down longer and must count the files that arrived meanwhile raises it."""
-        key = "spark.streaming.fileStream.minRememberDuration"
-        value = self.conf.get(key, None) or self.conf.get("spark.streaming.minRememberDuration", None) or "60s"
-        return leadership.parse_duration_ms(value, key)
+        return self.settings[config.FILE_MIN_REMEMBER]
 
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
         intervals); Spark reads it as milliseconds when it has no unit."""
-        value = self.conf.get("spark.streaming.gracefulStopTimeout", None)
-        if value is None:
-            return 10 * self.batch_ms / 1000
-        return leadership.parse_duration_ms(value, "spark.streaming.gracefulStopTimeout",
-                                            default_unit="ms") / 1000
+        value = self.settings[config.GRACEFUL_STOP_TIMEOUT]
+        return 10 * self.batch_ms / 1000 if value is None else value / 1000
 
     def graceful_remaining_s(self) -> float:
         """What is left of a graceful stop's timeout (its receivers' wait and its batches'

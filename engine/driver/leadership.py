@@ -26,13 +26,13 @@ from collections.abc import Callable
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
                  StorageUnavailableError, resolve)
 
-from ..durations import parse_duration_ms  # noqa: F401  (its callers import it from here too)
+from .. import config
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
-LEASE_TIMEOUT_KEY = "spark.streaming.driver.leaseTimeout"
+LEASE_TIMEOUT_KEY = config.LEASE_TIMEOUT.key
 LOCAL_POLL_S = 0.01
 
 

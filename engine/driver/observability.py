@@ -18,6 +18,7 @@ import time
 from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
 from sparkwal.checkpoint.layout import CheckpointLayout
 
+from .. import config
 from ..ui.catalog import Catalog
 from ..ui.metrics import Metrics
 from ..ui.recorder import Recorder
@@ -26,9 +27,9 @@ from ..ui.status import RunStatus
 
 log = logging.getLogger(__name__)
 
-UI_PORT_KEY = "spark.sparkwal.ui.port"
-RETAINED_BATCHES_KEY = "spark.streaming.ui.retainedBatches"
-EVENT_LOG_KEY = "spark.sparkwal.eventLog.enabled"
+UI_PORT_KEY = config.UI_PORT.key
+RETAINED_BATCHES_KEY = config.RETAINED_BATCHES.key
+EVENT_LOG_KEY = config.EVENT_LOG.key
 
 
 def stream_name(stream) -> str:
@@ -40,12 +41,11 @@ def stream_name(stream) -> str:
 class Observer:
     def __init__(self, driver):
         self._driver = driver
-        conf = driver.conf
-        self.retained = _positive_int(conf.get(RETAINED_BATCHES_KEY, "1000"), RETAINED_BATCHES_KEY)
-        self.ui_enabled = conf.get("spark.ui.enabled", "true").lower() == "true"
-        port = conf.get(UI_PORT_KEY)
-        self.port = None if port in (None, "") else _port(port)
-        self.log_enabled = conf.get(EVENT_LOG_KEY, "true").lower() == "true" and driver.checkpoint_dir is not None
+        settings = driver.settings
+        self.retained = settings[config.RETAINED_BATCHES]
+        self.ui_enabled = settings[config.UI_ENABLED]
+        self.port = settings[config.UI_PORT]
+        self.log_enabled = settings[config.EVENT_LOG] and driver.checkpoint_dir is not None
         self.events_dir = CheckpointLayout(driver.checkpoint_dir).events if driver.checkpoint_dir else None
         self.metrics = Metrics()
         self.status: RunStatus | None = None
@@ -78,8 +78,8 @@ class Observer:
             catalog = Catalog(self.events_dir, storage_options=driver.storage_options, live=self.status,
                               prior_runs=self.prior_runs, retained_batches=self.retained, metrics=self.metrics,
                               extras=self.extras, spark_version=sc.version)
-            host = os.environ.get("SPARK_LOCAL_IP") or driver.conf.get("spark.driver.bindAddress") or "0.0.0.0"
-            self.server = UiServer(catalog, host, self.port, public_host=driver.conf.get("spark.driver.host"))
+            host = os.environ.get("SPARK_LOCAL_IP") or driver.settings.raw("spark.driver.bindAddress") or "0.0.0.0"
+            self.server = UiServer(catalog, host, self.port, public_host=driver.settings.raw("spark.driver.host"))
             log.info("the streaming UI is at %s/streaming/", self.server.url)
 
     def on_active(self) -> None:
@@ -159,23 +159,3 @@ class Observer:
             writer.close()
         if server is not None:
             server.stop()
-
-
-def _positive_int(value: str, key: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return n
-
-
-def _port(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise ValueError(f"{UI_PORT_KEY} must be a port number (0: any free port), got {value!r}")
-    return n

@@ -8,6 +8,7 @@ import time
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ReceivedBlockTracker
 
+from .. import config
 from ..receiver.receiver_tracker import ReceiverTracker
 
 
@@ -17,8 +18,7 @@ def make_block_tracker(driver) -> ReceivedBlockTracker:
     ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
     Spark: an acknowledged block must survive the driver)."""
     ids = [s.input_id for s in driver.graph.inputs if s.receiver_based]
-    enabled = driver.conf.get("spark.streaming.receiver.writeAheadLog.enable", "true")
-    logged = bool(ids) and driver.checkpoint_dir is not None and enabled.lower() == "true"
+    logged = bool(ids) and driver.checkpoint_dir is not None and driver.settings[config.RECEIVER_WAL]
     return ReceivedBlockTracker(ids, wal_dir=CheckpointLayout(driver.checkpoint_dir).block_metadata if logged else None,
                                 clock=driver.clock,
                                 storage_options=driver.storage_options if logged else None,

@@ -38,6 +38,7 @@ import time
 
 from sparkwal.checkpoint import CheckpointFollower
 
+from .. import config
 from ..cluster import start_python_workers
 from .recovery import restore
 from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
@@ -79,8 +80,7 @@ class _Tail:
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
         self._follower: CheckpointFollower | None = None  # the directory as last looked at
         self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
-        conf = driver.sc.getConf()
-        self.preload_state = conf.get("spark.sparkwal.standby.preloadState", "true").lower() == "true"
+        self.preload_state = driver.settings[config.STANDBY_PRELOAD_STATE]
 
     def start(self) -> None:
         self._thread.start()

@@ -29,6 +29,7 @@ from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, Recei
                      create_rate_estimator)
 from sparkwal.tracker.events import EventFormatError, block_from_raw
 
+from .. import config
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
@@ -45,20 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_UNPROCESSED_BYTES = 256 << 20
-
-
-def _bool(conf, key: str, default: str) -> bool:
-    return str(conf.get(key, default)).lower() == "true"
-
-
-def _ms_conf(value: str) -> int:
-    """A Spark time setting ("200ms", "1s", "200") in ms."""
-    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|min)?\s*", str(value))
-    if not m:
-        raise ValueError(f"not a duration: {value!r}")
-    n, unit = int(m.group(1)), m.group(2) or "ms"
-    return n * {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000}[unit]
+DEFAULT_MAX_UNPROCESSED_BYTES = config.MAX_UNPROCESSED_BYTES.default
 
 
 def total_cores(master: str, default_parallelism: int) -> int:
@@ -90,14 +78,13 @@ def _receiver_partition(config: SupervisorConfig, receiver, _rows):
 class ReceiverTracker:
     def __init__(self, driver, inputs: list[ReceiverInputDStream]):
         self._driver, self._sc = driver, driver.sc
-        conf = driver.conf
+        settings = driver.settings
         self._inputs = {s.input_id: s for s in inputs}
         self._secret = wire.new_secret()
         self.wal_enabled = (driver.checkpoint_dir is not None
-                            and _bool(conf, "spark.streaming.receiver.writeAheadLog.enable", "true"))
-        self._driver_host = conf.get("spark.driver.host", "127.0.0.1")
-        self._max_unprocessed = int(conf.get("spark.streaming.receiver.maxUnprocessedBytes",
-                                             str(DEFAULT_MAX_UNPROCESSED_BYTES)))
+                            and settings[config.RECEIVER_WAL])
+        self._driver_host = settings.raw("spark.driver.host", "127.0.0.1")
+        self._max_unprocessed = settings[config.MAX_UNPROCESSED_BYTES]
         self._policy = ReceiverSchedulingPolicy()
         self._lock = threading.Condition()
         self._tracking: dict[int, ReceiverTrackingInfo] = {
@@ -117,8 +104,8 @@ class ReceiverTracker:
         self._threads: list[threading.Thread] = []
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
-        if _bool(conf, "spark.streaming.backpressure.enabled", "false"):
-            conf_map = dict(conf.getAll())
+        if settings[config.BACKPRESSURE]:
+            conf_map = config.rate_conf(settings)
             for sid in self._inputs:
                 self._rate_controllers[sid] = RateController(
                     sid, create_rate_estimator(driver.batch_ms, conf_map), partial(self.update_rate_limit, sid))
@@ -126,14 +113,13 @@ class ReceiverTracker:
             app_id=self._sc.applicationId, driver_host=self._driver_host,
             checkpoint_dir=driver.checkpoint_dir if self.wal_enabled else None,
             storage_options=driver.storage_options if self.wal_enabled else None,
-            block_interval_ms=_ms_conf(conf.get("spark.streaming.blockInterval", "200ms")),
-            block_queue_size=int(conf.get("spark.streaming.blockQueueSize", "10")),
-            max_buffered_records=int(conf.get("spark.streaming.receiver.maxBufferedRecords", "100000")),
-            max_rate=float(conf.get("spark.streaming.receiver.maxRate", "0")) or None,
-            initial_rate=float(conf.get("spark.streaming.backpressure.initialRate", "0")) or None,
-            restart_delay_ms=_ms_conf(conf.get("spark.streaming.receiverRestartDelay", "2000")),
-            wal_rolling_interval_s=float(conf.get(
-                "spark.streaming.receiver.writeAheadLog.rollingIntervalSecs", "60")),
+            block_interval_ms=settings[config.BLOCK_INTERVAL],
+            block_queue_size=settings[config.BLOCK_QUEUE_SIZE],
+            max_buffered_records=settings[config.MAX_BUFFERED_RECORDS],
+            max_rate=settings[config.RECEIVER_MAX_RATE] or None,
+            initial_rate=settings[config.INITIAL_RATE] or None,
+            restart_delay_ms=settings[config.RECEIVER_RESTART_DELAY],
+            wal_rolling_interval_s=settings[config.RECEIVER_WAL_ROLLING],
             leader_epoch=driver.leader_epoch,
             serve_blocks=not self.wal_enabled and live_executor_ids(self._sc) is not None)
 
@@ -252,7 +238,7 @@ class ReceiverTracker:
             c.stop()
         if not self.wal_enabled and self._sc.master.startswith("local["):
             remove_local_blocks(self._sc.applicationId,
-                                self._driver.conf.get("spark.local.dir", tempfile.gettempdir()).split(",")[0])
+                                self._driver.settings.raw("spark.local.dir", tempfile.gettempdir()).split(",")[0])
 
     @property
     def running(self) -> bool:

@@ -29,6 +29,8 @@ from pyspark import RDD
 
 from sparkwal.tracker import RateController, create_rate_estimator
 
+from .. import config
+from ..config import StreamingConf
 from ..inputs import InputDStream
 from ..errors import StreamingContextStateError
 from .protocol import DataLossError, OffsetRange, ReplayableSource, SourceError, TopicPartition
@@ -36,14 +38,6 @@ from .protocol import DataLossError, OffsetRange, ReplayableSource, SourceError,
 log = logging.getLogger(__name__)
 
 Ranges = dict[TopicPartition, tuple[int, int]]
-
-
-def _conf_float(conf, *keys: str, default: float = 0.0) -> float:
-    for k in keys:
-        v = conf.get(k)
-        if v is not None:
-            return float(v)
-    return default
 
 
 def rate_limits(lags: dict[TopicPartition, int], batch_ms: int, estimated_rate: float,
@@ -95,13 +89,13 @@ class DirectInputDStream(InputDStream):
 
     # ------------------------------------------------------------------ lifecycle (context)
 
-    def start_planning(self, batch_log, conf, batch_ms: int) -> None:
+    def start_planning(self, batch_log, settings: StreamingConf, batch_ms: int) -> None:
         """Called by start(): where planning resumes (the offset log's last entry, else the
         initial offsets, written to the log first) and the rate controller."""
         self._log = batch_log
-        if conf.get("spark.streaming.backpressure.enabled", "false").lower() == "true":
+        if settings[config.BACKPRESSURE]:
             self._rate_controller = RateController(
-                self.input_id, create_rate_estimator(batch_ms, dict(conf.getAll())), lambda rate: None)
+                self.input_id, create_rate_estimator(batch_ms, config.rate_conf(settings)), lambda rate: None)
         ends = batch_log.latest_ends(self) if batch_log is not None else None
         if ends is None:
             initial = batch_log.initial_offsets(self) if batch_log is not None else None
@@ -200,13 +194,12 @@ class DirectInputDStream(InputDStream):
         rate = self._rate_controller.latest_rate
         if rate > 0:
             return rate
-        return _conf_float(self._ssc.driver.conf, "spark.streaming.backpressure.initialRate")
+        return self._ssc.driver.settings[config.INITIAL_RATE]
 
     def _rate_conf(self) -> tuple[float, float]:
-        conf = self._ssc.driver.conf
-        return (_conf_float(conf, "spark.streaming.kafka.maxRatePerPartition",
-                            "spark.streaming.direct.maxRatePerPartition"),
-                _conf_float(conf, "spark.streaming.kafka.minRatePerPartition", default=1.0))
+        settings = self._ssc.driver.settings
+        kafka = settings[config.KAFKA_MAX_RATE]
+        return (settings[config.DIRECT_MAX_RATE] if kafka is None else kafka, settings[config.KAFKA_MIN_RATE])
 
     # ------------------------------------------------------------------ the RDDs
 

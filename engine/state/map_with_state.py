@@ -24,6 +24,7 @@ from functools import partial
 
 from pyspark import RDD, StorageLevel
 
+from .. import config
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
@@ -127,7 +128,7 @@ class StateSpec:
         return self._timeout_ms
 
 
-LIVE_KEYS_CONF = "spark.sparkwal.state.liveKeysPerWorker"  # see engine/state/state_map.py
+LIVE_KEYS_CONF = config.LIVE_KEYS.key  # see engine/state/state_map.py
 
 
 def _no_state(index: int, batch_ms: int) -> StateError:
@@ -254,7 +255,7 @@ class InternalMapWithStateDStream(DStream):
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
 
     def _live_keys(self) -> int:
-        return int(self._sc.getConf().get(LIVE_KEYS_CONF, str(LIVE_KEYS)))
+        return self._ssc.driver.settings[config.LIVE_KEYS]
 
     def clear_metadata(self, time_ms: int) -> None:
         """Each batch's state is a full copy (PySpark caches pickles): keep only the newest

@@ -45,15 +45,16 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.checkpoint.state_chains import SnapshotRef, StreamState, parse_state, state_names
 from sparkwal.checkpoint.state_files import read_manifest
 
+from .. import config
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
 log = logging.getLogger(__name__)
 
-DELTAS_PER_FULL = 10
+DELTAS_PER_FULL = config.DELTAS_PER_FULL.default
 #: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas
 #: (``spark.sparkwal.state.maxLineageBatches``): each batch adds a few RDDs to it
-MAX_LINEAGE_BATCHES = 50
-MAX_LINEAGE_CONF = "spark.sparkwal.state.maxLineageBatches"
+MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
+MAX_LINEAGE_CONF = config.MAX_LINEAGE_BATCHES.key
 CHAINS_KEPT = 3
 
 
@@ -74,21 +75,11 @@ class StateSnapshots:
 
     @property
     def deltas_per_full(self) -> int:
-        conf = self._driver.sc.getConf()
-        return int(conf.get("spark.sparkwal.state.deltasPerFull", str(DELTAS_PER_FULL)))
+        return self._driver.settings[config.DELTAS_PER_FULL]
 
     @property
     def max_lineage_batches(self) -> int:
-        conf = self._driver.sc.getConf()
-        value = conf.get(MAX_LINEAGE_CONF, str(MAX_LINEAGE_BATCHES))
-        try:
-            batches = int(value)
-        except ValueError:
-            batches = 0
-        if batches < 1:
-            raise ValueError(f"{MAX_LINEAGE_CONF} must be a whole number of batches of at least 1, "
-                             f"got {value!r}")
-        return batches
+        return self._driver.settings[config.MAX_LINEAGE_BATCHES]
 
     @property
     def roots(self) -> dict[int, int]:
