@@ -18,7 +18,8 @@ the batches whose time falls in the next ``--seconds`` are measured, alike for b
 (records of those batches / the window), processing and scheduling delay (p50, max), and the fraction
 of their records that were fsync'd to the receiver WAL before the batch ran. sparkwal stores a block
 durably (fsync) before reporting it, and the app counts, per batch, the records of blocks carrying a
-WAL handle; Spark's receiver WAL writes with hflush and never fsyncs (FileBasedWriteAheadLogWriter.scala), so its fraction
+WAL handle; Spark's receiver WAL writes with hflush and never fsyncs
+(FileBasedWriteAheadLogWriter.scala), so its fraction
 is 0 by construction.
 """
 
@@ -132,7 +133,8 @@ def measure(engine: str, workload: str, warmup: float, seconds: float, master: s
         if done and started is not None:
             batches = done
             seconds = (done[-1]["batch_ms"] - done[0]["batch_ms"]) / 1000 + 1
-            note = f"died (exit {proc.returncode}) {round((done[-1]['batch_ms'] - started) / 1000)} s after start; rate before"
+            lived_s = round((done[-1]["batch_ms"] - started) / 1000)
+            note = f"died (exit {proc.returncode}) {lived_s} s after start; rate before"
     records = sum(b["records"] for b in batches)
     durable = [b["durable"] for b in batches if b["durable"] is not None]
     proc_ms = [b["processing_ms"] for b in batches if b["processing_ms"] is not None]
@@ -144,7 +146,8 @@ def measure(engine: str, workload: str, warmup: float, seconds: float, master: s
         "processing_max_ms": max(proc_ms, default=None),
         "scheduling_p50_ms": statistics.median(sched_ms) if sched_ms else None,
         "scheduling_max_ms": max(sched_ms, default=None),
-        "fsynced_fraction": round(sum(durable) / records, 3) if durable and records else (0.0 if engine == "pyspark" else None),
+        "fsynced_fraction": (round(sum(durable) / records, 3) if durable and records
+                             else (0.0 if engine == "pyspark" else None)),
         "durability": ("receiver WAL off: 2 copies on executors" if not wal else
                        "fsync per block before it is reported" if engine == "sparkwal" else "hflush, never fsync"),
         "note": note, "events": events,
@@ -177,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         for engine in ("sparkwal", "pyspark"):
             r = measure(engine, workload, args.warmup, args.seconds)
             rows.append(r)
-            print(f"| {workload} | {engine}{' (' + r['note'] + ')' if r['note'] else ''} | {r['records_per_s']:,} | {r['processing_p50_ms']} / "
+            name = f"{engine} ({r['note']})" if r["note"] else engine
+            print(f"| {workload} | {name} | {r['records_per_s']:,} | {r['processing_p50_ms']} / "
                   f"{r['processing_max_ms']} | {r['scheduling_p50_ms']} / {r['scheduling_max_ms']} | "
                   f"{r['fsynced_fraction']} | {r['durability']} |", flush=True)
         a, b = rows[-2], rows[-1]
         if b["records_per_s"]:
-            print(f"| {workload} | sparkwal / pyspark.streaming | {a['records_per_s'] / b['records_per_s']:.2f} | | | | |",
+            ratio = a["records_per_s"] / b["records_per_s"]
+            print(f"| {workload} | sparkwal / pyspark.streaming | {ratio:.2f} | | | | |",
                   flush=True)
     return 0
 

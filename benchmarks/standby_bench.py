@@ -24,7 +24,8 @@ disk, fsync'd by sparkwal, written by Spark's checkpoint code for pyspark.stream
 * **on S3** (``--s3-takeovers``, default 5): the same takeovers with the checkpoint on moto's S3
   server (a process of its own), a 3 s lease and ``--s3-batch`` batches (default 2 s: on moto here
   a batch's checkpoint, lease and snapshot requests take longer than 1 s, and an active driver
-  that falls behind would make a takeover re-run its backlog); measured from the killed driver's lease expiry, which a standby must wait
+  that falls behind would make a takeover re-run its backlog); measured from the killed driver's
+  lease expiry, which a standby must wait
   for there.
 * **standby's cost**: the active driver's median batch processing time over ``--cost-batches``
   batches with a standby beside it, against the median of as many before the standby started
@@ -359,7 +360,8 @@ def _run(args) -> int:
             ("pyspark.streaming, cold restart (getOrCreate)",
              cold_restarts("pyspark", args.restarts, args.keys, args.batch))]
     print(f"kill -9 of the driver's process group to the first newer batch completed "
-          f"({args.keys} keys, updateStateByKey, {args.batch} s batches, {os.environ.get('SPARKWAL_BENCH_MASTER', 'local[2]')}, local checkpoint)")
+          f"({args.keys} keys, updateStateByKey, {args.batch} s batches, "
+          f"{os.environ.get('SPARKWAL_BENCH_MASTER', 'local[2]')}, local checkpoint)")
     print("| driver recovery | kills | p50 | p95 | max | the takeover itself (p50) |")
     print("|---|---|---|---|---|---|")
     for name, r in rows:

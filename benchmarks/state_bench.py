@@ -260,7 +260,8 @@ def measure(keys: int, label: str, engine: str, op: str, fraction: float, batche
     result = {"label": label, "keys": keys, "batch_s": batch_s, "first_s": done[0]["processing_ms"] / 1000,
               "median_s": statistics.median(later), "max_s": max(later),
               "restart_s": statistics.median(restart_s), "restarts_s": restart_s,
-              "snapshot": snapshot_bytes(run, done[0]["time_ms"]), "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
+              "snapshot": snapshot_bytes(run, done[0]["time_ms"]),
+              "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 

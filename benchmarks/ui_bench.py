@@ -317,8 +317,9 @@ def main(argv=None) -> int:
     paired = paired_rows(args.rounds)
     rest = rest_latency(args.requests)
     print("\n| row | figure |\n|---|---|")
-    print(f"| main job batch processing p50, off | {job['off_ms']:.0f} ms (runs {', '.join(f'{x:.0f}' for x in job['runs_off'])}) |")
-    print(f"| main job batch processing p50, on | {job['on_ms']:.0f} ms (runs {', '.join(f'{x:.0f}' for x in job['runs_on'])}) |")
+    for side in ("off", "on"):
+        runs = ", ".join(f"{x:.0f}" for x in job[f"runs_{side}"])
+        print(f"| main job batch processing p50, {side} | {job[f'{side}_ms']:.0f} ms (runs {runs}) |")
     print(f"| cost, end to end | {job['cost_pct']:+.1f}% |")
     print(f"| paired, one SparkContext: batch processing p50 off / on | {paired['off_ms']:.0f} ms / "
           f"{paired['on_ms']:.0f} ms |")
@@ -326,7 +327,8 @@ def main(argv=None) -> int:
           f"(rounds {', '.join(f'{d:+.1f}' for d in paired['diffs'])}) |")
     print(f"| recorder CPU per batch (7 events, metrics, event log) | {cpu['cpu_us_per_batch']:.0f} µs "
           f"= {cpu['share_of_0_5s_pct']:.3f}% of a 0.5 s batch |")
-    print(f"| memory, retainedBatches 1000 / 100 (5000 batches fed) | {mem[1000] / 1e6:.2f} MB / {mem[100] / 1e6:.2f} MB |")
+    print(f"| memory, retainedBatches 1000 / 100 (5000 batches fed) | {mem[1000] / 1e6:.2f} MB / "
+          f"{mem[100] / 1e6:.2f} MB |")
     print(f"\nREST and pages, {rest['retained']} retained of {rest['completed']} batches, app running "
           f"(1000 batches filled in {rest['fill_s']:.0f} s):\n\n| endpoint | served p50 ms | served p99 ms | "
           "rendered, no cache, p50 ms | p99 ms | bytes |\n|---|---:|---:|---:|---:|---:|")

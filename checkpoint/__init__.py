@@ -15,7 +15,8 @@ from .resume import RepairPlan, RestartPoint, plan_repair, repair, resolve_resta
 __all__ = [
     "CheckpointFollower",
     "BatchRangeError", "Checkpoint", "CheckpointError", "CheckpointMismatchError", "CheckpointWriter",
-    "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog", "MissingCodePartError",
+    "CheckpointWriterStatistics", "CommitLog", "CommitMetadata", "MalformedLogError", "MetadataLog",
+    "MissingCodePartError",
     "OffsetMap", "OffsetSeq", "OffsetSeqLog", "OffsetSeqMetadata", "RepairPlan", "RestartError",
     "RestartPoint", "SnapshotError", "UnsupportedLogVersionError", "parse_version", "plan_repair", "read_checkpoint",
     "read_code", "repair", "resolve_restart", "verify_batch_ids", "write_code",

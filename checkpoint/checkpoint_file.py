@@ -328,7 +328,7 @@ class CheckpointWriter:
         writer wrote it last or it is not there."""
         if self._last_written is not None and self._last_written[0] == path:
             return self._last_written[1]
-        if all(p != path for _t, _m, p in self._files):
+        if all(p != path for _t, _m, p in self._files or ()):
             return None
         try:
             return self._storage.read_file(path)
@@ -337,6 +337,8 @@ class CheckpointWriter:
 
     def _note(self, path: str) -> None:
         m = CHECKPOINT_FILE.fullmatch(path.rsplit("/", 1)[-1])
+        if m is None or self._files is None:
+            return
         entry = (int(m.group(1)), m.group(2) is None, path)
         if entry not in self._files:
             self._files.append(entry)

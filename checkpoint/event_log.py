@@ -49,7 +49,7 @@ import logging
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sparkwal.wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
@@ -99,7 +99,9 @@ def read_runs(events_dir: str, storage_options: dict | None = None) -> list[dict
             if not isinstance(run, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as e:
-            start, epoch = RUN_DIR.fullmatch(name).groups()
+            matched = RUN_DIR.fullmatch(name)
+            assert matched is not None  # the runs are listed by this pattern
+            start, epoch = matched.groups()
             run = {"startTime": int(start), "epoch": int(epoch), "error": f"{storage.url(run_file)}: {e}"}
         run["path"] = path
         runs.append(run)
@@ -137,7 +139,7 @@ class EventLogWriter:
     def __init__(self, events_dir: str, run: dict, *, storage_options: dict | None = None,
                  retained_batches: int = 1000,
                  prior_batch_times: Iterable[int] | Callable[[], Iterable[int]] = (),
-                 prior_runs: list[str] = (), lock=None, max_queued: int = 10_000):
+                 prior_runs: Sequence[str] = (), lock=None, max_queued: int = 10_000):
         self._storage, root = resolve(events_dir, storage_options)
         self._storage_options = storage_options
         self.run = {"version": VERSION, **run}

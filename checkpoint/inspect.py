@@ -149,8 +149,9 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
     for log_url in _write_ahead_logs(storage, root, subdirs):
         log_report = scan_log(log_url, storage_options)
         report.logs.append(log_report)
-        report.problems += [f"{s.path} at byte offset {s.problem[0]}: {s.problem[1]}"
-                            for s in log_report.problems]
+        report.problems += [f"{s.path} at byte offset {offset}: {what}"
+                            for s in log_report.problems if s.problem is not None
+                            for offset, what in [s.problem]]
     report.leader = storage.leader(root)  # read only: inspectors take no lock
     if report.newest is not None or report.code_parts or report.files or report.logs or report.leader:
         report.kind = "sparkwal"  # (a driver leading it before its first checkpoint, too)

@@ -11,10 +11,13 @@ below).
 * ``sources/<input>/0``: where each direct input started (:mod:`sparkwal.engine.sources.batch_log`)
 * ``metadata``: a Structured Streaming query's id, inspected only (Spark's ``StreamMetadata``)
 * ``receivedBlockMetadata/``: the block tracker's WAL, Spark's name (records: :mod:`sparkwal.tracker.events`)
-* ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch (:mod:`sparkwal.engine.receiver.blocks`)
+* ``receivedData/<stream>-e<epoch>/``: received blocks, a WAL per stream and epoch
+  (:mod:`sparkwal.engine.receiver.blocks`)
 * ``rdds/``: Spark's RDD checkpoint directory, for users' own ``rdd.checkpoint()``
-* ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each (:mod:`sparkwal.checkpoint.event_log`)
-* ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases (:mod:`sparkwal.wal.locks`)
+* ``events/run-<startMs>-e<epoch>/``: the driver runs' event log, a run file and a WAL each
+  (:mod:`sparkwal.checkpoint.event_log`)
+* ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases
+  (:mod:`sparkwal.wal.locks`)
 
 A checkpoint names the files it references (state snapshots, received blocks' WAL records) by
 *relative* names, ``state/3-20000-e1`` or ``receivedData/0-e1/log-...``, resolved against where

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from .metadata_log import MetadataLog
 
-_COMPACT = dict(separators=(",", ":"), ensure_ascii=False)
+_COMPACT: dict[str, Any] = dict(separators=(",", ":"), ensure_ascii=False)
 _decoder = json.JSONDecoder()
 
 

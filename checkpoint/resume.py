@@ -1,6 +1,7 @@
 """Where a restarted query resumes: Spark's rules for pairing the offset and commit logs
 (``MicroBatchExecution.populateStartOffsets``, sql/core/src/main/scala/org/apache/spark/sql/
-execution/streaming/MicroBatchExecution.scala), with errors that say what is wrong and a repair plan where Spark only says "batch N doesn't exist".
+execution/streaming/MicroBatchExecution.scala), with errors that say what is wrong and a repair
+plan where Spark only says "batch N doesn't exist".
 
 Rules, with ``N`` the latest batch in ``offsets/`` and ``C`` the latest in ``commits/``:
 
@@ -72,10 +73,12 @@ def resolve_restart(offsets: OffsetSeqLog, commits: CommitLog) -> RestartPoint:
             f"offsets file is {offsets.file_url(n)}. Offsets of batches {n + 1}..{c} are lost; run "
             "checkpoint.plan_repair()/repair() to re-run them from the offsets of batch "
             f"{n} (at-least-once), or restore the missing offsets files.")
+    assert latest is not None  # n is the newest offsets entry
     metadata = latest.metadata
     watermark = metadata.batch_watermark_ms if metadata is not None else 0
     if c == n:  # resuming after a committed batch needs only its own offsets
         commit = commits.get(c)
+        assert commit is not None  # c is the newest commit
         return RestartPoint(n + 1, False, _offsets_of(latest), None, None,
                             max(watermark, commit.next_batch_watermark_ms))
 

@@ -48,7 +48,8 @@ class StreamState:
 
     def chain(self, time_ms: int) -> list[SnapshotRef]:
         """The snapshots that make up the state at ``time_ms``, the full one first."""
-        out, t = [], time_ms
+        out: list[SnapshotRef] = []
+        t: int | None = time_ms
         while t is not None:
             ref = self.snapshots.get(t)
             if ref is None:

@@ -63,14 +63,16 @@ class ConfEntry:
             m = _DURATION.fullmatch(text)
             if not m:
                 raise self.error(value, "a duration such as 30s or 500ms")
-            number = int(float(m.group(1)) * _SCALE_MS[m.group(2) or self.unit])
+            number: float = int(float(m.group(1)) * _SCALE_MS[m.group(2) or self.unit])
         else:
+            parsed: float | None
             try:
-                number = int(text) if self.kind == "int" else float(text)
+                parsed = int(text) if self.kind == "int" else float(text)
             except ValueError:
-                number = None
-            if number is None or number != number:  # not a number, or NaN
+                parsed = None
+            if parsed is None or parsed != parsed:  # not a number, or NaN
                 raise self.error(value, self.wanted_number())
+            number = parsed
         if (self.minimum is not None and number < self.minimum) or \
                 (self.maximum is not None and number > self.maximum):
             raise self.error(value, self.wanted_number())
@@ -93,7 +95,7 @@ class ConfEntry:
         if self.kind == "bool":
             return str(self.default).lower()
         if self.kind == "duration":
-            ms = int(self.default)
+            ms = int(str(self.default))
             return f"{ms // 1000}s" if ms % 1000 == 0 and self.unit == "s" else f"{ms}ms"
         return str(self.default)
 

@@ -78,7 +78,8 @@ def prepare_conf(conf: SparkConf | None = None) -> SparkConf:
         ready.set("spark.pyspark.python", f"./{ALIAS}/bin/python")
         ready.setIfMissing("spark.pyspark.driver.python", sys.executable)
     executors_have_sparkwal = settings[config.SHIP_ENVIRONMENT] or settings[config.SHIP_CODE] == "false"
-    if executors_have_sparkwal and settings[config.PREIMPORT_WORKERS] and not ready.contains("spark.python.daemon.module"):
+    daemon_chosen = ready.contains("spark.python.daemon.module")
+    if executors_have_sparkwal and settings[config.PREIMPORT_WORKERS] and not daemon_chosen:
         ready.set("spark.python.daemon.module", DAEMON_MODULE)
     if supports("unix_socket_workers"):  # PySpark's version: no SparkContext yet
         ready.setIfMissing(UDS_ENABLED, "true")

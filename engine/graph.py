@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from types import FrameType
 
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
 _APPS_DIR = os.path.join(_ENGINE_DIR, "apps") + os.sep
@@ -19,7 +20,8 @@ def _is_engine_file(path: str) -> bool:
 def creation_site() -> str:
     """``"<operation> at <file>:<line>"``: the public engine call that is creating a stream, and
     where the program called it (for errors that must name a DStream operation)."""
-    frame, op = sys._getframe(1), "?"
+    frame: FrameType | None = sys._getframe(1)
+    op = "?"
     while frame is not None and _is_engine_file(frame.f_code.co_filename):
         if not frame.f_code.co_name.startswith("_"):
             op = frame.f_code.co_name

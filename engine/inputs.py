@@ -18,6 +18,7 @@ class InputDStream(DStream):
     """A stream with no parent; its slide is the batch duration."""
 
     receiver_based = False  # True: its data arrives as blocks tracked by the ReceivedBlockTracker
+    input_id: int  # its place among the graph's inputs (DStreamGraph.add_input)
 
     def records_read(self, time_ms: int) -> int | None:
         """The records batch ``time_ms`` read from this input, known once its jobs are done, for
@@ -45,7 +46,8 @@ class QueueInputDStream(InputDStream):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._queue, self._queue_lock = deque(), threading.Lock()
+        self._queue: deque = deque()
+        self._queue_lock = threading.Lock()
 
     def __init__(self, ssc, rdds: list[RDD], one_at_a_time: bool, default: RDD | None):
         super().__init__(ssc)
@@ -266,7 +268,8 @@ class FileInputDStream(InputDStream):
         files = [f if "://" in f else os.path.abspath(f) for f in files]
         if self.record_length is not None:  # Hadoop's new API: a split per block of each file
             return self._sc.binaryRecords(",".join(files), self.record_length)
-        small, large = [], []
+        small: list[str] = []
+        large: list[str] = []
         for f in files:
             (small if _read_in_python(f) else large).append(f)
         rdds = [self._sc.parallelize(small, len(small)).flatMap(_read_local_lines)] if small else []

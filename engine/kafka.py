@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from .sources.protocol import DataLossError, ReplayableSource, SourceError, TopicPartition
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 _OURS = ("auto.offset.reset", "sparkwal.kafka.pollTimeoutMs", "metadata.broker.list")
 _RESET = {"smallest": "earliest", "earliest": "earliest", "largest": "latest", "latest": "latest"}
-_task_consumers: dict[tuple, object] = {}  # one consumer per configuration in each Python worker
+_task_consumers: dict[tuple, Any] = {}  # one consumer per configuration in each Python worker
 _task_lock = threading.Lock()
 
 
@@ -110,7 +111,7 @@ class KafkaSource(ReplayableSource):
         out = {}
         for tp in partitions:
             try:
-                out[tp] = self._driver().get_watermark_offsets(KTP(tp.topic, tp.partition),
+                out[tp] = self._driver().get_watermark_offsets(KTP(tp.topic, int(tp.partition)),
                                                                timeout=self.timeout_s, cached=False)
             except KafkaException as e:
                 raise SourceError(f"Kafka {tp.topic}/{tp.partition}: no watermarks ({e})") from None
@@ -143,7 +144,7 @@ class KafkaSource(ReplayableSource):
             consumer = _task_consumers.get(key)
             if consumer is None:
                 consumer = _task_consumers[key] = Consumer(self.conf)
-        consumer.assign([KTP(partition.topic, partition.partition, from_offset)])
+        consumer.assign([KTP(partition.topic, int(partition.partition), from_offset)])
         try:
             next_offset = from_offset
             deadline = time.monotonic() + self.poll_timeout_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import types
+from collections.abc import Sequence
 
 from pyspark import RDD, StorageLevel
 
@@ -17,11 +18,11 @@ from .errors import StreamingContextStateError
 
 
 class StreamMachinery:
-    def __init__(self, ssc, dependencies: list[StreamMachinery], slide_ms: int | None = None):
+    def __init__(self, ssc, dependencies: Sequence[StreamMachinery], slide_ms: int | None = None):
         self._ssc = ssc
         self._sc = ssc.sparkContext
-        self.dependencies = dependencies
-        self.slide_ms = slide_ms if slide_ms is not None else dependencies[0].slide_ms
+        self.dependencies = list(dependencies)
+        self.slide_ms: int = slide_ms if slide_ms is not None else dependencies[0].slide_ms
         self.generated_rdds: dict[int, RDD] = {}
         self._superseded: dict[int, RDD] = {}  # replaced RDDs, maybe still used by running jobs
         #: a stateful stream's batch time -> the batch time its RDD's lineage starts at: the state
@@ -39,7 +40,7 @@ class StreamMachinery:
     # ------------------------------------------------------------------ pickling (the code part)
 
     #: What a pickled stream leaves out: its context and what lives only in a running driver.
-    transient_fields = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
+    transient_fields: tuple[str, ...] = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -1,4 +1,5 @@
-"""DStream checkpoint files: CheckpointSuite's file behaviours (streaming/src/test/scala/org/apache/spark/streaming/CheckpointSuite.scala), fallbacks, failures."""
+"""DStream checkpoint files: CheckpointSuite's file behaviours
+(streaming/src/test/scala/org/apache/spark/streaming/CheckpointSuite.scala), fallbacks, failures."""
 
 from __future__ import annotations
 

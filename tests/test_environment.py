@@ -111,5 +111,6 @@ def test_a_checkpoint_keeps_no_per_pod_or_per_run_setting():
 def test_a_directory_that_is_no_virtualenv_is_named(tmp_path):
     from sparkwal.engine import EnvironmentShippingError
 
-    with pytest.raises(EnvironmentShippingError, match=f"cannot pack the environment {tmp_path}: .*not a valid virtual"):
+    with pytest.raises(EnvironmentShippingError,
+                       match=f"cannot pack the environment {tmp_path}: .*not a valid virtual"):
         packed_environment(str(tmp_path / "cache"), prefix=str(tmp_path))

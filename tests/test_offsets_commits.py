@@ -1,4 +1,5 @@
-"""Ports of OffsetSeqLogSuite and CommitLogSuite with Spark's golden files (sql/core/src/test/resources/structured-streaming/)."""
+"""Ports of OffsetSeqLogSuite and CommitLogSuite with Spark's golden files
+(sql/core/src/test/resources/structured-streaming/)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def test_local_blocks_are_stored_cleaned_and_checked(tmp_path, monkeypatch):
     handler.store("input-2-3000-a", serialize_block(["y"]))
     assert read_local_block("app-1", 2, "input-2-1000-a") == ["x"]
     handler.cleanup_old_blocks(2000)
-    with pytest.raises(BlockReadError, match="input-2-1000-a of stream 2 could not be read \\(not in this executor's .*writeAheadLog"):
+    with pytest.raises(BlockReadError,
+                       match="input-2-1000-a of stream 2 could not be read \\(not in this executor's .*writeAheadLog"):
         read_local_block("app-1", 2, "input-2-1000-a")
     path = os.path.join(handler.directory, "input-2-3000-a")
     with open(path, "r+b") as f:

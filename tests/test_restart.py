@@ -1,4 +1,5 @@
-"""resolve_restart: every rule of Spark's offset/commit pairing (MicroBatchExecution.populateStartOffsets), gaps and repair."""
+"""resolve_restart: every rule of Spark's offset/commit pairing
+(MicroBatchExecution.populateStartOffsets), gaps and repair."""
 
 from __future__ import annotations
 

@@ -171,8 +171,10 @@ GARBAGE = [b"\x00\xff" * 50 + b"\r\n\r\n", b"GET /" + b"a" * 70_000 + b" HTTP/1.
            b"POST /api/v1/applications HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
            b"GET /api/v1/applications/../../etc/passwd HTTP/1.1\r\n\r\n",
            b"GET /streaming/batch/?id=99999999999999999999999 HTTP/1.1\r\n\r\n",
-           b"GET /streaming/batch/?id=%3Cscript%3E HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n",
-           b"BREW /pot HTTP/1.1\r\n\r\n", b"GET /api/v1/applications/x/streaming/batches/1/operations/a/b HTTP/1.1\r\n\r\n",
+           b"GET /streaming/batch/?id=%3Cscript%3E HTTP/1.1\r\n\r\n",
+           b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n",
+           b"BREW /pot HTTP/1.1\r\n\r\n",
+           b"GET /api/v1/applications/x/streaming/batches/1/operations/a/b HTTP/1.1\r\n\r\n",
            b"GET /streaming/?" + b"&a=1" * 500 + b" HTTP/1.1\r\n\r\n", b"GET http://evil/ HTTP/1.1\r\n\r\n", b""]
 
 

@@ -1,4 +1,5 @@
-"""BatchedWriteAheadLog: group commit, Spark's batching rules, shutdown (Spark's streaming/src/main/scala/org/apache/spark/streaming/util/BatchedWriteAheadLog.scala)."""
+"""BatchedWriteAheadLog: group commit, Spark's batching rules, shutdown (Spark's
+streaming/src/main/scala/org/apache/spark/streaming/util/BatchedWriteAheadLog.scala)."""
 
 from __future__ import annotations
 

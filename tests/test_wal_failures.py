@@ -18,7 +18,10 @@ def strict_scan(faulty, url):
     fs = faulty()
     root = "/" + url.split("://", 1)[1]
     out = []
-    for info in sorted(fs.ls(root, detail=True), key=lambda e: parse_segment_name(e["name"].rsplit("/", 1)[1]) or (0, 0)):
+    def start(e):
+        return parse_segment_name(e["name"].rsplit("/", 1)[1]) or (0, 0)
+
+    for info in sorted(fs.ls(root, detail=True), key=start):
         name = info["name"].rsplit("/", 1)[1]
         if parse_segment_name(name):
             with fs.open(info["name"], "rb") as f:

@@ -1,4 +1,5 @@
-"""Port of Spark's WriteAheadLogSuite (streaming/src/test/scala/org/apache/spark/streaming/util/WriteAheadLogSuite.scala), run in Spark's four configurations.
+"""Port of Spark's WriteAheadLogSuite
+(streaming/src/test/scala/org/apache/spark/streaming/util/WriteAheadLogSuite.scala), run in Spark's four configurations.
 
 Fixtures as in Spark: rolling interval 1 s, max_failures 1, a manual clock starting at 10000 that
 advances 500 ms per write, so segments roll about every 3 records. Where sparkwal deliberately

@@ -194,6 +194,7 @@ class ReceivedBlockTracker:
     def _replay(self) -> None:
         added = allocated = cleaned = 0
         queues, allocations = self._unallocated, self._allocations
+        assert self.wal is not None  # replayed only when there is a WAL
         for record in self.wal.read_all():
             v = decode_raw(record)
             kind = v[1]

@@ -17,7 +17,7 @@ class AppendFile(ABC):
     size: int
     #: A shared memory map of the file when appends may be stored into it directly: bytes
     #: ``[size, capacity)`` are reserved (then ``size`` is updated by the caller); else None.
-    map = None
+    map: mmap.mmap | None = None
     capacity = 0
 
     @abstractmethod
@@ -133,6 +133,7 @@ class MappedAppendFile(AppendFile):
         offset = self.size
         self.reserve(len(data))
         end = offset + len(data)
+        assert self.map is not None  # reserve() made it
         self.map[offset:end] = data
         self.size = end
         return offset

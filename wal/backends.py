@@ -158,7 +158,8 @@ class _ReadFd:
     __slots__ = ("fd", "users", "retired", "closed")
 
     def __init__(self, fd: int):
-        self.fd, self.users, self.retired, self.closed = fd, [], False, False
+        self.fd, self.retired, self.closed = fd, False, False
+        self.users: list = []
 
 
 class LocalStorage(Storage):

@@ -128,6 +128,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
             self._give_up(p)
         if p.error is not None:
             raise WalError(f"group write at time {time_ms} failed: {p.error}") from p.error
+        assert p.handles is not None  # written: the writer set them
         return p.handles
 
     def _give_up(self, p: _Pending) -> None:

@@ -25,7 +25,7 @@ import json
 import os
 import threading
 
-from .append_files import AppendFile, LocalAppendFile
+from .append_files import AppendFile
 from .backends import LocalStorage
 
 CONTROL_FILE = ".disk-faults.json"
@@ -101,7 +101,7 @@ class DiskFaults:
 
 
 class _FaultyAppendFile(AppendFile):
-    def __init__(self, inner: LocalAppendFile, faults: DiskFaults):
+    def __init__(self, inner: AppendFile, faults: DiskFaults):
         self._inner, self._faults, self.path = inner, faults, inner.path
 
     @property

@@ -1,8 +1,9 @@
 """FileBasedWriteAheadLog: a time-rolled, checksummed, fsync'd log of segment files on any storage.
 
 Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning), improved: every record carries a CRC32C
-(format in :mod:`sparkwal.wal.segment`): a torn tail is cut off when a writer opens the log, corruption anywhere else is a
-loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``; :class:`~sparkwal.wal.base.Durability`);
+(format in :mod:`sparkwal.wal.segment`): a torn tail is cut off when a writer opens the log, corruption
+anywhere else is a loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``;
+:class:`~sparkwal.wal.base.Durability`);
 a writer never appends to a segment it did not create (each starts a fresh one at ``max(time, newest start +
 1)``, so names are unique and increasing even when two writes share a millisecond: Spark re-opened the same
 name); a failed write cuts the segment back to its last good record before retrying on a new one (no garbage
@@ -21,6 +22,7 @@ from itertools import accumulate
 
 from crc32c import crc32c
 
+from .append_files import MappedAppendFile
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptRecordError, FencedError, LogLockedError, StorageUnavailableError, WalError
@@ -105,7 +107,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         self._last_start = self._segments[-1].start_ms if self._segments else -1
         self._writer: AppendFile | None = None
         self._writer_fd: int | None = None  # set when ``write`` may take the local fast path
-        self._mapped_writer: AppendFile | None = None  # set when it may copy into a memory map
+        self._mapped_writer: MappedAppendFile | None = None  # set when it may copy into a memory map
         self._writer_end = -1
         self._dir_lock: Lock | None = None
         self._closed = False
@@ -144,24 +146,24 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 # memory map, no system call; the OS has the bytes once the copy ends.
                 offset = w.size
                 end = offset + FRAME_HEADER_LEN + n
-                if end <= w.capacity:
+                m = w.map
+                if end <= w.capacity and m is not None:
                     if n < _WRITEV_MIN:
-                        w.map[offset:end] = head + data
+                        m[offset:end] = head + data
                     else:
-                        m = w.map
                         m[offset:offset + FRAME_HEADER_LEN] = head
                         m[offset + FRAME_HEADER_LEN:end] = data
                     w.size = end
                     self._fast_records += 1
                     self._fast_bytes += n
                     return _new_handle(RecordHandle, (w.path, offset, n))
-            fd = self._writer_fd
+            fd, writer = self._writer_fd, self._writer
             # Fast path, most writes: one os.write of the frame into the open local segment. It
             # is the whole per-record cost that matters here, so the frame, the write and the
             # handle are inlined; anything else (a roll, a lease to renew, a short or failed
             # write, another store) goes through the general path with its retries.
-            if fd is not None and time_ms <= self._writer_end:
-                offset = self._writer.size
+            if fd is not None and writer is not None and time_ms <= self._writer_end:
+                offset = writer.size
                 error: OSError | None = None
                 try:
                     if n < _WRITEV_MIN:
@@ -171,7 +173,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 except OSError as exc:
                     written, error = -1, exc
                 if written == n + FRAME_HEADER_LEN:
-                    self._writer.size = offset + written
+                    writer.size = offset + written
                     if self._fsync:
                         try:
                             began = _perf_counter()
@@ -183,7 +185,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                             return self._write(head + data, [0], [n], time_ms, first_attempt=2)[0]
                     self._fast_records += 1
                     self._fast_bytes += n
-                    return _new_handle(RecordHandle, (self._writer.path, offset, n))
+                    return _new_handle(RecordHandle, (writer.path, offset, n))
                 # a short or failed write: cut it off, then the general path retries
                 self._abandon_writer(offset)
                 self._write_failed(error or OSError(f"short write ({written} of "
@@ -217,6 +219,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 try:
                     if self._dir_lock is None:
                         self._open_for_writing()
+                    assert self._dir_lock is not None
                     self._dir_lock.check()
                     if self._close_after_write:
                         path, base = self._publish_segment(frames, time_ms), HEADER_LEN
@@ -283,9 +286,10 @@ class FileBasedWriteAheadLog(WriteAheadLog):
             raise
         self._writer, self._writer_end = writer, end
         # the fast path needs a plain descriptor and a lock that cannot be lost while held
-        fast = not self._dir_lock.needs_check
+        fast = self._dir_lock is not None and not self._dir_lock.needs_check
         self._writer_fd = writer.fileno() if fast else None
-        self._mapped_writer = writer if fast and writer.map is not None else None
+        self._mapped_writer = writer if fast and isinstance(writer, MappedAppendFile) and writer.map is not None \
+            else None
         self._segments.append(SegmentName(start, end, path))
         self._stats.segments_created += 1
         return writer

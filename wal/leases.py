@@ -98,7 +98,7 @@ class EpochLease(Leadership):
             self._fence(f"its lease was last renewed at {iso(self._renewed_at)} and lapses "
                         f"at {iso(self._renewed_at + self._lease_ms)}"
                         f"{self._why_not_renewed(in_flight=self._renew_lock.locked())}")
-        if now - self._renewed_at >= self.renew_every_ms and self._renew_lock.acquire(blocking=False):
+        if now - self._renewed_at >= (self.renew_every_ms or 0) and self._renew_lock.acquire(blocking=False):
             try:  # due, and no renewal under way (a slow one never stalls the checks: they fence)
                 self._renew()
             finally:

@@ -102,7 +102,10 @@ def is_transient(error: BaseException) -> bool:
         status = status.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(status, dict) else None
         if isinstance(status, int) and status >= 500:
             return True
-        error = error.__cause__ or error.__context__
+        cause = error.__cause__ or error.__context__
+        if cause is None:
+            return False
+        error = cause
     return False
 
 
@@ -152,7 +155,7 @@ def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy |
     """Run ``fn`` until it succeeds, fails with a non-transient error (raised as is), or keeps
     failing transiently past the deadline (:class:`StorageUnavailableError`)."""
     policy = policy or _default
-    rng = rng or random
+    uniform = (rng or random).uniform
     start, attempts = monotonic(), 0
     while True:
         attempts += 1
@@ -174,7 +177,7 @@ def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy |
             if given_up:
                 raise StorageUnavailableError(operation, url, attempts, elapsed, e) from e
             backoff = min(policy.max_backoff_s, policy.first_backoff_s * 2 ** min(attempts - 1, 30))
-            pause = min(rng.uniform(0, backoff), policy.deadline_s - elapsed)
+            pause = min(uniform(0, backoff), policy.deadline_s - elapsed)
             sleep(pause)
             continue
         if attempts > 1:

@@ -66,7 +66,7 @@ def _read_parallel(storage: Storage, segments: list[SegmentName]) -> Iterator[by
         return list(_read_segment(storage, seg, newest))
 
     with ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="wal-read") as pool:
-        futures = [pool.submit(fetch, seg, i == last) for i, seg in enumerate(segments[:PARALLEL_READS])]
+        futures: list = [pool.submit(fetch, seg, i == last) for i, seg in enumerate(segments[:PARALLEL_READS])]
         for i in range(len(segments)):
             records = futures[i].result()
             nxt = i + PARALLEL_READS

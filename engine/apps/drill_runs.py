@@ -55,6 +55,7 @@ class AppRun:
         return open(self.log_path, "w")
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         for line in self.proc.stdout:
             try:
                 event = json.loads(line)

@@ -34,6 +34,14 @@ INTERNAL = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError
             b"<Message>We encountered an internal error. Please try again.</Message></Error>")
 
 
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    proxy: FaultProxy
+
+    def handle_error(self, request, client_address) -> None:
+        """A client gone mid-answer: nothing to report."""
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -67,9 +75,7 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._plans: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.handle_error = lambda request, address: None  # a client gone mid-answer
+        self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -114,6 +120,8 @@ class FaultProxy:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    server: _ProxyServer
+
     protocol_version = "HTTP/1.1"  # keep-alive and Expect: 100-continue, as S3 clients use them
 
     def log_message(self, format, *args):  # noqa: A002
@@ -125,7 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def _forward(self, body: bytes):
-        conn = http.client.HTTPConnection(*self.server.proxy.upstream, timeout=60)
+        host, port = self.server.proxy.upstream
+        conn = http.client.HTTPConnection(host, port, timeout=60)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "expect"}
         conn.request(self.command, self.path, body=body if body else None, headers=headers)
         response = conn.getresponse()

@@ -125,7 +125,8 @@ def status(argv: list[str], prog: str = "sparkwal status") -> int:
               f"{b.get('processingTime', '-')} ms{failed}")
     last = summary["newest"]["lastCheckpoint"]
     if last:
-        print(f"last checkpoint: batch {last['checkpointTime']} (epoch {last['epoch']}), written in {last['tookMs']} ms")
+        print(f"last checkpoint: batch {last['checkpointTime']} (epoch {last['epoch']}), "
+              f"written in {last['tookMs']} ms")
     return OK
 
 

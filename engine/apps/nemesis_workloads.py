@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from . import direct_drill, receiver_drill
 from .drill_runs import AppRun, check_outputs, read_outputs, start_file_input
@@ -92,7 +93,7 @@ class DirectWorkload:
     def __init__(self, workdir: str, files: int, batch: float, seed: int):
         self.workdir = workdir
         self.args = ("--source", "filelog")
-        self.env = {}
+        self.env: dict[str, str] = {}
         self._appended, self._stop, self._appender = direct_drill.start_appender(workdir, seed, batch, 12 * files)
 
     def stop_input(self) -> None:
@@ -111,4 +112,4 @@ class DirectWorkload:
         self._stop.set()
 
 
-WORKLOADS = {"files": FileWorkload, "receiver": ReceiverWorkload, "direct": DirectWorkload}
+WORKLOADS: dict[str, Any] = {"files": FileWorkload, "receiver": ReceiverWorkload, "direct": DirectWorkload}

@@ -139,11 +139,11 @@ def run(kills: int, lines: int, batch: float, seed: int, workdir: str, *, master
     result = verify(workdir, offered[0], source, runs)
     recovery = [r["recovery_s"] for r in killed if "recovery_s" in r]
     by_kind: dict[str, dict] = {}
-    for r in killed:
-        entry = by_kind.setdefault(r["kind"], {"kills": 0, "recovery_s": []})
+    for kill in killed:
+        entry = by_kind.setdefault(kill["kind"], {"kills": 0, "recovery_s": []})
         entry["kills"] += 1
-        if "recovery_s" in r:
-            entry["recovery_s"].append(r["recovery_s"])
+        if "recovery_s" in kill:
+            entry["recovery_s"].append(kill["recovery_s"])
     result.update({
         "mode": f"receiver (reliable, acknowledged lines) on {master}",
         "seconds": round(time.monotonic() - began, 1), "kills": len(killed), "restarts": len(runs) - 1,

@@ -70,7 +70,7 @@ def run(kills: int | None, files: int, batch: float, seed: int, workdir: str, lo
             newer = [w for w, b in standby.batches() if b > last]
             if newer:
                 takeover_s.append(newer[0] - killed_at)
-            took_ms.append(int(standby.takeover["took_ms"]))
+            took_ms.append(int((standby.takeover or {}).get("took_ms", 0)))
             active = standby
         if until is not None:
             stop_input.set()

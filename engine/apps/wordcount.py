@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     except FencedError as e:
         emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)  # 4 if its lease lapsed on the storage
-        return _fail(f"this driver was fenced and wrote nothing more: {e}", a.STORAGE if a.storage_fault(e) else a.FENCED)
+        return _fail(f"this driver was fenced and wrote nothing more: {e}",
+                     a.STORAGE if a.storage_fault(e) else a.FENCED)
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
         emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
         ssc.stop(stopSparkContext=True, stopGraceFully=False)

@@ -43,7 +43,8 @@ def on_checkpoint_written(driver, time_ms: int) -> int:
     if driver.batch_log is not None:  # step 5 of the batch protocol may follow
         driver.batch_log.checkpoint_durable(time_ms, floor)
     driver.checkpoints_written += 1
-    if driver.code_name and not driver.code_parts_cleaned and driver.checkpoints_written >= driver.checkpoint_writer.keep:
+    if driver.code_name and not driver.code_parts_cleaned \
+            and driver.checkpoints_written >= driver.checkpoint_writer.keep:
         try:
             driver.code_parts_cleaned = delete_unused_code_parts(driver)
         except Exception as e:  # noqa: BLE001

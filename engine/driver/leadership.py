@@ -122,9 +122,10 @@ class DriverLeadership:
         lead = self.held
         if lead is None or lead.renew_every_ms is None:
             return
+        every_s = lead.renew_every_ms / 1000
 
         def renew() -> None:
-            while not self._stop.wait(lead.renew_every_ms / 1000):
+            while not self._stop.wait(every_s):
                 try:
                     lead.renew()
                 except FencedError as e:

@@ -106,7 +106,7 @@ class Observer:
                         self.events_dir, e)
 
     def _prior_batch_times(self) -> list[int]:
-        times = []
+        times: list[int] = []
         for run in self.prior_runs[-3:]:  # older runs' batches are older than the retained ones anyway
             times.extend(r["batchTime"] for r in read_events(run["path"], self._driver.storage_options)
                          if r.get("event") == "batch")
@@ -115,7 +115,7 @@ class Observer:
     def sample(self) -> dict:
         """The storage statistics shown beside the batches."""
         driver = self._driver
-        out = {"wal": {}, "state": {}}
+        out: dict[str, dict] = {"wal": {}, "state": {}}
         logs = {"receivedBlockMetadata": getattr(driver.block_tracker, "wal", None), "events": self.writer}
         for name, log_ in logs.items():
             if log_ is None:

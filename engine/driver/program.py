@@ -17,6 +17,7 @@ import logging
 import pickle
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark import SparkConf, SparkContext, cloudpickle
 from pyspark.cloudpickle.cloudpickle import subimport
@@ -26,6 +27,9 @@ from sparkwal.checkpoint import Checkpoint, read_code
 from .. import cluster
 from ..environment import prepare_conf
 from ..errors import EngineError
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,7 @@ def checkpoint_conf(sc: SparkContext) -> list[list[str]]:
 class Program:
     """What a checkpoint's code part holds: the DStream graph with its functions, unpickled."""
 
-    graph: object  # engine.graph.DStreamGraph, its streams not yet attached to a context
+    graph: DStreamGraph  # its streams not yet attached to a context
     batch_ms: int
     concurrent_jobs: int
 

@@ -1,5 +1,6 @@
 """Batch timing and execution: RecurringTimer, JobGenerator, JobScheduler (Spark's
-streaming/src/main/scala/org/apache/spark/streaming/util/RecurringTimer.scala, scheduler/JobGenerator.scala, scheduler/JobScheduler.scala).
+streaming/src/main/scala/org/apache/spark/streaming/util/RecurringTimer.scala,
+scheduler/JobGenerator.scala, scheduler/JobScheduler.scala).
 
 The timer fires at every batch time on the context's clock (a ManualClock makes tests
 deterministic). The generator turns each time into a job set on one event thread, where clearing

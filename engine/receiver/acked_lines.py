@@ -216,7 +216,7 @@ class AckedLineReceiver(Receiver):
     def _secret_value(self) -> bytes:
         if self._secret is not None:
             return self._secret
-        value = os.environ.get(self.secret_env)
+        value = os.environ.get(self.secret_env or "")
         if not value:
             raise SourceError(f"environment variable {self.secret_env} (the source's secret) is not set")
         return _secret_bytes(value)

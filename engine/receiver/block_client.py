@@ -19,7 +19,7 @@ class BlockServerError(EngineError):
 
 
 def connect(address: tuple[str, int], secret: bytes) -> socket.socket:
-    sock = socket.create_connection(tuple(address), timeout=CONNECT_TIMEOUT_S)
+    sock = socket.create_connection((address[0], address[1]), timeout=CONNECT_TIMEOUT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and replies: no Nagle wait
     try:
         sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)

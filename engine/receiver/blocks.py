@@ -10,7 +10,8 @@ tasks, never taken from a network peer.
   (durable, CRC-checked), written before the block is reported; the report carries the record's
   handle, its segment named relative to the checkpoint directory (``receivedData/0-e1/log-...``:
   :mod:`sparkwal.checkpoint.layout`), so any executor, or the next driver, reads the block back by handle
-  from wherever the checkpoint is now. The epoch in the directory's name fences receivers: a receiver of a driver that lost
+  from wherever the checkpoint is now. The epoch in the directory's name fences receivers: a
+  receiver of a driver that lost
   the leadership (paused, then resumed) writes only into its own epoch's directory, which no
   later driver's tracker references, and never holds up the new receiver with its WAL lock;
   the new receiver cleans the earlier epochs' old segments with its own.
@@ -39,6 +40,7 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkwal.checkpoint.layout import CheckpointLayout
@@ -321,7 +323,7 @@ def read_wal_block(wal_dir: str, storage_options: dict | None, stream_id: int, b
 
 
 def read_block(app_id: str, secret: bytes, stream_id: int, block_id: str,
-               copies: list[tuple[str, str, int]] = ()) -> list:
+               copies: Sequence[tuple[str, str, int]] = ()) -> list:
     """A WAL-off block's records: from this executor's directory when a copy is there, else
     fetched from the block servers of ``copies`` (``(executor_id, host, port)``) in turn. Raises
     BlockReadError naming the block and every copy tried when none can be read."""

@@ -27,7 +27,7 @@ class DriverConnection:
     def __init__(self, address: tuple[str, int], secret: bytes, *,
                  on_message: Callable[[int, list], None], on_close: Callable[[], None],
                  connect_timeout_s: float = 30.0):
-        self._sock = socket.create_connection(tuple(address), timeout=connect_timeout_s)
+        self._sock = socket.create_connection((address[0], address[1]), timeout=connect_timeout_s)
         self._sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
         wire.client_handshake(self._sock, secret, LABEL)
         self._sock.settimeout(None)
@@ -77,7 +77,7 @@ class DriverConnection:
         if self.closed:
             raise DriverUnreachableError("the connection to the driver is closed")
         request_id = next(self._ids)
-        slot = [threading.Event(), None]
+        slot: list = [threading.Event(), None]
         with self._lock:
             self._waiting[request_id] = slot
         self._send(kind, args, request_id)

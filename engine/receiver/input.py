@@ -1,6 +1,7 @@
 """ReceiverInputDStream: each batch's RDD is the blocks its receiver stored (one partition per
 block), read back from wherever they live (Spark's
-``ReceiverInputDStream`` and ``WriteAheadLogBackedBlockRDD``: streaming/src/main/scala/org/apache/spark/streaming/dstream/ReceiverInputDStream.scala,
+``ReceiverInputDStream`` and ``WriteAheadLogBackedBlockRDD``:
+streaming/src/main/scala/org/apache/spark/streaming/dstream/ReceiverInputDStream.scala,
 rdd/WriteAheadLogBackedBlockRDD.scala)."""
 
 from __future__ import annotations

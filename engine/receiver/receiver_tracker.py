@@ -234,8 +234,8 @@ class ReceiverTracker:
                 t.join(5)
         if self.endpoint is not None:
             self.endpoint.stop()
-        for c in self._rate_controllers.values():
-            c.stop()
+        for controller in self._rate_controllers.values():
+            controller.stop()
         if not self.wal_enabled and self._sc.master.startswith("local["):
             remove_local_blocks(self._sc.applicationId,
                                 self._driver.settings.raw("spark.local.dir", tempfile.gettempdir()).split(",")[0])

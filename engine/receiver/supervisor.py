@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 
 from sparkwal.tracker import RateLimiter, ReceivedBlockInfo
-from sparkwal.wal import SYSTEM_CLOCK, Clock
+from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle
 
 from . import wire
 from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_block
@@ -172,7 +172,7 @@ class ReceiverSupervisor:
         self.stop_message = ""
         self.stop_error: str | None = None
         self._conn: DriverConnection | None = None
-        self._handler = None
+        self._handler: WalBlockHandler | LocalBlockHandler | None = None
         self._generator: BlockGenerator | None = None
 
     @property
@@ -305,8 +305,13 @@ class ReceiverSupervisor:
     def _store_and_report(self, block_id: str, records: list, metadata=None) -> None:
         """Durable in the handler, then recorded by the driver; raises if either fails."""
         data = serialize_block(records)
-        stored = self._handler.store(block_id, data)
-        handle, copies = (stored, []) if isinstance(self._handler, WalBlockHandler) else (None, stored)
+        handler = self._handler
+        handle: RecordHandle | None = None
+        copies: list = []
+        if isinstance(handler, WalBlockHandler):
+            handle = handler.store(block_id, data)
+        else:
+            copies = handler.store(block_id, data)
         info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
         ok, message = self._conn.request(
             wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data),

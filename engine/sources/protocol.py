@@ -32,7 +32,7 @@ class OffsetRange(NamedTuple):
     fromOffset: int
     untilOffset: int
 
-    def count(self) -> int:
+    def count(self) -> int:  # type: ignore[override]  # Spark's OffsetRange.count(), not tuple.count
         return self.untilOffset - self.fromOffset
 
     def topicPartition(self) -> TopicPartition:

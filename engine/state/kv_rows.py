@@ -26,6 +26,10 @@ class KeyValueState:
     #: The state RDD at a batch time is what the batch's outputs see, so a restart may serve a
     #: snapshot for a batch it re-runs.
     state_is_output = True
+    # what the stream classes it is mixed into define
+    state_operator: str
+    generated_rdds: dict[int, RDD]
+    _superseded: dict[int, RDD]
 
     def state_name(self, index: int) -> str:
         return f"{self.state_operator}-{index}"

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 
-from pyspark import StorageLevel
+from pyspark import RDD, StorageLevel
 
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 from sparkwal.checkpoint.layout import CheckpointLayout
@@ -69,7 +69,7 @@ class StateSnapshots:
         self.sizes: dict[str, dict[str, int]] = {}
         #: a standby's state, read and cached ahead of a takeover: (stream index, batch time) ->
         #: (the newest snapshot URL of the chain read, the cached RDD)
-        self._preloaded: dict[tuple[int, int], tuple[str, object]] = {}
+        self._preloaded: dict[tuple[int, int], tuple[str, RDD]] = {}
         self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
         self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): see load_for_restart
 

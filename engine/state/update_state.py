@@ -121,9 +121,9 @@ def _update_partition(records, func):
 
 
 def _update_by_cogroup(state: RDD, batch: RDD, func, n: int) -> RDD:
-    g = state.cogroup(batch.partitionBy(n), n)
-    g = g.mapValues(lambda ab: (list(ab[1]), list(ab[0])[0] if len(ab[0]) else None))
-    return g.mapValues(lambda vs_s: func(vs_s[0], vs_s[1])).filter(lambda kv: kv[1] is not None)
+    grouped = state.cogroup(batch.partitionBy(n), n)
+    pairs = grouped.mapValues(lambda ab: (list(ab[1]), list(ab[0])[0] if len(ab[0]) else None))
+    return pairs.mapValues(lambda vs_s: func(vs_s[0], vs_s[1])).filter(lambda kv: kv[1] is not None)
 
 
 def update_by_key(func, n: int):

@@ -59,7 +59,8 @@ class Catalog:
         for i, run in enumerate(runs):
             app = str(run.get("appId") or run.get("path", "").rstrip("/").rsplit("/", 1)[-1] or f"run-{i}")
             later = {str(r.get("appId")) for r in runs[i + 1:]}
-            ids.append(f"{app}-{run['path'].rstrip('/').rsplit('/', 1)[-1]}" if app in later and run.get("path") else app)
+            run_dir = run["path"].rstrip("/").rsplit("/", 1)[-1] if run.get("path") else None
+            ids.append(f"{app}-{run_dir}" if app in later and run_dir else app)
         return ids
 
     def default_app(self) -> str | None:

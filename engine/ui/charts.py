@@ -46,8 +46,8 @@ def timeline(title: str, points: list[tuple[int, float]], unit: str, batch_ms: i
                      'class="limit"><title>batch interval</title></line>')
     parts.append(f'<polyline points="{line}" class="series"/>')
     if len(points) <= 120:  # a dot per batch while they are few enough to tell apart
-        parts.extend(f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="2"><title>{t}: {escape(_fmt(v, unit))}</title></circle>'
-                     for t, v in points)
+        parts.extend(f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="2">'
+                     f'<title>{t}: {escape(_fmt(v, unit))}</title></circle>' for t, v in points)
     parts.append("</svg>")
     return "".join(parts)
 

@@ -15,8 +15,10 @@ from .status import COMPLETED, PROCESSING, QUEUED, batch_records, delays
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.4em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.failed{color:#b00}.note{color:#555}.banner{background:#fff3cd;padding:.6em;border:1px solid #e0c060}
+table{border-collapse:collapse;margin:.4em 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.failed{color:#b00}.note{color:#555}
+.banner{background:#fff3cd;padding:.6em;border:1px solid #e0c060}
 svg .axis{stroke:#888}svg .series{fill:none;stroke:#2a6fb0;stroke-width:1.5}svg circle{fill:#2a6fb0}
 svg .limit{stroke:#c33;stroke-dasharray:4 3}svg .bar{fill:#6a9fd0}svg .tick{font-size:10px;fill:#555}"""
 
@@ -78,7 +80,8 @@ def streaming_page(view: dict) -> str:
     body = [f"<h1>Streaming Statistics: {escape(str(name))}</h1>"]
     if view.get("standby"):
         s = view["standby"]
-        body.append(f"<p class='banner'>This driver is a <b>standby</b>: {escape(str(s.get('holder') or 'another driver'))} "
+        holder = escape(str(s.get("holder") or "another driver"))
+        body.append(f"<p class='banner'>This driver is a <b>standby</b>: {holder} "
                     f"leads this checkpoint at epoch {escape(str(s.get('epoch')))}; its newest checkpoint read is "
                     f"{escape(str(s.get('behind') or '-'))} behind. It takes over if the leader's lease expires.</p>")
     state = "Running" if view.get("live") and not run.get("endTime") else "Ran"
@@ -177,7 +180,8 @@ def _storage_panel(checkpoints: list[dict], sample: dict | None, view: dict) -> 
     wal = (sample or {}).get("wal") or {}
     if wal:
         parts.append("<h2>Write-ahead logs</h2>")
-        parts.append(_table(["Log", "Syncs", "Avg sync", "Records per sync", "Bytes", "Segments", "Torn tails repaired"], [
+        columns = ["Log", "Syncs", "Avg sync", "Records per sync", "Bytes", "Segments", "Torn tails repaired"]
+        parts.append(_table(columns, [
             [escape(name), str(s.get("syncs", 0)),
              f"{1000 * s.get('syncSeconds', 0) / s['syncs']:.2f} ms" if s.get("syncs") else "-",
              f"{s.get('records', 0) / s['syncs']:.1f}" if s.get("syncs") else "-",
@@ -224,7 +228,8 @@ def batch_page(view: dict, batch_id: int) -> str | None:
         failed = op.get("failureReason")
         rows.append([str(op["id"]), escape(op.get("description") or op.get("name", "")),
                      _ms(end - start) if start is not None and end is not None else "-",
-                     "<span class='failed'>Failed</span>" if failed else ("Succeeded" if end is not None else "Running"),
+                     ("<span class='failed'>Failed</span>" if failed
+                      else "Succeeded" if end is not None else "Running"),
                      jobs or "-", f"<pre class='failed'>{escape(failed)}</pre>" if failed else ""])
     body.append("<h2>Output Operations</h2>")
     body.append(_table(["Output Op Id", "Description", "Output Op Duration", "Status", "Job Id", "Error"],

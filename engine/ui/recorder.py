@@ -85,7 +85,8 @@ class Recorder(StreamingListener):
         op = outputOperationStarted.outputOperationInfo()
         self._record({"event": "op", "batchTime": op.batch_time_ms, "op": op_record(op)}, durable=False)
 
-    onOutputOperationCompleted = onOutputOperationStarted
+    def onOutputOperationCompleted(self, outputOperationCompleted) -> None:
+        self.onOutputOperationStarted(outputOperationCompleted)
 
     def onBatchCompleted(self, batchCompleted) -> None:
         info = batchCompleted.batchInfo()

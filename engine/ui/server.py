@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from .routes import TEXT, respond
 
@@ -23,6 +24,7 @@ PORT_TRIES = 16  #: as spark.port.maxRetries
 
 
 class _Handler(BaseHTTPRequestHandler):
+    server: _Server
     server_version = "sparkwal-ui"
     timeout = TIMEOUT_S
     protocol_version = "HTTP/1.0"
@@ -71,6 +73,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
+    catalog: Any = None  # what the handlers serve (engine.ui.catalog.Catalog)
 
     def handle_error(self, request, client_address) -> None:
         log.debug("ui: a request from %s failed", client_address, exc_info=True)
@@ -105,4 +108,5 @@ def _bind(host: str, port: int | None) -> _Server:
         except OSError as e:
             error = e
     tried = f"port {port}" if port is not None else f"ports {candidates[0]}-{candidates[-1]}"
-    raise OSError(f"the sparkwal UI could not listen on {host} ({tried}): {error.strerror or error}")
+    reason = (error.strerror or error) if error is not None else "no port to try"
+    raise OSError(f"the sparkwal UI could not listen on {host} ({tried}): {reason}")
