@@ -1,13 +1,13 @@
 """FileBasedWriteAheadLog: a time-rolled, checksummed, fsync'd log of segment files on any storage.
 
-Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning), improved: every record carries a CRC32C
-(format in :mod:`sparkwal.wal.segment`): a torn tail is cut off when a writer opens the log, corruption
+Spark's ``FileBasedWriteAheadLog`` (segment naming, rolling, cleaning), improved: every record carries a
+CRC32C (format in :mod:`sparkwal.wal.segment`): a torn tail is cut off when a writer opens the log, corruption
 anywhere else is a loud :class:`CorruptRecordError`; ``write`` is durable on return (``fdatasync``;
-:class:`~sparkwal.wal.base.Durability`);
-a writer never appends to a segment it did not create (each starts a fresh one at ``max(time, newest start +
-1)``, so names are unique and increasing even when two writes share a millisecond: Spark re-opened the same
-name); a failed write cuts the segment back to its last good record before retrying on a new one (no garbage
-between valid records); one writer per directory (an OS lock, or a lease object on object stores).
+:class:`~sparkwal.wal.base.Durability`); a writer never appends to a segment it did not create (each starts a
+fresh one at ``max(time, newest start + 1)``, so names are unique and increasing even when two writes share a
+millisecond: Spark re-opened the same name); a failed write cuts the segment back to its last good record
+before retrying on a new one (no garbage between valid records); one writer per directory (an OS lock, or a
+lease object on object stores).
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 #: ``writev`` instead of joining them (a copy that costs more than the second iovec).
 _WRITEV_MIN = 4096
 # hot-path names bound once (a global or attribute lookup per record is measurable here)
-_FRAME_HEADER_PACK = FRAME_HEADER.pack
-_LEN_CRC_PACK = LEN_CRC.pack
+_FRAME_HEADER_PACK, _LEN_CRC_PACK = FRAME_HEADER.pack, LEN_CRC.pack
 _os_write, _os_writev, _os_fdatasync = os.write, os.writev, os.fdatasync
 _new_handle = tuple.__new__  # RecordHandle(...) without the NamedTuple's Python-level __new__
 
@@ -49,8 +48,7 @@ class _Counters:
 
     def __init__(self) -> None:
         self.records_written = self.bytes_written = self.writes = self.syncs = 0
-        self.segments_created = self.segments_deleted = 0
-        self.write_failures = self.delete_failures = 0
+        self.segments_created = self.segments_deleted = self.write_failures = self.delete_failures = 0
         self.torn_tails_truncated = self.torn_bytes_truncated = 0
         self.sync_seconds = 0.0  #: time spent in durability barriers
 
@@ -66,19 +64,10 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     atomic create; None (the default) chooses it where the store cannot append (object stores).
     """
 
-    def __init__(
-        self,
-        log_dir: str,
-        *,
-        rolling_interval_s: float = 60,
-        max_failures: int = 3,
-        close_file_after_write: bool | None = None,
-        storage_options: dict | None = None,
-        clock: Clock | None = None,
-        durability: Durability | str = Durability.FSYNC,
-        lease_s: float = 60,
-        lock: Lock | None = None,
-    ):
+    def __init__(self, log_dir: str, *, rolling_interval_s: float = 60, max_failures: int = 3,
+                 close_file_after_write: bool | None = None, storage_options: dict | None = None,
+                 clock: Clock | None = None, durability: Durability | str = Durability.FSYNC, lease_s: float = 60,
+                 lock: Lock | None = None):
         if rolling_interval_s <= 0:
             raise ValueError(f"rolling_interval_s must be > 0, got {rolling_interval_s}")
         if max_failures < 1:
@@ -217,10 +206,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 raise WalError(f"{self.log_dir}: write after close()")
             for attempt in range(first_attempt, self._max_failures + 1):
                 try:
-                    if self._dir_lock is None:
-                        self._open_for_writing()
-                    assert self._dir_lock is not None
-                    self._dir_lock.check()
+                    (self._dir_lock or self._open_for_writing()).check()
                     if self._close_after_write:
                         path, base = self._publish_segment(frames, time_ms), HEADER_LEN
                     else:
@@ -288,8 +274,9 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         # the fast path needs a plain descriptor and a lock that cannot be lost while held
         fast = self._dir_lock is not None and not self._dir_lock.needs_check
         self._writer_fd = writer.fileno() if fast else None
-        self._mapped_writer = writer if fast and isinstance(writer, MappedAppendFile) and writer.map is not None \
-            else None
+        self._mapped_writer = None
+        if fast and isinstance(writer, MappedAppendFile) and writer.map is not None:
+            self._mapped_writer = writer
         self._segments.append(SegmentName(start, end, path))
         self._stats.segments_created += 1
         return writer
@@ -336,7 +323,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         except Exception:
             log.warning("closing %s failed", writer.path, exc_info=True)
 
-    def _open_for_writing(self) -> None:
+    def _open_for_writing(self) -> Lock:
         """Take the directory lock, then repair the newest segment's torn tail if there is one."""
         if self._outer_lock is not None:
             self._storage.makedirs(self._dir)
@@ -351,6 +338,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                 dir_lock.release()
             raise
         self._dir_lock = dir_lock
+        return dir_lock
 
     def _repair_tail(self, seg: SegmentName) -> None:
         result = ScanResult()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from . import wire
 from ..sources.protocol import SourceError
 from .receiver import Receiver
+from .socket_server import SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ class AckedLineSource:
                  chunk_lines: int = 1000, max_unacked: int = 1_000_000):
         self._secret = _secret_bytes(secret)
         self._chunk, self._max_unacked = chunk_lines, max_unacked
-        self._server = socket.create_server((host, port))
-        self.address = self._server.getsockname()[:2]
         self._cond = threading.Condition()
         self._lines: deque[str] = deque()  # unacknowledged, oldest first; index 0 = line _base
         self._base = 0  # number of lines acknowledged
@@ -73,7 +72,10 @@ class AckedLineSource:
         self._conn: socket.socket | None = None
         self._stats = dict(lines_sent=0, lines_resent=0, connections=0, rejected_connections=0)
         self._closed = False
-        threading.Thread(target=self._accept_loop, name="acked-line-source", daemon=True).start()
+        # one connection at a time, its handshake on the accept thread: a newer one replaces it
+        self._server = SocketServer("acked-line-source", self._accept, host, port, threaded=False)
+        self.address = self._server.address
+        self._server.start()
 
     def offer(self, lines) -> None:
         for line in lines:
@@ -97,31 +99,26 @@ class AckedLineSource:
         with self._cond:
             return self._cond.wait_for(lambda: self._base >= n, timeout_s)
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, addr = self._server.accept()
-            except OSError:
-                return
-            try:
-                sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
-                wire.server_handshake(sock, self._secret, LABEL)
-                sock.settimeout(None)
-            except (wire.ProtocolError, OSError) as e:
-                log.warning("acked-line source: dropped %s:%d: %s", addr[0], addr[1], e)
-                with self._cond:
-                    self._stats["rejected_connections"] += 1
-                sock.close()
-                continue
+    def _accept(self, sock: socket.socket, peer: str) -> None:
+        try:
+            sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
+            wire.server_handshake(sock, self._secret, LABEL)
+            sock.settimeout(None)
+        except (wire.ProtocolError, OSError) as e:
+            log.warning("acked-line source: dropped %s: %s", peer, e)
             with self._cond:
-                old, self._conn = self._conn, sock
-                self._sent_upto = self._base  # resend everything not acknowledged
-                self._stats["connections"] += 1
-                self._cond.notify_all()
-            if old is not None:
-                _close(old)
-            threading.Thread(target=self._send_loop, args=(sock,), daemon=True).start()
-            threading.Thread(target=self._ack_loop, args=(sock,), daemon=True).start()
+                self._stats["rejected_connections"] += 1
+            sock.close()
+            return
+        with self._cond:
+            old, self._conn = self._conn, sock
+            self._sent_upto = self._base  # resend everything not acknowledged
+            self._stats["connections"] += 1
+            self._cond.notify_all()
+        if old is not None:
+            _close(old)
+        threading.Thread(target=self._send_loop, args=(sock,), daemon=True).start()
+        threading.Thread(target=self._ack_loop, args=(sock,), daemon=True).start()
 
     def _send_loop(self, sock: socket.socket) -> None:
         try:
@@ -172,11 +169,7 @@ class AckedLineSource:
 
     def close(self) -> None:
         self._closed = True
-        try:  # wakes the thread blocked in accept() (close() alone does not, on Linux)
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
+        self._server.stop()
         with self._cond:
             conn, self._conn = self._conn, None
             self._cond.notify_all()

@@ -30,11 +30,11 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 from . import wire
 from .block_client import LABEL, BlockServerError, receive_chunks
+from .socket_server import SocketServer
 from .blocks import (BLOCK_ID, MAX_BLOCK_BYTES, TAG_LEN, BlockCopy, block_tag, clean_block_dir,
                      local_block_dir, read_block_file, write_block_file)
 
@@ -51,25 +51,11 @@ class BlockServer:
 
     def __init__(self, directory: str, secret: bytes, host: str = "127.0.0.1", port: int = 0):
         self.directory, self._secret = directory, secret
-        self._server = socket.create_server((host, port))
-        self.address = self._server.getsockname()[:2]
-        self._open = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopped = False
         self.dropped = 0  #: connections dropped for failing authentication or the protocol
-        self._thread = threading.Thread(target=self._accept_loop, name="block-server", daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopped:
-            try:
-                sock, addr = self._server.accept()
-            except OSError:
-                return
-            if not self._open.acquire(blocking=False):
-                log.warning("block server: dropping %s: %d connections open", addr, MAX_CONNECTIONS)
-                sock.close()
-                continue
-            threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"), daemon=True).start()
+        self._server = SocketServer("block-server", self._serve, host, port, max_connections=MAX_CONNECTIONS)
+        self.address = self._server.address
+        self._server.start()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
@@ -87,7 +73,6 @@ class BlockServer:
             pass
         finally:
             sock.close()
-            self._open.release()
 
     def _path(self, stream_id: int, block_id: str) -> str:
         if stream_id < 0 or not BLOCK_ID.fullmatch(block_id) or not block_id.startswith(f"input-{stream_id}-"):
@@ -128,12 +113,7 @@ class BlockServer:
 
     def stop(self) -> None:
         self._stopped = True
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
-        self._thread.join(timeout=5)
+        self._server.stop()
 
 
 def _alive(pid: int) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import wire
+from .socket_server import SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +86,15 @@ class ReceiverEndpoint:
                  max_connections: int = 256, handshake_timeout_s: float = wire.HANDSHAKE_TIMEOUT_S):
         self._handler = handler
         self._secret = secret
-        self._max = max_connections
         self._handshake_timeout = handshake_timeout_s
-        self._server = socket.create_server((host, port))
-        self.address = self._server.getsockname()[:2]
         self._lock = threading.Lock()
         self._conns: set[Connection] = set()
         self._stats = EndpointStatistics()
         self._stopped = False
-        self._thread = threading.Thread(target=self._accept_loop, name="receiver-endpoint", daemon=True)
-        self._thread.start()
+        self._server = SocketServer("receiver-endpoint", self._serve, host, port, max_connections=max_connections,
+                                    on_refused=lambda peer: self._count(connections_refused=1))
+        self.address = self._server.address
+        self._server.start()
 
     def statistics(self) -> EndpointStatistics:
         with self._lock:
@@ -104,23 +104,6 @@ class ReceiverEndpoint:
         with self._lock:
             values = {k: getattr(self._stats, k) + v for k, v in deltas.items()}
             self._stats = EndpointStatistics(**{**self._stats.__dict__, **values})
-
-    def _accept_loop(self) -> None:
-        while not self._stopped:
-            try:
-                sock, addr = self._server.accept()
-            except OSError:
-                return  # closed by stop()
-            with self._lock:
-                full = len(self._conns) >= self._max
-            if full:
-                log.warning("receiver endpoint: dropping connection from %s: %d connections open",
-                            addr, self._max)
-                self._count(connections_refused=1)
-                sock.close()
-                continue
-            threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"),
-                             name=f"receiver-conn-{addr[1]}", daemon=True).start()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         conn = Connection(sock, peer)
@@ -174,13 +157,8 @@ class ReceiverEndpoint:
 
     def stop(self) -> None:
         self._stopped = True
-        try:  # wakes the thread blocked in accept() (close() alone does not, on Linux)
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
+        self._server.stop()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
             c.close()
-        self._thread.join(timeout=5)

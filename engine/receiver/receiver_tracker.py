@@ -177,7 +177,7 @@ class ReceiverTracker:
             first = False
             level = stream.receiver.storageLevel
             config = SupervisorConfig(
-                stream_id=sid, endpoint=tuple(self.endpoint.address), secret=self._secret,
+                stream_id=sid, endpoint=(self.endpoint.address[0], self.endpoint.address[1]), secret=self._secret,
                 **self._base_config, replication=2 if level is None else max(1, int(level.replication)),
                 block_peers=tuple((c.executor_id, c.host, c.port) for c in self._block_servers))
             rdd = rdd_with_locations(self._sc, [str(sid)], [[location_string(x) for x in locations]])
