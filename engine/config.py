@@ -24,8 +24,9 @@ class ConfigError(EngineError, ValueError):
     """A setting's value that sparkwal cannot read (the message names the key and the value)."""
 
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*")
-_SCALE_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+#: Spark's time suffixes (JavaUtils.timeSuffixes), read as milliseconds
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*")
+_SCALE_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 BOOLEANS = ("true", "false")
 
 

@@ -64,12 +64,15 @@ def test_one_unit_per_key_as_spark_reads_it():
     """A bare number is in Spark's unit for Spark's keys (getTimeAsMs or getTimeAsSeconds)."""
     read = StreamingConf({"spark.streaming.blockInterval": "200", "spark.streaming.gracefulStopTimeout": "5000",
                           "spark.streaming.minRememberDuration": "90", "spark.sparkwal.storage.deadline": "7",
-                          "spark.streaming.driver.leaseTimeout": "2min"})
+                          "spark.streaming.driver.leaseTimeout": "2min", "spark.sparkwal.backlog.warnIntervals": "2.5"})
     assert read[ENTRIES["spark.streaming.blockInterval"]] == 200
     assert read[ENTRIES["spark.streaming.gracefulStopTimeout"]] == 5000
     assert read[ENTRIES["spark.streaming.fileStream.minRememberDuration"]] == 90_000  # its fallback's
     assert read[ENTRIES["spark.sparkwal.storage.deadline"]] == 7000
     assert read[ENTRIES["spark.streaming.driver.leaseTimeout"]] == 120_000
+    assert read[ENTRIES["spark.sparkwal.backlog.warnIntervals"]] == 2.5
+    remember = ENTRIES["spark.streaming.minRememberDuration"]
+    assert StreamingConf({remember.key: "1d"})[remember] == 86_400_000  # Spark's suffixes: us, ms, s, m, min, h, d
     defaults = StreamingConf({})
     assert defaults[ENTRIES["spark.streaming.fileStream.minRememberDuration"]] == 60_000
     assert defaults[ENTRIES["spark.streaming.receiver.writeAheadLog.enable"]] is True
