@@ -290,9 +290,6 @@ def warm_workers_early(sc) -> threading.Thread | None:
     return thread
 
 
-STORAGE_DEADLINE_KEY = config.STORAGE_DEADLINE.key
-
-
 def storage_deadline_s(sc, settings: StreamingConf) -> float:
     """``spark.sparkwal.storage.deadline`` in seconds (default 60 s), handed to the executors'
     Python workers in their environment as well (:data:`sparkwal.wal.retry.DEADLINE_ENV`: the Spark conf

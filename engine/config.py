@@ -246,9 +246,6 @@ class StreamingConf:
     def __getitem__(self, entry: ConfEntry):
         return self._values[entry.key]
 
-    def is_set(self, entry: ConfEntry) -> bool:
-        return self._raw.get(entry.key) not in (None, "")
-
     def raw(self, key: str, default: str | None = None) -> str | None:
         return self._raw.get(key, default)
 

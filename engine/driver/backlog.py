@@ -17,7 +17,6 @@ from ..listener import StreamingListener, StreamingListenerBacklog
 
 log = logging.getLogger(__name__)
 
-WARN_INTERVALS_KEY = "spark.sparkwal.backlog.warnIntervals"
 REPEAT_MS = 60_000  # "still behind" at most this often
 
 

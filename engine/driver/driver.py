@@ -63,8 +63,7 @@ class Driver:
                  concurrent_jobs: int | None):
         self.context = context
         self.sc = sc
-        self.conf = sc.getConf()  # a copy, read once: each getConf() is a JVM round trip
-        self.settings = StreamingConf.of(self.conf)  # every setting, checked once (engine/config.py)
+        self.settings = StreamingConf.of(sc.getConf())  # every setting, checked once (engine/config.py)
         set_default_policy(RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings)))
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK

@@ -26,13 +26,11 @@ from collections.abc import Callable
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
                  StorageUnavailableError, resolve)
 
-from .. import config
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
 
 log = logging.getLogger(__name__)
 
-LEASE_TIMEOUT_KEY = config.LEASE_TIMEOUT.key
 LOCAL_POLL_S = 0.01
 
 

@@ -27,10 +27,6 @@ from ..ui.status import RunStatus
 
 log = logging.getLogger(__name__)
 
-UI_PORT_KEY = config.UI_PORT.key
-RETAINED_BATCHES_KEY = config.RETAINED_BATCHES.key
-EVENT_LOG_KEY = config.EVENT_LOG.key
-
 
 def stream_name(stream) -> str:
     """Spark's input stream names: ``SocketInputDStream`` #0 is "Socket Stream [0]"."""

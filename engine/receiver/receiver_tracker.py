@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_UNPROCESSED_BYTES = config.MAX_UNPROCESSED_BYTES.default
-
 
 def total_cores(master: str, default_parallelism: int) -> int:
     m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)

@@ -128,9 +128,6 @@ class StateSpec:
         return self._timeout_ms
 
 
-LIVE_KEYS_CONF = config.LIVE_KEYS.key  # see engine/state/state_map.py
-
-
 def _no_state(index: int, batch_ms: int) -> StateError:
     return StateError(f"mapWithState: partition {index} of the batch of {batch_ms} has no state "
                         "partition to update")

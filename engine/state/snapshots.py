@@ -54,7 +54,6 @@ DELTAS_PER_FULL = config.DELTAS_PER_FULL.default
 #: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas
 #: (``spark.sparkwal.state.maxLineageBatches``): each batch adds a few RDDs to it
 MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
-MAX_LINEAGE_CONF = config.MAX_LINEAGE_BATCHES.key
 CHAINS_KEPT = 3
 
 
