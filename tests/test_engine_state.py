@@ -117,6 +117,7 @@ def test_a_backlog_does_not_lengthen_the_state_lineage(spark_context, tmp_path, 
             clock.advance(500)
             wait_until(lambda: ssc.driver.generator.timer.last_fired_ms == 500 * i)
             assert ssc.driver.generator.drain(30)
+        assert ssc.driver.events.wait_until_empty(30)  # every onBatchSubmitted heard
         submitted_while_stuck = list(submitted.times)
         _stuck.set()
         done.wait_for(500 * n)
@@ -173,7 +174,9 @@ def test_a_snapshot_outlives_every_checkpoint_written_behind_that_names_it(spark
     state.foreachRDD(lambda t, rdd: totals.__setitem__(ms(t), rdd.collect()))
     check = HoldTheWriterThenCheck(ckpt)
     ssc.addStreamingListener(done)
-    ssc.addStreamingListener(check)
+    # on the writer's thread (a synchronous subscriber of the driver's bus), so that holding it
+    # holds the writer; a listener addStreamingListener adds runs on the listener bus's thread
+    ssc.driver.events.subscribe(check)
     n = 8
     try:
         ssc.start()

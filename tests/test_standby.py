@@ -108,6 +108,7 @@ def test_a_driver_that_loses_its_directory_says_so_on_its_event_bus_and_stops(sp
         storage.lead(path, clock=ManualClock(4 * 10**12))  # in 2096: the lease looks expired
         with pytest.raises(FencedError, match="epoch 2 was taken by another driver"):
             ssc.awaitTermination(30)
+        assert ssc.driver.events.wait_until_empty(30)  # heard on the listener bus's thread
         assert len(fenced) == 1 and "epoch 2" in fenced[0].reason
     finally:
         ssc.stop(stopSparkContext=False)
@@ -341,6 +342,7 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enab
         active.kill()
         assert standby.awaitLeadership(60)
         assert not standby.isStandby() and standby.leaderEpoch == 2 and standby.recovery == "takeover"
+        wait(lambda: takeovers.events, 60, "onDriverTakeover")  # heard on the listener bus's thread
         [event] = takeovers.events
         assert event.epoch == 2 and event.rerun_batch_times == tuple(standby.rerun_batch_times)
         api = f"{standby.uiWebUrl}/api/v1/applications/{spark_context.applicationId}/streaming"
