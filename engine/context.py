@@ -15,7 +15,6 @@ from sparkwal.wal import Clock, resolve
 
 from .driver import Driver
 from .driver.program import load_program, warm_active_workers
-from .driver.recovery import restore
 from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
 from .inputs import FileInputDStream, QueueInputDStream
@@ -160,15 +159,14 @@ class StreamingContext:
             storage.makedirs(root)
             if "://" not in directory:  # qualified, as Spark's checkpoint() does: tasks run elsewhere
                 directory = root
-        self._driver.checkpoint_dir = directory
-        self._driver.storage_options = storage_options if directory is not None else None
+        self._driver.use_checkpoint_directory(directory, storage_options)
         # Spark's RDD checkpoint directory (<directory>/rdds) is set by start(), once this
         # driver leads the directory: Spark creates it at once, and a standby writes nothing
 
     def remember(self, duration: float) -> None:
         """Keep each stream's RDDs for at least ``duration`` seconds."""
         self._check_not_started("Changing the remember duration")
-        self._driver.graph.remember_ms = to_ms(duration)
+        self._driver.graph.remember(to_ms(duration))
 
     def addStreamingListener(self, streamingListener: StreamingListener) -> None:
         """Subscribe ``streamingListener`` to the driver's events; it is called on the listener
@@ -325,7 +323,7 @@ class StreamingContext:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
         ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
-        ssc.driver.standby_requested = standby
+        ssc.driver.request_standby(standby)
         return ssc
 
     @staticmethod
@@ -345,11 +343,11 @@ def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> Stre
     sc, program = load_program(checkpoint, path, storage_options)
     ssc = StreamingContext(sc, program.batch_ms / 1000, concurrentJobs=program.concurrent_jobs,
                            clock=clock)
-    ssc.driver.graph = program.graph
+    ssc.driver.use_graph(program.graph)
     for stream in program.graph.streams:
         stream.attach(ssc)
     ssc.checkpoint(path, storage_options=storage_options)
-    restore(ssc.driver, checkpoint)
+    ssc.driver.restore(checkpoint, "checkpoint")
     _warn_if_written_by_another_app(checkpoint, path, sc)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
@@ -390,13 +388,11 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
                 raise
             log.info("%s; reading the newest checkpoint again", e)
             continue
-        ssc.driver.recovery = "checkpoint"
         return ssc
     ssc = setup()
     if ssc.driver.checkpoint_dir is None:
         ssc.checkpoint(path, storage_options=storage_options)
     if checkpoint is not None:
-        restore(ssc.driver, checkpoint)
+        ssc.driver.restore(checkpoint, "upgrade")
         _warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
-        ssc.driver.recovery = "upgrade"
     return ssc

@@ -42,9 +42,14 @@ class DStreamGraph:
     def register(self, stream) -> None:
         self.streams.append(stream)
 
-    def add_input(self, stream) -> None:
-        stream.input_id = len(self.inputs)
+    def add_input(self, stream) -> int:
+        """Register an input stream; return its id (its index), as Spark's ``getNewInputStreamId``."""
         self.inputs.append(stream)
+        return len(self.inputs) - 1
+
+    def remember(self, duration_ms: int) -> None:
+        """Every stream keeps its RDDs for at least ``duration_ms`` (Spark's ``DStreamGraph.remember``)."""
+        self.remember_ms = duration_ms
 
     def add_output(self, stream) -> int:
         """Register an output operation; return its id (its index)."""

@@ -27,7 +27,7 @@ class InputDStream(DStream):
 
     def __init__(self, ssc):
         super().__init__(ssc, [], ssc.driver.batch_ms)
-        ssc.driver.graph.add_input(self)
+        self.input_id = ssc.driver.graph.add_input(self)
 
     def checkpoint_data(self) -> dict:
         """What recovery needs to regenerate this stream's RDDs (msgpack-serialisable)."""

@@ -4,20 +4,24 @@ direct, when the offsets/commits logs are kept, planning and logging each batch.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..listener import StreamingListenerBatchCommitted
 from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
 
+if TYPE_CHECKING:
+    from .driver import Driver
+
 log = logging.getLogger(__name__)
 
 
-def direct_inputs(driver) -> list:
+def direct_inputs(driver: Driver) -> list:
     return [s for s in driver.graph.inputs if isinstance(s, DirectInputDStream)]
 
 
-def start_batch_log(driver) -> None:
+def start_batch_log(driver: Driver) -> BatchLog | None:
     """The offsets/commits logs, read back; then the direct inputs learn where they resume.
     With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
     the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
@@ -25,19 +29,21 @@ def start_batch_log(driver) -> None:
     re-plan from their initial offsets: at-least-once at best)."""
     mode = driver.settings[config.BATCH_LOG]
     wanted = mode == "true" or (mode == "auto" and bool(direct_inputs(driver)))
+    blog = None
     if driver.checkpoint_dir is not None and wanted:
         sync = driver.settings[config.BATCH_LOG_FSYNC]
         retain = driver.settings[config.MIN_BATCHES_TO_RETAIN]
-        driver.batch_log = BatchLog(driver.checkpoint_dir, direct_inputs(driver),
-                                   storage_options=driver.storage_options, sync=sync,
-                                   retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
-                                   lock=driver.lead())
-        driver.batch_log.recover()
+        blog = BatchLog(driver.checkpoint_dir, direct_inputs(driver),
+                        storage_options=driver.storage_options, sync=sync,
+                        retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
+                        lock=driver.lead())
+        blog.recover()
     for s in direct_inputs(driver):
-        s.start_planning(driver.batch_log, driver.settings, driver.batch_ms)
+        s.start_planning(blog, driver.settings, driver.batch_ms)
+    return blog
 
 
-def plan_batch(driver, time_ms: int) -> bool:
+def plan_batch(driver: Driver, time_ms: int) -> bool:
     """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
     blog = driver.batch_log
     if blog is not None and blog.is_committed(time_ms):
@@ -53,5 +59,5 @@ def plan_batch(driver, time_ms: int) -> bool:
     return True
 
 
-def on_batch_committed(driver, batch_id: int, time_ms: int) -> None:
+def on_batch_committed(driver: Driver, batch_id: int, time_ms: int) -> None:
     driver.events.post(StreamingListenerBatchCommitted(batch_id, time_ms))

@@ -16,103 +16,123 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
 from sparkwal.wal.storage import resolve
 
+if TYPE_CHECKING:
+    from .driver import Driver
+
 log = logging.getLogger(__name__)
 
 
-def on_checkpoint_written(driver, time_ms: int) -> int:
-    """Once a checkpoint is durable, forget the block allocations no restart from it can need
-    (older than its pending batches and the remember duration), and delete retired state
-    snapshots once two newer checkpoints (a main file and its .bk) no longer reference them.
-    Returns how long the checkpoint took to write, in ms (from its hand-over to the writer)."""
-    with driver.floors_lock:
-        floor, handed = driver.cleanup_floors[time_ms].pop(0)
-        if not driver.cleanup_floors[time_ms]:
-            del driver.cleanup_floors[time_ms]
-    floor = min(floor, time_ms - driver.max_remember_ms())
-    try:  # runs on the checkpoint writer's thread, which must not die of it
-        driver.cleanup_old_blocks(floor)
-    except Exception as e:  # noqa: BLE001
-        log.warning("could not clean up block metadata after checkpoint %d: %s", time_ms, e)
-    if driver.batch_log is not None:  # step 5 of the batch protocol may follow
-        driver.batch_log.checkpoint_durable(time_ms, floor)
-    driver.checkpoints_written += 1
-    if driver.code_name and not driver.code_parts_cleaned \
-            and driver.checkpoints_written >= driver.checkpoint_writer.keep:
-        try:
-            driver.code_parts_cleaned = delete_unused_code_parts(driver)
+class Checkpointing:
+    """The driver's DStream checkpoints: writes them (through the driver's
+    :class:`~sparkwal.checkpoint.CheckpointWriter`) and, once each is durable, cleans up behind
+    it. Owns what that takes: the clean-up floor of every write in flight, how many were written,
+    and whether earlier runs' code parts are gone (Spark's ``JobGenerator`` owns its checkpoint
+    writer and what follows a write the same way)."""
+
+    def __init__(self, driver: Driver):
+        self._driver = driver
+        #: checkpoint time -> (oldest batch it may re-run, when it was handed to the writer), per write
+        self._floors: dict[int, list[tuple[int, float]]] = {}
+        self._floors_lock = threading.Lock()  # not the driver's lock: stop() holds that while the writer ends
+        self.written = 0
+        self._code_parts_cleaned = False
+
+    def on_written(self, time_ms: int) -> int:
+        """Once a checkpoint is durable, forget the block allocations no restart from it can need
+        (older than its pending batches and the remember duration), and delete retired state
+        snapshots once two newer checkpoints (a main file and its .bk) no longer reference them.
+        Returns how long the checkpoint took to write, in ms (from its hand-over to the writer)."""
+        driver = self._driver
+        with self._floors_lock:
+            floor, handed = self._floors[time_ms].pop(0)
+            if not self._floors[time_ms]:
+                del self._floors[time_ms]
+        floor = min(floor, time_ms - driver.max_remember_ms())
+        try:  # runs on the checkpoint writer's thread, which must not die of it
+            driver.cleanup_old_blocks(floor)
         except Exception as e:  # noqa: BLE001
-            log.warning("could not delete old code parts in %s: %s", driver.checkpoint_dir, e)
-    driver.snapshots.on_checkpoint_written()
-    return int((time.monotonic() - handed) * 1000)
-
-
-def do_checkpoint(driver, time_ms: int, clear_later: bool) -> None:
-    """The checkpoint of ``time_ms``: at its generation, and at its completion (``clear_later``).
-    A completion that snapshots state is written twice: first at once (the batch is done; its
-    state is still the previous snapshot's chain plus its lineage), then with the snapshot, which
-    takes a Spark job. A driver killed during that job thus re-runs no batch it had completed
-    (each write at one time replaces the previous, kept as the ``.bk``)."""
-    if driver.checkpoint_writer is None:
-        return
-    if clear_later and driver.snapshots.any_due(time_ms):
-        _write(driver, time_ms, clear_later)
-        driver.snapshots.snapshot_due(time_ms)
-    _write(driver, time_ms, clear_later)
-
-
-def write_first(driver, first_ms: int) -> None:
-    """A new stream's first checkpoint, of the time before its first batch, durable before
-    ``start()`` returns: a driver killed before its first batch's checkpoint then restarts from
-    where the stream began (its inputs' start, every batch since re-run) instead of starting a
-    new stream, which would miss what arrived meanwhile."""
-    _write(driver, first_ms - driver.batch_ms, False)
-    driver.checkpoint_writer.flush()  # bounded: each storage call has its deadline (wal.retry)
-
-
-def _write(driver, time_ms: int, clear_later: bool) -> None:
-    pending = driver.scheduler.pending_times()
-    floor = min(driver.snapshots.floor(min([time_ms, *pending])), time_ms - driver.max_remember_ms())
-    data = {
-        "fingerprint": driver.graph.fingerprint(),
-        "graph": driver.graph.describe(),
-        "batch_ms": driver.batch_ms,
-        "zero_time_ms": driver.graph.zero_time_ms,
-        "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
-        "state": driver.snapshots.checkpoint_data(),
-        "batch_log_latest": driver.batch_log.latest_logged_id() if driver.batch_log is not None else -1,
-        "code": driver.code_name,
-        "conf": driver.conf_pairs,
-        # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
-        # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
-        "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
-        "leader_epoch": driver.leader_epoch,
-        "floor_ms": floor,
-    }
-    with driver.floors_lock:
-        driver.cleanup_floors.setdefault(time_ms, []).append((floor, time.monotonic()))
-    driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
-
-
-def delete_unused_code_parts(driver) -> bool:
-    """Delete earlier runs' code parts once no checkpoint file left names one (True: done). A
-    file name says nothing: an earlier run that fell behind may have left checkpoints named after
-    later batch times than this run's, which then outlive this run's first ones."""
-    storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
-    named = set()
-    for info in storage.list_files(root):
-        if CHECKPOINT_FILE.fullmatch(info.name):
+            log.warning("could not clean up block metadata after checkpoint %d: %s", time_ms, e)
+        if driver.batch_log is not None:  # step 5 of the batch protocol may follow
+            driver.batch_log.checkpoint_durable(time_ms, floor)
+        self.written += 1
+        if driver.code_name and not self._code_parts_cleaned \
+                and self.written >= driver.checkpoint_writer.keep:
             try:
-                named.add(Checkpoint.decode(storage.read_file(info.path), info.path).data.get("code"))
-            except (FileNotFoundError, CheckpointError):
-                return False  # replaced or retired meanwhile: look again after the next one
-    if named - {driver.code_name}:
-        return False
-    delete_code_parts_except(driver.checkpoint_dir, driver.code_name, driver.storage_options)
-    return True
+                self._code_parts_cleaned = self._delete_unused_code_parts()
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not delete old code parts in %s: %s", driver.checkpoint_dir, e)
+        driver.snapshots.on_checkpoint_written()
+        return int((time.monotonic() - handed) * 1000)
+
+    def checkpoint(self, time_ms: int, clear_later: bool) -> None:
+        """The checkpoint of ``time_ms``: at its generation, and at its completion (``clear_later``).
+        A completion that snapshots state is written twice: first at once (the batch is done; its
+        state is still the previous snapshot's chain plus its lineage), then with the snapshot, which
+        takes a Spark job. A driver killed during that job thus re-runs no batch it had completed
+        (each write at one time replaces the previous, kept as the ``.bk``)."""
+        driver = self._driver
+        if driver.checkpoint_writer is None:
+            return
+        if clear_later and driver.snapshots.any_due(time_ms):
+            self._write(time_ms, clear_later)
+            driver.snapshots.snapshot_due(time_ms)
+        self._write(time_ms, clear_later)
+
+    def write_first(self, first_ms: int) -> None:
+        """A new stream's first checkpoint, of the time before its first batch, durable before
+        ``start()`` returns: a driver killed before its first batch's checkpoint then restarts from
+        where the stream began (its inputs' start, every batch since re-run) instead of starting a
+        new stream, which would miss what arrived meanwhile."""
+        self._write(first_ms - self._driver.batch_ms, False)
+        self._driver.checkpoint_writer.flush()  # bounded: each storage call has its deadline (wal.retry)
+
+    def _write(self, time_ms: int, clear_later: bool) -> None:
+        driver = self._driver
+        pending = driver.scheduler.pending_times()
+        floor = min(driver.snapshots.floor(min([time_ms, *pending])), time_ms - driver.max_remember_ms())
+        data = {
+            "fingerprint": driver.graph.fingerprint(),
+            "graph": driver.graph.describe(),
+            "batch_ms": driver.batch_ms,
+            "zero_time_ms": driver.graph.zero_time_ms,
+            "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
+            "state": driver.snapshots.checkpoint_data(),
+            "batch_log_latest": driver.batch_log.latest_logged_id() if driver.batch_log is not None else -1,
+            "code": driver.code_name,
+            "conf": driver.conf_pairs,
+            # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
+            # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
+            "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
+            "leader_epoch": driver.leader_epoch,
+            "floor_ms": floor,
+        }
+        with self._floors_lock:
+            self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))
+        driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+
+    def _delete_unused_code_parts(self) -> bool:
+        """Delete earlier runs' code parts once no checkpoint file left names one (True: done). A
+        file name says nothing: an earlier run that fell behind may have left checkpoints named after
+        later batch times than this run's, which then outlive this run's first ones."""
+        driver = self._driver
+        storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
+        named = set()
+        for info in storage.list_files(root):
+            if CHECKPOINT_FILE.fullmatch(info.name):
+                try:
+                    named.add(Checkpoint.decode(storage.read_file(info.path), info.path).data.get("code"))
+                except (FileNotFoundError, CheckpointError):
+                    return False  # replaced or retired meanwhile: look again after the next one
+        if named - {driver.code_name}:
+            return False
+        delete_code_parts_except(driver.checkpoint_dir, driver.code_name, driver.storage_options)
+        return True

@@ -32,6 +32,7 @@ from ..config import StreamingConf
 from ..dstream import describe_times
 from ..errors import one_line
 from ..graph import DStreamGraph
+from ..receiver.receiver_tracker import ReceiverTracker
 from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted,
                         StreamingListenerStreamingStarted)
 from ..signals import stop_gracefully_on_signals
@@ -84,25 +85,16 @@ class Driver:
         self.batches_left_for_restart: list[int] = []
         self.conf_pairs: list[list[str]] = []
         self.snapshots = StateSnapshots(self)
-        self.checkpoints_written = 0
-        self.code_parts_cleaned = False  # earlier runs' code parts deleted (see checkpointing)
         self.batch_log: BatchLog | None = None  # made at start when checkpointing
         self.block_tracker: ReceivedBlockTracker | None = None  # made at start
-        self.receiver_tracker = None  # made at start when there are receiver inputs
-        #: checkpoint time -> (oldest batch it may re-run, when it was handed to the writer), per write
-        self.cleanup_floors: dict[int, list[tuple[int, float]]] = {}
-        self.floors_lock = threading.Lock()  # not self.lock: stop() holds that while the writer ends
+        self.receiver_tracker: ReceiverTracker | None = None  # made at start when there are receiver inputs
+        self.checkpointing = checkpointing.Checkpointing(self)
         self.terminated = threading.Event()
         self.standby_requested = False  # getOrCreate(..., standby=True)
-        self.is_standby = False
-        self.prepared_program: tuple[bytes, list[list[str]]] | None = None  # a standby's
+        self.standby: standby.Standby | None = None  # while started as a standby
         self.leadership: leadership.DriverLeadership | None = None  # made at start when checkpointing
         self.leader_event = threading.Event()  # set once this driver is the active one
-        self.standby_stop = threading.Event()
-        self.standby_thread: threading.Thread | None = None
-        self.standby_tail = None  # a standby's reading of the leader's checkpoints
         self.observer: observability.Observer | None = None  # the UI, metrics and event log
-        self.fenced: BaseException | None = None
         self.succeeded_ms = -1  # the newest batch whose outputs all succeeded
         self.skip_outputs_ms: set[int] = set()  # regenerated without outputs (see recovery.rerun)
         self.stopping = False  # errors of jobs cancelled by stop() are not the app's errors
@@ -141,7 +133,9 @@ class Driver:
                     self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
                                                                   self.lease_timeout_ms())
                     if self.standby_requested and self.leadership.try_take() is None:
-                        standby.become_standby(self)
+                        self.standby = standby.Standby(self)
+                        self.activate()
+                        self.standby.start()
                         return
                     if not self.standby_requested:
                         self.leadership.take()
@@ -159,11 +153,15 @@ class Driver:
         self.state = ACTIVE
         Driver.active = self
 
-    def start_active(self) -> None:
-        """Everything a leading driver starts (under ``active_lock``, leadership held)."""
+    def start_active(self, kind: str | None = None) -> None:
+        """Everything a leading driver starts (under ``active_lock``, leadership held); ``kind``,
+        when given, is how it came to lead (:attr:`recovery`: a standby's "takeover")."""
+        if kind is not None:
+            self.recovery = kind
         try:
             if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
-                code, self.conf_pairs = self.prepared_program or self.prepare_program()
+                prepared = self.standby.program if self.standby is not None else None
+                code, self.conf_pairs = prepared or self.prepare_program()
                 self.code_name = write_code(self.checkpoint_dir, code, self.storage_options)
                 if "://" not in self.checkpoint_dir or self.checkpoint_dir.startswith("file://"):
                     # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
@@ -182,10 +180,15 @@ class Driver:
                 self.leadership.release()
             raise
         try:
-            batches.start_batch_log(self)
-            first = recovery.fresh_start(self) if self.restored is None else recovery.restart(self)
+            self.batch_log = batches.start_batch_log(self)
+            plan = recovery.fresh_start(self) if self.restored is None else recovery.restart(self, self.restored)
+            self.rerun_batch_times = list(plan.rerun_batch_times)
+            self.skipped_batch_times = list(plan.skipped_batch_times)
+            self.skip_outputs_ms = set(plan.skip_outputs_ms)
+            self.generator.rerun(list(plan.regenerate))
+            first = plan.first_ms
             if self.restored is None and self.checkpoint_writer is not None:
-                checkpointing.write_first(self, first)
+                self.checkpointing.write_first(first)
         except BaseException:
             if self.checkpoint_writer is not None:
                 self.checkpoint_writer.stop()
@@ -195,7 +198,7 @@ class Driver:
             raise
         if self.leadership is not None:
             self.leadership.keep(self.on_fenced)
-        receiver_lifecycle.start_receivers(self)
+        self.receiver_tracker = receiver_lifecycle.start_receivers(self)
         self.generator.timer.start(first)
         self.activate()
         self.observer.on_active()
@@ -203,6 +206,27 @@ class Driver:
             self.events.post(StreamingListenerDriverRestarted(
                 self.recovery, self.restored.checkpoint_time_ms if self.restored else None,
                 tuple(self.rerun_batch_times), tuple(self.skipped_batch_times)))
+
+    def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None:
+        """Apply ``checkpoint`` to the graph and the state snapshots; ``start()`` then restarts
+        from it. ``kind``, when given, is how this driver came to be (:attr:`recovery`)."""
+        recovery.restore(self, checkpoint)
+        self.restored = checkpoint
+        if kind is not None:
+            self.recovery = kind
+
+    def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
+        """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
+        self.checkpoint_dir = directory
+        self.storage_options = storage_options if directory is not None else None
+
+    def use_graph(self, graph: DStreamGraph) -> None:
+        """Run ``graph`` (a checkpoint's program's) instead of the one built on this driver."""
+        self.graph = graph
+
+    def request_standby(self, standby: bool) -> None:
+        """``start()`` stands by while another driver leads the checkpoint directory."""
+        self.standby_requested = standby
 
     def prepare_program(self) -> tuple[bytes, list[list[str]]]:
         """The checkpoint's code part and conf pairs, as a leader writes them at start (a
@@ -227,6 +251,16 @@ class Driver:
             return None
         return self.leadership.storage.leader(self.leadership.path)
 
+    @property
+    def is_standby(self) -> bool:
+        """Started as a standby and still waiting to lead."""
+        return self.standby is not None and self.standby.waiting
+
+    @property
+    def fenced(self) -> BaseException | None:
+        """Why this driver lost its leadership (None: it did not)."""
+        return self.leadership.fenced if self.leadership is not None else None
+
     def lease_timeout_ms(self) -> int:
         return self.settings[config.LEASE_TIMEOUT]
 
@@ -244,9 +278,8 @@ class Driver:
 
     def stop(self, graceful: bool) -> None:
         """Stop the stream (a standby just stops waiting), then give up the leadership."""
-        self.standby_stop.set()
-        if self.standby_thread is not None and self.standby_thread is not threading.current_thread():
-            self.standby_thread.join()
+        if self.standby is not None:
+            self.standby.stop()
         with self.lock:
             if self.state == STOPPED:
                 return
@@ -389,9 +422,9 @@ class Driver:
     # ------------------------------------------------------------------ checkpoints
 
     def do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
-        checkpointing.do_checkpoint(self, time_ms, clear_later)
+        self.checkpointing.checkpoint(time_ms, clear_later)
 
     def on_checkpoint_written(self, time_ms: int) -> None:
-        took_ms = checkpointing.on_checkpoint_written(self, time_ms)
+        took_ms = self.checkpointing.on_written(time_ms)
         self.events.post(StreamingListenerCheckpointWritten(time_ms, self.leader_epoch, took_ms,
                                                             self.checkpoint_writer.last_written_bytes))

@@ -22,12 +22,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
                  StorageUnavailableError, resolve)
 
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
+
+if TYPE_CHECKING:
+    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,16 @@ class DriverLeadership:
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.held: Leadership | None = None
+        self.fenced: BaseException | None = None  # why the leadership was lost (first cause)
+        self._fence_lock = threading.Lock()
+
+    def record_fence(self, error: BaseException) -> bool:
+        """Note that the leadership is lost, because of ``error``; True the first time only."""
+        with self._fence_lock:
+            if self.fenced is not None:
+                return False
+            self.fenced = error
+            return True
 
     def try_take(self) -> Leadership | None:
         try:
@@ -144,12 +158,11 @@ class DriverLeadership:
             self.held = None
 
 
-def fence(driver, error: BaseException) -> None:
+def fence(driver: Driver, error: BaseException) -> None:
     """``driver``'s leadership is lost: stop running and writing at once (self-fencing); the error
     ends ``awaitTermination``."""
-    if driver.fenced is not None:
+    if driver.leadership is None or not driver.leadership.record_fence(error):
         return
-    driver.fenced = error
     log.error("this driver was fenced and stops: %s", error)
     driver.events.post(StreamingListenerDriverFenced(str(error)))
     driver.generator.timer.stop()
@@ -160,7 +173,7 @@ def fence(driver, error: BaseException) -> None:
     driver.report_error(error, None)
 
 
-def confirm_leadership(driver) -> None:
+def confirm_leadership(driver: Driver) -> None:
     """Before a batch's jobs (its inputs logged): its epoch must be the current one (an
     object-store lease: valid on this driver's clock, renewed first if due, see wal.locks; a
     local lock is current while held)."""

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
 from sparkwal.checkpoint.layout import CheckpointLayout
@@ -25,6 +26,9 @@ from ..ui.recorder import Recorder
 from ..ui.server import UiServer
 from ..ui.status import RunStatus
 
+if TYPE_CHECKING:
+    from .driver import Driver
+
 log = logging.getLogger(__name__)
 
 
@@ -35,7 +39,7 @@ def stream_name(stream) -> str:
 
 
 class Observer:
-    def __init__(self, driver):
+    def __init__(self, driver: Driver):
         self._driver = driver
         settings = driver.settings
         self.retained = settings[config.RETAINED_BATCHES]
@@ -126,7 +130,7 @@ class Observer:
     def extras(self) -> dict:
         """What only the live driver knows: leadership, a standby's lag, Spark's own UI."""
         driver = self._driver
-        out = {"spark_ui": driver.sc.uiWebUrl}
+        out: dict = {"spark_ui": driver.sc.uiWebUrl}
         try:
             leader = driver.current_leader()
         except Exception:  # noqa: BLE001
@@ -135,7 +139,7 @@ class Observer:
             out["leader"] = {"epoch": leader.epoch, "holder": getattr(leader, "holder", None),
                              "role": "a standby" if driver.is_standby else "the leader"}
         if driver.is_standby:
-            tail = getattr(driver, "standby_tail", None)
+            tail = driver.standby.tail if driver.standby is not None else None
             cp = getattr(tail, "checkpoint", None)
             behind = (f"{(time.time() * 1000 - cp.checkpoint_time_ms) / 1000:.1f} s"
                       if cp is not None else "no checkpoint read yet")

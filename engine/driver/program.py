@@ -30,6 +30,7 @@ from ..errors import EngineError
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
+    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class CheckpointSerializationError(EngineError, TypeError):
     """A function of the graph cannot be pickled, so the context cannot be checkpointed."""
 
 
-def serialize_program(driver) -> bytes:
+def serialize_program(driver: Driver) -> bytes:
     """The pickled program of ``driver`` (before its graph is started), or an error naming the
     DStream operation whose function cannot be pickled."""
     program = {"version": PROGRAM_VERSION, "graph": driver.graph, "batch_ms": driver.batch_ms,

@@ -4,6 +4,7 @@ their receivers."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ReceivedBlockTracker
@@ -11,8 +12,11 @@ from sparkwal.tracker import ReceivedBlockTracker
 from .. import config
 from ..receiver.receiver_tracker import ReceiverTracker
 
+if TYPE_CHECKING:
+    from .driver import Driver
 
-def make_block_tracker(driver) -> ReceivedBlockTracker:
+
+def make_block_tracker(driver: Driver) -> ReceivedBlockTracker:
     """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
     checkpoint directory (recovered on restart) unless
     ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
@@ -26,15 +30,18 @@ def make_block_tracker(driver) -> ReceivedBlockTracker:
                                 lock=driver.lead() if logged else None)
 
 
-def start_receivers(driver) -> None:
-    # receiver-based inputs with a receiver to run (others get their blocks from elsewhere)
+def start_receivers(driver: Driver) -> ReceiverTracker | None:
+    """The tracker of the inputs with a receiver to run (others get their blocks from elsewhere),
+    started; None when there are none."""
     receivers = [s for s in driver.graph.inputs if getattr(s, "receiver", None) is not None]
-    if receivers:
-        driver.receiver_tracker = ReceiverTracker(driver, receivers)
-        driver.receiver_tracker.start()
+    if not receivers:
+        return None
+    tracker = ReceiverTracker(driver, receivers)
+    tracker.start()
+    return tracker
 
 
-def stop_receivers(driver, graceful: bool) -> None:
+def stop_receivers(driver: Driver, graceful: bool) -> None:
     """Spark's first stop step: receivers stop (each pushing its last block); a graceful stop
     then waits until every received block is in a batch, before the timer stops."""
     if driver.receiver_tracker is None:

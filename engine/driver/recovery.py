@@ -11,11 +11,30 @@ re-runs the logged uncommitted batches. Committed batches never run their output
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 
+if TYPE_CHECKING:
+    from .driver import Driver
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """What a start does with the batches before its first new one: ``first_ms`` (the first new
+    batch time), ``regenerate`` (every earlier batch time generated again, in order), of which
+    ``rerun_batch_times`` run their outputs and ``skipped_batch_times`` do not (committed, or
+    completed before the checkpoint was written); ``skip_outputs_ms``: batch times whose outputs
+    are skipped whenever they are generated."""
+    first_ms: int
+    regenerate: tuple[int, ...] = ()
+    rerun_batch_times: tuple[int, ...] = ()
+    skipped_batch_times: tuple[int, ...] = ()
+    skip_outputs_ms: frozenset[int] = frozenset()
 
 
 def _first_difference(old: str, new: str) -> str:
@@ -28,8 +47,9 @@ def _first_difference(old: str, new: str) -> str:
     return "the fingerprint differs"
 
 
-def restore(driver, checkpoint: Checkpoint) -> None:
-    """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's)."""
+def restore(driver: Driver, checkpoint: Checkpoint) -> None:
+    """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's) and its
+    state snapshots; the driver records it as the checkpoint it restarts from."""
     data = checkpoint.data
     if data.get("batch_ms") != driver.batch_ms:
         raise CheckpointMismatchError(
@@ -43,16 +63,14 @@ def restore(driver, checkpoint: Checkpoint) -> None:
     for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
     driver.snapshots.restore(data.get("state", {}))
-    driver.restored = checkpoint
     log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
              checkpoint.pending_times_ms)
 
 
-def restart(driver) -> int:
-    """Spark's restart rule: re-run the pending batches and every batch time from the
-    checkpoint time up to the restart time, plus every logged uncommitted batch; return the
-    first new batch time. Committed batches among them do not run their outputs again."""
-    cp = driver.restored
+def restart(driver: Driver, cp: Checkpoint) -> RestartPlan:
+    """Spark's restart rule, from checkpoint ``cp``: re-run the pending batches and every batch
+    time from the checkpoint time up to the restart time, plus every logged uncommitted batch.
+    Committed batches among them do not run their outputs again."""
     zero = cp.data["zero_time_ms"]
     check_batch_log_agrees(driver, cp, zero)
     driver.graph.start(zero)
@@ -62,10 +80,10 @@ def restart(driver) -> int:
     # (a stream's first checkpoint is of its zero time, before its first batch: not a batch)
     times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if zero < t < restart_ms})
     driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
-    return rerun(driver, times, restart_ms)
+    return rerun(driver, cp, times, restart_ms)
 
 
-def fresh_start(driver) -> int:
+def fresh_start(driver: Driver) -> RestartPlan:
     """A context made by the program. If the checkpoint directory's offset log has batches
     (a driver killed before its first DStream checkpoint), the logged uncommitted ones re-run
     with their logged ranges and times, and batch ids continue."""
@@ -73,30 +91,28 @@ def fresh_start(driver) -> int:
     blog = driver.batch_log
     if blog is None or blog.latest_logged_id() < 0:
         driver.graph.start(first - driver.batch_ms)
-        return first
+        return RestartPlan(first)
     anchor = (blog.rerun_times or blog.logged_times()[-1:])[0]
     zero = anchor - driver.batch_ms
     driver.graph.start(zero)
-    return rerun(driver, list(blog.rerun_times), driver.generator.timer.restart_time(zero))
+    return rerun(driver, None, list(blog.rerun_times), driver.generator.timer.restart_time(zero))
 
 
-def rerun(driver, times: list[int], restart: int) -> int:
-    """Queue ``times`` for re-generation (committed ones skip their jobs, as does the batch of a
-    checkpoint written after all its outputs succeeded); return ``restart``."""
+def rerun(driver: Driver, cp: Checkpoint | None, times: list[int], restart: int) -> RestartPlan:
+    """The plan that regenerates ``times`` (committed ones skip their jobs, as does the batch of
+    a checkpoint written after all its outputs succeeded), then starts new batches at ``restart``."""
     blog = driver.batch_log
-    completed = driver.restored.data.get("completed_ms") if driver.restored is not None else None
-    if blog is None and completed is not None:  # with a batch log, its commits say it
-        driver.skip_outputs_ms = {completed}
-    driver.skipped_batch_times = [t for t in times if (blog is not None and blog.is_committed(t))
-                               or t in driver.skip_outputs_ms]
-    driver.rerun_batch_times = [t for t in times if t not in set(driver.skipped_batch_times)]
+    completed = cp.data.get("completed_ms") if cp is not None else None
+    # with a batch log, its commits say which batches completed
+    skip_outputs = frozenset({completed}) if blog is None and completed is not None else frozenset()
+    skipped = tuple(t for t in times if (blog is not None and blog.is_committed(t)) or t in skip_outputs)
+    rerun_times = tuple(t for t in times if t not in set(skipped))
     log.info("restarting: re-running batches %s (committed, outputs not re-run: %s), then new "
-             "batches from %d", driver.rerun_batch_times, driver.skipped_batch_times, restart)
-    driver.generator.rerun(times)
-    return restart
+             "batches from %d", list(rerun_times), list(skipped), restart)
+    return RestartPlan(restart, tuple(times), rerun_times, skipped, skip_outputs)
 
 
-def check_batch_log_agrees(driver, cp: Checkpoint, zero: int) -> None:
+def check_batch_log_agrees(driver: Driver, cp: Checkpoint, zero: int) -> None:
     """The offset log must hold every batch the checkpoint saw logged, on its batch grid."""
     blog = driver.batch_log
     if blog is None:

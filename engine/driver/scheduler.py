@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
+
+if TYPE_CHECKING:
+    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ class _JobSet:
 
 
 class JobScheduler:
-    def __init__(self, driver, concurrent_jobs: int):
+    def __init__(self, driver: Driver, concurrent_jobs: int):
         self._driver = driver
         self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
@@ -245,7 +249,7 @@ class JobGenerator:
     batch takes the inputs that arrived until it is generated (receiver blocks, direct ranges,
     files), as a late batch does in Spark."""
 
-    def __init__(self, driver):
+    def __init__(self, driver: Driver):
         self._driver = driver
         self.timer = RecurringTimer(driver.clock, driver.batch_ms, self._on_tick, "JobGenerator")
         self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")

@@ -35,14 +35,17 @@ import shutil
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from sparkwal.checkpoint import CheckpointFollower
+from sparkwal.checkpoint import Checkpoint, CheckpointFollower
 
 from .. import config
 from ..cluster import start_python_workers
-from .recovery import restore
 from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
                        StreamingListenerStreamingStarted)
+
+if TYPE_CHECKING:
+    from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +53,76 @@ TAIL_EVERY_S = 0.5
 REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
 
 
-def become_standby(driver) -> None:
-    """Make a started ``driver`` (under ``Driver.active_lock``) a standby and start waiting."""
-    holder = driver.current_leader()
-    log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
-             holder.describe() if holder else "another driver")
-    driver.prepared_program = driver.prepare_program()  # (an unpicklable graph fails start() here too)
-    driver.is_standby = True
-    driver.activate()
-    driver.standby_thread = threading.Thread(target=_stand_by, args=(driver,), name="standby", daemon=True)
-    driver.standby_thread.start()
+class Standby:
+    """A started driver standing by (under ``Driver.active_lock``): its program prepared, a
+    thread waiting for the leadership and tailing the leader's checkpoints meanwhile. Owns its
+    thread, its tail and whether it still waits (:attr:`waiting`)."""
+
+    def __init__(self, driver: Driver):
+        holder = driver.current_leader()
+        log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
+                 holder.describe() if holder else "another driver")
+        self._driver = driver
+        self.program = driver.prepare_program()  # (an unpicklable graph fails start() here too)
+        self.waiting = True  # False once it took over
+        self.tail: _Tail | None = None  # the UI shows how far behind it is
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._stand_by, name="standby", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop waiting (a takeover under way finishes first)."""
+        self._stop.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _stand_by(self) -> None:
+        driver = self._driver
+        tail = self.tail = _Tail(driver)
+        tail.start()
+        try:
+            lead = driver.leadership.wait_for(self._stop)
+        except BaseException as e:  # noqa: BLE001
+            with tail.lock:
+                tail.stop()
+            driver.report_error(e, None)
+            driver.leader_event.set()  # awaitLeadership returns, raising the error
+            return
+        if lead is None:  # stopped while waiting
+            with tail.lock:
+                tail.stop()
+            return
+        try:
+            self._take_over(tail)
+        except BaseException as e:  # noqa: BLE001  (what had started was stopped by start_active)
+            self.waiting = True  # stop() then ends it as the standby it still is
+            driver.leadership.release()
+            driver.report_error(e, None)
+            driver.leader_event.set()  # awaitLeadership returns, raising the error
+
+    def _take_over(self, tail: _Tail) -> None:
+        """Held leadership in hand: resume the stream from the newest checkpoint, as the leader."""
+        driver = self._driver
+        began = time.monotonic()
+        with driver.active_lock, driver.lock, tail.lock:
+            tail.stop(keep_preload=True)
+            if self._stop.is_set():
+                driver.leadership.release()
+                return
+            tail.read_newest(preload=False, force=True)  # whatever the old leader wrote since the last look
+            cp = tail.checkpoint
+            self.waiting = False
+            driver.start_active(kind="takeover")
+        took = int((time.monotonic() - began) * 1000)
+        event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
+                                                took, tuple(driver.rerun_batch_times))
+        log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
+                    driver.checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
+        driver.events.post(event)
+        driver.events.post(StreamingListenerStreamingStarted(driver.clock.now_ms()))
+        driver.leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look
 
 
 class _Tail:
@@ -70,11 +133,11 @@ class _Tail:
     JOB_GROUP = "sparkwal-standby"
     PRELOAD_GROUP = "sparkwal-standby-preload"
 
-    def __init__(self, driver):
+    def __init__(self, driver: Driver):
         self._driver = driver
         self._began = time.monotonic()
         self._ready = False  # onStandbyReady posted
-        self.checkpoint = None
+        self.checkpoint: Checkpoint | None = None
         self._next_warm = 0.0
         self._stop = threading.Event()
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
@@ -153,7 +216,7 @@ class _Tail:
                           and cp.pending_times_ms == seen.pending_times_ms
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
-        restore(driver, cp)
+        driver.restore(cp)
         self.checkpoint = cp
         if not preload:
             return []
@@ -191,51 +254,3 @@ def warm_up(sc, light: bool = False) -> None:
         fs.getFileStatus(jpath).getPath().toString()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _stand_by(driver) -> None:
-    tail = _Tail(driver)
-    driver.standby_tail = tail  # the UI shows how far behind it is
-    tail.start()
-    try:
-        lead = driver.leadership.wait_for(driver.standby_stop)
-    except BaseException as e:  # noqa: BLE001
-        with tail.lock:
-            tail.stop()
-        driver.report_error(e, None)
-        driver.leader_event.set()  # awaitLeadership returns, raising the error
-        return
-    if lead is None:  # stopped while waiting
-        with tail.lock:
-            tail.stop()
-        return
-    try:
-        take_over(driver, tail)
-    except BaseException as e:  # noqa: BLE001  (what had started was stopped by _start_active)
-        driver.is_standby = True  # stop() then ends it as the standby it still is
-        driver.leadership.release()
-        driver.report_error(e, None)
-        driver.leader_event.set()  # awaitLeadership returns, raising the error
-
-
-def take_over(driver, tail: _Tail) -> None:
-    """Held leadership in hand: resume the stream from the newest checkpoint, as the leader."""
-    began = time.monotonic()
-    with driver.active_lock, driver.lock, tail.lock:
-        tail.stop(keep_preload=True)
-        if driver.standby_stop.is_set():
-            driver.leadership.release()
-            return
-        tail.read_newest(preload=False, force=True)  # whatever the old leader wrote since the last look
-        cp = tail.checkpoint
-        driver.is_standby = False
-        driver.recovery = "takeover"
-        driver.start_active()
-    took = int((time.monotonic() - began) * 1000)
-    event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
-                                            took, tuple(driver.rerun_batch_times))
-    log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
-                driver.checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
-    driver.events.post(event)
-    driver.events.post(StreamingListenerStreamingStarted(driver.clock.now_ms()))
-    driver.leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look

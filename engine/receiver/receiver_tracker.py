@@ -42,7 +42,9 @@ from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
+    from .host import ReceiverHost
     from .input import ReceiverInputDStream
+
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def _receiver_partition(config: SupervisorConfig, receiver, _rows):
 
 
 class ReceiverTracker:
-    def __init__(self, driver, inputs: list[ReceiverInputDStream]):
+    def __init__(self, driver: ReceiverHost, inputs: list[ReceiverInputDStream]):
         self._driver, self._sc = driver, driver.sc
         settings = driver.settings
         self._inputs = {s.input_id: s for s in inputs}

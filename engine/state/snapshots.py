@@ -37,6 +37,7 @@ durable: checkpoints are written behind the batches, and one taken earlier still
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Protocol
 
 from pyspark import RDD, StorageLevel
 
@@ -48,6 +49,15 @@ from sparkwal.checkpoint.state_files import read_manifest
 from .. import config
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparkwal.checkpoint import CheckpointWriter
+    from sparkwal.wal import Leadership
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
+
 log = logging.getLogger(__name__)
 
 DELTAS_PER_FULL = config.DELTAS_PER_FULL.default
@@ -57,8 +67,25 @@ MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
 CHAINS_KEPT = 3
 
 
+class SnapshotHost(Protocol):
+    """What the state snapshots read of the driver that runs them (the driver hands itself in;
+    nothing here changes it)."""
+    sc: SparkContext
+    settings: StreamingConf
+    graph: DStreamGraph
+    batch_ms: int
+    checkpoint_dir: str | None
+    storage_options: dict | None
+    checkpoint_writer: CheckpointWriter | None
+
+    @property
+    def leader_epoch(self) -> int | None: ...
+
+    def lead(self) -> Leadership | None: ...
+
+
 class StateSnapshots:
-    def __init__(self, driver):
+    def __init__(self, driver: SnapshotHost):
         self._driver = driver
         self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
         #: (checkpoints queued when it was retired, URL): see on_checkpoint_written
