@@ -36,7 +36,7 @@ import msgpack
 from crc32c import crc32c
 
 from sparkwal.wal.errors import FencedError
-from sparkwal.wal.storage import Lock, Storage, resolve
+from sparkwal.wal.storage import Lock, Storage, StorageLocation, resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError
@@ -86,7 +86,7 @@ def _checkpoint_files(storage: Storage, directory: str) -> list[tuple[int, bool,
     return out
 
 
-def read_checkpoint(directory: str, *, storage_options: dict | None = None) -> Checkpoint | None:
+def read_checkpoint(directory: str | StorageLocation, *, storage_options: dict | None = None) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies: newest main file, its ``.bk``, then older
     ones. None if there is none; CheckpointError naming every file tried if none is valid."""
     storage, path = resolve(directory, storage_options)
@@ -110,7 +110,7 @@ class CheckpointFollower:
     """Reads a directory's newest checkpoint again only when it changed (a standby's look every
     half second: one listing, and a read only when the newest file's name, size or time moved)."""
 
-    def __init__(self, directory: str, storage_options: dict | None = None):
+    def __init__(self, directory: str | StorageLocation, storage_options: dict | None = None):
         self.directory, self._options = directory, storage_options
         self._storage, self._path = resolve(directory, storage_options)
         self._seen: tuple | None = None
@@ -183,7 +183,7 @@ class CheckpointWriter:
     leadership of the directory; a write is refused (FencedError, not retried) once it is lost.
     """
 
-    def __init__(self, directory: str, *, keep: int = 10, storage_options: dict | None = None,
+    def __init__(self, directory: str | StorageLocation, *, keep: int = 10, storage_options: dict | None = None,
                  max_attempts: int = 3, queue_size: int = 1000, put_timeout_s: float = 10.0,
                  on_written: Callable[[int], None] | None = None,
                  on_error: Callable[[BaseException], None] | None = None, lock: Lock | None = None):

@@ -27,7 +27,7 @@ import struct
 
 from crc32c import crc32c
 
-from sparkwal.wal.storage import resolve
+from sparkwal.wal.storage import StorageLocation, resolve
 
 from .envelope import open_envelope
 from .errors import CheckpointError, MissingCodePartError
@@ -57,7 +57,7 @@ def decode_code(blob: bytes, path: str = "<bytes>") -> bytes:
     return body
 
 
-def write_code(directory: str, body: bytes, storage_options: dict | None = None) -> str:
+def write_code(directory: str | StorageLocation, body: bytes, storage_options: dict | None = None) -> str:
     """Store ``body`` as the code part of ``directory`` (once: an existing file of the same name
     holds the same bytes); return its file name."""
     storage, root = resolve(directory, storage_options)
@@ -84,7 +84,8 @@ def read_code(directory: str, name: str, storage_options: dict | None = None) ->
     return body
 
 
-def delete_code_parts_except(directory: str, name: str, storage_options: dict | None = None) -> list[str]:
+def delete_code_parts_except(directory: str | StorageLocation, name: str,
+                             storage_options: dict | None = None) -> list[str]:
     """Delete every code part of ``directory`` but ``name``; returns the names deleted."""
     storage, root = resolve(directory, storage_options)
     deleted = []

@@ -16,6 +16,7 @@ from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from .errors import (CorruptRecordError, FencedError, LeaderHeldError, LogLockedError,
                      StorageUnavailableError, WalError)
 from .file_log import FileBasedWriteAheadLog
+from .location import StorageLocation
 from .retry import RetryPolicy, RetryStatistics, retry_statistics, set_default_policy
 from .storage import FileInfo, LeaderInfo, Leadership, Storage, resolve
 
@@ -37,6 +38,7 @@ __all__ = [
     "RetryStatistics",
     "SYSTEM_CLOCK",
     "Storage",
+    "StorageLocation",
     "StorageUnavailableError",
     "SystemClock",
     "WalError",

@@ -318,8 +318,8 @@ class LocalStorage(Storage):
 
 
 class FsspecStorage(Storage):
-    def __init__(self, fs: fsspec.AbstractFileSystem):
-        self.fs = fs
+    def __init__(self, fs: fsspec.AbstractFileSystem, policy: retry.RetryPolicy | None = None):
+        self.fs, self.policy = fs, policy  # policy: of the retries of its calls (None: the default)
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
         self.protocol = protocols[0]
         self.is_memory = isinstance(fs, MemoryFileSystem)
@@ -337,7 +337,7 @@ class FsspecStorage(Storage):
 
     def retrying(self, operation: str, path: str, fn):
         """``fn()`` under :mod:`sparkwal.wal.retry`'s policy: transient faults retried until the deadline."""
-        return retry.call(operation, self.url(path), fn)
+        return retry.call(operation, self.url(path), fn, policy=self.policy)
 
     def list_files(self, directory: str) -> list[FileInfo]:
         self.fs.invalidate_cache(directory)

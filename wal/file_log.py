@@ -30,7 +30,7 @@ from .segment import (FRAME_HEADER, FRAME_HEADER_LEN, HEADER, HEADER_LEN, LEN_CR
                       ScanResult, SegmentName, encode_frames, frame_header, iter_segment,
                       parse_segment_name, segment_file_name)
 from .segment_reads import read_record, read_segments
-from .storage import AppendFile, Lock, Storage, resolve
+from .storage import AppendFile, Lock, Storage, StorageLocation, resolve
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     atomic create; None (the default) chooses it where the store cannot append (object stores).
     """
 
-    def __init__(self, log_dir: str, *, rolling_interval_s: float = 60, max_failures: int = 3,
+    def __init__(self, log_dir: str | StorageLocation, *, rolling_interval_s: float = 60, max_failures: int = 3,
                  close_file_after_write: bool | None = None, storage_options: dict | None = None,
                  clock: Clock | None = None, durability: Durability | str = Durability.FSYNC, lease_s: float = 60,
                  lock: Lock | None = None):
@@ -72,7 +72,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
             raise ValueError(f"rolling_interval_s must be > 0, got {rolling_interval_s}")
         if max_failures < 1:
             raise ValueError(f"max_failures must be >= 1, got {max_failures}")
-        self.log_dir = log_dir
+        self.log_dir = str(log_dir)
         self._storage: Storage
         self._storage, self._dir = resolve(log_dir, storage_options)
         if close_file_after_write is None:

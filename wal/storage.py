@@ -61,19 +61,16 @@ failing on command, for tests and drills (:mod:`sparkwal.wal.disk_faults`).
 from __future__ import annotations
 
 import json
-import os
 
-import fsspec
-
-from . import retry
 from .append_files import AppendFile
 from .backends import FileInfo, FsspecStorage, LocalStorage, Storage
+from .location import StorageLocation, resolve_url, s3_defaults
 from .locks import (LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK, LEASE_FILE, LOCK_FILE, LeaderInfo,
                     Leadership, Lock, WriterInfo)
 
 __all__ = ["AppendFile", "FileInfo", "FsspecStorage", "LEADER_EPOCH", "LEADER_LEASES", "LEADER_LOCK",
            "LEASE_FILE", "LOCK_FILE", "LeaderInfo", "Leadership", "LocalStorage", "Lock", "Storage",
-           "WriterInfo", "parse_storage_options", "resolve"]
+           "StorageLocation", "WriterInfo", "parse_storage_options", "resolve", "resolve_url", "s3_defaults"]
 
 
 def parse_storage_options(pairs: list[str] | None) -> dict | None:
@@ -88,33 +85,9 @@ def parse_storage_options(pairs: list[str] | None) -> dict | None:
     return options or None
 
 
-def resolve(url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
-    """Map a path or URL to ``(storage, path inside that storage)``."""
-    if url.startswith("faulty+file://"):  # a local disk that fails on command (wal.disk_faults)
-        from .disk_faults import FaultyLocalStorage
-
-        path = os.path.abspath(url[len("faulty+file://"):])
-        return FaultyLocalStorage(path), path
-    if "://" not in url or url.startswith("file://"):
-        path = url[len("file://"):] if url.startswith("file://") else url
-        if storage_options:
-            raise ValueError(f"storage_options given for local path {url!r}")
-        return LocalStorage(), os.path.abspath(path)
-    if url.split("://", 1)[0] in ("s3", "s3a"):
-        storage_options = s3_defaults(storage_options)
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return FsspecStorage(fs), path.rstrip("/") or "/"
-
-
-def s3_defaults(storage_options: dict | None) -> dict:
-    """The seam's retry loop owns retries (wal.retry): botocore makes one attempt per call, and no
-    call waits longer than half the deadline for a connection or an answer (what the caller sets
-    in ``config_kwargs`` stays)."""
-    options = dict(storage_options or {})
-    config = dict(options.get("config_kwargs") or {})
-    deadline = retry.default_policy().deadline_s
-    config.setdefault("retries", {"max_attempts": 1})
-    config.setdefault("connect_timeout", min(10.0, deadline / 2))
-    config.setdefault("read_timeout", min(30.0, deadline / 2))
-    options["config_kwargs"] = config
-    return options
+def resolve(url: str | StorageLocation, storage_options: dict | None = None) -> tuple[Storage, str]:
+    """Map a path, URL or :class:`~sparkwal.wal.location.StorageLocation` to ``(storage, path inside
+    that storage)`` (a location's storage is resolved once and kept)."""
+    if isinstance(url, StorageLocation):
+        return StorageLocation.of(url, storage_options).resolve()
+    return resolve_url(url, storage_options)

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
-from sparkwal.wal.storage import resolve
 
 if TYPE_CHECKING:
     from .driver import Driver
@@ -124,7 +123,7 @@ class Checkpointing:
         file name says nothing: an earlier run that fell behind may have left checkpoints named after
         later batch times than this run's, which then outlive this run's first ones."""
         driver = self._driver
-        storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
+        storage, root = driver.location.resolve()
         named = set()
         for info in storage.list_files(root):
             if CHECKPOINT_FILE.fullmatch(info.name):
@@ -134,5 +133,5 @@ class Checkpointing:
                     return False  # replaced or retired meanwhile: look again after the next one
         if named - {driver.code_name}:
             return False
-        delete_code_parts_except(driver.checkpoint_dir, driver.code_name, driver.storage_options)
+        delete_code_parts_except(driver.location, driver.code_name)
         return True

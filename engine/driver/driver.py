@@ -25,11 +25,11 @@ from pyspark import RDD, SparkContext
 from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
-from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, set_default_policy
+from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, StorageLocation, set_default_policy
+from sparkwal.wal.retry import default_policy
 
 from .. import cluster, config
 from ..config import StreamingConf
-from ..dstream import describe_times
 from ..errors import one_line
 from ..graph import DStreamGraph
 from ..receiver.receiver_tracker import ReceiverTracker
@@ -42,7 +42,7 @@ from . import batches, checkpointing, leadership, observability, receiver_lifecy
 from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
-from .scheduler import JobGenerator, JobScheduler
+from .scheduler import JobGenerator, JobScheduler, await_batches
 from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,16 @@ class Driver:
         self.context = context
         self.sc = sc
         self.settings = StreamingConf.of(sc.getConf())  # every setting, checked once (engine/config.py)
-        set_default_policy(RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings)))
+        #: the retries of this driver's storage calls (spark.sparkwal.storage.deadline); its
+        #: checkpoint location carries it, and while it runs it is the process's default
+        self.retry_policy = RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings))
+        self._policy_before: RetryPolicy | None = None
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK
         self.graph = DStreamGraph()
         self.events = EventBus(capacity=self.settings[config.LISTENER_QUEUE_CAPACITY])
         self.input_infos = InputInfoTracker()
-        self.checkpoint_dir: str | None = None
-        self.storage_options: dict | None = None  # fsspec options of the checkpoint directory
+        self.location: StorageLocation | None = None  # the checkpoint directory
         self.checkpoint_writer: CheckpointWriter | None = None
         self.state = INITIALIZED
         self.restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
@@ -128,9 +130,10 @@ class Driver:
             self.observer = observability.Observer(self)  # a bad UI setting fails start() here
             cluster.prepare(self.sc, self.settings)  # sparkwal's code on the executors, or a clear error
             self.observer.open()  # before leading: a UI port in use fails start() with nothing held
+            self._use_retry_policy()
             try:
                 if self.checkpoint_dir is not None:
-                    self.leadership = leadership.DriverLeadership(self.checkpoint_dir, self.storage_options,
+                    self.leadership = leadership.DriverLeadership(self.location, None,
                                                                   self.lease_timeout_ms())
                     if self.standby_requested and self.leadership.try_take() is None:
                         self.standby = standby.Standby(self)
@@ -142,11 +145,23 @@ class Driver:
                 self.start_active()
             except BaseException:
                 self.observer.close()
+                self._restore_retry_policy()
                 raise
             self.leader_event.set()
         if self.settings[config.STOP_GRACEFULLY_ON_SHUTDOWN]:
             stop_gracefully_on_signals(self.context)
         self.events.post(StreamingListenerStreamingStarted(self.clock.now_ms()))
+
+    def _use_retry_policy(self) -> None:
+        """While it runs, this driver's retry policy is the process's default (for the storage
+        calls made without its location); constructing another context changes nothing."""
+        self._policy_before = default_policy()
+        set_default_policy(self.retry_policy)
+
+    def _restore_retry_policy(self) -> None:
+        if self._policy_before is not None:
+            set_default_policy(self._policy_before)
+            self._policy_before = None
 
     def activate(self) -> None:
         """This driver is the process's started one (a leader, or a standby waiting)."""
@@ -162,7 +177,7 @@ class Driver:
             if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 prepared = self.standby.program if self.standby is not None else None
                 code, self.conf_pairs = prepared or self.prepare_program()
-                self.code_name = write_code(self.checkpoint_dir, code, self.storage_options)
+                self.code_name = write_code(self.location, code)
                 if "://" not in self.checkpoint_dir or self.checkpoint_dir.startswith("file://"):
                     # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
                     # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
@@ -170,8 +185,7 @@ class Driver:
                     self.sc.setCheckpointDir(CheckpointLayout(self.checkpoint_dir).rdds)
             self.block_tracker = receiver_lifecycle.make_block_tracker(self)
             if self.checkpoint_dir is not None:
-                self.checkpoint_writer = CheckpointWriter(self.checkpoint_dir,
-                                                          storage_options=self.storage_options,
+                self.checkpoint_writer = CheckpointWriter(self.location,
                                                           on_written=self.on_checkpoint_written,
                                                           on_error=self.on_checkpoint_error,
                                                           lock=self.lead())
@@ -217,8 +231,18 @@ class Driver:
 
     def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
         """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
-        self.checkpoint_dir = directory
-        self.storage_options = storage_options if directory is not None else None
+        self.location = (StorageLocation(directory, storage_options, policy=self.retry_policy)
+                         if directory is not None else None)
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """The checkpoint directory's URL (None: no checkpointing)."""
+        return self.location.url if self.location is not None else None
+
+    @property
+    def storage_options(self) -> dict | None:
+        """The checkpoint directory's fsspec options."""
+        return self.location.options if self.location is not None else None
 
     def use_graph(self, graph: DStreamGraph) -> None:
         """Run ``graph`` (a checkpoint's program's) instead of the one built on this driver."""
@@ -312,6 +336,7 @@ class Driver:
             with Driver.active_lock:
                 if Driver.active is self:
                     Driver.active = None
+            self._restore_retry_policy()
             self.events.stop(LISTENER_DRAIN_S)  # the listeners hear of everything before stop returns
             self.terminated.set()
 
@@ -336,24 +361,11 @@ class Driver:
         return max(0.0, self.graceful_deadline - time.monotonic())
 
     def await_batches(self) -> bool:
-        """A graceful stop's wait: every batch due so far generated and run, within
-        ``spark.streaming.gracefulStopTimeout``. On timeout the batches not done are left for
-        the restart (they are in the checkpoint, logged in the batch log or due again: nothing
-        is lost), named in :attr:`batches_left_for_restart` and in one warning."""
-        timeout = self.graceful_stop_timeout_s()
-        while (self.generator.drain(self.graceful_remaining_s())
-               and self.scheduler.wait_idle(self.graceful_remaining_s())):
-            if not self.generator.queued_times():
-                return True
-            # batches held for a state's lineage: released once the last completion is processed
-            self.generator.wait_processed(min(0.1, self.graceful_remaining_s()))
-        left = sorted(set(self.scheduler.pending_times()) | set(self.generator.queued_times()))
-        self.batches_left_for_restart = left
-        if left:
-            log.warning("graceful stop: %s not done within spark.streaming.gracefulStopTimeout "
-                        "(%.1f s) left for the restart (nothing is lost: a restart runs them)",
-                        describe_times(left), timeout)
-        return not left
+        """A graceful stop's wait (:func:`.scheduler.await_batches`); the batches not done within
+        ``spark.streaming.gracefulStopTimeout`` are named in :attr:`batches_left_for_restart`."""
+        self.batches_left_for_restart = await_batches(self.generator, self.scheduler, self.graceful_remaining_s,
+                                                      self.graceful_stop_timeout_s())
+        return not self.batches_left_for_restart
 
     def raise_error(self) -> None:
         if self.fenced is not None:  # the cause of whatever failed after it (a write refused, ...)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
-                 StorageUnavailableError, resolve)
+                          StorageLocation, StorageUnavailableError, resolve)
 
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
@@ -50,10 +50,10 @@ class DriverAlreadyActiveError(EngineError, RuntimeError):
 class DriverLeadership:
     """Leadership of ``directory`` for one context (a role: take, wait, keep, give up)."""
 
-    def __init__(self, directory: str, storage_options: dict | None, lease_ms: int,
+    def __init__(self, directory: str | StorageLocation, storage_options: dict | None, lease_ms: int,
                  clock: Clock | None = None):
         self.storage, self.path = resolve(directory, storage_options)
-        self.url = directory
+        self.url = str(directory)
         self.lease_ms = lease_ms
         self._clock = clock or SYSTEM_CLOCK  # leases run on real time, whatever drives batches
         self._stop = threading.Event()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from sparkwal.tracker import BatchInfo
 
-from ..dstream import Job
+from ..dstream import Job, describe_times
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
@@ -382,3 +382,22 @@ class JobGenerator:
             with self._queued_lock:
                 self._generation_cancelled = True
         self._events.shutdown(wait=True)
+
+
+def await_batches(generator: JobGenerator, scheduler: JobScheduler, remaining_s: Callable[[], float],
+                  timeout_s: float) -> list[int]:
+    """A graceful stop's wait: every batch due so far generated and run, within ``timeout_s``
+    (``remaining_s()``: what is left of it). On timeout the batches not done are left for the
+    restart (they are in the checkpoint, logged in the batch log or due again: nothing is lost),
+    returned and named in one warning."""
+    while generator.drain(remaining_s()) and scheduler.wait_idle(remaining_s()):
+        if not generator.queued_times():
+            return []
+        # batches held for a state's lineage: released once the last completion is processed
+        generator.wait_processed(min(0.1, remaining_s()))
+    left = sorted(set(scheduler.pending_times()) | set(generator.queued_times()))
+    if left:
+        log.warning("graceful stop: %s not done within spark.streaming.gracefulStopTimeout "
+                    "(%.1f s) left for the restart (nothing is lost: a restart runs them)",
+                    describe_times(left), timeout_s)
+    return left

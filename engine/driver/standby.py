@@ -206,7 +206,7 @@ class _Tail:
         driver = self._driver
         try:
             if self._follower is None:
-                self._follower = CheckpointFollower(driver.checkpoint_dir, driver.storage_options)
+                self._follower = CheckpointFollower(driver.location)
             cp = self._follower.read_if_changed(force)
         except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
             log.debug("tailing %s", driver.checkpoint_dir, exc_info=True)

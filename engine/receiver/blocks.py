@@ -44,7 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkwal.checkpoint.layout import CheckpointLayout
-from sparkwal.wal import SYSTEM_CLOCK, Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle, resolve
+from sparkwal.wal import (SYSTEM_CLOCK, Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle,
+                          StorageLocation, resolve)
 
 from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
 from ..errors import EngineError
@@ -292,7 +293,7 @@ def clean_block_dir(directory: str, thresh_ms: int) -> None:
             continue
 
 
-_readers: dict[tuple, FileBasedWriteAheadLog] = {}
+_readers: dict[StorageLocation, FileBasedWriteAheadLog] = {}
 _readers_lock = threading.Lock()
 
 
@@ -309,11 +310,11 @@ def read_wal_block(wal_dir: str, storage_options: dict | None, stream_id: int, b
                    handle: list) -> list:
     """A block's records from the receiver WAL, by handle (its segment located by the driver:
     inside a task; read-only, no lock)."""
-    key = (wal_dir, repr(sorted((storage_options or {}).items())))
+    location = StorageLocation(wal_dir, storage_options)  # equal locations share one reader
     with _readers_lock:
-        reader = _readers.get(key)
+        reader = _readers.get(location)
         if reader is None:
-            reader = _readers[key] = FileBasedWriteAheadLog(wal_dir, storage_options=storage_options)
+            reader = _readers[location] = FileBasedWriteAheadLog(location)
     try:
         data = reader.read(RecordHandle.from_list(handle))
     except Exception as e:  # noqa: BLE001

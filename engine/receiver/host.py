@@ -25,8 +25,12 @@ class ReceiverHost(Protocol):
     settings: StreamingConf
     batch_ms: int
     clock: Clock
-    checkpoint_dir: str | None
-    storage_options: dict | None
+
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+
+    @property
+    def storage_options(self) -> dict | None: ...
     block_tracker: ReceivedBlockTracker | None
 
     @property

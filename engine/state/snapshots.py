@@ -74,8 +74,12 @@ class SnapshotHost(Protocol):
     settings: StreamingConf
     graph: DStreamGraph
     batch_ms: int
-    checkpoint_dir: str | None
-    storage_options: dict | None
+
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+
+    @property
+    def storage_options(self) -> dict | None: ...
     checkpoint_writer: CheckpointWriter | None
 
     @property
