@@ -36,6 +36,7 @@ import msgpack
 from crc32c import crc32c
 
 from sparkwal.wal.errors import FencedError
+from sparkwal.service import Service
 from sparkwal.wal.storage import Lock, Storage, StorageLocation, resolve
 
 from .envelope import open_envelope
@@ -218,8 +219,7 @@ class CheckpointWriter:
         self._files: list[tuple[int, bool, str]] | None = None
         self._last_written: tuple[str, bytes] | None = None
         self._progress = threading.Condition()  # notified when a checkpoint is written or fails
-        self._thread = threading.Thread(target=self._run, name="CheckpointWriter", daemon=True)
-        self._thread.start()
+        self._thread = Service("CheckpointWriter", self._run).start()
 
     def write(self, checkpoint: Checkpoint) -> None:
         """Queue ``checkpoint`` (its number in order is :attr:`queued` after the call)."""
@@ -253,8 +253,7 @@ class CheckpointWriter:
         if not self._stopped:
             self._stopped = True
             self._queue.put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        if not self._thread.join(timeout):
             raise CheckpointError(f"{self.directory}: checkpoint writer did not finish in {timeout} s")
         self._raise_if_failed()
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from sparkwal.wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
 from sparkwal.wal.inspect import trim_preallocated
 from sparkwal.wal.storage import resolve
+from sparkwal.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,7 @@ class EventLogWriter:
         self._lock = threading.Lock()
         self._records = self._bytes = self._dropped = self._failures = 0
         self._fenced: FencedError | None = None  # another driver leads: nothing more is written
-        self._thread = threading.Thread(target=self._write_loop, name="sparkwal-event-log", daemon=True)
-        self._thread.start()
+        self._thread = Service("sparkwal-event-log", self._write_loop).start()
 
     def append(self, record: dict) -> None:
         """Queue one event (never blocks the caller)."""
@@ -190,8 +190,7 @@ class EventLogWriter:
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is queued (for at most ``timeout_s``), then close the log."""
         self._queue.put(("close", None))
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if not self._thread.join(timeout_s):
             log.warning("the event log %s did not finish writing in %s s", self.path, timeout_s)
             return
         self._wal.close()

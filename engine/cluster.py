@@ -34,6 +34,7 @@ import threading
 import weakref
 import zipfile
 
+from sparkwal.service import Service, spawn
 from sparkwal.wal.retry import DEADLINE_ENV
 
 from .compat import supports
@@ -262,7 +263,7 @@ def _import_engine(rows):
 RESTART_WORKERS_PER_CORE = 1
 
 
-def warm_workers_early(sc) -> threading.Thread | None:
+def warm_workers_early(sc) -> Service | None:
     """In ``local[...]`` mode, once per SparkContext: make the settings :func:`prepare` makes for
     the workers (the daemon, the Unix sockets) and start Python workers in a background job, so
     that the daemon's start (0.3 s, then 0.7 s importing the engine) and the workers' overlap the
@@ -285,9 +286,7 @@ def warm_workers_early(sc) -> threading.Thread | None:
         except Exception as e:  # noqa: BLE001  the first batch starts its workers itself
             log.info("starting Python workers early failed: %s", e)
 
-    thread = threading.Thread(target=run, name="sparkwal-warm-workers", daemon=True)
-    thread.start()
-    return thread
+    return spawn("sparkwal-warm-workers", run)
 
 
 def storage_deadline_s(sc, settings: StreamingConf) -> float:

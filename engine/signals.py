@@ -23,6 +23,8 @@ import logging
 import signal
 import threading
 
+from sparkwal.service import Service
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -79,7 +81,8 @@ def stop_gracefully_on_signals(ssc) -> StopSignals | None:
 
     def stop(name: str) -> None:
         log.warning("%s received: stopping the streaming context gracefully", name)
-        threading.Thread(target=ssc.stop, kwargs={"stopSparkContext": True, "stopGraceFully": True},
-                         name="sparkwal-signal-stop").start()
+        # not a daemon: the process waits for the graceful stop to finish
+        Service("sparkwal-signal-stop", lambda: ssc.stop(stopSparkContext=True, stopGraceFully=True),
+                daemon=False).start()
 
     return StopSignals(stop)

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the rooms, folders of the repository mapped under the one import package: wal/ is sparkwal.wal
 PACKAGES = ("wal", "checkpoint", "tracker", "engine")
 MAX_LINES = 450
-#: the package's top beside its __init__: what every room may import (the errors' root)
-TOP_MODULES = {"sparkwal.errors"}
+#: the package's top beside its __init__: what every room may import (the errors' root, the thread service)
+TOP_MODULES = {"sparkwal.errors", "sparkwal.service"}
 
 #: Private names of other projects that have no public equivalent: PySpark's Py4J gateway and
 #: JVM handles (the brief allows Spark core's JVM API through Py4J), confluent-kafka's

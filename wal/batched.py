@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from sparkwal.service import Service
 
 from .base import RecordHandle, WalStatistics, WriteAheadLog
 from .errors import WalError
@@ -93,9 +94,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
         self._target = 1  # queued records worth waiting for
         self._recent_writers: deque[int] = deque(maxlen=4)
         self._write_time_s = 0.0  # moving average of one group write
-        self._thread = threading.Thread(target=self._run, name="BatchedWriteAheadLog Writer",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = Service("BatchedWriteAheadLog Writer", self._run).start()
 
     # ---------------------------------------------------------------- callers
 
@@ -167,14 +166,14 @@ class BatchedWriteAheadLog(WriteAheadLog):
                 return
             self._active = False
             self._wake_writer()
-        self._thread.join(self._timeout)
+        ended = self._thread.join(self._timeout)
         with self._qlock:
             leftover, self._queue = self._queue, []
             self._queued_records = 0
         for p in leftover:
             p.error = WalError("BatchedWriteAheadLog closed before the record was written")
             p.done.release()
-        if self._thread.is_alive():
+        if not ended:
             log.error("BatchedWriteAheadLog writer thread is stuck in a write; "
                       "the wrapped log %r is left open", self.wrapped)
             return

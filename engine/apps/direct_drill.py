@@ -18,6 +18,8 @@ import random
 import threading
 import time
 
+from sparkwal.service import spawn
+
 from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
 from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
@@ -104,8 +106,7 @@ def start_appender(workdir: str, seed: int, batch: float, max_lines: int):
             append_lines(logdir, p, appended[p], n)
             appended[p] += n
 
-    feeder = threading.Thread(target=appender, daemon=True)
-    feeder.start()
+    feeder = spawn("drill-appender", appender)
     return appended, stop_input, feeder
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 from sparkwal.errors import SparkwalError
+from sparkwal.service import Service, spawn
 
 from .wordcount_data import expected_counts, file_lines, write_input_file
 
@@ -44,8 +45,7 @@ class AppRun:
         self.completed: list[tuple[float, int]] = []
         self.receivers: list[tuple[float, dict]] = []  # (wall time, receiver_started event)
         self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.reader = spawn("drill-app-output", self._read)
 
     def _log_file(self, workdir: str):
         """The app's stderr, kept per run for post-mortems: ``WORKDIR/logs/app-<n>.log``."""
@@ -135,7 +135,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def start_input(input_dir: str, files: int, batch: float, stop: threading.Event,
-                stop_input: threading.Event) -> tuple[threading.Thread, list[int]]:
+                stop_input: threading.Event) -> tuple[Service, list[int]]:
     """Write input file i at i+1 batch intervals, until ``files`` or a stop; ``generated[0]``:
     how many were written."""
     generated = [0]
@@ -147,9 +147,7 @@ def start_input(input_dir: str, files: int, batch: float, stop: threading.Event,
             write_input_file(input_dir, i)
             generated[0] = i + 1
 
-    generator = threading.Thread(target=generate, daemon=True)
-    generator.start()
-    return generator, generated
+    return spawn("drill-input", generate), generated
 
 
 def start_file_input(workdir: str, files: int, batch: float):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from sparkwal.service import spawn
+
 FAULTS = ("500", "503", "reset_before", "reset_after", "delay")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -78,8 +80,7 @@ class FaultProxy:
         self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._thread = spawn("fault-proxy", self._server.serve_forever)
 
     def plan(self, method: str, path_part: str, fault: str) -> None:
         """The next request with ``method`` whose path contains ``path_part`` gets ``fault``."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
+
+from sparkwal.service import spawn
 
 #: lines every start prints that say nothing about this run
 NOISE = re.compile(r"WARNING: Using incubator modules: .*|Setting default log level to .*"
@@ -23,8 +24,7 @@ def start_spark(conf, verbose: bool):
     from pyspark.java_gateway import launch_gateway
 
     gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
-    threading.Thread(target=_pass_on, args=(gateway.proc.stderr, verbose), name="sparkwal-jvm-stderr",
-                     daemon=True).start()
+    spawn("sparkwal-jvm-stderr", _pass_on, gateway.proc.stderr, verbose)
     return SparkContext(conf=conf, gateway=gateway)
 
 

@@ -17,6 +17,8 @@ import signal
 import threading
 import time
 
+from sparkwal.service import spawn
+
 from .drill_runs import DrillError, AppRun, pct, read_outputs
 from .wordcount_data import expected_line_counts, receiver_line
 from ..receiver.acked_lines import AckedLineSource
@@ -167,8 +169,7 @@ def start_feeder(source: AckedLineSource, lines: int, lines_per_s: float, stop: 
             offered[0] = i + 1
             time.sleep(1 / lines_per_s)
 
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    feeder = spawn("drill-feeder", feed)
     return feeder, offered
 
 

@@ -42,8 +42,9 @@ import json
 import operator
 import os
 import sys
-import threading
 import time
+
+from sparkwal.service import spawn
 
 from .wordcount_data import receiver_line, write_input_file
 
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
             while not stop.is_set() and not ssc.awaitLeadership(0.2):
                 pass
         else:
-            threading.Thread(target=generate, daemon=True).start()
+            spawn("wordcount-input", generate)
         if not stop.is_set():
             recovered(ssc, args.json)
         deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None

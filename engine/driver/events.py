@@ -28,6 +28,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sparkwal.service import Service
+
 from ..listener import CALLBACKS
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class EventBus:
         self._queued_listeners: list = []
         self._lock = threading.Condition()
         self._queue: collections.deque = collections.deque()
-        self._thread: threading.Thread | None = None
+        self._thread: Service | None = None
         self._stopped = False
         self._busy = False  # the bus's thread is delivering an event
         self._posted = self._delivered = self._dropped = 0
@@ -81,8 +83,7 @@ class EventBus:
         with self._lock:
             (self._queued_listeners if queued else self._synchronous).append(listener)
             if queued and self._thread is None and not self._stopped:
-                self._thread = threading.Thread(target=self._run, name="sparkwal-listener-bus", daemon=True)
-                self._thread.start()
+                self._thread = Service("sparkwal-listener-bus", self._run).start()
 
     def unsubscribe(self, listener) -> None:
         with self._lock:
@@ -149,7 +150,7 @@ class EventBus:
         deadline = None if timeout is None else self._clock() + timeout
         with self._lock:
             while self._queue or self._busy:
-                if threading.current_thread() is self._thread:
+                if self._thread is not None and self._thread.is_current():
                     return not self._queue  # called from a listener: this event is the last
                 left = None if deadline is None else deadline - self._clock()
                 if left is not None and left <= 0:
@@ -169,7 +170,7 @@ class EventBus:
         if left:
             log.warning("stopping: %d listener events are still queued after %s s (a listener is slow "
                         "or stuck); they are delivered as the listener gets to them", left, timeout)
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None:
             thread.join(timeout)
 
     def statistics(self) -> EventBusStatistics:

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sparkwal.service import Service
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
                           StorageLocation, StorageUnavailableError, resolve)
 
@@ -57,7 +58,7 @@ class DriverLeadership:
         self.lease_ms = lease_ms
         self._clock = clock or SYSTEM_CLOCK  # leases run on real time, whatever drives batches
         self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._renewer: Service | None = None
         self.held: Leadership | None = None
         self.fenced: BaseException | None = None  # why the leadership was lost (first cause)
         self._fence_lock = threading.Lock()
@@ -146,12 +147,11 @@ class DriverLeadership:
                 except Exception as e:  # noqa: BLE001  a failed renewal is retried; the lapse fences
                     log.warning("could not renew the lease of %s: %s", self.url, e)
 
-        self._renewer = threading.Thread(target=renew, name="leader-lease", daemon=True)
-        self._renewer.start()
+        self._renewer = Service("leader-lease", renew).start()
 
     def release(self) -> None:
         self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
+        if self._renewer is not None:
             self._renewer.join()
         if self.held is not None:
             self.held.release()

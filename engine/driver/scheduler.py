@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from sparkwal.service import Service
 from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
@@ -39,7 +40,7 @@ class RecurringTimer:
         self._next: int | None = None
         self.last_fired_ms: int | None = None
         self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Service | None = None
 
     def start_time(self) -> int:
         """The next multiple of the period strictly after now."""
@@ -51,8 +52,7 @@ class RecurringTimer:
 
     def start(self, first_ms: int) -> None:
         self._next = first_ms
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = Service(self.name, self._loop).start()
 
     def _loop(self) -> None:
         while not self._stopped.is_set():
@@ -65,7 +65,7 @@ class RecurringTimer:
     def stop(self) -> int | None:
         """Stop after the callback in progress, if any; return the last time fired."""
         self._stopped.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None:
             self._thread.join()
         return self.last_fired_ms
 

@@ -38,6 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import Checkpoint, CheckpointFollower
+from sparkwal.service import Service
 
 from .. import config
 from ..cluster import start_python_workers
@@ -67,7 +68,7 @@ class Standby:
         self.waiting = True  # False once it took over
         self.tail: _Tail | None = None  # the UI shows how far behind it is
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._stand_by, name="standby", daemon=True)
+        self._thread = Service("standby", self._stand_by)
 
     def start(self) -> None:
         self._thread.start()
@@ -75,8 +76,7 @@ class Standby:
     def stop(self) -> None:
         """Stop waiting (a takeover under way finishes first)."""
         self._stop.set()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._thread.join()
 
     def _stand_by(self) -> None:
         driver = self._driver
@@ -142,7 +142,7 @@ class _Tail:
         self._stop = threading.Event()
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
         self._follower: CheckpointFollower | None = None  # the directory as last looked at
-        self._thread = threading.Thread(target=self._run, name="standby-tail", daemon=True)
+        self._thread = Service("standby-tail", self._run)
         self.preload_state = driver.settings[config.STANDBY_PRELOAD_STATE]
 
     def start(self) -> None:

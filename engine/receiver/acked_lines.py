@@ -25,6 +25,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from sparkwal.service import spawn
+
 from . import wire
 from ..sources.protocol import SourceError
 from .receiver import Receiver
@@ -117,8 +119,8 @@ class AckedLineSource:
             self._cond.notify_all()
         if old is not None:
             _close(old)
-        threading.Thread(target=self._send_loop, args=(sock,), daemon=True).start()
-        threading.Thread(target=self._ack_loop, args=(sock,), daemon=True).start()
+        spawn("acked-lines-send", self._send_loop, sock)
+        spawn("acked-lines-acks", self._ack_loop, sock)
 
     def _send_loop(self, sock: socket.socket) -> None:
         try:
@@ -216,7 +218,7 @@ class AckedLineReceiver(Receiver):
 
     def onStart(self) -> None:
         self._running = True
-        threading.Thread(target=self._receive, name=f"acked-lines-{self.port}", daemon=True).start()
+        spawn(f"acked-lines-{self.port}", self._receive)
 
     def onStop(self) -> None:
         self._running = False

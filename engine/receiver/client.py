@@ -8,6 +8,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from sparkwal.service import Service
+
 from . import wire
 from .endpoint import LABEL
 from ..errors import EngineError
@@ -37,8 +39,7 @@ class DriverConnection:
         self._send_lock = threading.Lock()
         self._waiting: dict[int, list] = {}  # request id -> [event, reply]
         self.closed = False
-        self._reader = threading.Thread(target=self._read_loop, name="receiver-driver-conn", daemon=True)
-        self._reader.start()
+        self._reader = Service("receiver-driver-conn", self._read_loop).start()
 
     def _read_loop(self) -> None:
         try:
@@ -107,4 +108,4 @@ class DriverConnection:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._reader.join(timeout=5)
+        self._reader.stop(5)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from sparkwal.service import Service, spawn
 from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceivedBlockInfo,
                      ReceiverSchedulingPolicy, ReceiverState, ReceiverTrackingInfo,
                      create_rate_estimator)
@@ -101,7 +102,7 @@ class ReceiverTracker:
                             max_unprocessed_bytes=0, add_block_waits=0)
         self._active = False
         self._stopped = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[Service] = []
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
         if settings[config.BACKPRESSURE]:
@@ -144,10 +145,7 @@ class ReceiverTracker:
             with self._lock:
                 self._tracking[sid] = ReceiverTrackingInfo(sid, ReceiverState.SCHEDULED,
                                                            tuple(schedule.get(sid, ())))
-            t = threading.Thread(target=self._receiver_loop, args=(sid,), daemon=True,
-                                 name=f"receiver-launcher-{sid}")
-            self._threads.append(t)
-            t.start()
+            self._threads.append(spawn(f"receiver-launcher-{sid}", self._receiver_loop, sid))
 
     def _executors(self) -> list[ExecutorLocation]:
         """Live executors: in local mode the driver; else those Spark lists, with the hosts the
@@ -225,13 +223,12 @@ class ReceiverTracker:
         for c in conns:
             c.send(wire.STOP_RECEIVER)
         deadline = time.monotonic() + (timeout_s if graceful else 2.0)
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in self._threads):
+        ended = [t.join(max(0.0, deadline - time.monotonic())) for t in self._threads]
+        if not all(ended):
             for sid in self._inputs:
                 self._sc.cancelJobGroup(f"sparkwal-receiver-{sid}")
             for t in self._threads:
-                t.join(5)
+                t.stop(5)
         if self.endpoint is not None:
             self.endpoint.stop()
         for controller in self._rate_controllers.values():

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
+
+from sparkwal.service import Service, spawn
 
 from .receiver import Receiver
 
@@ -25,7 +26,7 @@ class SocketReceiver(Receiver):
             raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
         self.host, self.port = host, port
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: Service | None = None
         self._running = False
 
     def __getstate__(self) -> dict:
@@ -36,8 +37,7 @@ class SocketReceiver(Receiver):
 
     def onStart(self) -> None:
         self._running = True
-        self._thread = threading.Thread(target=self._receive, name=f"socket-receiver-{self.port}", daemon=True)
-        self._thread.start()
+        self._thread = spawn(f"socket-receiver-{self.port}", self._receive)
 
     def onStop(self) -> None:
         self._running = False

@@ -16,6 +16,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from sparkwal.service import Service, spawn
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +40,7 @@ class SocketServer:
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self.refused = 0  #: connections closed at once: max_connections were open
         self.stopped = False
-        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
+        self._thread = Service(name, self._accept_loop)
 
     def start(self) -> SocketServer:
         self._thread.start()
@@ -59,8 +61,7 @@ class SocketServer:
                 sock.close()
                 continue
             if self._threaded:
-                threading.Thread(target=self._run, args=(sock, peer), name=f"{self.name}-{addr[1]}",
-                                 daemon=True).start()
+                spawn(f"{self.name}-{addr[1]}", self._run, sock, peer)
             else:
                 self._run(sock, peer)
 
@@ -83,5 +84,4 @@ class SocketServer:
         except OSError:
             pass
         self._server.close()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        self._thread.stop(timeout_s)

@@ -20,6 +20,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 
+from sparkwal.service import Service, spawn
 from sparkwal.tracker import RateLimiter, ReceivedBlockInfo
 from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle
 
@@ -83,8 +84,8 @@ class BlockGenerator:
         self._cond = threading.Condition()
         self._adding = True
         self._generating = threading.Event()  # set: stop cutting blocks
-        self._timer = threading.Thread(target=self._timer_loop, name="block-generator", daemon=True)
-        self._pusher = threading.Thread(target=self._push_loop, name="block-pusher", daemon=True)
+        self._timer = Service("block-generator", self._timer_loop)
+        self._pusher = Service("block-pusher", self._push_loop)
 
     def start(self) -> None:
         self._timer.start()
@@ -155,8 +156,7 @@ class BlockGenerator:
             self._cond.notify_all()
         self._generating.set()
         for t in (self._timer, self._pusher):
-            if t.is_alive() and t is not threading.current_thread():
-                t.join()
+            t.join()
 
 
 class ReceiverSupervisor:
@@ -283,7 +283,7 @@ class ReceiverSupervisor:
                 return
             self._start_receiver()
 
-        threading.Thread(target=go, name=f"receiver-{self.config.stream_id}-restart", daemon=True).start()
+        spawn(f"receiver-{self.config.stream_id}-restart", go)
 
     # ---------------------------------------------------------------- data
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from sparkwal.service import Service
 
 from .routes import TEXT, respond
 
@@ -89,14 +90,12 @@ class UiServer:
         self.port = self._server.server_address[1]
         shown = public_host or (host if host not in ("0.0.0.0", "::", "") else socket.gethostname())
         self.url = f"http://{shown}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="sparkwal-ui", daemon=True)
-        self._thread.start()
+        self._thread = Service("sparkwal-ui", self._server.serve_forever, 0.2).start()
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(5)
+        self._thread.stop(5)
 
 
 def _bind(host: str, port: int | None) -> _Server:
