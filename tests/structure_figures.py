@@ -1,9 +1,11 @@
 """Figures of how the driver's state is shared, read from the syntax trees (issue 43's measures):
 
 * reads of a ``Driver``'s attributes from modules other than ``engine/driver/driver.py``: any
-  ``driver.X``, ``self._driver.X``, ``ssc.driver.X`` or ``d.X`` where the name is bound to a driver
-  (a parameter or variable named ``driver``, an attribute named ``_driver``/``driver``);
-* assignments to another object's attributes (``x.y = ...`` where ``x`` is not ``self``/``cls``);
+  ``driver.X``, ``self._driver.X`` or ``ssc.driver.X`` (a parameter or variable named ``driver``, an
+  attribute named ``_driver``/``driver``), counted apart where the module takes the driver as a
+  narrow ``Protocol`` (``SnapshotHost``, ``ReceiverHost``) rather than as the whole object;
+* assignments to another object's attributes (``x.y = ...`` where ``x`` is not ``self``/``cls``,
+  an object the instance keeps privately (``self._stats.y``), or one the function made itself);
 * functions taking an untyped ``driver`` parameter.
 
 Run: ``python tests/structure_figures.py`` (``--list`` names each place).
@@ -32,25 +34,57 @@ def is_driver(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in ("driver", "_driver")
 
 
+def _host_annotated(module: ast.Module) -> bool:
+    """Whether every ``driver`` parameter of the module is typed as a narrow interface (a
+    ``Protocol`` named ``...Host``): its reads are of that interface, not of the whole driver."""
+    notes = [arg.annotation for node in ast.walk(module) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs] if arg.arg == "driver"]
+    return bool(notes) and all(n is not None and ast.unparse(n).endswith("Host") for n in notes)
+
+
+def _built_here(function: ast.AST) -> set[str]:
+    """Names a function binds to an object it makes itself (``report = Report(...)``): setting
+    their attributes builds the function's own result, not another object's state."""
+    return {t.id for node in ast.walk(function) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _own(target: ast.expr, built: set[str]) -> bool:
+    """``self.x``/``cls.x``, ``self._private.x`` (an object the instance keeps to itself), a
+    module's private object or an object the function made."""
+    value = target.value if isinstance(target, ast.Attribute) else None
+    if isinstance(value, ast.Name):  # (a module's private object, ``_counters``, is its own too)
+        return value.id in ("self", "cls") or value.id in built or value.id.startswith("_")
+    return (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+            and value.value.id == "self" and value.attr.startswith("_"))
+
+
 def figures() -> dict[str, list[str]]:
-    reads, writes, untyped = [], [], []
+    reads, narrow, writes, untyped = [], [], [], []
     for path in library_files():
         if path == DRIVER_FILE:
             continue
         rel = path.relative_to(ROOT)
         module = ast.parse(path.read_text())
+        through_host = _host_annotated(module)
+        functions = [n for n in ast.walk(module) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        built_in = {id(node): _built_here(f) for f in functions for node in ast.walk(f)}
         for node in ast.walk(module):
             if isinstance(node, ast.Attribute) and is_driver(node.value):
                 place = f"{rel}:{node.lineno}: {ast.unparse(node)}"
-                (writes if isinstance(node.ctx, ast.Store) else reads).append(place)
+                if isinstance(node.ctx, ast.Store):
+                    writes.append(place)
+                else:
+                    (narrow if through_host else reads).append(place)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    and not _own(node, built_in.get(id(node), set())):
                 writes.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
                     if arg.arg == "driver" and arg.annotation is None:
                         untyped.append(f"{rel}:{node.lineno}: {node.name}(driver)")
-    return {"driver attribute reads from other modules": reads,
+    return {"reads of the whole Driver from other modules": reads,
+            "reads through a narrow interface (a ...Host Protocol)": narrow,
             "assignments to another object's attributes": writes,
             "functions with an untyped driver parameter": untyped}
 

@@ -86,6 +86,30 @@ class _JobSet:
         self.ops = {j.output_op_id: OutputOperationInfo(self.time_ms, j.output_op_id, j.op_name)
                     for j in self.jobs}
 
+    def op_started(self, op: OutputOperationInfo) -> bool:
+        """Record ``op`` as started; True for the batch's first (the batch starts with it)."""
+        with self.lock:
+            first = self.start_ms is None
+            if first:
+                self.start_ms = op.start_time_ms
+            self.ops[op.output_op_id] = op
+        return first
+
+    def op_completed(self, op: OutputOperationInfo, end_ms: int) -> bool:
+        """Record ``op`` as completed; True once it was the batch's last (ended at ``end_ms``)."""
+        with self.lock:
+            self.ops[op.output_op_id] = op
+            self.done += 1
+            complete = self.done == len(self.jobs)
+            if complete:
+                self.end_ms = end_ms
+        return complete
+
+    def with_input_infos(self, input_infos: dict) -> None:
+        """The batch's input infos, counted again once its jobs are done (file streams)."""
+        with self.lock:
+            self.input_infos = input_infos
+
     def info(self) -> BatchInfo:
         with self.lock:
             ops = dict(self.ops)
@@ -143,15 +167,9 @@ class JobScheduler:
         sc.setJobGroup(group, f"streaming batch {js.time_ms}, output operation {job.output_op_id}: {job.op_name}",
                        interruptOnCancel=True)
         now = driver.clock.now_ms()
-        with js.lock:
-            first = js.start_ms is None
-            if first:
-                js.start_ms = now
-        if first:
-            driver.events.post(StreamingListenerBatchStarted(js.info()))
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
-        with js.lock:
-            js.ops[job.output_op_id] = op
+        if js.op_started(op):
+            driver.events.post(StreamingListenerBatchStarted(js.info()))
         driver.events.post(StreamingListenerOutputOperationStarted(op))
         failure = None
         try:
@@ -166,17 +184,11 @@ class JobScheduler:
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, driver.clock.now_ms(), failure,
                                  spark_job_ids(sc, group))
         driver.events.post(StreamingListenerOutputOperationCompleted(op))
-        with js.lock:
-            js.ops[job.output_op_id] = op
-            js.done += 1
-            complete = js.done == len(js.jobs)
-            if complete:
-                js.end_ms = self._driver.clock.now_ms()
-        if complete:
+        if js.op_completed(op, self._driver.clock.now_ms()):
             with self._lock:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
-            js.input_infos = self._driver.with_records_read(js.time_ms, js.input_infos)
+            js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
             info = js.info()
             self._driver.on_batch_done(js.time_ms, info)
             # queued before listeners hear of it: a stop they make then still checkpoints it
