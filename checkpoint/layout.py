@@ -34,9 +34,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sparkwal.wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK
+from sparkwal.wal.storage import LEADER_EPOCH, LEADER_LEASES, LEADER_LOCK, StorageLocation
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CODE_PREFIX = "code-"
@@ -84,9 +84,20 @@ __all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "E
 @dataclass(frozen=True)
 class CheckpointLayout:
     """The paths under ``root``, a local path or any fsspec URL (joined with ``/``, as every
-    fsspec filesystem and the local one accept)."""
+    fsspec filesystem and the local one accept), or a :class:`~sparkwal.wal.StorageLocation`:
+    its paths are then named by its URL, and :meth:`at` gives each as a location of its own
+    (the root's options, retry policy and storage)."""
 
     root: str
+    location: StorageLocation | None = field(default=None, compare=False, repr=False)
+
+    def __init__(self, root: str | StorageLocation):
+        object.__setattr__(self, "root", str(root))
+        object.__setattr__(self, "location", root if isinstance(root, StorageLocation) else None)
+
+    def at(self, path: str) -> str | StorageLocation:
+        """``path`` (one of this layout's) as a location when the root is one, else as it is."""
+        return self.location.at(path) if self.location is not None else path
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])

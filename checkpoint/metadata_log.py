@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from sparkwal.wal.storage import Storage, resolve
+from sparkwal.wal.storage import Storage, StorageLocation, resolve
 
 from .errors import BatchRangeError, MalformedLogError, UnsupportedLogVersionError
 
@@ -63,10 +63,10 @@ class MetadataLog(Generic[T]):
 
     max_version = 1
 
-    def __init__(self, path: str, storage_options: dict | None = None, *, sync: bool = True):
+    def __init__(self, path: str | StorageLocation, storage_options: dict | None = None, *, sync: bool = True):
         """``sync=False``: entries are not fsync'd (still atomic; a machine crash may lose the
         newest ones, never a process crash)."""
-        self.path = path
+        self.path = str(path)
         self.sync = sync
         self._storage: Storage
         self._storage, self._dir = resolve(path, storage_options)

@@ -103,3 +103,28 @@ def test_a_drivers_retry_policy_is_the_default_only_while_it_runs(spark_context,
     finally:
         ssc.stop(stopSparkContext=False)
     assert default_policy().deadline_s == 60.0
+
+
+def test_a_checkpoint_layout_over_a_location_hands_its_store_to_every_log():
+    """The layout names paths by the location's URL; :meth:`CheckpointLayout.at` makes each a
+    location on the root's store (here one handed in, seen by nothing else), which the offset
+    log and the block tracker's WAL then write to."""
+    from sparkwal.checkpoint import OffsetSeq, OffsetSeqLog
+    from sparkwal.checkpoint.layout import CheckpointLayout
+    from sparkwal.tracker import ReceivedBlockTracker
+
+    store = FsspecStorage(MemoryFileSystem())
+    root = StorageLocation("memory://layout-at", storage=store)
+    layout = CheckpointLayout(root)
+    assert layout.root == "memory://layout-at" and layout == CheckpointLayout("memory://layout-at")
+    offsets = layout.at(layout.offsets)
+    assert isinstance(offsets, StorageLocation) and offsets.storage is store
+    assert CheckpointLayout("/data/ckpt").at("/data/ckpt/offsets") == "/data/ckpt/offsets"
+    with pytest.raises(ValueError, match="memory://elsewhere/x is not under memory://layout-at"):
+        root.at("memory://elsewhere/x")
+    assert OffsetSeqLog(offsets).add(0, OffsetSeq(['{"a":1}']))
+    tracker = ReceivedBlockTracker([0], wal_dir=layout.at(layout.block_metadata))
+    tracker.cleanup_old_batches(1000)
+    tracker.stop()
+    assert [f.name for f in store.list_files(offsets.path)] == ["0"]
+    assert store.list_files(f"{root.path}/receivedBlockMetadata")  # the tracker's WAL segment

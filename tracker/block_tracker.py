@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability,
+from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, StorageLocation,
                           FileBasedWriteAheadLog, WriteAheadLog)
 
 from .events import (ADD, ALLOC, CLEAN, BatchAllocationEvent, BatchCleanupEvent,
@@ -55,7 +55,7 @@ class ReceivedBlockTracker:
 
     def __init__(self, stream_ids: Iterable[int], checkpoint_dir: str | None = None, *,
                  recover_from_wal: bool = False, clock: Clock | None = None,
-                 storage_options: dict | None = None, wal_dir: str | None = None,
+                 storage_options: dict | None = None, wal_dir: str | StorageLocation | None = None,
                  rolling_interval_s: float = 60, batching_timeout_s: float = 5.0,
                  durability: Durability | str = Durability.FSYNC, lock=None):
         if checkpoint_dir is not None and wal_dir is not None:

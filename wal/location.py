@@ -92,6 +92,15 @@ class StorageLocation:
             path = storage.join(path, name)
         return StorageLocation(url, self.options, policy=self.policy, storage=storage, path=path)
 
+    def at(self, url: str) -> StorageLocation:
+        """The location of ``url``, which lies under this one (its options, policy and storage)."""
+        if url == self.url:
+            return self
+        prefix = self.url.rstrip("/") + "/"
+        if not url.startswith(prefix):
+            raise ValueError(f"{url} is not under {self.url}")
+        return self.child(*url[len(prefix):].strip("/").split("/"))
+
     def __str__(self) -> str:
         return self.url
 

@@ -33,8 +33,7 @@ def start_batch_log(driver: Driver) -> BatchLog | None:
     if driver.checkpoint_dir is not None and wanted:
         sync = driver.settings[config.BATCH_LOG_FSYNC]
         retain = driver.settings[config.MIN_BATCHES_TO_RETAIN]
-        blog = BatchLog(driver.checkpoint_dir, direct_inputs(driver),
-                        storage_options=driver.storage_options, sync=sync,
+        blog = BatchLog(driver.location, direct_inputs(driver), sync=sync,
                         retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
                         lock=driver.lead())
         blog.recover()

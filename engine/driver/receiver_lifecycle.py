@@ -23,9 +23,9 @@ def make_block_tracker(driver: Driver) -> ReceivedBlockTracker:
     Spark: an acknowledged block must survive the driver)."""
     ids = [s.input_id for s in driver.graph.inputs if s.receiver_based]
     logged = bool(ids) and driver.checkpoint_dir is not None and driver.settings[config.RECEIVER_WAL]
-    return ReceivedBlockTracker(ids, wal_dir=CheckpointLayout(driver.checkpoint_dir).block_metadata if logged else None,
+    layout = CheckpointLayout(driver.location) if logged else None
+    return ReceivedBlockTracker(ids, wal_dir=layout.at(layout.block_metadata) if layout is not None else None,
                                 clock=driver.clock,
-                                storage_options=driver.storage_options if logged else None,
                                 recover_from_wal=logged and driver.restored is not None,
                                 lock=driver.lead() if logged else None)
 

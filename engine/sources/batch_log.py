@@ -47,6 +47,7 @@ from sparkwal.checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSe
 from sparkwal.checkpoint.errors import ConcurrentUpdateError
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.checkpoint.resume import resolve_restart
+from sparkwal.wal import StorageLocation
 
 from .protocol import OffsetRange, TopicPartition
 
@@ -92,14 +93,14 @@ class _InitialLog(MetadataLog[str]):
 class BatchLog:
     """The offsets/commits pair of one context (see the module docstring for the protocol)."""
 
-    def __init__(self, directory: str, inputs: list, *, storage_options: dict | None = None,
+    def __init__(self, directory: str | StorageLocation, inputs: list, *, storage_options: dict | None = None,
                  sync: bool = True, retain: int = 100, on_commit=None, lock=None):
         if retain < 1:
             raise ValueError(f"minBatchesToRetain must be >= 1, got {retain}")
-        self.directory = directory
-        self._layout = CheckpointLayout(directory)
-        self.offsets = OffsetSeqLog(self._layout.offsets, storage_options, sync=sync)
-        self.commits = CommitLog(self._layout.commits, storage_options, sync=sync)
+        self.directory = str(directory)
+        self._layout = CheckpointLayout(directory)  # a location's logs share its storage and retry policy
+        self.offsets = OffsetSeqLog(self._layout.at(self._layout.offsets), storage_options, sync=sync)
+        self.commits = CommitLog(self._layout.at(self._layout.commits), storage_options, sync=sync)
         self._options, self._sync = storage_options, sync
         self.inputs = list(inputs)  # the direct inputs, in input order
         self.retain = retain
@@ -195,7 +196,8 @@ class BatchLog:
         return ranges, ends
 
     def _initial_log(self, stream) -> _InitialLog:
-        return _InitialLog(self._layout.source_start(stream.input_id), self._options, sync=self._sync)
+        return _InitialLog(self._layout.at(self._layout.source_start(stream.input_id)), self._options,
+                           sync=self._sync)
 
     def initial_offsets(self, stream) -> dict[TopicPartition, int] | None:
         log_ = self._initial_log(stream)
