@@ -4,7 +4,7 @@ direct, when the offsets/commits logs are kept, planning and logging each batch.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import config
 from ..listener import StreamingListenerBatchCommitted
@@ -12,16 +12,42 @@ from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from sparkwal.wal import Leadership, StorageLocation
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
+    from .events import EventBus
 
 log = logging.getLogger(__name__)
 
 
-def direct_inputs(driver: Driver) -> list:
+class BatchesHost(Protocol):
+    """What the batch protocol reads of the driver (which hands itself in; nothing here changes it)."""
+
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def settings(self) -> StreamingConf: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def location(self) -> StorageLocation | None: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def batch_log(self) -> BatchLog | None: ...
+    @property
+    def skip_outputs_ms(self) -> set[int]: ...
+    def lead(self) -> Leadership | None: ...
+
+
+def direct_inputs(driver: BatchesHost) -> list:
     return [s for s in driver.graph.inputs if isinstance(s, DirectInputDStream)]
 
 
-def start_batch_log(driver: Driver) -> BatchLog | None:
+def start_batch_log(driver: BatchesHost) -> BatchLog | None:
     """The offsets/commits logs, read back; then the direct inputs learn where they resume.
     With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
     the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
@@ -42,7 +68,7 @@ def start_batch_log(driver: Driver) -> BatchLog | None:
     return blog
 
 
-def plan_batch(driver: Driver, time_ms: int) -> bool:
+def plan_batch(driver: BatchesHost, time_ms: int) -> bool:
     """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
     blog = driver.batch_log
     if blog is not None and blog.is_committed(time_ms):
@@ -58,5 +84,5 @@ def plan_batch(driver: Driver, time_ms: int) -> bool:
     return True
 
 
-def on_batch_committed(driver: Driver, batch_id: int, time_ms: int) -> None:
+def on_batch_committed(driver: BatchesHost, batch_id: int, time_ms: int) -> None:
     driver.events.post(StreamingListenerBatchCommitted(batch_id, time_ms))

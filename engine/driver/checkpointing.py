@@ -18,16 +18,53 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from sparkwal.checkpoint import CheckpointWriter
+    from sparkwal.wal import StorageLocation
+
+    from ..graph import DStreamGraph
+    from ..sources.batch_log import BatchLog
+    from ..state import StateSnapshots
+    from .scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointingHost(Protocol):
+    """What the checkpoints read of the driver (which hands itself in; nothing here changes it)."""
+
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def location(self) -> StorageLocation | None: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def checkpoint_writer(self) -> CheckpointWriter | None: ...
+    @property
+    def batch_log(self) -> BatchLog | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
+    @property
+    def scheduler(self) -> JobScheduler: ...
+    @property
+    def code_name(self) -> str | None: ...
+    @property
+    def conf_pairs(self) -> list[list[str]]: ...
+    @property
+    def succeeded_ms(self) -> int: ...
+    @property
+    def leader_epoch(self) -> int | None: ...
+    def max_remember_ms(self) -> int: ...
+    def cleanup_old_blocks(self, thresh_ms: int) -> None: ...
 
 
 class Checkpointing:
@@ -37,7 +74,7 @@ class Checkpointing:
     and whether earlier runs' code parts are gone (Spark's ``JobGenerator`` owns its checkpoint
     writer and what follows a write the same way)."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: CheckpointingHost):
         self._driver = driver
         #: checkpoint time -> (oldest batch it may re-run, when it was handed to the writer), per write
         self._floors: dict[int, list[tuple[int, float]]] = {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.service import Service
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
@@ -32,9 +32,30 @@ from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from pyspark import SparkContext
+
+    from .events import EventBus
+    from .scheduler import JobGenerator
 
 log = logging.getLogger(__name__)
+
+
+class FencingHost(Protocol):
+    """What fencing reads and calls of the driver (which hands itself in; the leadership records
+    the fence itself)."""
+
+    @property
+    def sc(self) -> SparkContext: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def generator(self) -> JobGenerator: ...
+    @property
+    def leadership(self) -> DriverLeadership | None: ...
+    @property
+    def fenced(self) -> BaseException | None: ...
+    def lead(self) -> Leadership | None: ...
+    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 LOCAL_POLL_S = 0.01
 
@@ -158,7 +179,7 @@ class DriverLeadership:
             self.held = None
 
 
-def fence(driver: Driver, error: BaseException) -> None:
+def fence(driver: FencingHost, error: BaseException) -> None:
     """``driver``'s leadership is lost: stop running and writing at once (self-fencing); the error
     ends ``awaitTermination``."""
     if driver.leadership is None or not driver.leadership.record_fence(error):
@@ -173,7 +194,7 @@ def fence(driver: Driver, error: BaseException) -> None:
     driver.report_error(error, None)
 
 
-def confirm_leadership(driver: Driver) -> None:
+def confirm_leadership(driver: FencingHost) -> None:
     """Before a batch's jobs (its inputs logged): its epoch must be the current one (an
     object-store lease: valid on this driver's clock, renewed first if due, see wal.locks; a
     local lock is current while held)."""

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
 from sparkwal.checkpoint.layout import CheckpointLayout
@@ -27,7 +27,61 @@ from ..ui.server import UiServer
 from ..ui.status import RunStatus
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from pyspark import SparkContext
+
+    from sparkwal.checkpoint import Checkpoint
+    from sparkwal.tracker import ReceivedBlockTracker
+    from sparkwal.wal import Clock, Leadership
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
+    from ..state import StateSnapshots
+    from .events import EventBus
+    from .standby import Standby
+
+
+class ObserverHost(Protocol):
+    """What the UI, the metrics and the event log read of the driver (which hands itself in;
+    nothing here changes it)."""
+
+    @property
+    def sc(self) -> SparkContext: ...
+    @property
+    def settings(self) -> StreamingConf: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def storage_options(self) -> dict | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
+    @property
+    def block_tracker(self) -> ReceivedBlockTracker | None: ...
+    @property
+    def recovery(self) -> str: ...
+    @property
+    def restored(self) -> Checkpoint | None: ...
+    @property
+    def rerun_batch_times(self) -> list[int]: ...
+    @property
+    def skipped_batch_times(self) -> list[int]: ...
+    @property
+    def standby_requested(self) -> bool: ...
+    @property
+    def standby(self) -> Standby | None: ...
+    @property
+    def is_standby(self) -> bool: ...
+    @property
+    def leader_epoch(self) -> int | None: ...
+    def lead(self) -> Leadership | None: ...
+    def current_leader(self): ...
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +93,7 @@ def stream_name(stream) -> str:
 
 
 class Observer:
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: ObserverHost):
         self._driver = driver
         settings = driver.settings
         self.retained = settings[config.RETAINED_BATCHES]
@@ -100,7 +154,7 @@ class Observer:
             self.writer = EventLogWriter(self.events_dir, self.status.run, storage_options=driver.storage_options,
                                          retained_batches=self.retained, prior_batch_times=self._prior_batch_times,
                                          prior_runs=[r["path"] for r in self.prior_runs], lock=driver.lead())
-            self.recorder.writer = self.writer
+            self.recorder.log_to(self.writer)
         except Exception as e:
             log.warning("could not open the event log in %s; the stream runs without it: %s",
                         self.events_dir, e)

@@ -17,7 +17,7 @@ import logging
 import pickle
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pyspark import SparkConf, SparkContext, cloudpickle
 from pyspark.cloudpickle.cloudpickle import subimport
@@ -30,9 +30,22 @@ from ..errors import EngineError
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
-    from .driver import Driver
+    from .scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
+
+
+class ProgramHost(Protocol):
+    """What pickling the program reads of the driver (which hands itself in)."""
+
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def scheduler(self) -> JobScheduler: ...
 
 PROGRAM_VERSION = 1
 #: Set anew by every run (ids, ports, the driver's address), as Spark reloads them on recovery.
@@ -55,7 +68,7 @@ class CheckpointSerializationError(EngineError, TypeError):
     """A function of the graph cannot be pickled, so the context cannot be checkpointed."""
 
 
-def serialize_program(driver: Driver) -> bytes:
+def serialize_program(driver: ProgramHost) -> bytes:
     """The pickled program of ``driver`` (before its graph is started), or an error naming the
     DStream operation whose function cannot be pickled."""
     program = {"version": PROGRAM_VERSION, "graph": driver.graph, "batch_ms": driver.batch_ms,

@@ -4,19 +4,43 @@ their receivers."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ReceivedBlockTracker
 
 from .. import config
+from ..receiver.host import ReceiverHost
 from ..receiver.receiver_tracker import ReceiverTracker
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    import threading
+
+    from sparkwal.checkpoint import Checkpoint
+    from sparkwal.wal import Leadership, StorageLocation
+
+    from ..graph import DStreamGraph
 
 
-def make_block_tracker(driver: Driver) -> ReceivedBlockTracker:
+class ReceiverLifecycleHost(ReceiverHost, Protocol):
+    """What the receivers' start and stop read of the driver (which hands itself in; nothing here
+    changes it); the receiver tracker it starts reads a :class:`ReceiverHost`."""
+
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def location(self) -> StorageLocation | None: ...
+    @property
+    def restored(self) -> Checkpoint | None: ...
+    @property
+    def receiver_tracker(self) -> ReceiverTracker | None: ...
+    @property
+    def terminated(self) -> threading.Event: ...
+    def lead(self) -> Leadership | None: ...
+    def graceful_remaining_s(self) -> float: ...
+
+
+def make_block_tracker(driver: ReceiverLifecycleHost) -> ReceivedBlockTracker:
     """The tracker of the receiver-based inputs' blocks. Its events go to the WAL under the
     checkpoint directory (recovered on restart) unless
     ``spark.streaming.receiver.writeAheadLog.enable`` is "false" (on by default here, unlike
@@ -30,7 +54,7 @@ def make_block_tracker(driver: Driver) -> ReceivedBlockTracker:
                                 lock=driver.lead() if logged else None)
 
 
-def start_receivers(driver: Driver) -> ReceiverTracker | None:
+def start_receivers(driver: ReceiverLifecycleHost) -> ReceiverTracker | None:
     """The tracker of the inputs with a receiver to run (others get their blocks from elsewhere),
     started; None when there are none."""
     receivers = [s for s in driver.graph.inputs if getattr(s, "receiver", None) is not None]
@@ -41,7 +65,7 @@ def start_receivers(driver: Driver) -> ReceiverTracker | None:
     return tracker
 
 
-def stop_receivers(driver: Driver, graceful: bool) -> None:
+def stop_receivers(driver: ReceiverLifecycleHost, graceful: bool) -> None:
     """Spark's first stop step: receivers stop (each pushing its last block); a graceful stop
     then waits until every received block is in a batch, before the timer stops."""
     if driver.receiver_tracker is None:

@@ -12,15 +12,35 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from ..graph import DStreamGraph
+    from ..sources.batch_log import BatchLog
+    from ..state import StateSnapshots
+    from .scheduler import JobGenerator
 
 log = logging.getLogger(__name__)
+
+
+class RecoveryHost(Protocol):
+    """What the restart rule reads of the driver (which hands itself in; nothing here changes it)."""
+
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
+    @property
+    def batch_log(self) -> BatchLog | None: ...
+    @property
+    def generator(self) -> JobGenerator: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,7 @@ def _first_difference(old: str, new: str) -> str:
     return "the fingerprint differs"
 
 
-def restore(driver: Driver, checkpoint: Checkpoint) -> None:
+def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
     """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's) and its
     state snapshots; the driver records it as the checkpoint it restarts from."""
     data = checkpoint.data
@@ -67,7 +87,7 @@ def restore(driver: Driver, checkpoint: Checkpoint) -> None:
              checkpoint.pending_times_ms)
 
 
-def restart(driver: Driver, cp: Checkpoint) -> RestartPlan:
+def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     """Spark's restart rule, from checkpoint ``cp``: re-run the pending batches and every batch
     time from the checkpoint time up to the restart time, plus every logged uncommitted batch.
     Committed batches among them do not run their outputs again."""
@@ -83,7 +103,7 @@ def restart(driver: Driver, cp: Checkpoint) -> RestartPlan:
     return rerun(driver, cp, times, restart_ms)
 
 
-def fresh_start(driver: Driver) -> RestartPlan:
+def fresh_start(driver: RecoveryHost) -> RestartPlan:
     """A context made by the program. If the checkpoint directory's offset log has batches
     (a driver killed before its first DStream checkpoint), the logged uncommitted ones re-run
     with their logged ranges and times, and batch ids continue."""
@@ -98,7 +118,7 @@ def fresh_start(driver: Driver) -> RestartPlan:
     return rerun(driver, None, list(blog.rerun_times), driver.generator.timer.restart_time(zero))
 
 
-def rerun(driver: Driver, cp: Checkpoint | None, times: list[int], restart: int) -> RestartPlan:
+def rerun(driver: RecoveryHost, cp: Checkpoint | None, times: list[int], restart: int) -> RestartPlan:
     """The plan that regenerates ``times`` (committed ones skip their jobs, as does the batch of
     a checkpoint written after all its outputs succeeded), then starts new batches at ``restart``."""
     blog = driver.batch_log
@@ -112,7 +132,7 @@ def rerun(driver: Driver, cp: Checkpoint | None, times: list[int], restart: int)
     return RestartPlan(restart, tuple(times), rerun_times, skipped, skip_outputs)
 
 
-def check_batch_log_agrees(driver: Driver, cp: Checkpoint, zero: int) -> None:
+def check_batch_log_agrees(driver: RecoveryHost, cp: Checkpoint, zero: int) -> None:
     """The offset log must hold every batch the checkpoint saw logged, on its batch grid."""
     blog = driver.batch_log
     if blog is None:

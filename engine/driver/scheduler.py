@@ -14,60 +14,70 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from sparkwal.service import Service
 from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
+from .timer import RecurringTimer
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from pyspark import SparkContext
+
+    from sparkwal.checkpoint import CheckpointWriter
+    from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker
+    from sparkwal.wal import Clock
+
+    from ..graph import DStreamGraph
+    from ..state import StateSnapshots
+    from .events import EventBus
+
+
+class SchedulerHost(Protocol):
+    """What the job generator and scheduler read and call of the driver (which hands itself in):
+    the graph and inputs to generate batches from, and the driver's steps around each batch."""
+
+    @property
+    def sc(self) -> SparkContext: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def input_infos(self) -> InputInfoTracker: ...
+    @property
+    def block_tracker(self) -> ReceivedBlockTracker | None: ...
+    @property
+    def checkpoint_writer(self) -> CheckpointWriter | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
+    @property
+    def scheduler(self) -> JobScheduler: ...
+    @property
+    def generator(self) -> JobGenerator: ...
+    @property
+    def fenced(self) -> BaseException | None: ...
+    def plan_batch(self, time_ms: int) -> bool: ...
+    def confirm_leadership(self) -> None: ...
+    def do_checkpoint(self, time_ms: int, clear_later: bool) -> None: ...
+    def on_batch_done(self, time_ms: int, info) -> None: ...
+    def with_records_read(self, time_ms: int, infos: dict) -> dict: ...
+    def cleanup_old_blocks(self, thresh_ms: int) -> None: ...
+    def max_remember_ms(self) -> int: ...
+    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 log = logging.getLogger(__name__)
-
-
-class RecurringTimer:
-    def __init__(self, clock, period_ms: int, callback: Callable[[int], None], name: str):
-        self._clock, self.period_ms, self._callback, self.name = clock, period_ms, callback, name
-        self._next: int | None = None
-        self.last_fired_ms: int | None = None
-        self._stopped = threading.Event()
-        self._thread: Service | None = None
-
-    def start_time(self) -> int:
-        """The next multiple of the period strictly after now."""
-        return (self._clock.now_ms() // self.period_ms + 1) * self.period_ms
-
-    def restart_time(self, zero_ms: int) -> int:
-        now = self._clock.now_ms()
-        return zero_ms + ((now - zero_ms) // self.period_ms + 1) * self.period_ms
-
-    def start(self, first_ms: int) -> None:
-        self._next = first_ms
-        self._thread = Service(self.name, self._loop).start()
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
-            now = self._clock.wait_till_ms(self._next, timeout_s=0.05)
-            if now >= self._next and not self._stopped.is_set():
-                self._callback(self._next)
-                self.last_fired_ms = self._next
-                self._next += self.period_ms
-
-    def stop(self) -> int | None:
-        """Stop after the callback in progress, if any; return the last time fired."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
-        return self.last_fired_ms
 
 
 @dataclass
@@ -118,7 +128,7 @@ class _JobSet:
 
 
 class JobScheduler:
-    def __init__(self, driver: Driver, concurrent_jobs: int):
+    def __init__(self, driver: SchedulerHost, concurrent_jobs: int):
         self._driver = driver
         self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
@@ -261,7 +271,7 @@ class JobGenerator:
     batch takes the inputs that arrived until it is generated (receiver blocks, direct ranges,
     files), as a late batch does in Spark."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: SchedulerHost):
         self._driver = driver
         self.timer = RecurringTimer(driver.clock, driver.batch_ms, self._on_tick, "JobGenerator")
         self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")

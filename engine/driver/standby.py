@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint, CheckpointFollower
 from sparkwal.service import Service
@@ -46,7 +46,51 @@ from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandb
                        StreamingListenerStreamingStarted)
 
 if TYPE_CHECKING:
-    from .driver import Driver
+    from pyspark import SparkContext
+
+    from sparkwal.wal import Clock, StorageLocation
+
+    from ..config import StreamingConf
+    from ..state import StateSnapshots
+    from .events import EventBus
+    from .leadership import DriverLeadership
+
+
+class StandbyHost(Protocol):
+    """What a standby reads and calls of its driver (which hands itself in): to wait, tail, and
+    take over through the driver's own ``restore`` and ``start_active``."""
+
+    @property
+    def sc(self) -> SparkContext: ...
+    @property
+    def settings(self) -> StreamingConf: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def location(self) -> StorageLocation | None: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
+    @property
+    def leadership(self) -> DriverLeadership | None: ...
+    @property
+    def leader_epoch(self) -> int | None: ...
+    @property
+    def leader_event(self) -> threading.Event: ...
+    @property
+    def active_lock(self) -> threading.Lock: ...
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def rerun_batch_times(self) -> list[int]: ...
+    def current_leader(self): ...
+    def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
+    def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
+    def start_active(self, kind: str | None = None) -> None: ...
+    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +103,7 @@ class Standby:
     thread waiting for the leadership and tailing the leader's checkpoints meanwhile. Owns its
     thread, its tail and whether it still waits (:attr:`waiting`)."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: StandbyHost):
         holder = driver.current_leader()
         log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
                  holder.describe() if holder else "another driver")
@@ -133,7 +177,7 @@ class _Tail:
     JOB_GROUP = "sparkwal-standby"
     PRELOAD_GROUP = "sparkwal-standby-preload"
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: StandbyHost):
         self._driver = driver
         self._began = time.monotonic()
         self._ready = False  # onStandbyReady posted

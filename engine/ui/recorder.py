@@ -47,6 +47,10 @@ class Recorder(StreamingListener):
     """``sample``: a function returning the driver's storage statistics (a ``statistics``
     record's ``wal`` and ``state``), called after batches, at most every ``SAMPLE_EVERY_S``."""
 
+    def log_to(self, writer) -> None:
+        """Write the durable records to ``writer`` (the run's event log) from now on."""
+        self.writer = writer
+
     def __init__(self, status, metrics=None, writer=None, *, clock, sample=None):
         self.status = status
         self.metrics = metrics
