@@ -11,31 +11,21 @@ from ..listener import StreamingListenerBatchCommitted
 from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
 
-if TYPE_CHECKING:
-    from sparkwal.wal import Leadership, StorageLocation
+from ..host import DriverFacts
 
-    from ..config import StreamingConf
-    from ..graph import DStreamGraph
+if TYPE_CHECKING:
+    from sparkwal.wal import Leadership
+
     from .events import EventBus
 
 log = logging.getLogger(__name__)
 
 
-class BatchesHost(Protocol):
+class BatchesHost(DriverFacts, Protocol):
     """What the batch protocol reads of the driver (which hands itself in; nothing here changes it)."""
 
     @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def settings(self) -> StreamingConf: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
     def events(self) -> EventBus: ...
-    @property
-    def location(self) -> StorageLocation | None: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
     @property
     def batch_log(self) -> BatchLog | None: ...
     @property

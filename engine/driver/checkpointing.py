@@ -24,11 +24,11 @@ from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
 
+from ..host import DriverFacts
+
 if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
-    from sparkwal.wal import StorageLocation
 
-    from ..graph import DStreamGraph
     from ..sources.batch_log import BatchLog
     from ..state import StateSnapshots
     from .scheduler import JobScheduler
@@ -36,17 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class CheckpointingHost(Protocol):
+class CheckpointingHost(DriverFacts, Protocol):
     """What the checkpoints read of the driver (which hands itself in; nothing here changes it)."""
 
-    @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
-    def location(self) -> StorageLocation | None: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
     @property
     def checkpoint_writer(self) -> CheckpointWriter | None: ...
     @property
@@ -61,8 +53,6 @@ class CheckpointingHost(Protocol):
     def conf_pairs(self) -> list[list[str]]: ...
     @property
     def succeeded_ms(self) -> int: ...
-    @property
-    def leader_epoch(self) -> int | None: ...
     def max_remember_ms(self) -> int: ...
     def cleanup_old_blocks(self, thresh_ms: int) -> None: ...
 

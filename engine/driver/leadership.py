@@ -31,21 +31,19 @@ from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Lea
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError
 
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from ..host import DriverFacts
 
+if TYPE_CHECKING:
     from .events import EventBus
     from .scheduler import JobGenerator
 
 log = logging.getLogger(__name__)
 
 
-class FencingHost(Protocol):
+class FencingHost(DriverFacts, Protocol):
     """What fencing reads and calls of the driver (which hands itself in; the leadership records
     the fence itself)."""
 
-    @property
-    def sc(self) -> SparkContext: ...
     @property
     def events(self) -> EventBus: ...
     @property

@@ -26,40 +26,24 @@ from ..ui.recorder import Recorder
 from ..ui.server import UiServer
 from ..ui.status import RunStatus
 
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from ..host import DriverFacts
 
+if TYPE_CHECKING:
     from sparkwal.checkpoint import Checkpoint
     from sparkwal.tracker import ReceivedBlockTracker
-    from sparkwal.wal import Clock, Leadership
+    from sparkwal.wal import Leadership
 
-    from ..config import StreamingConf
-    from ..graph import DStreamGraph
     from ..state import StateSnapshots
     from .events import EventBus
     from .standby import Standby
 
 
-class ObserverHost(Protocol):
+class ObserverHost(DriverFacts, Protocol):
     """What the UI, the metrics and the event log read of the driver (which hands itself in;
     nothing here changes it)."""
 
     @property
-    def sc(self) -> SparkContext: ...
-    @property
-    def settings(self) -> StreamingConf: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
     def events(self) -> EventBus: ...
-    @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
-    @property
-    def storage_options(self) -> dict | None: ...
     @property
     def snapshots(self) -> StateSnapshots: ...
     @property
@@ -78,8 +62,6 @@ class ObserverHost(Protocol):
     def standby(self) -> Standby | None: ...
     @property
     def is_standby(self) -> bool: ...
-    @property
-    def leader_epoch(self) -> int | None: ...
     def lead(self) -> Leadership | None: ...
     def current_leader(self): ...
 

@@ -28,6 +28,8 @@ from .. import cluster
 from ..environment import prepare_conf
 from ..errors import EngineError
 
+from ..host import DriverFacts
+
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
     from .scheduler import JobScheduler
@@ -35,15 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ProgramHost(Protocol):
+class ProgramHost(DriverFacts, Protocol):
     """What pickling the program reads of the driver (which hands itself in)."""
 
-    @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
     @property
     def scheduler(self) -> JobScheduler: ...
 

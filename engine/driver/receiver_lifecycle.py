@@ -17,19 +17,13 @@ if TYPE_CHECKING:
     import threading
 
     from sparkwal.checkpoint import Checkpoint
-    from sparkwal.wal import Leadership, StorageLocation
-
-    from ..graph import DStreamGraph
+    from sparkwal.wal import Leadership
 
 
 class ReceiverLifecycleHost(ReceiverHost, Protocol):
     """What the receivers' start and stop read of the driver (which hands itself in; nothing here
     changes it); the receiver tracker it starts reads a :class:`ReceiverHost`."""
 
-    @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def location(self) -> StorageLocation | None: ...
     @property
     def restored(self) -> Checkpoint | None: ...
     @property

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 
+from ..host import DriverFacts
+
 if TYPE_CHECKING:
-    from ..graph import DStreamGraph
     from ..sources.batch_log import BatchLog
     from ..state import StateSnapshots
     from .scheduler import JobGenerator
@@ -26,15 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class RecoveryHost(Protocol):
+class RecoveryHost(DriverFacts, Protocol):
     """What the restart rule reads of the driver (which hands itself in; nothing here changes it)."""
 
-    @property
-    def graph(self) -> DStreamGraph: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
     @property
     def snapshots(self) -> StateSnapshots: ...
     @property

@@ -28,32 +28,22 @@ from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
 
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from ..host import DriverFacts
 
+if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
     from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker
-    from sparkwal.wal import Clock
 
-    from ..graph import DStreamGraph
     from ..state import StateSnapshots
     from .events import EventBus
 
 
-class SchedulerHost(Protocol):
+class SchedulerHost(DriverFacts, Protocol):
     """What the job generator and scheduler read and call of the driver (which hands itself in):
     the graph and inputs to generate batches from, and the driver's steps around each batch."""
 
     @property
-    def sc(self) -> SparkContext: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def batch_ms(self) -> int: ...
-    @property
     def events(self) -> EventBus: ...
-    @property
-    def graph(self) -> DStreamGraph: ...
     @property
     def input_infos(self) -> InputInfoTracker: ...
     @property

@@ -45,39 +45,24 @@ from ..cluster import start_python_workers
 from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
                        StreamingListenerStreamingStarted)
 
+from ..host import DriverFacts
+
 if TYPE_CHECKING:
-    from pyspark import SparkContext
-
-    from sparkwal.wal import Clock, StorageLocation
-
-    from ..config import StreamingConf
     from ..state import StateSnapshots
     from .events import EventBus
     from .leadership import DriverLeadership
 
 
-class StandbyHost(Protocol):
+class StandbyHost(DriverFacts, Protocol):
     """What a standby reads and calls of its driver (which hands itself in): to wait, tail, and
     take over through the driver's own ``restore`` and ``start_active``."""
 
     @property
-    def sc(self) -> SparkContext: ...
-    @property
-    def settings(self) -> StreamingConf: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
     def events(self) -> EventBus: ...
-    @property
-    def location(self) -> StorageLocation | None: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
     @property
     def snapshots(self) -> StateSnapshots: ...
     @property
     def leadership(self) -> DriverLeadership | None: ...
-    @property
-    def leader_epoch(self) -> int | None: ...
     @property
     def leader_event(self) -> threading.Event: ...
     @property

@@ -49,14 +49,12 @@ from sparkwal.checkpoint.state_files import read_manifest
 from .. import config
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from ..host import DriverFacts
 
+if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
     from sparkwal.wal import Leadership
 
-    from ..config import StreamingConf
-    from ..graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +65,12 @@ MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
 CHAINS_KEPT = 3
 
 
-class SnapshotHost(Protocol):
+class SnapshotHost(DriverFacts, Protocol):
     """What the state snapshots read of the driver that runs them (the driver hands itself in;
     nothing here changes it)."""
-    sc: SparkContext
-    settings: StreamingConf
-    graph: DStreamGraph
-    batch_ms: int
 
     @property
-    def checkpoint_dir(self) -> str | None: ...
-
-    @property
-    def storage_options(self) -> dict | None: ...
-    checkpoint_writer: CheckpointWriter | None
-
-    @property
-    def leader_epoch(self) -> int | None: ...
-
+    def checkpoint_writer(self) -> CheckpointWriter | None: ...
     def lead(self) -> Leadership | None: ...
 
 
@@ -404,4 +390,3 @@ class StateSnapshots:
             start = stream.oldest_lineage_start()
             floor = min(floor, base if base is not None else zero, zero if start is None else start)
         return floor
-

@@ -47,10 +47,6 @@ class Recorder(StreamingListener):
     """``sample``: a function returning the driver's storage statistics (a ``statistics``
     record's ``wal`` and ``state``), called after batches, at most every ``SAMPLE_EVERY_S``."""
 
-    def log_to(self, writer) -> None:
-        """Write the durable records to ``writer`` (the run's event log) from now on."""
-        self.writer = writer
-
     def __init__(self, status, metrics=None, writer=None, *, clock, sample=None):
         self.status = status
         self.metrics = metrics
@@ -61,6 +57,10 @@ class Recorder(StreamingListener):
         self._rerun: set[int] = set()
         self._first_new_batch = None
         self._names = {str(s["id"]): s.get("name") or str(s["id"]) for s in status.run.get("streams", ())}
+
+    def log_to(self, writer) -> None:
+        """Write the durable records to ``writer`` (the run's event log) from now on."""
+        self.writer = writer
 
     def expect_reruns(self, batch_times) -> None:
         """Batches a restart re-runs: the run's ``firstNewBatch`` is the first one after them."""

@@ -1,0 +1,40 @@
+"""What every component of the driver may read of it: :class:`DriverFacts`.
+
+The driver hands each component itself, typed as a narrow ``Protocol`` of what that component
+reads and calls (``SchedulerHost``, ``SnapshotHost``, ...). Those protocols start from these
+facts, fixed once the driver is made and its checkpoint directory set (the leadership's epoch
+once it leads), and add what the component needs beyond them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparkwal.wal import Clock, StorageLocation
+
+    from .config import StreamingConf
+    from .graph import DStreamGraph
+
+
+class DriverFacts(Protocol):
+    @property
+    def sc(self) -> SparkContext: ...
+    @property
+    def settings(self) -> StreamingConf: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def batch_ms(self) -> int: ...
+    @property
+    def graph(self) -> DStreamGraph: ...
+    @property
+    def location(self) -> StorageLocation | None: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def storage_options(self) -> dict | None: ...
+    @property
+    def leader_epoch(self) -> int | None: ...
