@@ -119,6 +119,17 @@ class CheckpointLayout:
             raise ValueError(f"{url} is not inside the checkpoint directory {self.root}")
         return rel
 
+    def name_of_stored(self, path: str) -> str:
+        """The name a checkpoint records for ``path``, a file of this directory named as the root
+        location's storage names it (a WAL's handle: ``bucket/ckpt/...`` on S3, not the URL)."""
+        if self.location is None:
+            return self.name_of(path)
+        root = self.location.path.rstrip("/") or "/"
+        rel = _under(path.rstrip("/"), root)
+        if not rel:
+            raise ValueError(f"{path} is not inside the checkpoint directory {self.root}")
+        return rel
+
     def own_name(self, name: str) -> str | None:
         """The relative name a name a checkpoint records stands for in this directory (see the
         module's docstring): itself, an older release's absolute name made relative, or None

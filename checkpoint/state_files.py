@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator
 import crc32c
 import pyarrow as pa
 
+from sparkwal.wal.location import StorageLocation
 from sparkwal.wal.storage import resolve
 
 from .errors import SnapshotError  # noqa: F401  (raised here; re-exported where it was)
@@ -142,7 +143,7 @@ def decode_part(data: bytes, name: str) -> pa.Table:
 # ------------------------------------------------------------------------------ files
 
 
-def read_manifest(url: str, storage_options: dict | None = None) -> dict:
+def read_manifest(url: str | StorageLocation, storage_options: dict | None = None) -> dict:
     storage, path = resolve(url, storage_options)
     try:
         manifest = json.loads(storage.read_file(f"{path}.manifest"))
@@ -157,19 +158,19 @@ def read_manifest(url: str, storage_options: dict | None = None) -> dict:
     return manifest
 
 
-def write_manifest(url: str, manifest: dict, storage_options: dict | None = None) -> None:
+def write_manifest(url: str | StorageLocation, manifest: dict, storage_options: dict | None = None) -> None:
     storage, path = resolve(url, storage_options)
     storage.put(f"{path}.manifest", json.dumps(manifest).encode())
 
 
-def put_part(url: str, i: int, data: bytes, storage_options: dict | None = None) -> list:
+def put_part(url: str | StorageLocation, i: int, data: bytes, storage_options: dict | None = None) -> list:
     """Write part ``i``; return ``[bytes, crc32c]`` (its manifest entry without the row count)."""
     storage, path = resolve(url, storage_options)
     storage.put(part_name(path, i), data)
     return [len(data), crc32c.crc32c(data)]
 
 
-def read_part(url: str, i: int, entry: list, storage_options: dict | None = None) -> bytes:
+def read_part(url: str | StorageLocation, i: int, entry: list, storage_options: dict | None = None) -> bytes:
     """Part ``i``'s bytes, checked against its manifest ``entry`` ``[rows, bytes, crc32c]``."""
     storage, path = resolve(url, storage_options)
     name = part_name(path, i)
@@ -184,7 +185,7 @@ def read_part(url: str, i: int, entry: list, storage_options: dict | None = None
     return data
 
 
-def part_rows(url: str, i: int, manifest: dict, storage_options: dict | None = None
+def part_rows(url: str | StorageLocation, i: int, manifest: dict, storage_options: dict | None = None
               ) -> Iterator[tuple]:
     """Part ``i``'s rows ``(key, value, updated_ms, removed)``, checked; version 1's records
     ``(key, value)`` come with ``updated_ms`` 0 and ``removed`` False."""
@@ -222,7 +223,7 @@ def merge_chain(parts: Iterable[Iterable[tuple]]) -> dict:
 _EPOCH_SUFFIX = re.compile(r"-e\d+$")
 
 
-def snapshot_files(url: str, storage_options: dict | None = None, every_epoch: bool = False
+def snapshot_files(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False
                    ) -> list[str]:
     """The files of snapshot ``url``; ``every_epoch``: of every epoch's snapshot of its stream
     and batch time."""
@@ -238,7 +239,7 @@ def snapshot_files(url: str, storage_options: dict | None = None, every_epoch: b
     return [i.path for i in infos if named.match(i.name)]
 
 
-def delete_snapshot(url: str, storage_options: dict | None = None, every_epoch: bool = False) -> None:
+def delete_snapshot(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False) -> None:
     """Delete the manifest first (the snapshot stops being complete), then the parts;
     ``every_epoch``: every epoch's snapshot of its stream and batch time."""
     storage, _ = resolve(url, storage_options)

@@ -9,6 +9,7 @@ from collections import deque
 from pyspark import RDD
 from pyspark.accumulators import AccumulatorParam
 
+from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
 from .dstream import DStream
@@ -71,19 +72,17 @@ def _is_local(directory: str) -> bool:
     return "://" not in directory or directory.startswith("file://")
 
 
-def _list_files(directory: str, storage_options: dict | None = None) -> list[tuple[str, int]]:
+def _list_files(directory: StorageLocation) -> list[tuple[str, int]]:
     """(path or URL, modification time in whole ms) of the candidate files in ``directory`` (a
     path or any fsspec URL): regular files whose names do not start with "." or "_" (files being
     written). A missing directory has none. Local files are named by path, others by URL."""
-    from sparkwal.wal.storage import resolve
-
-    storage, path = resolve(directory, storage_options)
+    storage, path = directory.resolve()
     try:
         infos = storage.list_files(path)
     except FileNotFoundError:
         return []
-    local = _is_local(directory)
-    return [(os.path.join(directory, i.name) if local else storage.url(i.path), i.mtime_ms or 0)
+    local = _is_local(directory.url)
+    return [(os.path.join(directory.url, i.name) if local else storage.url(i.path), i.mtime_ms or 0)
             for i in infos if not i.name.startswith((".", "_"))]
 
 
@@ -118,14 +117,13 @@ def _read_local_lines(path: str):
             yield line[:-1] if line.endswith("\n") else line
 
 
-def _read_remote(storage_options: dict | None, record_length: int | None):
+def _read_remote(directory: StorageLocation, record_length: int | None):
     """The task function reading remote files through fsspec (Spark's JVM knows only its own
-    Hadoop filesystems): lines of text, or fixed-length binary records."""
+    Hadoop filesystems): lines of text, or fixed-length binary records. The directory's options
+    travel with it, its credentials never (:class:`~sparkwal.wal.StorageLocation`)."""
 
     def read(url: str):
-        from sparkwal.wal.storage import resolve
-
-        storage, path = resolve(url, storage_options)
+        storage, path = StorageLocation(url, directory.options, policy=directory.policy).resolve()
         data = storage.read_file(path)
         if record_length is not None:
             return [data[i:i + record_length] for i in range(0, len(data) - record_length + 1, record_length)]
@@ -188,7 +186,7 @@ class FileInputDStream(InputDStream):
     job, no read of its own."""
 
     MIN_REMEMBER_MS = 60_000
-    storage_options: dict | None = None  # streams pickled before it existed read local paths
+    location: StorageLocation | None = None  # the directory, its options (streams pickled before it)
     MTIME_SLACK_MS = 2_000
     transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts")
 
@@ -196,12 +194,19 @@ class FileInputDStream(InputDStream):
         super().__setstate__(state)
         self._files_lock = threading.Lock()
         self._counts = None
+        older_options = self.__dict__.pop("storage_options", None)
+        if self.location is None:  # pickled by an older sparkwal: the directory and its options
+            self.location = StorageLocation(self.directory, older_options)
+
+    @property
+    def storage_options(self) -> dict | None:
+        return self.location.options
 
     def __init__(self, ssc, directory: str, new_files_only: bool = True, record_length: int | None = None,
                  storage_options: dict | None = None):
         super().__init__(ssc)
         self.directory = directory
-        self.storage_options = storage_options
+        self.location = StorageLocation.of(directory, storage_options)  # pickled without credentials
         self.new_files_only = new_files_only
         self.record_length = record_length  # None: lines of text; else fixed-length binary records
         self.batch_files: dict[int, list[str]] = {}
@@ -213,7 +218,7 @@ class FileInputDStream(InputDStream):
         self.min_remember_ms = ssc.driver.file_remember_ms()
         if new_files_only:
             self._start_threshold_ms = ssc.driver.clock.now_ms() - self.MTIME_SLACK_MS
-            self._present_at_start = {(path, mtime) for path, mtime in _list_files(directory, storage_options)
+            self._present_at_start = {(path, mtime) for path, mtime in _list_files(self.location)
                                       if mtime > self._start_threshold_ms}
 
     @property
@@ -227,7 +232,7 @@ class FileInputDStream(InputDStream):
 
     def _find_new_files(self, time_ms: int) -> list[str]:
         threshold = max(self._start_threshold_ms, time_ms - self.remember_files_ms)
-        return sorted(path for path, mtime in _list_files(self.directory, self.storage_options)
+        return sorted(path for path, mtime in _list_files(self.location)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)
 
@@ -263,7 +268,7 @@ class FileInputDStream(InputDStream):
     def _read(self, files: list[str]) -> RDD:
         if not _is_local(self.directory):
             return self._sc.parallelize(files, len(files)).flatMap(
-                _read_remote(self.storage_options, self.record_length))
+                _read_remote(self.location, self.record_length))
         # a relative directory is the driver's: the Python workers run in another working directory
         files = [f if "://" in f else os.path.abspath(f) for f in files]
         if self.record_length is not None:  # Hadoop's new API: a split per block of each file

@@ -10,6 +10,11 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
+# The tasks (the Python workers, started by the JVM with this environment) take S3 credentials
+# from their environment: credentials in storage_options never travel with a task
+# (sparkwal.wal.location). moto's server accepts any.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 
 from faulty_fs import FaultyFileSystem  # noqa: E402  (registers the faulty:// protocol)
 

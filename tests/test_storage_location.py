@@ -70,13 +70,15 @@ def test_a_wal_and_a_checkpoint_writer_work_on_a_handed_in_store(tmp_path):
 def test_a_pickled_location_travels_without_credentials_or_storage(caplog):
     policy = RetryPolicy(deadline_s=7.0)
     location = StorageLocation("s3://bucket/ckpt", {"endpoint_url": "http://127.0.0.1:9", "key": "AKIA",
-                                                    "secret": "s3cr3t", "client_kwargs": {"region_name": "x"}},
+                                                    "secret": "s3cr3t", "client_kwargs": {"region_name": "x",
+                                                                                    "aws_session_token": "T0K"}},
                                policy=policy)
     assert "s3cr3t" not in repr(location) and "***" in repr(location)
     with caplog.at_level(logging.WARNING, logger="sparkwal.wal.location"):
         data = pickle.dumps(location)
-    assert b"s3cr3t" not in data and b"AKIA" not in data
-    assert "key, secret look like credentials and are not sent to tasks" in caplog.text
+    assert b"s3cr3t" not in data and b"AKIA" not in data and b"T0K" not in data
+    assert ("client_kwargs.aws_session_token, key, secret look like credentials and are not sent to tasks"
+            in caplog.text)
     copy = pickle.loads(data)
     assert copy.url == location.url and copy.policy == policy
     assert copy.options == {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "x"}}

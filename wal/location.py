@@ -37,8 +37,31 @@ CREDENTIAL_OPTION = re.compile(r"(?i)(^|_)(key|secret|token|password|credentials
 
 
 def credential_options(options: Mapping | None) -> list[str]:
-    """The names in ``options`` that look like credentials (see :data:`CREDENTIAL_OPTION`)."""
-    return sorted(k for k in (options or {}) if CREDENTIAL_OPTION.search(str(k)))
+    """The names in ``options`` that look like credentials (see :data:`CREDENTIAL_OPTION`), those
+    of nested options (s3fs's ``client_kwargs``...) as ``outer.inner``."""
+    found = []
+    for k, v in (options or {}).items():
+        if CREDENTIAL_OPTION.search(str(k)):
+            found.append(str(k))
+        elif isinstance(v, Mapping):
+            found.extend(f"{k}.{inner}" for inner in credential_options(v))
+    return sorted(found)
+
+
+def without_credentials(options: Mapping | None, mask: str | None = None) -> dict | None:
+    """``options`` without what :func:`credential_options` names (at any depth), or with those
+    values replaced by ``mask``."""
+    kept: dict = {}
+    for k, v in (options or {}).items():
+        if CREDENTIAL_OPTION.search(str(k)):
+            if mask is not None:
+                kept[k] = mask
+        else:
+            kept[k] = (without_credentials(v, mask) or {}) if isinstance(v, Mapping) else v
+    return kept or None
+
+
+_warned: set[str] = set()  # the URLs whose credentials were dropped from a task: said once each
 
 
 class StorageLocation:
@@ -105,8 +128,7 @@ class StorageLocation:
         return self.url
 
     def __repr__(self) -> str:
-        shown = {k: ("***" if k in credential_options(self.options) else v) for k, v in (self.options or {}).items()}
-        return f"StorageLocation({self.url!r}, {shown or None!r})"
+        return f"StorageLocation({self.url!r}, {without_credentials(self.options, mask='***')!r})"
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, StorageLocation) and (self.url, self.options, self.policy)
@@ -117,11 +139,11 @@ class StorageLocation:
 
     def __getstate__(self) -> tuple:
         dropped = credential_options(self.options)
-        if dropped:
+        if dropped and self.url not in _warned:
+            _warned.add(self.url)
             log.warning("%s: the storage options %s look like credentials and are not sent to tasks "
                         "(executors take credentials from their environment)", self.url, ", ".join(dropped))
-        options = {k: v for k, v in (self.options or {}).items() if k not in dropped} or None
-        return (self.url, options, self.policy)
+        return (self.url, without_credentials(self.options), self.policy)
 
     def __setstate__(self, state: tuple) -> None:
         self.url, self.options, self.policy = state

@@ -141,12 +141,13 @@ def receiver_wal_dir(checkpoint_dir: str, stream_id: int, epoch: int | None = No
     return base if epoch is None else f"{base}-e{epoch}"
 
 
-def earlier_wal_dirs(checkpoint_dir: str, stream_id: int, epoch: int | None,
+def earlier_wal_dirs(checkpoint_dir: str | StorageLocation, stream_id: int, epoch: int | None,
                      storage_options: dict | None = None) -> list[str]:
     """The receiver WAL directories of ``stream_id`` written under epochs before ``epoch``."""
     if epoch is None:
         return []
-    storage, root = resolve(CheckpointLayout(checkpoint_dir).received_data, storage_options)
+    layout = CheckpointLayout(StorageLocation.of(checkpoint_dir, storage_options))
+    storage, root = resolve(layout.at(layout.received_data))
     try:
         names = storage.list_dirs(root)
     except FileNotFoundError:
@@ -157,7 +158,7 @@ def earlier_wal_dirs(checkpoint_dir: str, stream_id: int, epoch: int | None,
         m = pattern.fullmatch(name)
         earlier = None if m is None or m.group(1) is None else int(m.group(1))
         if m and (earlier is None or earlier < epoch):
-            found.append(receiver_wal_dir(checkpoint_dir, stream_id, earlier))
+            found.append(receiver_wal_dir(layout.root, stream_id, earlier))
     return found
 
 
@@ -175,17 +176,17 @@ def remove_local_blocks(app_id: str, base: str) -> None:
 class WalBlockHandler:
     """Stores blocks durably in the stream's receiver WAL; returns their handles."""
 
-    def __init__(self, checkpoint_dir: str, stream_id: int, *, storage_options: dict | None = None,
-                 clock: Clock | None = None, rolling_interval_s: float = 60,
-                 stopped: threading.Event | None = None, epoch: int | None = None):
-        self.wal_dir = receiver_wal_dir(checkpoint_dir, stream_id, epoch)
-        self._layout = CheckpointLayout(checkpoint_dir)
-        self._earlier = earlier_wal_dirs(checkpoint_dir, stream_id, epoch, storage_options)
-        self._storage_options = storage_options
+    def __init__(self, checkpoint_dir: str | StorageLocation, stream_id: int, *,
+                 storage_options: dict | None = None, clock: Clock | None = None,
+                 rolling_interval_s: float = 60, stopped: threading.Event | None = None,
+                 epoch: int | None = None):
+        self._layout = CheckpointLayout(StorageLocation.of(checkpoint_dir, storage_options))
+        self.wal_dir = receiver_wal_dir(self._layout.root, stream_id, epoch)
+        self._earlier = [self._layout.at(d) for d in earlier_wal_dirs(self._layout.location, stream_id, epoch)]
         self._stopped = stopped or threading.Event()
         self._clock = clock or SYSTEM_CLOCK
-        self._wal = FileBasedWriteAheadLog(self.wal_dir, rolling_interval_s=rolling_interval_s,
-                                           storage_options=storage_options, clock=self._clock)
+        self._wal = FileBasedWriteAheadLog(self._layout.at(self.wal_dir), rolling_interval_s=rolling_interval_s,
+                                           clock=self._clock)
 
     def store(self, block_id: str, data: bytes) -> RecordHandle:
         """Durable when it returns. A previous receiver of this stream that still holds the WAL's
@@ -194,7 +195,7 @@ class WalBlockHandler:
         while True:
             try:
                 path, offset, length = self._wal.write(data, self._clock.now_ms())
-                return RecordHandle(self._layout.name_of(path), offset, length)
+                return RecordHandle(self._layout.name_of_stored(path), offset, length)
             except LogLockedError as e:
                 if self._stopped.is_set():
                     raise
@@ -206,7 +207,7 @@ class WalBlockHandler:
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
         self._wal.clean(thresh_ms, wait_for_completion=False)
         for wal_dir in self._earlier:  # earlier epochs' logs, read-only: no lock taken
-            reader = FileBasedWriteAheadLog(wal_dir, storage_options=self._storage_options)
+            reader = FileBasedWriteAheadLog(wal_dir)
             try:
                 reader.clean(thresh_ms, wait_for_completion=True)
             except Exception as e:  # noqa: BLE001
@@ -306,11 +307,11 @@ def is_wal_block_name(name: str) -> bool:
 _WAL_BLOCK_NAME = re.compile(r"receivedData/\d{1,9}(?:-e\d{1,18})?/[A-Za-z0-9_.-]{1,200}")
 
 
-def read_wal_block(wal_dir: str, storage_options: dict | None, stream_id: int, block_id: str,
-                   handle: list) -> list:
+def read_wal_block(wal_dir: str | StorageLocation, storage_options: dict | None, stream_id: int,
+                   block_id: str, handle: list) -> list:
     """A block's records from the receiver WAL, by handle (its segment located by the driver:
     inside a task; read-only, no lock)."""
-    location = StorageLocation(wal_dir, storage_options)  # equal locations share one reader
+    location = StorageLocation.of(wal_dir, storage_options)  # equal locations share one reader
     with _readers_lock:
         reader = _readers.get(location)
         if reader is None:

@@ -13,7 +13,6 @@ from pyspark import RDD
 
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ExecutorLocation
-from sparkwal.wal import resolve
 
 from ..inputs import InputDStream
 from .blocks import read_block, read_wal_block, receiver_wal_dir
@@ -53,10 +52,10 @@ class ReceiverInputDStream(InputDStream):
             return self._sc.emptyRDD()
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
-            wal_dir = receiver_wal_dir(ssc.driver.checkpoint_dir, self.input_id)
+            wal = ssc.driver.location.at(receiver_wal_dir(ssc.driver.checkpoint_dir, self.input_id))
             items = [(b.block_id, [self._segment_path(b.wal_handle[0]), *b.wal_handle[1:]]) for b in blocks]
-            return self._sc.parallelize(items, len(items)).flatMap(
-                partial(_read_wal_blocks, wal_dir, ssc.driver.storage_options, self.input_id))
+            return self._sc.parallelize(items, len(items)).flatMap(  # credentials stay here
+                partial(_read_wal_blocks, wal, None, self.input_id))
         if logged:
             log.error("stream %d batch %d mixes blocks in the WAL and on executors", self.input_id, time_ms)
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
@@ -65,8 +64,8 @@ class ReceiverInputDStream(InputDStream):
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
         checkpoint directory, wherever it is now: :mod:`sparkwal.checkpoint.layout`)."""
         driver = self._ssc.driver
-        storage, root = resolve(driver.checkpoint_dir, driver.storage_options)
-        own = CheckpointLayout(driver.checkpoint_dir).own_name(name)
+        storage, root = driver.location.resolve()
+        own = CheckpointLayout(driver.location).own_name(name)
         return storage.join(root, own) if own is not None else name
 
     def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:

@@ -112,8 +112,7 @@ class ReceiverTracker:
                     sid, create_rate_estimator(driver.batch_ms, conf_map), partial(self.update_rate_limit, sid))
         self._base_config = dict(
             app_id=self._sc.applicationId, driver_host=self._driver_host,
-            checkpoint_dir=driver.checkpoint_dir if self.wal_enabled else None,
-            storage_options=driver.storage_options if self.wal_enabled else None,
+            checkpoint=driver.location if self.wal_enabled else None,
             block_interval_ms=settings[config.BLOCK_INTERVAL],
             block_queue_size=settings[config.BLOCK_QUEUE_SIZE],
             max_buffered_records=settings[config.MAX_BUFFERED_RECORDS],

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sparkwal.service import Service, spawn
 from sparkwal.tracker import RateLimiter, ReceivedBlockInfo
-from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle
+from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle, StorageLocation
 
 from . import wire
 from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_block
@@ -49,8 +49,9 @@ class SupervisorConfig:
     secret: bytes
     app_id: str
     driver_host: str
-    checkpoint_dir: str | None  #: None: the receiver WAL is off
-    storage_options: dict | None
+    #: the checkpoint directory, the receiver WAL's home (None: the WAL is off); it travels
+    #: without credentials: the executor takes its own from its environment
+    checkpoint: StorageLocation | None
     block_interval_ms: int = 200
     block_queue_size: int = 10
     max_buffered_records: int = 100_000  #: store() blocks beyond this many records not yet in a block
@@ -199,8 +200,8 @@ class ReceiverSupervisor:
             self._conn.close()
             return f"registration refused by the driver: {message}"
         try:
-            if c.checkpoint_dir is not None:
-                self._handler = WalBlockHandler(c.checkpoint_dir, c.stream_id, storage_options=c.storage_options,
+            if c.checkpoint is not None:
+                self._handler = WalBlockHandler(c.checkpoint, c.stream_id,
                                                 rolling_interval_s=c.wal_rolling_interval_s,
                                                 stopped=self._stop_event, epoch=c.leader_epoch)
             else:

@@ -19,7 +19,7 @@ import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sparkwal.wal.storage import resolve
+from sparkwal.wal import StorageLocation
 
 from .protocol import DataLossError, ReplayableSource, SourceError, TopicPartition
 
@@ -45,17 +45,27 @@ class FileLogSource(ReplayableSource):
         if not isinstance(path, str) or not path:
             raise ValueError(f"path must be a non-empty directory path or URL, got {path!r}")
         self.path = path
-        self.storage_options = storage_options
+        self.location = StorageLocation.of(path, storage_options)  # pickled without credentials
         self.topic = posixpath.basename(path.rstrip("/")) or path
         self._scans: dict[str, _Scan] = {}
+
+    @property
+    def storage_options(self) -> dict | None:
+        return self.location.options
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_scans"] = {}  # the driver's index stays on the driver
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        older_options = state.pop("storage_options", None)  # pickled by an older sparkwal
+        self.__dict__.update(state)
+        if "location" not in state:
+            self.location = StorageLocation(self.path, older_options)
+
     def _storage(self):
-        return resolve(self.path, self.storage_options)
+        return self.location.resolve()
 
     def _file(self, name: str) -> str:
         storage, directory = self._storage()

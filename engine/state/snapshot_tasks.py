@@ -8,6 +8,9 @@ is involved. A snapshot read back keeps its layout: when part ``i`` holds exactl
 ``n``, the RDD read back carries that partitioner, in Python and in the JVM, so the next batch's
 ``cogroup`` (or mapWithState's partition-wise union) moves only the batch's records, never the
 whole state.
+
+The tasks reach the snapshots through a :class:`~sparkwal.wal.StorageLocation`: its options travel
+with them, credentials never (the executors take theirs from their environment).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from sparkwal.checkpoint.state_chains import SnapshotRef
 from sparkwal.checkpoint.state_files import (VERSION, SnapshotError, delete_snapshot, encode_part,
                                     merge_chain, part_rows, put_part, read_manifest, rows_table,
                                     write_manifest)
+from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
 __all__ = ["SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
@@ -35,19 +39,20 @@ def is_hash_partitioned(rdd: RDD) -> bool:
     return rdd.partitioner == Partitioner(n, portable_hash)
 
 
-def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, partitioned: bool,
+def write_snapshot(rows: RDD, url: str | StorageLocation, *, time_ms: int, base_ms: int | None, partitioned: bool,
                    storage_options: dict | None = None, fence=None) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
     snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
     left (of any epoch: none is referenced, or this one would not be written); return its manifest.
-    ``storage_options`` go to the tasks too. ``fence``: the driver's leadership, checked before the
+    ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's leadership, checked before the
     driver deletes or writes anything (its epoch is recorded; ``url`` names it, see
     :mod:`sparkwal.checkpoint.state_files`)."""
     if fence is not None:
         fence.check()
-    storage, path = resolve(url, storage_options)
+    where = StorageLocation.of(url, storage_options)
+    storage, path = resolve(where)
     storage.makedirs(path.rpartition("/")[0])
-    delete_snapshot(url, storage_options, every_epoch=True)
+    delete_snapshot(where, every_epoch=True)
     delta = base_ms is not None
 
     def write_part(index, records):
@@ -58,7 +63,7 @@ def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, pa
             times.append(t)
             removed.append(r)
         data = encode_part(rows_table(keys, values, times, removed if delta else None))
-        yield index, [len(keys), *put_part(url, index, data, storage_options)]
+        yield index, [len(keys), *put_part(where, index, data)]
 
     parts = sorted(rows.mapPartitionsWithIndex(write_part).collect())
     manifest = {"version": VERSION, "format": "arrow-ipc", "compression": "zstd",
@@ -68,7 +73,7 @@ def write_snapshot(rows: RDD, url: str, *, time_ms: int, base_ms: int | None, pa
     if fence is not None:
         fence.check()
         manifest["leader_epoch"] = fence.epoch
-    write_manifest(url, manifest, storage_options)
+    write_manifest(where, manifest)
     return manifest
 
 
@@ -85,12 +90,12 @@ def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict
         if len(m["parts"]) != n:
             raise SnapshotError(f"state snapshot {ref.url} has {len(m['parts'])} parts, the newest "
                                 f"of its chain {n}: the chain cannot be merged")
-    links = [(ref.url, m) for ref, m in zip(chain, manifests)]
+    links = [(StorageLocation.of(ref.url, storage_options), m) for ref, m in zip(chain, manifests)]
 
     def read(i, seeds=()):
         for _ in seeds:  # a worker whose task left input unread is not reused: Spark forks
             pass         # (and the engine is imported into) a new one for the next task
-        state = merge_chain(part_rows(url, i, m, storage_options) for url, m in links)
+        state = merge_chain(part_rows(where, i, m) for where, m in links)
         return ((k, v, t) for k, (v, t) in state.items())
 
     partitioned = n > 0 and all(m.get("partitioned") and m.get("hash_seed") == hash_seed(sc)
@@ -114,10 +119,10 @@ def apply_delta(sc: SparkContext, rows: RDD, ref: SnapshotRef, base_parts: int,
     if (manifest["kind"] != "delta" or len(manifest["parts"]) != base_parts
             or not manifest.get("partitioned") or manifest.get("hash_seed") != hash_seed(sc)):
         return None
-    url = ref.url
+    where = StorageLocation.of(ref.url, storage_options)
 
     def merge(i, base_rows):
-        state = merge_chain([base_rows, part_rows(url, i, manifest, storage_options)])
+        state = merge_chain([base_rows, part_rows(where, i, manifest)])
         return ((k, v, t) for k, (v, t) in state.items())
 
     return rows.mapPartitionsWithIndex(merge, preservesPartitioning=True)
