@@ -372,7 +372,7 @@ class ForEachDStream(DStream):
         super().__init__(ssc, [parent])
         self._func = func
         self.op_name = op_name
-        self.output_op_id = ssc.driver.graph.add_output(self)
+        self.output_op_id = self._host.graph.add_output(self)
 
     def compute(self, time_ms: int) -> RDD | None:
         return None

@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
+    from pyspark import RDD, SparkContext
 
+    from sparkwal.tracker import ReceivedBlockTracker
     from sparkwal.wal import Clock, StorageLocation
 
     from .config import StreamingConf
     from .graph import DStreamGraph
+    from .receiver.receiver_tracker import ReceiverTracker
 
 
 class DriverFacts(Protocol):
@@ -38,3 +40,16 @@ class DriverFacts(Protocol):
     def storage_options(self) -> dict | None: ...
     @property
     def leader_epoch(self) -> int | None: ...
+
+
+class StreamHost(DriverFacts, Protocol):
+    """What a stream reads and calls of the driver that runs it (``stream.host``): the trackers
+    of received blocks, the input report of each batch and the RDD checkpoints."""
+
+    @property
+    def block_tracker(self) -> ReceivedBlockTracker | None: ...
+    @property
+    def receiver_tracker(self) -> ReceiverTracker | None: ...
+    def file_remember_ms(self) -> int: ...
+    def report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None: ...
+    def checkpoint_rdd(self, stream, time_ms: int, rdd: RDD) -> None: ...

@@ -13,6 +13,7 @@ from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
 from .dstream import DStream
+from .stream_machinery import host_of
 
 
 class InputDStream(DStream):
@@ -27,8 +28,8 @@ class InputDStream(DStream):
         return None
 
     def __init__(self, ssc):
-        super().__init__(ssc, [], ssc.driver.batch_ms)
-        self.input_id = ssc.driver.graph.add_input(self)
+        super().__init__(ssc, [], host_of(ssc).batch_ms)
+        self.input_id = self._host.graph.add_input(self)
 
     def checkpoint_data(self) -> dict:
         """What recovery needs to regenerate this stream's RDDs (msgpack-serialisable)."""
@@ -215,9 +216,9 @@ class FileInputDStream(InputDStream):
         self._counts = None  # the accumulator of the lines each batch's tasks read
         self._start_threshold_ms = 0
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
-        self.min_remember_ms = ssc.driver.file_remember_ms()
+        self.min_remember_ms = self._host.file_remember_ms()
         if new_files_only:
-            self._start_threshold_ms = ssc.driver.clock.now_ms() - self.MTIME_SLACK_MS
+            self._start_threshold_ms = self._host.clock.now_ms() - self.MTIME_SLACK_MS
             self._present_at_start = {(path, mtime) for path, mtime in _list_files(self.location)
                                       if mtime > self._start_threshold_ms}
 
@@ -244,7 +245,7 @@ class FileInputDStream(InputDStream):
                 self.batch_files[time_ms] = files
                 self._recent.update(files)
         # the records are counted as the tasks read them (records_read): 0 until then
-        self._ssc.driver.report_input(time_ms, self, 0, {"files": files})
+        self._host.report_input(time_ms, self, 0, {"files": files})
         if not files:
             return self._sc.emptyRDD()
         if self._counts is None:

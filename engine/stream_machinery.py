@@ -10,11 +10,21 @@ from __future__ import annotations
 import threading
 import types
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pyspark import RDD, StorageLevel
 
 from .graph import creation_site
 from .errors import StreamingContextStateError
+
+if TYPE_CHECKING:
+    from .host import StreamHost
+
+
+def host_of(ssc) -> StreamHost:
+    """The driver running ``ssc`` (a StreamingContext), as what its streams may read and call of
+    it (:class:`sparkwal.engine.host.StreamHost`)."""
+    return ssc.driver
 
 
 class StreamMachinery:
@@ -35,7 +45,12 @@ class StreamMachinery:
         self.must_checkpoint = False
         self._lock = threading.RLock()
         self.creation_site = creation_site()  # "map at app.py:12": names it in errors
-        ssc.driver.graph.register(self)
+        host_of(ssc).graph.register(self)
+
+    @property
+    def _host(self) -> StreamHost:
+        """The driver running this stream, as :func:`host_of` gives it."""
+        return host_of(self._ssc)
 
     # ------------------------------------------------------------------ pickling (the code part)
 
@@ -113,7 +128,7 @@ class StreamMachinery:
                 if self.storage_level is not None:
                     rdd.persist(self.storage_level)
                 if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
-                    self._ssc.driver.checkpoint_rdd(self, time_ms, rdd)
+                    self._host.checkpoint_rdd(self, time_ms, rdd)
                 self.generated_rdds[time_ms] = rdd
                 if self.must_checkpoint:  # a state built on the one before it, if any
                     self.lineage_from[time_ms] = self.lineage_from.get(time_ms - self.slide_ms, time_ms)

@@ -3,7 +3,8 @@
 * reads of a ``Driver``'s attributes from modules other than ``engine/driver/driver.py``: any
   ``driver.X``, ``self._driver.X`` or ``ssc.driver.X`` (a parameter or variable named ``driver``, an
   attribute named ``_driver``/``driver``), counted apart where the module takes the driver as a
-  narrow ``Protocol`` (``SnapshotHost``, ``ReceiverHost``) rather than as the whole object;
+  narrow ``Protocol`` (``SnapshotHost``, ``ReceiverHost``) rather than as the whole object, and
+  streams' reads through ``self._host`` / ``host_of(ssc)`` (typed ``StreamHost``) counted as such;
 * assignments to another object's attributes (``x.y = ...`` where ``x`` is not ``self``/``cls``,
   an object the instance keeps privately (``self._stats.y``), or one the function made itself);
 * functions taking an untyped ``driver`` parameter.
@@ -32,6 +33,14 @@ def is_driver(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id == "driver"
     return isinstance(node, ast.Attribute) and node.attr in ("driver", "_driver")
+
+
+def is_stream_host(node: ast.expr) -> bool:
+    """``self._host`` or ``host_of(ssc)``: a stream's driver, typed as ``StreamHost``."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id == "host_of"
+    return (isinstance(node, ast.Attribute) and node.attr == "_host" and isinstance(node.value, ast.Name)
+            and node.value.id == "self")
 
 
 def _host_annotated(module: ast.Module) -> bool:
@@ -70,7 +79,9 @@ def figures() -> dict[str, list[str]]:
         functions = [n for n in ast.walk(module) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         built_in = {id(node): _built_here(f) for f in functions for node in ast.walk(f)}
         for node in ast.walk(module):
-            if isinstance(node, ast.Attribute) and is_driver(node.value):
+            if isinstance(node, ast.Attribute) and is_stream_host(node.value):
+                narrow.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Attribute) and is_driver(node.value):
                 place = f"{rel}:{node.lineno}: {ast.unparse(node)}"
                 if isinstance(node.ctx, ast.Store):
                     writes.append(place)

@@ -252,7 +252,7 @@ class InternalMapWithStateDStream(DStream):
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
 
     def _live_keys(self) -> int:
-        return self._ssc.driver.settings[config.LIVE_KEYS]
+        return self._host.settings[config.LIVE_KEYS]
 
     def clear_metadata(self, time_ms: int) -> None:
         """Each batch's state is a full copy (PySpark caches pickles): keep only the newest
