@@ -1,0 +1,340 @@
+"""Record-to-output latency: sparkwal, pyspark.streaming and Structured Streaming in one run.
+
+    python -m benchmarks.latency_bench [--seconds 20] [--warmup 10] [--intervals 100,250,500,1000]
+        [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,pyspark,structured]
+
+A paced TCP source in this process sends ``--rates`` lines a second (10 words each, stamped with
+the wall-clock millisecond they were sent, in slices every 2 ms) to one app at a time, a
+subprocess on ``local[3]`` (sparkwal and pyspark.streaming: one slot for the receiver, two for the
+batches; Structured Streaming's socket source reads on the driver). Each app runs the same
+pipeline:
+
+* ``stateless``: the words of a batch counted (``reduceByKey``; in Structured Streaming a
+  ``groupBy().count()`` inside ``foreachBatch``), collected to the driver;
+* ``stateful``: running counts: sparkwal's ``mapWithState`` (the keys a batch touched),
+  pyspark.streaming's ``updateStateByKey`` (it has no ``mapWithState`` in Python; the keys a batch
+  touched are output), Structured Streaming's own streaming aggregation (``outputMode("update")``
+  into ``foreachBatch``).
+
+Every line also counts under the key of its send time's 10 ms slot, in the same aggregation as its
+words, so a batch's output says how many of its records were sent in each slot (10 ms, not 1 ms: a
+stateful engine keeps every key it has seen, and 100 slot keys a second keep that state small beside
+the words'; a record's send time is taken as its slot's middle, within 5 ms). When the output is
+collected (visible to the app), the app prints one JSON line: that time and those counts. A
+record's latency is the time its batch's output became visible minus its send time, measured the
+same way for all three. Only records sent inside the window (``--warmup`` seconds after the first
+output, for ``--seconds``) count: records out must equal records in.
+
+Fair to the anchor: the source starts pacing after each app's first output (Spark's socket source
+fetches row i of a micro-batch from a linked list by position, so a backlog at its start is slow
+for a reason that is not its engine); ``spark.sql.shuffle.partitions`` is 2 (its default 200 would
+run 200 tasks a batch on two cores); the receivers' block interval is half the batch interval, at
+most Spark's 200 ms; each row reports its largest batch. Durability: sparkwal fsyncs each receiver
+block before it is reported; pyspark.streaming's receiver WAL (Spark's ``FileBasedWriteAheadLog``)
+flushes, never fsyncs; Structured Streaming's socket source keeps no data log (its offsets are
+checkpointed, the lines are not).
+
+A row keeps up when the median latency of the window's last fifth is within the median of its
+first fifth plus one batch interval (a backlog that grows shows as growing latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+WORDS = "spark stream wal checkpoint batch driver executor record block offset"
+TS_KEY = "\x00ts:"  # the key each line also counts under: its send time's slot
+SLOT_MS = 10
+DURABILITY = {"sparkwal": "receiver WAL, fsync per block", "pyspark": "receiver WAL, hflush (no fsync)",
+              "structured": "no data log (socket source)"}
+
+
+# ---------------------------------------------------------------------------- the source (bench side)
+
+
+class PacedSource:
+    """Sends ``rate`` stamped lines a second to the one app connected, from :meth:`go` on."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sent_ms: list[float] = []  # the send time of every line sent, as its slot's middle
+        self.stopped, self.started = threading.Event(), threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def go(self) -> None:
+        self.started.set()
+
+    def _serve(self) -> None:
+        conns = []
+        self.server.settimeout(0.2)
+        while not self.started.is_set() and not self.stopped.is_set():
+            try:
+                conns.append(self.server.accept()[0])
+            except OSError:
+                continue
+        if not conns or self.stopped.is_set():
+            return
+        conn = conns[-1]  # a receiver restarted before the start connects again: the newest
+        start, sent = time.monotonic(), 0
+        try:
+            while not self.stopped.is_set():
+                due = int((time.monotonic() - start) * self.rate)
+                if due > sent:
+                    now_ms = int(time.time() * 1000)
+                    line = f"{now_ms // SLOT_MS} {WORDS}\n".encode()
+                    conn.sendall(line * (due - sent))
+                    self.sent_ms.extend([now_ms // SLOT_MS * SLOT_MS + SLOT_MS / 2] * (due - sent))
+                    sent = due
+                self.stopped.wait(0.002)
+        except OSError:
+            pass
+        conn.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.server.close()
+
+
+# ---------------------------------------------------------------------------- the apps (subprocess)
+
+
+def _emit(batch_id, rows) -> None:
+    """One batch's output is visible: its time and the counts of its keys (words and send ms)."""
+    visible_ms = time.time() * 1000
+    stamps = {k[len(TS_KEY):]: v for k, v in rows if isinstance(k, str) and k.startswith(TS_KEY)}
+    print(json.dumps({"visible_ms": visible_ms, "batch": batch_id, "rows": len(rows), "stamps": stamps}), flush=True)
+
+
+def _keys(line: str) -> list:
+    ts, _, text = line.partition(" ")
+    return [(w, 1) for w in text.split()] + [(TS_KEY + ts, 1)]
+
+
+def _running_total(key, value, state):
+    total = (state.get() if state.exists() else 0) + (value or 0)
+    state.update(total)
+    return key, total
+
+
+def _touched_total(new_values, old):
+    """updateStateByKey's running count; a key the batch did not touch is dropped, so that the
+    whole state is what the batch touched (every line holds every word: only the send-time
+    slots go, once output, as they would time out of a real app's state)."""
+    n = sum(new_values)
+    return (old or 0) + n if n else None
+
+
+def dstream_app(args) -> None:
+    from pyspark import SparkConf, SparkContext
+
+    conf = _conf(SparkConf(), args).set("spark.streaming.receiver.writeAheadLog.enable", "true")
+    conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms // 2)}ms")
+    if args.engine == "sparkwal":
+        from sparkwal import StreamingContext, StreamingListener
+        from sparkwal.engine import StateSpec
+    else:
+        from pyspark.streaming import StreamingContext
+        from pyspark.streaming.listener import StreamingListener
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    ssc = StreamingContext(sc, args.interval_ms / 1000)
+    ssc.checkpoint(os.path.join(args.workdir, "ckpt"))
+
+    class Delays(StreamingListener):
+        def onBatchCompleted(self, e):
+            info = e.batchInfo()
+            print(json.dumps({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
+                              "processing_ms": info.processingDelay(),
+                              "scheduling_ms": info.schedulingDelay()}), flush=True)
+
+    ssc.addStreamingListener(Delays())
+    counts = ssc.socketTextStream("127.0.0.1", args.port).flatMap(_keys).reduceByKey(lambda a, b: a + b)
+    if args.pipeline == "stateful" and args.engine == "sparkwal":
+        counts = counts.mapWithState(StateSpec.function(_running_total))
+    elif args.pipeline == "stateful":
+        counts = counts.updateStateByKey(_touched_total)
+    counts.foreachRDD(lambda t, rdd: _emit(int(t.timestamp() * 1000), rdd.collect()))
+    ssc.start()
+    ssc.awaitTerminationOrTimeout(args.seconds)
+    ssc.stop(stopSparkContext=True, stopGraceFully=False)
+
+
+def structured_app(args) -> None:
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = SparkSession.builder.config(conf=_conf(SparkConf(), args)).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    lines = (spark.readStream.format("socket").option("host", "127.0.0.1").option("port", args.port).load())
+    parts = F.split("value", " ")
+    keys = lines.select(F.explode(F.concat(F.slice(parts, 2, 64), F.array(F.concat(F.lit(TS_KEY), parts[0]))))
+                        .alias("key"))
+    if args.pipeline == "stateful":
+        def batch(df, batch_id):
+            _emit(batch_id, [(r[0], r[1]) for r in df.collect()])
+
+        query = keys.groupBy("key").count().writeStream.outputMode("update")
+    else:
+        def batch(df, batch_id):
+            _emit(batch_id, [(r[0], r[1]) for r in df.groupBy("key").count().collect()])
+
+        query = keys.writeStream
+    running = (query.foreachBatch(batch).trigger(processingTime="0 seconds")
+               .option("checkpointLocation", os.path.join(args.workdir, "ckpt")).start())
+    running.awaitTermination(args.seconds)
+    running.stop()
+    spark.stop()
+
+
+def _conf(conf, args):
+    return (conf.setMaster("local[3]").setAppName(f"latency-{args.engine}-{args.pipeline}")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1"))
+
+
+# ---------------------------------------------------------------------------- one row
+
+
+def measure(engine: str, pipeline: str, interval_ms: int, rate: int, warmup: float, seconds: float) -> dict:
+    source = PacedSource(rate)
+    workdir = tempfile.mkdtemp(prefix=f"latency-{engine}-")
+    drain = 5 + 3 * interval_ms / 1000
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.latency_bench", "app", "--engine", engine, "--pipeline", pipeline,
+         "--interval-ms", str(interval_ms), "--port", str(source.port), "--workdir", workdir,
+         "--seconds", str(warmup + seconds + drain + 60)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, PYTHONUNBUFFERED="1"))
+    events: list[dict] = []
+    first_output = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+                if "visible_ms" in events[-1]:
+                    first_output.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not first_output.wait(120):
+            return {"engine": engine, "pipeline": pipeline, "interval_ms": interval_ms, "rate": rate,
+                    "error": "no output within 120 s"}
+        source.go()
+        go_ms = time.time() * 1000
+        window = (go_ms + warmup * 1000, go_ms + (warmup + seconds) * 1000)
+        time.sleep(warmup + seconds + drain)
+    finally:
+        source.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return summarize(engine, pipeline, interval_ms, rate, events, source.sent_ms, window)
+
+
+def summarize(engine, pipeline, interval_ms, rate, events, sent_ms, window) -> dict:
+    lo, hi = window
+    sent = sum(1 for t in sent_ms if lo <= t < hi)
+    latencies: list[tuple[float, float]] = []  # (send ms, latency ms), one per record
+    totals: dict[str, int] = {}  # stateful outputs give running totals: this batch's records are the rise
+    largest = 0
+    for e in events:
+        if "visible_ms" not in e:
+            continue
+        lines = 0
+        for ts, count in e["stamps"].items():
+            previous = totals.get(ts, 0) if pipeline == "stateful" else 0
+            new = count - previous if count >= previous else count  # (a total dropped from state)
+            totals[ts] = count
+            lines += new
+            t = int(ts) * SLOT_MS + SLOT_MS / 2
+            if lo <= t < hi and new > 0:
+                latencies.extend([(t, e["visible_ms"] - t)] * new)
+        largest = max(largest, lines)
+    latencies.sort()
+    values = sorted(v for _, v in latencies)
+    fifth = max(1, len(latencies) // 5)
+    first = statistics.median(v for _, v in latencies[:fifth]) if latencies else None
+    last = statistics.median(v for _, v in latencies[-fifth:]) if latencies else None
+    delays = [e for e in events if "batch_ms" in e and lo <= e["batch_ms"] < hi]
+
+    def pct(p: float):
+        return round(values[min(len(values) - 1, int(p * len(values)))]) if values else None
+
+    return {"engine": engine, "pipeline": pipeline, "interval_ms": interval_ms, "rate": rate,
+            "records_in": sent, "records_out": len(values), "p50": pct(0.50), "p95": pct(0.95),
+            "p99": pct(0.99), "max": round(values[-1]) if values else None,
+            "keeps_up": bool(values) and last <= first + interval_ms,
+            "processing_p50_ms": statistics.median(d["processing_ms"] for d in delays) if delays else None,
+            "largest_batch": largest, "durability": DURABILITY[engine]}
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "app":
+        ap = argparse.ArgumentParser()
+        for name, kind in (("--engine", str), ("--pipeline", str), ("--interval-ms", int), ("--port", int),
+                           ("--workdir", str), ("--seconds", float)):
+            ap.add_argument(name, type=kind, required=True)
+        args = ap.parse_args(argv[1:])
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the bench has what it needs
+        (structured_app if args.engine == "structured" else dstream_app)(args)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--warmup", type=float, default=10)
+    ap.add_argument("--intervals", default="100,250,500,1000")
+    ap.add_argument("--rates", default="20000")
+    ap.add_argument("--pipelines", default="stateless,stateful")
+    ap.add_argument("--engines", default="sparkwal,pyspark,structured")
+    ap.add_argument("--json", help="also write every row here")
+    args = ap.parse_args(argv)
+    print("| pipeline | batch ms | lines/s | engine | records in / out | p50 | p95 | p99 | max ms | keeps up "
+          "| processing p50 ms | largest batch | durability |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
+    rows = []
+    for pipeline in args.pipelines.split(","):
+        for rate in (int(r) for r in args.rates.split(",")):
+            for n, interval in enumerate(int(i) for i in args.intervals.split(",")):
+                for engine in args.engines.split(","):
+                    if engine == "structured" and n:
+                        continue  # its trigger is 0 s, whatever the interval: one row per pipeline and rate
+                    r = measure(engine, pipeline, interval, rate, args.warmup, args.seconds)
+                    rows.append(r)
+                    if "error" in r:
+                        print(f"| {pipeline} | {interval} | {rate:,} | {engine} | {r['error']} |", flush=True)
+                        continue
+                    proc = r["processing_p50_ms"]
+                    shown = "trigger 0" if engine == "structured" else interval
+                    print(f"| {pipeline} | {shown} | {rate:,} | {engine} | {r['records_in']:,} / "
+                          f"{r['records_out']:,} | {r['p50']} | {r['p95']} | {r['p99']} | {r['max']} | "
+                          f"{'yes' if r['keeps_up'] else 'no'} | {'' if proc is None else proc} | "
+                          f"{r['largest_batch']:,} | {r['durability']} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
