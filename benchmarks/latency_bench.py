@@ -71,6 +71,7 @@ class PacedSource:
         self.port = self.server.getsockname()[1]
         self.sent_ms: list[float] = []  # the send time of every line sent, as its slot's middle
         self.stopped, self.started = threading.Event(), threading.Event()
+        self.pacing = threading.Event()  # set once lines flow: started, and an app connected
         threading.Thread(target=self._serve, daemon=True).start()
 
     def go(self) -> None:
@@ -79,7 +80,7 @@ class PacedSource:
     def _serve(self) -> None:
         conns = []
         self.server.settimeout(0.2)
-        while not self.started.is_set() and not self.stopped.is_set():
+        while not (self.started.is_set() and conns) and not self.stopped.is_set():
             try:
                 conns.append(self.server.accept()[0])
             except OSError:
@@ -88,6 +89,7 @@ class PacedSource:
             return
         conn = conns[-1]  # a receiver restarted before the start connects again: the newest
         start, sent = time.monotonic(), 0
+        self.pacing.set()
         try:
             while not self.stopped.is_set():
                 due = int((time.monotonic() - start) * self.rate)
@@ -234,7 +236,10 @@ def measure(engine: str, pipeline: str, interval_ms: int, rate: int, warmup: flo
         if not first_output.wait(120):
             return {"engine": engine, "pipeline": pipeline, "interval_ms": interval_ms, "rate": rate,
                     "error": "no output within 120 s"}
-        source.go()
+        source.go()  # (an app's first output may come before its receiver connects)
+        if not source.pacing.wait(60):
+            return {"engine": engine, "pipeline": pipeline, "interval_ms": interval_ms, "rate": rate,
+                    "error": "the app did not connect to the source within 60 s of its first output"}
         go_ms = time.time() * 1000
         window = (go_ms + warmup * 1000, go_ms + (warmup + seconds) * 1000)
         time.sleep(warmup + seconds + drain)
