@@ -61,7 +61,9 @@ def without_credentials(options: Mapping | None, mask: str | None = None) -> dic
     return kept or None
 
 
-_warned: set[str] = set()  # the URLs whose credentials were dropped from a task: said once each
+#: the sets of option names already said to be dropped from a task: each said once per process (not
+#: once per URL: a stream writes a state snapshot of a new name every few batches)
+_warned: set[tuple[str, ...]] = set()
 
 
 class StorageLocation:
@@ -139,8 +141,8 @@ class StorageLocation:
 
     def __getstate__(self) -> tuple:
         dropped = credential_options(self.options)
-        if dropped and self.url not in _warned:
-            _warned.add(self.url)
+        if dropped and tuple(dropped) not in _warned:
+            _warned.add(tuple(dropped))
             log.warning("%s: the storage options %s look like credentials and are not sent to tasks "
                         "(executors take credentials from their environment)", self.url, ", ".join(dropped))
         return (self.url, without_credentials(self.options), self.policy)

@@ -44,9 +44,9 @@ def write_snapshot(rows: RDD, url: str | StorageLocation, *, time_ms: int, base_
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
     snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
     left (of any epoch: none is referenced, or this one would not be written); return its manifest.
-    ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's leadership, checked before the
-    driver deletes or writes anything (its epoch is recorded; ``url`` names it, see
-    :mod:`sparkwal.checkpoint.state_files`)."""
+    ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's
+    leadership, checked before the driver deletes or writes anything (its epoch is recorded;
+    ``url`` names it, see :mod:`sparkwal.checkpoint.state_files`)."""
     if fence is not None:
         fence.check()
     where = StorageLocation.of(url, storage_options)
