@@ -157,9 +157,12 @@ def dstream_app(args) -> None:
     class Delays(StreamingListener):
         def onBatchCompleted(self, e):
             info = e.batchInfo()
+            phases = dict(getattr(info, "breakdown", None) or {})  # sparkwal's (pyspark.streaming has none)
+            for op_id, op in sorted(info.outputOperationInfos().items()):
+                phases.update({f"op{op_id}.{k}": v for k, v in (getattr(op, "breakdown", None) or {}).items()})
             print(json.dumps({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
                               "processing_ms": info.processingDelay(),
-                              "scheduling_ms": info.schedulingDelay()}), flush=True)
+                              "scheduling_ms": info.schedulingDelay(), "breakdown": phases}), flush=True)
 
     ssc.addStreamingListener(Delays())
     counts = ssc.socketTextStream("127.0.0.1", args.port).flatMap(_keys).reduceByKey(lambda a, b: a + b)
@@ -203,6 +206,9 @@ def structured_app(args) -> None:
 
 
 def _conf(conf, args):
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        conf.set(key, value)
     return (conf.setMaster("local[3]").setAppName(f"latency-{args.engine}-{args.pipeline}")
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1"))
@@ -211,14 +217,15 @@ def _conf(conf, args):
 # ---------------------------------------------------------------------------- one row
 
 
-def measure(engine: str, pipeline: str, interval_ms: int, rate: int, warmup: float, seconds: float) -> dict:
+def measure(engine: str, pipeline: str, interval_ms: int, rate: int, warmup: float, seconds: float,
+            conf: tuple[str, ...] = ()) -> dict:
     source = PacedSource(rate)
     workdir = tempfile.mkdtemp(prefix=f"latency-{engine}-")
     drain = 5 + 3 * interval_ms / 1000
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.latency_bench", "app", "--engine", engine, "--pipeline", pipeline,
          "--interval-ms", str(interval_ms), "--port", str(source.port), "--workdir", workdir,
-         "--seconds", str(warmup + seconds + drain + 60)],
+         "--seconds", str(warmup + seconds + drain + 60), *(f"--conf={c}" for c in conf)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, PYTHONUNBUFFERED="1"))
     events: list[dict] = []
@@ -288,7 +295,30 @@ def summarize(engine, pipeline, interval_ms, rate, events, sent_ms, window) -> d
             "p99": pct(0.99), "max": round(values[-1]) if values else None,
             "keeps_up": bool(values) and last <= first + interval_ms,
             "processing_p50_ms": statistics.median(d["processing_ms"] for d in delays) if delays else None,
+            "median_batch": median_batch(delays),
             "largest_batch": largest, "durability": DURABILITY[engine]}
+
+
+def median_batch(delays: list[dict]) -> dict | None:
+    """The batch of median processing time in the window: its processing and scheduling delay
+    and where its time went (sparkwal's breakdown; pyspark.streaming reports none)."""
+    timed = sorted((d for d in delays if d.get("processing_ms") is not None and d["processing_ms"] >= 0),
+                   key=lambda d: d["processing_ms"])
+    if not timed:
+        return None
+    d = timed[len(timed) // 2]
+    return {"batch_ms": d["batch_ms"], "records": d["records"], "processing_ms": d["processing_ms"],
+            "scheduling_ms": d["scheduling_ms"], "breakdown": d.get("breakdown") or {}}
+
+
+def breakdown_line(row: dict) -> str | None:
+    batch = row.get("median_batch")
+    if not batch or not batch["breakdown"]:
+        return None
+    phases = ", ".join(f"{k} {v:g}" for k, v in batch["breakdown"].items())
+    return (f"- {row['engine']} {row['pipeline']} {row['interval_ms']} ms at {row['rate']:,} lines/s, median batch "
+            f"({batch['records']:,} records, processing {batch['processing_ms']} ms, scheduling delay "
+            f"{batch['scheduling_ms']} ms): {phases} (ms)")
 
 
 # ---------------------------------------------------------------------------- the table
@@ -301,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, kind in (("--engine", str), ("--pipeline", str), ("--interval-ms", int), ("--port", int),
                            ("--workdir", str), ("--seconds", float)):
             ap.add_argument(name, type=kind, required=True)
+        ap.add_argument("--conf", action="append", default=[])
         args = ap.parse_args(argv[1:])
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the bench has what it needs
         (structured_app if args.engine == "structured" else dstream_app)(args)
@@ -313,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelines", default="stateless,stateful")
     ap.add_argument("--engines", default="sparkwal,pyspark,structured")
     ap.add_argument("--json", help="also write every row here")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark conf setting for the sparkwal and pyspark.streaming apps (repeatable)")
     args = ap.parse_args(argv)
     print("| pipeline | batch ms | lines/s | engine | records in / out | p50 | p95 | p99 | max ms | keeps up "
           "| processing p50 ms | largest batch | durability |")
@@ -324,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                 for engine in args.engines.split(","):
                     if engine == "structured" and n:
                         continue  # its trigger is 0 s, whatever the interval: one row per pipeline and rate
-                    r = measure(engine, pipeline, interval, rate, args.warmup, args.seconds)
+                    r = measure(engine, pipeline, interval, rate, args.warmup, args.seconds,
+                                tuple(args.conf) if engine != "structured" else ())
                     rows.append(r)
                     if "error" in r:
                         print(f"| {pipeline} | {interval} | {rate:,} | {engine} | {r['error']} |", flush=True)
@@ -335,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['records_out']:,} | {r['p50']} | {r['p95']} | {r['p99']} | {r['max']} | "
                           f"{'yes' if r['keeps_up'] else 'no'} | {'' if proc is None else proc} | "
                           f"{r['largest_batch']:,} | {r['durability']} |", flush=True)
+    lines = [line for line in map(breakdown_line, rows) if line]
+    if lines:
+        print("\nWhere the median batch's time went:")
+        print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -20,7 +20,8 @@ Each WAL record is one event, a UTF-8 JSON object with an ``"event"`` key and ``
 
     batch       a completed batch: batchTime, submissionTime, processingStartTime,
                 processingEndTime, inputs {streamId: records}, ops [{id, name, description,
-                startTime, endTime, failureReason | null, jobIds}]
+                startTime, endTime, failureReason | null, jobIds, breakdown {phase: ms}}],
+                breakdown {phase: ms} (where its time went; older records have none)
     checkpoint  checkpointTime, epoch, tookMs, bytes
     receiver    kind (started | error | stopped), streamId, name, active, executorId, host,
                 lastErrorTime, lastErrorMessage, lastError

@@ -39,6 +39,7 @@ from sparkwal.wal.retry import DEADLINE_ENV
 
 from .compat import supports
 from . import config
+from .jvm_view import cache_class_lookups
 from .config import ConfigError, StreamingConf
 from .errors import EngineError
 
@@ -187,6 +188,7 @@ def prepare(sc, settings: StreamingConf) -> None:
             ship_code(sc)
             _mark_done(sc, "code shipped")
     configure_local_workers(sc, settings)
+    cache_class_lookups(sc)
     check = settings[config.CHECK_EXECUTORS]
     if check == "true" or (check == "auto" and (not is_local_master(master) or not is_drivers_python(python))):
         if not _done(sc, "executors checked"):

@@ -16,10 +16,11 @@ MAX_LINES = 450
 TOP_MODULES = {"sparkwal.errors", "sparkwal.service"}
 
 #: Private names of other projects that have no public equivalent: PySpark's Py4J gateway and
-#: JVM handles (the brief allows Spark core's JVM API through Py4J), confluent-kafka's
-#: end-of-partition code, and CPython's frame access for creation sites.
+#: JVM handles (the brief allows Spark core's JVM API through Py4J), a Py4J class's name and
+#: gateway (engine/jvm_view.py keeps the classes it looked up), confluent-kafka's end-of-partition
+#: code, and CPython's frame access for creation sites.
 FOREIGN_PRIVATE = {"_jvm", "_jsc", "_jrdd", "_jrdd_deserializer", "_active_spark_context",
-                   "_PARTITION_EOF", "_getframe"}
+                   "_fqn", "_gateway_client", "_PARTITION_EOF", "_getframe"}
 
 
 def modules() -> dict[str, Path]:

@@ -125,6 +125,14 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
         for b in batches:  # the REST API's delays are the listener's
             assert b["processingTime"] == listener[b["batchId"]].processing_delay_ms
             assert b["schedulingDelay"] == listener[b["batchId"]].scheduling_delay_ms
+        for b in batches:  # where each batch's time went: the listener's phases, as the API shows them
+            phases = listener[b["batchId"]].breakdown
+            assert b["breakdown"] == phases, b
+            assert {"generation", "blockAllocation", "graph", "commit"} <= set(phases)
+            assert min(phases.values()) >= 0 and phases["generation"] >= phases["graph"]
+        spark_op = listener[1500].output_operation_infos[0]  # its Spark job: submit, tasks, collect
+        assert set(spark_op.breakdown) == {"submit", "tasks", "collect"}
+        assert min(spark_op.breakdown.values()) >= 0 and ops[0]["breakdown"] == spark_op.breakdown
         assert app.api("receivers") == []
         runs = app.api("recoveries")
         assert [(r["kind"], r["epoch"]) for r in runs] == [("new", 1)]
@@ -138,6 +146,7 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
         assert page.count("<svg") == 8 and "<script>" not in page
         status, batch_page = get(f"{url}/streaming/batch/?id=1500")
         assert status == 200 and "&lt;script&gt;alert(1)&lt;/script&gt;" in batch_page and "<script>" not in batch_page
+        assert "Where the time went" in batch_page and "blockAllocation" in batch_page
         dom = browser_dom(f"{url}/streaming/batch/?id=1500", tmp_path)  # as a browser shows it: text, not a script
         assert "ValueError: &lt;script&gt;alert(1)&lt;/script&gt; in batch" in dom and "<script" not in dom
         assert "Failed" in dom and "Output Operations" in dom

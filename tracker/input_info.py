@@ -44,6 +44,27 @@ class StreamInputInfo:
         return self.num_records
 
 
+#: An output operation's phases (``OutputOperationInfo.breakdown``), in order. ``submit``: from
+#: the operation's start until its first Spark stage was submitted (the user's function, the RDDs'
+#: Python functions pickled and handed to the JVM, Spark's DAG scheduler); ``tasks``: from there
+#: until its last stage was submitted (the stages before the last one: a shuffle's map side);
+#: ``collect``: the last stage's tasks and its results back in the driver's Python, until the
+#: operation ended. Taken from Spark's status tracker (stage submission times) as the operation
+#: ends; a phase it has no times for is left out.
+OPERATION_PHASES = ("submit", "tasks", "collect")
+
+#: A batch's phases on the driver (``BatchInfo.breakdown``), in order, in ms. ``generation``: the
+#: batch turned into jobs on the generator's thread, made of ``blockAllocation`` (the receivers'
+#: blocks allocated to it, the allocation written to the block tracker's WAL and synced),
+#: ``batchLog`` (a direct stream's ranges planned and logged, synced), ``leadership`` (the
+#: driver's epoch confirmed) and ``graph`` (the batch's RDDs built); ``checkpointWrite``: its
+#: checkpoint written (off the batch's path, on the checkpoint writer's thread; present once
+#: written by the time the batch completes); ``commit``: what follows its last output (its batch
+#: log's done mark, state snapshots, the direct streams' and receivers' completion steps).
+BATCH_PHASES = ("generation", "blockAllocation", "batchLog", "leadership", "graph", "checkpointWrite",
+                "commit")
+
+
 @dataclass(frozen=True)
 class OutputOperationInfo:
     """One output operation (e.g. a foreachRDD) of one batch; times in ms, -1 while unknown."""
@@ -55,6 +76,8 @@ class OutputOperationInfo:
     end_time_ms: int = -1
     failure: str | None = None
     job_ids: tuple[int, ...] = ()  #: the Spark jobs it ran (Spark's ``OutputOpIdAndSparkJobId`` pairs)
+    #: where the operation's time went, in ms (:data:`OPERATION_PHASES`; absent: not known)
+    breakdown: dict[str, float] = field(default_factory=dict)
 
     # pyspark.streaming's accessors
     def batchTime(self) -> Time:
@@ -91,6 +114,9 @@ class BatchInfo:
     processing_end_time_ms: int | None = None
     #: output operation id -> its OutputOperationInfo in this batch (as Spark's BatchInfo)
     output_operation_infos: dict[int, OutputOperationInfo] = field(default_factory=dict)
+    #: where the batch's time went on the driver, in ms (:data:`BATCH_PHASES`; absent: not known
+    #: yet, or the batch had no such step)
+    breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
     def scheduling_delay_ms(self) -> int | None:

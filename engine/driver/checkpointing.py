@@ -25,6 +25,7 @@ from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
 
 from ..host import DriverFacts
+from .breakdown import RecentDurations
 
 if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
@@ -71,6 +72,7 @@ class Checkpointing:
         self._floors_lock = threading.Lock()  # not the driver's lock: stop() holds that while the writer ends
         self.written = 0
         self._code_parts_cleaned = False
+        self.write_ms = RecentDurations()  #: batch time -> how long its first checkpoint took to write
 
     def on_written(self, time_ms: int) -> int:
         """Once a checkpoint is durable, forget the block allocations no restart from it can need
@@ -97,7 +99,9 @@ class Checkpointing:
             except Exception as e:  # noqa: BLE001
                 log.warning("could not delete old code parts in %s: %s", driver.checkpoint_dir, e)
         driver.snapshots.on_checkpoint_written()
-        return int((time.monotonic() - handed) * 1000)
+        took_ms = (time.monotonic() - handed) * 1000
+        self.write_ms.record(time_ms, round(took_ms, 1))
+        return int(took_ms)
 
     def checkpoint(self, time_ms: int, clear_later: bool) -> None:
         """The checkpoint of ``time_ms``: at its generation, and at its completion (``clear_later``).

@@ -436,6 +436,9 @@ class Driver:
     def do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
         self.checkpointing.checkpoint(time_ms, clear_later)
 
+    def checkpoint_write_ms(self, time_ms: int) -> float | None:
+        return self.checkpointing.write_ms.get(time_ms)
+
     def on_checkpoint_written(self, time_ms: int) -> None:
         took_ms = self.checkpointing.on_written(time_ms)
         self.events.post(StreamingListenerCheckpointWritten(time_ms, self.leader_epoch, took_ms,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
+from .breakdown import Phases, SparkJobs
 from .timer import RecurringTimer
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
@@ -66,6 +67,7 @@ class SchedulerHost(DriverFacts, Protocol):
     def cleanup_old_blocks(self, thresh_ms: int) -> None: ...
     def max_remember_ms(self) -> int: ...
     def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
+    def checkpoint_write_ms(self, time_ms: int) -> float | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class _JobSet:
     done: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     ops: dict[int, OutputOperationInfo] = field(default_factory=dict)
+    breakdown: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ops = {j.output_op_id: OutputOperationInfo(self.time_ms, j.output_op_id, j.op_name)
@@ -113,8 +116,9 @@ class _JobSet:
     def info(self) -> BatchInfo:
         with self.lock:
             ops = dict(self.ops)
+            breakdown = dict(self.breakdown)
         return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms,
-                         ops)
+                         ops, breakdown)
 
 
 class JobScheduler:
@@ -125,22 +129,26 @@ class JobScheduler:
         self._pending: dict[int, _JobSet] = {}
         self._lock = threading.Condition()
         self._abandoned = False  # a stop gave up on the queued batches: none starts any more
+        self._spark_jobs = SparkJobs(driver.sc)
 
     def pending_times(self) -> list[int]:
         with self._lock:
             return sorted(self._pending)
 
-    def submit(self, time_ms: int, jobs: list[Job], input_infos: dict, due_ms: int | None = None) -> None:
+    def submit(self, time_ms: int, jobs: list[Job], input_infos: dict, due_ms: int | None = None,
+               breakdown: dict[str, float] | None = None) -> None:
         """``due_ms``: when the batch was due to be generated (default: now). It is the batch's
         submission time, so a batch generated late (held for its state's lineage, or queued
         behind a snapshot on the generator's thread) counts that wait in its scheduling delay:
-        "caught up" is never said of a stream that is still late."""
+        "caught up" is never said of a stream that is still late. ``breakdown``: its generation's
+        phases (:mod:`.breakdown`)."""
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
             self._driver.on_batch_done(time_ms, None)
             return
         now = self._driver.clock.now_ms()
-        js = _JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now))
+        js = _JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now),
+                     breakdown=dict(breakdown or {}))
         with self._lock:
             self._pending[time_ms] = js
         self._driver.events.post(StreamingListenerBatchSubmitted(js.info()))
@@ -166,7 +174,7 @@ class JobScheduler:
         group = job_group(js.time_ms, job.output_op_id)
         sc.setJobGroup(group, f"streaming batch {js.time_ms}, output operation {job.output_op_id}: {job.op_name}",
                        interruptOnCancel=True)
-        now = driver.clock.now_ms()
+        now, start_wall_ms = driver.clock.now_ms(), time.time() * 1000
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
         if js.op_started(op):
             driver.events.post(StreamingListenerBatchStarted(js.info()))
@@ -181,16 +189,24 @@ class JobScheduler:
             driver.report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
-        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, driver.clock.now_ms(), failure,
-                                 spark_job_ids(sc, group))
+        end, end_wall_ms, job_ids = driver.clock.now_ms(), time.time() * 1000, self._spark_jobs.job_ids(group)
+        op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, end, failure, job_ids,
+                                 self._spark_jobs.operation_phases(job_ids, start_wall_ms, end_wall_ms))
         driver.events.post(StreamingListenerOutputOperationCompleted(op))
         if js.op_completed(op, self._driver.clock.now_ms()):
             with self._lock:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
             js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
+            phases = Phases()
+            with phases.phase("commit"):
+                self._driver.on_batch_done(js.time_ms, js.info())
+            written_ms = self._driver.checkpoint_write_ms(js.time_ms)
+            with js.lock:
+                if written_ms is not None:
+                    js.breakdown["checkpointWrite"] = written_ms
+                js.breakdown.update(phases.ms)
             info = js.info()
-            self._driver.on_batch_done(js.time_ms, info)
             # queued before listeners hear of it: a stop they make then still checkpoints it
             self._driver.generator.on_batch_completion(js.time_ms)
             self._driver.events.post(StreamingListenerBatchCompleted(info))
@@ -246,10 +262,7 @@ def job_group(time_ms: int, output_op_id: int) -> str:
 
 def spark_job_ids(sc, group: str) -> tuple[int, ...]:
     """The Spark jobs an output operation ran (Spark's status tracker; none once it forgot them)."""
-    try:
-        return tuple(sorted(sc.statusTracker().getJobIdsForGroup(group)))
-    except Exception:  # noqa: BLE001 (a stopping SparkContext: the ids are only for show)
-        return ()
+    return SparkJobs(sc).job_ids(group)
 
 
 class JobGenerator:
@@ -340,18 +353,24 @@ class JobGenerator:
         driver = self._driver
         with self._queued_lock:
             due_ms = self._due_ms.pop(time_ms, None)
+        phases = Phases()
         try:
-            driver.block_tracker.allocate_blocks_to_batch(time_ms)  # first: the batch's blocks
-            if not driver.plan_batch(time_ms):  # ranges planned and logged, unless committed
-                return
-            driver.confirm_leadership()  # outputs run only under an epoch confirmed current
-            jobs = driver.graph.generate_jobs(time_ms)
+            with phases.phase("generation"):
+                with phases.phase("blockAllocation"):  # first: the batch's blocks
+                    driver.block_tracker.allocate_blocks_to_batch(time_ms)
+                with phases.phase("batchLog"):  # ranges planned and logged, unless committed
+                    if not driver.plan_batch(time_ms):
+                        return
+                with phases.phase("leadership"):  # outputs run only under an epoch confirmed current
+                    driver.confirm_leadership()
+                with phases.phase("graph"):
+                    jobs = driver.graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
             driver.report_error(e, time_ms)
             return
         if jobs:  # its completion is processed by _clear_metadata (no jobs: none)
             self._in_flight.add(time_ms)
-        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms), due_ms)
+        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms), due_ms, phases.ms)
         driver.do_checkpoint(time_ms, clear_later=False)
 
     def rerun(self, times_ms: list[int]) -> None:

@@ -205,6 +205,17 @@ def _storage_panel(checkpoints: list[dict], sample: dict | None, view: dict) -> 
     return "".join(parts)
 
 
+def _ms_fraction(ms) -> str:
+    return escape(f"{float(ms):.1f} ms") if isinstance(ms, (int, float)) else "-"
+
+
+def _op_phases(phases: dict) -> str:
+    """An operation's Spark job split (``submit``, ``tasks``, ``collect``), or "-"."""
+    if not phases:
+        return "-"
+    return " / ".join(_ms_fraction(phases.get(name)) for name in ("submit", "tasks", "collect"))
+
+
 def batch_page(view: dict, batch_id: int) -> str | None:
     status, prefix = view["status"], view.get("prefix", "")
     found = status.find_batch(batch_id)
@@ -219,6 +230,11 @@ def batch_page(view: dict, batch_id: int) -> str | None:
             f"<li>Scheduling delay: {_ms(scheduling)}</li><li>Processing time: {_ms(processing)}</li>",
             f"<li>Total delay: {_ms(total)}</li><li>Status: {escape(state)}</li></ul>",
             f"<p><a href='{prefix}/streaming/'>Back to Streaming Statistics</a></p>"]
+    phases = b.get("breakdown") or {}
+    if phases:
+        body.append("<h2>Where the time went (driver)</h2>")
+        body.append(_table(["Phase", "Duration"], [[escape(str(name)), _ms_fraction(ms)]
+                                                   for name, ms in phases.items()], "breakdown"))
     rows = []
     for op in sorted(b.get("ops") or [], key=lambda o: o["id"]):
         start, end = op.get("startTime"), op.get("endTime")
@@ -230,8 +246,9 @@ def batch_page(view: dict, batch_id: int) -> str | None:
                      _ms(end - start) if start is not None and end is not None else "-",
                      ("<span class='failed'>Failed</span>" if failed
                       else "Succeeded" if end is not None else "Running"),
-                     jobs or "-", f"<pre class='failed'>{escape(failed)}</pre>" if failed else ""])
+                     jobs or "-", _op_phases(op.get("breakdown") or {}),
+                     f"<pre class='failed'>{escape(failed)}</pre>" if failed else ""])
     body.append("<h2>Output Operations</h2>")
-    body.append(_table(["Output Op Id", "Description", "Output Op Duration", "Status", "Job Id", "Error"],
-                       rows, "operations"))
+    body.append(_table(["Output Op Id", "Description", "Output Op Duration", "Status", "Job Id",
+                        "Submit / tasks / collect", "Error"], rows, "operations"))
     return _page(f"Batch {when}", "".join(body))

@@ -30,7 +30,8 @@ def op_record(op) -> dict:
             "startTime": op.start_time_ms if op.start_time_ms >= 0 else None,
             "endTime": op.end_time_ms if op.end_time_ms >= 0 else None,
             "failureReason": _text(op.failure) if op.failure else None,
-            "jobIds": list(getattr(op, "job_ids", ()) or ())}
+            "jobIds": list(getattr(op, "job_ids", ()) or ()),
+            "breakdown": dict(getattr(op, "breakdown", None) or {})}
 
 
 def batch_record(info, now_ms: int) -> dict:
@@ -40,7 +41,8 @@ def batch_record(info, now_ms: int) -> dict:
             "processingEndTime": info.processing_end_time_ms,
             "inputs": {str(k): v.num_records for k, v in info.stream_id_to_input_info.items()},
             "numOutputOps": len(info.output_operation_infos),
-            "ops": [op_record(op) for _, op in sorted(info.output_operation_infos.items())]}
+            "ops": [op_record(op) for _, op in sorted(info.output_operation_infos.items())],
+            "breakdown": dict(getattr(info, "breakdown", None) or {})}
 
 
 class Recorder(StreamingListener):

@@ -205,6 +205,7 @@ class RunStatus:
             "numFailedOutputOps": len(failures),
             "numTotalOutputOps": b.get("numOutputOps", len(ops)),
             "firstFailureReason": failures[0] if failures else None,
+            "breakdown": b.get("breakdown") or None,
         })
 
     def batches_view(self, statuses=STATUSES) -> list[dict]:
@@ -251,6 +252,7 @@ def operation_view(op: dict) -> dict:
         "duration": end - start if start is not None and end is not None else None,
         "failureReason": op.get("failureReason") or None,
         "jobIds": list(op.get("jobIds") or []),
+        "breakdown": op.get("breakdown") or None,
     })
 
 

@@ -1,0 +1,110 @@
+"""Where a batch's time goes: the driver's steps of each batch timed as they run, and each
+output operation's Spark job split by its stages' submission times (the phases are named in
+:data:`sparkwal.tracker.input_info.BATCH_PHASES` and ``OPERATION_PHASES``).
+
+Durations are real elapsed time (``time.perf_counter``), whatever clock drives the batches (a
+``ManualClock`` in tests moves batch times, not the work's duration). Spark's stage submission
+times are its wall clock's, so an operation's phases are measured against ``time.time()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+class Phases:
+    """A batch's phase durations in ms, in the order they ran; a phase run twice adds up."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        self.ms.setdefault(name, 0.0)  # listed in the order the phases began (an outer one first)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] = round(self.ms.get(name, 0.0) + _ms(time.perf_counter() - start), 1)
+
+
+class RecentDurations:
+    """The last ``keep`` durations recorded by batch time (a checkpoint's write, read once its
+    batch completes); older ones are forgotten, so memory stays bounded."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._keep = keep
+        self._ms: OrderedDict[int, float] = OrderedDict()
+        self._lock = threading.Lock()  # recorded on the checkpoint writer's thread, read on a job's
+
+    def record(self, time_ms: int, took_ms: float) -> None:
+        with self._lock:
+            if time_ms not in self._ms:  # a batch time's first write is the one its batch waits on
+                self._ms[time_ms] = took_ms
+                while len(self._ms) > self._keep:
+                    self._ms.popitem(last=False)
+
+    def get(self, time_ms: int) -> float | None:
+        with self._lock:
+            return self._ms.get(time_ms)
+
+
+class SparkJobs:
+    """A context's Spark jobs and stages, from Java's ``SparkStatusTracker`` in few Py4J calls
+    (each is a round trip to the JVM, and a 100 ms batch has few to spare): the tracker is looked
+    up once, and an id array comes back as one string instead of one call per element."""
+
+    def __init__(self, sc) -> None:
+        self._sc = sc
+        self._tracker: Any = None
+        self._to_string: Any = None
+
+    def _ints(self, java_array) -> list[int]:
+        if self._to_string is None:
+            self._to_string = getattr(self._sc._jvm, "java.util.Arrays").toString
+        text = self._to_string(java_array) if java_array is not None else "[]"
+        return [int(part) for part in text.strip("[]").split(",") if part.strip()]
+
+    def tracker(self):
+        if self._tracker is None:
+            self._tracker = self._sc._jsc.statusTracker()
+        return self._tracker
+
+    def job_ids(self, group: str) -> tuple[int, ...]:
+        """The Spark jobs of a job group (none once Spark forgot them, or the context stops)."""
+        try:
+            return tuple(sorted(self._ints(self.tracker().getJobIdsForGroup(group))))
+        except Exception:  # noqa: BLE001 (a stopping SparkContext: the ids are only for show)
+            return ()
+
+    def operation_phases(self, job_ids: tuple[int, ...], start_wall_ms: float, end_wall_ms: float) -> dict:
+        """An output operation's ``submit``, ``tasks`` and ``collect`` in ms, from the submission
+        times of its jobs' stages; empty when Spark has no times for them."""
+        if not job_ids:
+            return {}
+        submitted = []
+        try:
+            tracker = self.tracker()
+            for job_id in job_ids:
+                job = tracker.getJobInfo(job_id)
+                for stage_id in self._ints(job.stageIds()) if job is not None else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    when = stage.submissionTime() if stage is not None else -1
+                    if when is not None and when > 0:  # a skipped stage was never submitted
+                        submitted.append(when)
+        except Exception:  # noqa: BLE001 (a stopping SparkContext: the phases are only for show)
+            return {}
+        if not submitted:
+            return {}
+        first = max(min(submitted), start_wall_ms)
+        last = min(max(max(submitted), first), end_wall_ms)
+        return {"submit": round(first - start_wall_ms, 1), "tasks": round(last - first, 1),
+                "collect": round(end_wall_ms - last, 1)}
