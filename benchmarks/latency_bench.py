@@ -2,6 +2,7 @@
 
     python -m benchmarks.latency_bench [--seconds 20] [--warmup 10] [--intervals 100,250,500,1000]
         [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,pyspark,structured]
+        [--conf KEY=VALUE ...] [--json FILE]
 
 A paced TCP source in this process sends ``--rates`` lines a second (10 words each, stamped with
 the wall-clock millisecond they were sent, in slices every 2 ms) to one app at a time, a
@@ -33,6 +34,11 @@ most Spark's 200 ms; each row reports its largest batch. Durability: sparkwal fs
 block before it is reported; pyspark.streaming's receiver WAL (Spark's ``FileBasedWriteAheadLog``)
 flushes, never fsyncs; Structured Streaming's socket source keeps no data log (its offsets are
 checkpointed, the lines are not).
+
+After the table: Spark's own floor for a short batch of the stateless pipeline (the same RDDs as
+one plain PySpark job, warmed, nothing else running: what no engine that runs a Spark job per batch
+can go under on this machine), and where the median batch's time went in each sparkwal row (its
+``BatchInfo.breakdown`` and its output operation's ``submit``/``tasks``/``collect``, in ms).
 
 A row keeps up when the median latency of the window's last fifth is within the median of its
 first fifth plus one batch interval (a backlog that grows shows as growing latency).
@@ -205,6 +211,46 @@ def structured_app(args) -> None:
     spark.stop()
 
 
+def floor_app(args) -> None:
+    """Spark's own floor for one batch of the stateless pipeline: the same RDDs (two partitions of
+    ``--lines`` stamped lines, ``flatMap``, ``reduceByKey``, ``collect``) built and run as a plain
+    PySpark job, again and again on a warmed context with the same conf and nothing else running
+    (no receiver, no WAL, no streaming engine); Python workers over Unix sockets where the Spark
+    has them, as sparkwal sets them. Prints the p50 and p99 of a job's time, from building its
+    RDDs to its results in the driver."""
+    from pyspark import SparkConf, SparkContext
+
+    conf = _conf(SparkConf(), args)
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    from sparkwal.engine.cluster import unix_sockets_for_workers  # as sparkwal's start() sets it
+
+    unix_sockets_for_workers(sc)
+    half = [f"{int(time.time() * 1000) // SLOT_MS} {WORDS}"] * max(1, args.lines // 2)
+    times = []
+    for n in range(40 + 100):
+        start = time.perf_counter()
+        sc.parallelize([half, half], 2).flatMap(lambda part: part).flatMap(_keys) \
+            .reduceByKey(lambda a, b: a + b).collect()
+        if n >= 40:  # warmed
+            times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    print(json.dumps({"floor_lines": args.lines, "p50": round(statistics.median(times), 1),
+                      "p99": round(times[int(0.99 * len(times))], 1)}), flush=True)
+    sc.stop()
+
+
+def spark_floor(lines: int) -> dict | None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.latency_bench", "app", "--engine", "floor", "--pipeline", "stateless",
+         "--interval-ms", "0", "--port", "0", "--workdir", tempfile.gettempdir(), "--seconds", "0",
+         "--lines", str(lines)],
+        capture_output=True, text=True, timeout=600, start_new_session=True,
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable))
+    found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"floor_lines"')]
+    return found[0] if found else None
+
+
 def _conf(conf, args):
     for setting in args.conf:
         key, _, value = setting.partition("=")
@@ -313,6 +359,8 @@ def median_batch(delays: list[dict]) -> dict | None:
 
 def breakdown_line(row: dict) -> str | None:
     batch = row.get("median_batch")
+    if "floor" in row:
+        return None
     if not batch or not batch["breakdown"]:
         return None
     phases = ", ".join(f"{k} {v:g}" for k, v in batch["breakdown"].items())
@@ -332,9 +380,10 @@ def main(argv: list[str] | None = None) -> int:
                            ("--workdir", str), ("--seconds", float)):
             ap.add_argument(name, type=kind, required=True)
         ap.add_argument("--conf", action="append", default=[])
+        ap.add_argument("--lines", type=int, default=0)
         args = ap.parse_args(argv[1:])
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the bench has what it needs
-        (structured_app if args.engine == "structured" else dstream_app)(args)
+        {"structured": structured_app, "floor": floor_app}.get(args.engine, dstream_app)(args)
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20)
@@ -369,6 +418,18 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['records_out']:,} | {r['p50']} | {r['p95']} | {r['p99']} | {r['max']} | "
                           f"{'yes' if r['keeps_up'] else 'no'} | {'' if proc is None else proc} | "
                           f"{r['largest_batch']:,} | {r['durability']} |", flush=True)
+    floors = []
+    if "stateless" in args.pipelines.split(","):
+        for rate in (int(r) for r in args.rates.split(",")):
+            for interval in (int(i) for i in args.intervals.split(",")):
+                if interval <= 250:
+                    floor = spark_floor(rate * interval // 1000)
+                    if floor is not None:
+                        floors.append(floor)
+                        print(f"\nSpark's floor, one {interval} ms batch at {rate:,} lines/s as a plain PySpark job "
+                              f"({floor['floor_lines']:,} lines, flatMap, reduceByKey, collect; warmed, nothing "
+                              f"else running): p50 {floor['p50']} ms, p99 {floor['p99']} ms", flush=True)
+    rows.extend({"floor": f} for f in floors)
     lines = [line for line in map(breakdown_line, rows) if line]
     if lines:
         print("\nWhere the median batch's time went:")
