@@ -125,6 +125,14 @@ FILE_MIN_REMEMBER = _entry("spark.streaming.fileStream.minRememberDuration", "du
                            unit="s", minimum=1, fallback=MIN_REMEMBER.key)
 LEASE_TIMEOUT = _entry("spark.streaming.driver.leaseTimeout", "duration", 30_000,
                        "how long a dead driver's leadership lease holds on an object store", unit="s", minimum=1)
+COALESCE_DOWNTIME = _entry(
+    "spark.sparkwal.recovery.coalesceDowntime", "bool", False,
+    "a restart runs the input of the batch times it missed while down as one batch, the first new one, "
+    "where the program allows it (stateless, no windows); false: Spark's, every missed batch time runs")
+EMPTY_BATCH_SHORTCUT = _entry(
+    "spark.sparkwal.emptyBatch.shortcut", "bool", True,
+    "a batch whose inputs are empty builds no RDDs for sparkwal's own operations and runs no tasks "
+    "for them: their result is an RDD of no partitions (false: Spark's, e.g. N empty partitions after a shuffle)")
 BACKLOG_WARN_INTERVALS = _entry("spark.sparkwal.backlog.warnIntervals", "float", 3.0,
                                 "a scheduling delay of this many batch intervals is logged as a backlog",
                                 minimum=0)

@@ -110,6 +110,12 @@ class StreamingContext:
         return self._driver.skipped_batch_times
 
     @property
+    def coalesced_batch_times(self) -> list[int]:
+        """The batch times a restart did not run because their input went into its first new
+        batch (``spark.sparkwal.recovery.coalesceDowntime``), set by start()."""
+        return self._driver.coalesced_batch_times
+
+    @property
     def batches_left_for_restart(self) -> list[int]:
         """The batch times a graceful stop gave up waiting for (its timeout passed): a restart
         runs them."""

@@ -18,7 +18,8 @@ from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
 from .errors import EngineError
-from .stream_machinery import StreamMachinery
+from . import config
+from .stream_machinery import StreamMachinery, empty_rdd, known_empty
 
 
 def to_ms(seconds: float) -> int:
@@ -102,13 +103,22 @@ class DStream(StreamMachinery):
                 return two(a, b)
         if _arity(func) != 3:
             raise ValueError("func should take two or three arguments")
+        return self.with_other(other, lambda t, rdds: func(_time(t), rdds[0], rdds[1]), keeps_empty=False)
+
+    def with_other(self, other: DStream, func: Callable, keeps_empty: bool = True) -> DStream:
+        """``func(time_ms, [rdd, other's rdd])``; ``keeps_empty``: it makes no records when both are
+        empty (sparkwal's own operations: unions, joins, cogroups)."""
         if self.slide_ms != other.slide_ms:
             raise ValueError("the two DStream should have same slide duration")
-        return TransformedDStream(self._ssc, [self, other],
-                                  lambda t, rdds: func(_time(t), rdds[0], rdds[1]), allow_missing=True)
+        return TransformedDStream(self._ssc, [self, other], func, allow_missing=True, keeps_empty=keeps_empty)
+
+    def _keeping_empty(self, func: Callable[[RDD], RDD]) -> DStream:
+        """``func(rdd)`` applied by an operation that makes no records from an empty batch (its
+        function runs per partition, or per key after a shuffle): an empty input's batch skips it."""
+        return TransformedDStream(self._ssc, [self], lambda t, rdds: func(rdds[0]), keeps_empty=True)
 
     def mapPartitionsWithIndex(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
-        return self.transform(lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
+        return self._keeping_empty(lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
 
     def mapPartitions(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
         return self.mapPartitionsWithIndex(lambda _, it: f(it), preservesPartitioning)
@@ -146,45 +156,43 @@ class DStream(StreamMachinery):
     def combineByKey(self, createCombiner: Callable, mergeValue: Callable, mergeCombiners: Callable,
                      numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transform(lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n))
+        return self._keeping_empty(lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n))
 
     def reduceByKey(self, func: Callable, numPartitions: int | None = None) -> DStream:
         return self.combineByKey(lambda x: x, func, func, numPartitions)
 
     def groupByKey(self, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transform(lambda rdd: rdd.groupByKey(n))
+        return self._keeping_empty(lambda rdd: rdd.groupByKey(n))
 
     def partitionBy(self, numPartitions: int, partitionFunc: Callable = portable_hash) -> DStream:
-        return self.transform(lambda rdd: rdd.partitionBy(numPartitions, partitionFunc))
+        return self._keeping_empty(lambda rdd: rdd.partitionBy(numPartitions, partitionFunc))
 
     def repartition(self, numPartitions: int) -> DStream:
-        return self.transform(lambda rdd: rdd.repartition(numPartitions))
+        return self._keeping_empty(lambda rdd: rdd.repartition(numPartitions))
 
     def union(self, other: DStream) -> DStream:
-        if self.slide_ms != other.slide_ms:
-            raise ValueError("the two DStream should have same slide duration")
-        return self.transformWith(lambda a, b: a.union(b), other, True)
+        return self.with_other(other, lambda t, rdds: rdds[0].union(rdds[1]))
 
     def cogroup(self, other: DStream, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transformWith(lambda a, b: a.cogroup(b, n), other)
+        return self.with_other(other, lambda t, rdds: rdds[0].cogroup(rdds[1], n))
 
     def join(self, other: DStream, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transformWith(lambda a, b: a.join(b, n), other)
+        return self.with_other(other, lambda t, rdds: rdds[0].join(rdds[1], n))
 
     def leftOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transformWith(lambda a, b: a.leftOuterJoin(b, n), other)
+        return self.with_other(other, lambda t, rdds: rdds[0].leftOuterJoin(rdds[1], n))
 
     def rightOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transformWith(lambda a, b: a.rightOuterJoin(b, n), other)
+        return self.with_other(other, lambda t, rdds: rdds[0].rightOuterJoin(rdds[1], n))
 
     def fullOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self.transformWith(lambda a, b: a.fullOuterJoin(b, n), other)
+        return self.with_other(other, lambda t, rdds: rdds[0].fullOuterJoin(rdds[1], n))
 
     def cache(self) -> DStream:
         return self.persist(StorageLevel.MEMORY_ONLY)
@@ -320,13 +328,20 @@ class DStream(StreamMachinery):
 class TransformedDStream(DStream):
     """``func(time_ms, [parent RDDs]) -> RDD | None``."""
 
-    def __init__(self, ssc, parents: list[DStream], func: Callable, allow_missing: bool = False):
+    def __init__(self, ssc, parents: list[DStream], func: Callable, allow_missing: bool = False,
+                 keeps_empty: bool = False):
         super().__init__(ssc, parents)
         self._func = func
         self._allow_missing = allow_missing
+        #: ``func`` makes no records when every parent's RDD is known empty (sparkwal's own
+        #: operations; a user's ``transform`` may make records from nothing, so it is run)
+        self.keeps_empty = keeps_empty
 
     def compute(self, time_ms: int) -> RDD | None:
         rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
+        if getattr(self, "keeps_empty", False) and any(r is not None for r in rdds) \
+                and all(known_empty(r) for r in rdds) and self._host.settings[config.EMPTY_BATCH_SHORTCUT]:
+            return empty_rdd(self._sc)
         if any(r is None for r in rdds):
             if not self._allow_missing or all(r is None for r in rdds):
                 return None
@@ -345,6 +360,8 @@ class UnionDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         rdds = [r for r in (p.get_or_compute(time_ms) for p in self.dependencies) if r is not None]
+        if rdds and all(known_empty(r) for r in rdds) and self._host.settings[config.EMPTY_BATCH_SHORTCUT]:
+            return empty_rdd(self._sc)
         return self._sc.union(rdds) if rdds else None
 
 

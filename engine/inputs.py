@@ -13,7 +13,7 @@ from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
 from .dstream import DStream
-from .stream_machinery import host_of
+from .stream_machinery import empty_rdd, host_of
 
 
 class InputDStream(DStream):
@@ -37,6 +37,12 @@ class InputDStream(DStream):
 
     def restore(self, data: dict) -> None:
         pass
+
+    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
+        """A restart coalesces the batch times after ``last_ms`` into the batch of
+        ``first_new_ms`` (``spark.sparkwal.recovery.coalesceDowntime``): that batch takes their
+        input. Receivers' blocks and direct ranges need nothing for it (a batch takes what is
+        unallocated, or unplanned, when it is generated); a file stream reaches back (below)."""
 
 
 class QueueInputDStream(InputDStream):
@@ -66,7 +72,7 @@ class QueueInputDStream(InputDStream):
                 batch, self._queue = list(self._queue), deque()
         if batch:
             return batch[0] if self._one else self._sc.union(batch)
-        return self._default if self._default is not None else self._sc.emptyRDD()
+        return self._default if self._default is not None else empty_rdd(self._sc)
 
 
 def _is_local(directory: str) -> bool:
@@ -189,7 +195,7 @@ class FileInputDStream(InputDStream):
     MIN_REMEMBER_MS = 60_000
     location: StorageLocation | None = None  # the directory, its options (streams pickled before it)
     MTIME_SLACK_MS = 2_000
-    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts")
+    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts", "_coalesced")
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -231,8 +237,16 @@ class FileInputDStream(InputDStream):
         super().initialize(zero_time_ms)
         self.remember_ms = max(self.remember_ms, self.remember_files_ms)
 
+    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
+        """The first new batch takes the files modified since ``last_ms`` (the missed batches'),
+        even those older than the remember window, which it would otherwise not look back to."""
+        self._coalesced = (first_new_ms, last_ms)
+
     def _find_new_files(self, time_ms: int) -> list[str]:
         threshold = max(self._start_threshold_ms, time_ms - self.remember_files_ms)
+        coalesced = getattr(self, "_coalesced", None)
+        if coalesced is not None and time_ms == coalesced[0]:
+            threshold = max(self._start_threshold_ms, min(threshold, coalesced[1]))
         return sorted(path for path, mtime in _list_files(self.location)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)
@@ -247,7 +261,7 @@ class FileInputDStream(InputDStream):
         # the records are counted as the tasks read them (records_read): 0 until then
         self._host.report_input(time_ms, self, 0, {"files": files})
         if not files:
-            return self._sc.emptyRDD()
+            return empty_rdd(self._sc)
         if self._counts is None:
             self._counts = self._sc.accumulator({}, _LineCounts())
         return self._read(files).mapPartitionsWithIndex(_counting(self._counts, time_ms),

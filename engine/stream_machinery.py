@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import types
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,25 @@ from .errors import StreamingContextStateError
 
 if TYPE_CHECKING:
     from .host import StreamHost
+
+
+#: RDDs of no partitions that an input gave for a batch with nothing in it (see :func:`empty_rdd`)
+_EMPTY: weakref.WeakSet = weakref.WeakSet()
+
+
+def empty_rdd(sc) -> RDD:
+    """An RDD of no partitions, known to the streams as empty: an input's batch with nothing in it.
+    The operations that cannot make records from nothing (:class:`sparkwal.engine.dstream.
+    TransformedDStream` with ``keeps_empty``) hand one on instead of building RDDs over it, so an
+    empty batch's Spark job has no tasks to run (``spark.sparkwal.emptyBatch.shortcut``)."""
+    rdd = sc.emptyRDD()
+    _EMPTY.add(rdd)
+    return rdd
+
+
+def known_empty(rdd) -> bool:
+    """Whether ``rdd`` is None (no RDD) or came from :func:`empty_rdd`."""
+    return rdd is None or rdd in _EMPTY
 
 
 def host_of(ssc) -> StreamHost:

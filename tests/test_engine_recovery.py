@@ -372,3 +372,74 @@ def test_a_batch_seen_complete_is_checkpointed_by_a_stop_that_does_not_wait(spar
     assert stopped.wait(60)
     latest = read_checkpoint(str(tmp_path / "ckpt"))
     assert (latest.checkpoint_time_ms, latest.pending_times_ms) == (500, [])
+
+
+def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_context, tmp_path, caplog):
+    """spark.sparkwal.recovery.coalesceDowntime: after two minutes down at 0.5 s batches, a
+    stateless program runs its checkpoint's batch again and then one batch with every file that
+    arrived meanwhile (one older than the remember window included), instead of 238 batches; a
+    stateful one says why it cannot and re-runs every missed batch, as Spark does."""
+    indir, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    indir.mkdir()
+    counts: dict[int, list] = {}
+
+    def create(clock, done):
+        def build():
+            ssc = StreamingContext(spark_context, 0.5, clock=clock)
+            ssc.checkpoint(str(ckpt))
+            words = ssc.textFileStream(str(indir)).flatMap(str.split).map(lambda w: (w, 1))
+            words.reduceByKey(operator.add).foreachRDD(
+                lambda t, rdd: counts.__setitem__(ms(t), sorted(rdd.collect())))
+            ssc.addStreamingListener(done)
+            return ssc
+        return build
+
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
+        clock, done = ManualClock(0), Completed()
+        ssc = StreamingContext.getOrCreate(str(ckpt), create(clock, done))
+        ssc.start()
+        put_file(indir, "a.txt", "x y", 400)
+        clock.advance(500)
+        done.wait_for(500)
+        ssc.stop(stopSparkContext=False)
+
+        put_file(indir, "b.txt", "x", 1300)  # two minutes before the restart: outside the remember window
+        put_file(indir, "c.txt", "z", 119_000)
+        clock2, done2 = ManualClock(120_200), Completed()
+        ssc2 = StreamingContext.getOrCreate(str(ckpt), create(clock2, done2), upgrade=True)  # this clock
+        ssc2.start()
+        try:
+            assert ssc2.skipped_batch_times == [500] and ssc2.rerun_batch_times == []
+            assert ssc2.coalesced_batch_times == list(range(1000, 120_500, 500))
+            clock2.advance(300)
+            done2.wait_for(120_500)
+        finally:
+            ssc2.stop(stopSparkContext=False)
+    finally:
+        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
+    assert counts == {500: [("x", 1), ("y", 1)], 120_500: [("x", 1), ("z", 1)]}
+    assert done2.times == [120_500]  # (batch 500 is regenerated for nothing: its outputs succeeded)
+
+
+def test_coalesced_downtime_is_refused_for_a_stateful_program(spark_context, tmp_path, caplog):
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
+        app, ssc, clock, done = started_app(spark_context, tmp_path)  # word counts and running totals
+        clock.advance(500)
+        done.wait_for(500)
+        ssc.stop(stopSparkContext=False)
+        clock2, done2 = ManualClock(2200), Completed()
+        ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2), upgrade=True)
+        with caplog.at_level("WARNING", logger="sparkwal.engine.driver.recovery"):
+            ssc2.start()
+        try:
+            assert ssc2.coalesced_batch_times == [] and ssc2.rerun_batch_times == [1000, 1500, 2000]
+            assert "keeps state" in caplog.text
+            done2.wait_for(2000)
+        finally:
+            ssc2.stop(stopSparkContext=False)
+    finally:
+        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")

@@ -84,6 +84,7 @@ class Driver:
         self.code_name: str | None = None  # the checkpoint's code part (written at start)
         self.rerun_batch_times: list[int] = []  # see StreamingContext.rerun_batch_times
         self.skipped_batch_times: list[int] = []
+        self.coalesced_batch_times: list[int] = []  # see StreamingContext.coalesced_batch_times
         self.batches_left_for_restart: list[int] = []
         self.conf_pairs: list[list[str]] = []
         self.snapshots = StateSnapshots(self)
@@ -198,6 +199,7 @@ class Driver:
             plan = recovery.fresh_start(self) if self.restored is None else recovery.restart(self, self.restored)
             self.rerun_batch_times = list(plan.rerun_batch_times)
             self.skipped_batch_times = list(plan.skipped_batch_times)
+            self.coalesced_batch_times = list(plan.coalesced_batch_times)
             self.skip_outputs_ms = set(plan.skip_outputs_ms)
             self.generator.rerun(list(plan.regenerate))
             first = plan.first_ms

@@ -11,12 +11,13 @@ re-runs the logged uncommitted batches. Committed batches never run their output
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 
+from .. import config
 from ..host import DriverFacts
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class RestartPlan:
     rerun_batch_times: tuple[int, ...] = ()
     skipped_batch_times: tuple[int, ...] = ()
     skip_outputs_ms: frozenset[int] = frozenset()
+    #: missed batch times whose input the first new batch takes instead
+    #: (``spark.sparkwal.recovery.coalesceDowntime``): not generated at all
+    coalesced_batch_times: tuple[int, ...] = ()
 
 
 def _first_difference(old: str, new: str) -> str:
@@ -94,8 +98,47 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     logged = driver.batch_log.rerun_times if driver.batch_log is not None else []
     # (a stream's first checkpoint is of its zero time, before its first batch: not a batch)
     times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if zero < t < restart_ms})
+    coalesced: list[int] = []
+    if driver.settings[config.COALESCE_DOWNTIME]:
+        times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
     driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
-    return rerun(driver, cp, times, restart_ms)
+    plan = rerun(driver, cp, times, restart_ms)
+    return replace(plan, coalesced_batch_times=tuple(coalesced))
+
+
+def coalesce_downtime(driver: RecoveryHost, cp: Checkpoint, times: list[int], logged: list[int],
+                      restart_ms: int) -> tuple[list[int], list[int]]:
+    """``(times to regenerate, times coalesced)``: the checkpoint's own, pending and logged batch
+    times still run as they were (their outputs and ranges are fixed); the batch times after them,
+    missed while the driver was down, are not generated, and the first new batch takes their input
+    (Structured Streaming's way after downtime). Only where the program allows it: every stream
+    stateless, with no window and the batch's slide; otherwise Spark's rule, said in one line."""
+    refused = why_not_coalesced(driver)
+    if refused is not None:
+        log.warning("spark.sparkwal.recovery.coalesceDowntime: re-running every missed batch as "
+                    "Spark does: %s", refused)
+        return times, []
+    last = max([cp.checkpoint_time_ms, *cp.pending_times_ms, *logged])
+    kept, coalesced = [t for t in times if t <= last], [t for t in times if t > last]
+    if coalesced:
+        for s in driver.graph.inputs:
+            s.coalesce_downtime(last, restart_ms)
+        log.info("restarting: the %d batch times missed from %d to %d run as the batch of %d "
+                 "(spark.sparkwal.recovery.coalesceDowntime)", len(coalesced), coalesced[0], coalesced[-1],
+                 restart_ms)
+    return kept, coalesced
+
+
+def why_not_coalesced(driver: RecoveryHost) -> str | None:
+    """Why this program's missed batches cannot run as one, or None."""
+    for s in driver.graph.streams:
+        if getattr(s, "window_ms", None) is not None:
+            return f"{s} is windowed (each window needs its own batches)"
+        if s.must_checkpoint:
+            return f"{s} keeps state (coalescing is for stateless programs so far)"
+        if s.slide_ms != driver.batch_ms:
+            return f"{s} slides every {s.slide_ms} ms, not every batch"
+    return None
 
 
 def fresh_start(driver: RecoveryHost) -> RestartPlan:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -130,6 +131,7 @@ class JobScheduler:
         self._lock = threading.Condition()
         self._abandoned = False  # a stop gave up on the queued batches: none starts any more
         self._spark_jobs = SparkJobs(driver.sc)
+        self._run_tag = uuid.uuid4().hex[:8]  # this driver's job groups, apart from an earlier one's
 
     def pending_times(self) -> list[int]:
         with self._lock:
@@ -171,7 +173,7 @@ class JobScheduler:
                 self._lock.notify_all()
             return
         driver, sc = self._driver, self._driver.sc
-        group = job_group(js.time_ms, job.output_op_id)
+        group = job_group(js.time_ms, job.output_op_id, self._run_tag)
         sc.setJobGroup(group, f"streaming batch {js.time_ms}, output operation {job.output_op_id}: {job.op_name}",
                        interruptOnCancel=True)
         now, start_wall_ms = driver.clock.now_ms(), time.time() * 1000
@@ -228,7 +230,7 @@ class JobScheduler:
                 with self._lock:
                     js = self._pending.get(t)
                 for op_id in (js.ops if js is not None else ()):
-                    self._driver.sc.cancelJobGroup(job_group(t, op_id))
+                    self._driver.sc.cancelJobGroup(job_group(t, op_id, self._run_tag))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("batches %s still running after cancelling them for %s s", pending, timeout_s)
@@ -254,10 +256,10 @@ class JobScheduler:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
-def job_group(time_ms: int, output_op_id: int) -> str:
+def job_group(time_ms: int, output_op_id: int, run: str = "") -> str:
     """One Spark job group per output operation of a batch: cancelled together at a stop, and
     the way each operation's Spark job ids are found (the UI's batch page links them)."""
-    return f"sparkwal-streaming-batch-{time_ms}-op-{output_op_id}"
+    return f"sparkwal-streaming-{run + '-' if run else ''}batch-{time_ms}-op-{output_op_id}"
 
 
 def spark_job_ids(sc, group: str) -> tuple[int, ...]:

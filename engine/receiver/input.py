@@ -15,6 +15,7 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ExecutorLocation
 
 from ..inputs import InputDStream
+from ..stream_machinery import empty_rdd
 from .blocks import read_block, read_wal_block, receiver_wal_dir
 from .placement import location_string, rdd_with_locations
 from .receiver import Receiver
@@ -47,7 +48,7 @@ class ReceiverInputDStream(InputDStream):
         blocks = self._host.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
         self._host.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})
         if not blocks:
-            return self._sc.emptyRDD()
+            return empty_rdd(self._sc)
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
             wal = self._host.location.at(receiver_wal_dir(self._host.checkpoint_dir, self.input_id))

@@ -32,6 +32,7 @@ from sparkwal.tracker import RateController, create_rate_estimator
 from .. import config
 from ..config import StreamingConf
 from ..inputs import InputDStream
+from ..stream_machinery import empty_rdd
 from ..errors import StreamingContextStateError
 from .protocol import DataLossError, OffsetRange, ReplayableSource, SourceError, TopicPartition
 
@@ -222,14 +223,14 @@ class DirectInputDStream(InputDStream):
         self._host.report_input(time_ms, self, sum(r.count() for r in with_data),
                                 {"offsetRanges": [list(r) for r in with_data]})
         if not with_data:
-            rdd = self._sc.emptyRDD()
+            rdd = empty_rdd(self._sc)
         else:
             payloads = [(r.topicPartition(), r.fromOffset, r.untilOffset,
                          self.source.read_hint(r.topicPartition(), r.fromOffset, r.untilOffset))
                         for r in with_data]
             rdd = self._sc.parallelize(payloads, len(payloads)).mapPartitions(
                 _reader(self.source, f"{self.source_desc}, batch time {time_ms}"))
-        rdd.offsetRanges = lambda: list(with_data)  # Spark's HasOffsetRanges
+        rdd.offsetRanges = lambda: list(with_data)  # type: ignore[attr-defined]  # Spark's HasOffsetRanges
         return rdd
 
     def clear_metadata(self, time_ms: int) -> None:
