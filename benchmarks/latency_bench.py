@@ -163,13 +163,16 @@ def dstream_app(args) -> None:
     class Delays(StreamingListener):
         def onBatchCompleted(self, e):
             info = e.batchInfo()
-            phases = dict(getattr(info, "breakdown", None) or {})  # sparkwal's (pyspark.streaming has none)
-            for op_id, op in sorted(info.outputOperationInfos().items()):
-                phases.update({f"op{op_id}.{k}": v for k, v in (getattr(op, "breakdown", None) or {}).items()})
+            phases = {}  # sparkwal's breakdown (pyspark.streaming's JVM BatchInfo has none)
+            if engine_is_sparkwal:
+                phases.update(info.breakdown)  # sparkwal's (pyspark.streaming has none)
+                for op_id, op in sorted(info.outputOperationInfos().items()):
+                    phases.update({f"op{op_id}.{k}": v for k, v in op.breakdown.items()})
             print(json.dumps({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
                               "processing_ms": info.processingDelay(),
                               "scheduling_ms": info.schedulingDelay(), "breakdown": phases}), flush=True)
 
+    engine_is_sparkwal = args.engine == "sparkwal"
     ssc.addStreamingListener(Delays())
     counts = ssc.socketTextStream("127.0.0.1", args.port).flatMap(_keys).reduceByKey(lambda a, b: a + b)
     if args.pipeline == "stateful" and args.engine == "sparkwal":

@@ -195,6 +195,7 @@ CONF_KEYS = [
     "spark.sparkwal.state.deltasPerFull", "spark.sparkwal.state.maxLineageBatches",
     "spark.sparkwal.standby.preloadState", "spark.sparkwal.storage.deadline", "spark.sparkwal.ui.port",
     "spark.sparkwal.shipCode", "spark.sparkwal.shipEnvironment", "spark.sparkwal.backlog.warnIntervals",
+    "spark.sparkwal.recovery.coalesceDowntime",  # issue 44
 ]
 
 #: the main job's JSON-line events, which tools read (issues 11, 18, 30, 32)
