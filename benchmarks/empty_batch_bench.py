@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 
+from benchmarks.latency_bench import flat_breakdown
+
 
 def app(args) -> None:
     from pyspark import SparkConf, SparkContext
@@ -45,11 +47,7 @@ def app(args) -> None:
     class Batches(StreamingListener):
         def onBatchCompleted(self, e):
             info = e.batchInfo()
-            phases = {}  # sparkwal's breakdown (pyspark.streaming's JVM BatchInfo has none)
-            if engine_is_sparkwal:
-                phases.update(info.breakdown)
-                for op_id, op in sorted(info.outputOperationInfos().items()):
-                    phases.update({f"op{op_id}.{k}": v for k, v in op.breakdown.items()})
+            phases = flat_breakdown(info) if engine_is_sparkwal else {}  # (pyspark.streaming's has none)
             print(json.dumps({"processing_ms": info.processingDelay(), "records": info.numRecords(),
                               "breakdown": phases}), flush=True)
 

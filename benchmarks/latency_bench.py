@@ -144,6 +144,14 @@ def _touched_total(new_values, old):
     return (old or 0) + n if n else None
 
 
+def flat_breakdown(info) -> dict:
+    """A sparkwal BatchInfo's breakdown with each output operation's, as ``op<id>.<phase>``."""
+    phases = dict(info.breakdown)
+    for op_id, op in sorted(info.outputOperationInfos().items()):
+        phases.update({f"op{op_id}.{k}": v for k, v in op.breakdown.items()})
+    return phases
+
+
 def dstream_app(args) -> None:
     from pyspark import SparkConf, SparkContext
 
@@ -163,11 +171,7 @@ def dstream_app(args) -> None:
     class Delays(StreamingListener):
         def onBatchCompleted(self, e):
             info = e.batchInfo()
-            phases = {}  # sparkwal's breakdown (pyspark.streaming's JVM BatchInfo has none)
-            if engine_is_sparkwal:
-                phases.update(info.breakdown)  # sparkwal's (pyspark.streaming has none)
-                for op_id, op in sorted(info.outputOperationInfos().items()):
-                    phases.update({f"op{op_id}.{k}": v for k, v in op.breakdown.items()})
+            phases = flat_breakdown(info) if engine_is_sparkwal else {}  # (pyspark.streaming's has none)
             print(json.dumps({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
                               "processing_ms": info.processingDelay(),
                               "scheduling_ms": info.schedulingDelay(), "breakdown": phases}), flush=True)

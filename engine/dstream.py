@@ -112,6 +112,12 @@ class DStream(StreamMachinery):
             raise ValueError("the two DStream should have same slide duration")
         return TransformedDStream(self._ssc, [self, other], func, allow_missing=True, keeps_empty=keeps_empty)
 
+    def _all_empty(self, rdds: list[RDD | None]) -> bool:
+        """Whether a batch's parent RDDs (some may be missing) are all known empty and the
+        shortcut is on (``spark.sparkwal.emptyBatch.shortcut``): then nothing need be built."""
+        return (any(r is not None for r in rdds) and all(known_empty(r) for r in rdds)
+                and self._host.settings[config.EMPTY_BATCH_SHORTCUT])
+
     def _keeping_empty(self, func: Callable[[RDD], RDD]) -> DStream:
         """``func(rdd)`` applied by an operation that makes no records from an empty batch (its
         function runs per partition, or per key after a shuffle): an empty input's batch skips it."""
@@ -339,8 +345,7 @@ class TransformedDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
-        if getattr(self, "keeps_empty", False) and any(r is not None for r in rdds) \
-                and all(known_empty(r) for r in rdds) and self._host.settings[config.EMPTY_BATCH_SHORTCUT]:
+        if getattr(self, "keeps_empty", False) and self._all_empty(rdds):
             return empty_rdd(self._sc)
         if any(r is None for r in rdds):
             if not self._allow_missing or all(r is None for r in rdds):
@@ -360,7 +365,7 @@ class UnionDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         rdds = [r for r in (p.get_or_compute(time_ms) for p in self.dependencies) if r is not None]
-        if rdds and all(known_empty(r) for r in rdds) and self._host.settings[config.EMPTY_BATCH_SHORTCUT]:
+        if self._all_empty(rdds):
             return empty_rdd(self._sc)
         return self._sc.union(rdds) if rdds else None
 

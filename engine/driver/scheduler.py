@@ -262,11 +262,6 @@ def job_group(time_ms: int, output_op_id: int, run: str = "") -> str:
     return f"sparkwal-streaming-{run + '-' if run else ''}batch-{time_ms}-op-{output_op_id}"
 
 
-def spark_job_ids(sc, group: str) -> tuple[int, ...]:
-    """The Spark jobs an output operation ran (Spark's status tracker; none once it forgot them)."""
-    return SparkJobs(sc).job_ids(group)
-
-
 class JobGenerator:
     """Turns batch times into job sets; clears metadata and checkpoints, in order.
 
