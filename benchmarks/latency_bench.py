@@ -118,11 +118,24 @@ class PacedSource:
 # ---------------------------------------------------------------------------- the apps (subprocess)
 
 
+_OUT = threading.Lock()
+
+
+def _line(event: dict) -> None:
+    """One JSON line on stdout, whole: with concurrent jobs, outputs and the listener print from
+    several threads at once."""
+    with _OUT:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
 def _emit(batch_id, rows) -> None:
     """One batch's output is visible: its time and the counts of its keys (words and send ms)."""
     visible_ms = time.time() * 1000
     stamps = {k[len(TS_KEY):]: v for k, v in rows if isinstance(k, str) and k.startswith(TS_KEY)}
-    print(json.dumps({"visible_ms": visible_ms, "batch": batch_id, "rows": len(rows), "stamps": stamps}), flush=True)
+    from benchmarks.latency_bench import _line  # by name: the app runs as __main__, whose functions are pickled whole
+
+    _line({"visible_ms": visible_ms, "batch": batch_id, "rows": len(rows), "stamps": stamps})
 
 
 def _keys(line: str) -> list:
@@ -172,9 +185,11 @@ def dstream_app(args) -> None:
         def onBatchCompleted(self, e):
             info = e.batchInfo()
             phases = flat_breakdown(info) if engine_is_sparkwal else {}  # (pyspark.streaming's has none)
-            print(json.dumps({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
-                              "processing_ms": info.processingDelay(),
-                              "scheduling_ms": info.schedulingDelay(), "breakdown": phases}), flush=True)
+            from benchmarks.latency_bench import _line
+
+            _line({"batch_ms": info.batchTime().milliseconds(), "records": info.numRecords(),
+                   "processing_ms": info.processingDelay(), "scheduling_ms": info.schedulingDelay(),
+                   "breakdown": phases})
 
     engine_is_sparkwal = args.engine == "sparkwal"
     ssc.addStreamingListener(Delays())

@@ -51,6 +51,7 @@ class Job(NamedTuple):
     output_op_id: int
     op_name: str
     run: Callable[[], None]
+    in_order: bool = False  #: after the same operation of every earlier batch (driver/output_order.py)
 
 
 class DStream(StreamMachinery):
@@ -387,13 +388,15 @@ class WindowedDStream(DStream):
 
 
 class ForEachDStream(DStream):
-    """An output operation: at every batch, ``func(time, rdd)`` runs as one job."""
+    """An output operation: at every batch, ``func(time, rdd)`` runs as one job (``in_order``: output_order)."""
+
+    in_order = False  # (also for streams pickled before it existed)
 
     def __init__(self, ssc, parent: DStream, func: Callable[[datetime, RDD], Any],
-                 op_name: str = "foreachRDD"):
+                 op_name: str = "foreachRDD", in_order: bool = False):
         super().__init__(ssc, [parent])
         self._func = func
-        self.op_name = op_name
+        self.op_name, self.in_order = op_name, in_order
         self.output_op_id = self._host.graph.add_output(self)
 
     def compute(self, time_ms: int) -> RDD | None:
@@ -404,7 +407,7 @@ class ForEachDStream(DStream):
         if rdd is None:
             return None
         func = self._func
-        return Job(self.output_op_id, self.op_name, lambda: func(_time(time_ms), rdd))
+        return Job(self.output_op_id, self.op_name, lambda: func(_time(time_ms), rdd), self.in_order)
 
 
 def _save_text_atomically(rdd: RDD, path: str) -> None:

@@ -6,7 +6,10 @@ before) which this process SIGKILLs itself, the first time a batch with records 
 Steps: ``offsets`` (offsets/N written, the batch's jobs submitted), ``jobs`` (inside the output,
 before its database transaction), ``output`` (the transaction committed, commits/N not yet
 written), ``commit`` (commits/N written), ``checkpoint`` (a DStream checkpoint written after a
-commit). Without CRASH_AT it runs SECONDS and stops gracefully.
+commit). With two concurrent jobs (spark.streaming.concurrentJobs=2): ``overlap`` (inside the
+output, before its transaction, once a later batch's output operation has started: two batches in
+flight), ``overlap_output`` (the same, after the transaction), ``pipelined`` (no crash). Without
+CRASH_AT (or with ``pipelined``) it runs SECONDS and stops gracefully.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -32,17 +36,38 @@ def main() -> None:
 
     from sparkwal.engine import StreamingListener
     from sparkwal.engine.sinks import SQLiteSink
+    from sparkwal.engine.apps.direct_wordcount import append_lines, logged_lines
     from sparkwal.engine.apps.wordcount import build
 
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
+    overlap = crash_at in ("overlap", "overlap_output")
+    if overlap or crash_at == "pipelined":
+        conf.set("spark.streaming.concurrentJobs", "2")
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     os.makedirs(os.path.join(workdir, "log"), exist_ok=True)
     committed_data = []
+    started_later = threading.Condition()
+    started: list[int] = []  # batch times whose output operations started
+
+    def wait_for_a_later_batch(batch_ms: int) -> None:
+        """Another batch's output has started while this one's is in flight (bounded: without
+        it the app runs on, exits 0, and the test says the crash never came)."""
+        logdir = os.path.join(workdir, "log")
+        append_lines(logdir, "p1", logged_lines(logdir).get("p1", 0), 3)  # the later batches' input
+        with started_later:
+            started_later.wait_for(lambda: any(t > batch_ms for t in started), 60)
+            if any(t > batch_ms for t in started):
+                die()
 
     class Crash(StreamingListener):
+        def onOutputOperationStarted(self, e):
+            with started_later:
+                started.append(e.outputOperationInfo().batch_time_ms)
+                started_later.notify_all()
+
         def onBatchSubmitted(self, e):
             if crash_at == "offsets" and e.batchInfo().num_records > 0:
                 die()
@@ -63,7 +88,11 @@ def main() -> None:
         has = any(r.untilOffset > r.fromOffset for r in ranges)
         if crash_at == "jobs" and has:
             die()
+        if crash_at == "overlap" and has:
+            wait_for_a_later_batch(batch_time_ms)
         result = commit_batch(self, batch_time_ms, ranges, write)
+        if crash_at == "overlap_output" and has:
+            wait_for_a_later_batch(batch_time_ms)
         if has:
             _had_data[0] = True
         if crash_at == "output" and has:

@@ -24,6 +24,7 @@ from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
 from .breakdown import Phases, SparkJobs
+from .output_order import wait_turn
 from .timer import RecurringTimer
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
@@ -98,6 +99,10 @@ class _JobSet:
                 self.start_ms = op.start_time_ms
             self.ops[op.output_op_id] = op
         return first
+
+    def op_done(self, output_op_id: int) -> bool:
+        with self.lock:
+            return self.ops[output_op_id].end_time_ms >= 0
 
     def op_completed(self, op: OutputOperationInfo, end_ms: int) -> bool:
         """Record ``op`` as completed; True once it was the batch's last (ended at ``end_ms``)."""
@@ -185,6 +190,8 @@ class JobScheduler:
         try:
             if driver.fenced is not None:  # another driver leads: this one outputs nothing more
                 raise driver.fenced
+            if job.in_order:
+                wait_turn(self._lock, self._pending, js.time_ms, job.output_op_id, lambda: self._abandoned)
             job.run()
         except BaseException as e:  # noqa: BLE001
             failure = f"{type(e).__name__}: {e}"
@@ -195,10 +202,12 @@ class JobScheduler:
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, end, failure, job_ids,
                                  self._spark_jobs.operation_phases(job_ids, start_wall_ms, end_wall_ms))
         driver.events.post(StreamingListenerOutputOperationCompleted(op))
-        if js.op_completed(op, self._driver.clock.now_ms()):
-            with self._lock:
+        complete = js.op_completed(op, self._driver.clock.now_ms())
+        with self._lock:  # an operation waiting for its turn (output_order) may go on
+            if complete:
                 self._pending.pop(js.time_ms, None)
-                self._lock.notify_all()
+            self._lock.notify_all()
+        if complete:
             js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
             phases = Phases()
             with phases.phase("commit"):

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..sources.protocol import OffsetRange, TopicPartition
+from ..dstream import ForEachDStream
 from ..errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,9 @@ class DbApiSink(ABC):
             records = rdd.collect()
             sink.commit_batch(t, ranges, lambda cur: write(cur, t, records))
 
-        dstream.foreachRDD(save)
+        # in batch order when batches overlap (spark.streaming.concurrentJobs > 1): each batch's
+        # output must start where the previous one's ended (_check)
+        ForEachDStream(dstream.context(), dstream, save, in_order=True)
 
 
 class SQLiteSink(DbApiSink):

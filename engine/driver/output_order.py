@@ -1,0 +1,43 @@
+"""Output operations that must run in batch order, whatever ``spark.streaming.concurrentJobs`` is.
+
+With ``spark.streaming.concurrentJobs`` above 1 (Spark's pipelining: a batch's jobs run while
+earlier batches' still do), a later batch's output can reach an exactly-once sink before an
+earlier one's. Such a sink stores each batch's offset ranges with its output and accepts a
+batch only where the previous one ended (``DbApiSink._check``), so the later batch would fail, and
+a crash between the two would leave the sink's offsets out of step with the commit log. Spark
+leaves this to the user; here an output operation marked *in order* (``ForEachDStream(...,
+in_order=True)``, which the transactional sinks' ``saveStream`` uses) starts its work only once
+the same operation of every earlier batch still pending has completed. Other operations, and other
+batches' other operations, still overlap.
+
+No deadlock: the scheduler's pool takes jobs in the order they were submitted (batch order), so
+the same operation of an earlier batch was taken before and waits on nothing later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+
+class _PendingBatch(Protocol):
+    def op_done(self, output_op_id: int) -> bool: ...
+
+
+class BatchOrderStopped(RuntimeError):
+    """A stop gave up on the queued batches while this one waited for an earlier one's turn: it
+    is left, uncommitted, for the restart."""
+
+
+def wait_turn(cond: threading.Condition, pending: Mapping[int, _PendingBatch], time_ms: int,
+              output_op_id: int, abandoned: Callable[[], bool]) -> None:
+    """Block (on ``cond``, the scheduler's lock, notified whenever an operation completes or a
+    stop abandons the queue) until operation ``output_op_id`` of every batch before ``time_ms``
+    pending now has completed; raises :class:`BatchOrderStopped` if a stop abandoned one of them."""
+    with cond:
+        earlier = [b for t, b in pending.items() if t < time_ms]
+        cond.wait_for(lambda: abandoned() or all(b.op_done(output_op_id) for b in earlier))
+        if not all(b.op_done(output_op_id) for b in earlier):
+            raise BatchOrderStopped(f"batch {time_ms}: stopped while its output operation {output_op_id} "
+                                    "waited for an earlier batch's (in batch order)")
