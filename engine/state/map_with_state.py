@@ -133,33 +133,43 @@ def _no_state(index: int, batch_ms: int) -> StateError:
                         "partition to update")
 
 
+_ABSENT = object()
+
+
 def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None,
                       live_keys=LIVE_KEYS):
-    previous, state, mapped, st = None, None, [], State()
+    previous = state = values = None
+    mapped, st = [], State()
+    emit, wrap = mapped.append, st.wrap
+    refresh = timeout_ms is not None  # with a timeout, every key with data is fresh again
     for key, value in records:
         if type(value) is StateRecord:  # the state partition comes first (the union's order)
             previous, state = value, take_state(uid, index, value)
-            state.journal = []
+            state.begin_batch()
+            values, put, delete = state.values, state.set, state.delete
             continue
         if state is None:
             raise _no_state(index, batch_ms)
-        values = state.values
-        st.wrap(key in values, values.get(key))
-        mapped.append(func(key, value, st))
+        current = values.get(key, _ABSENT)
+        if current is _ABSENT:
+            wrap(False, None)
+        else:
+            wrap(True, current)
+        emit(func(key, value, st))
         if st.isRemoved():
-            state.remove(key, batch_ms)
-        elif st.isUpdated() or (st.exists() and timeout_ms is not None):
-            state.put(key, st.getOption(), batch_ms)
+            delete(key)
+        elif st.isUpdated() or (refresh and st.exists()):
+            put(key, st.getOption())
     if state is None:
         raise _no_state(index, batch_ms)
     if timeout_ms is not None:
         for key in state.idle_before(batch_ms - timeout_ms):
-            st.wrap(True, state.values[key], timing_out=True)
-            mapped.append(func(key, None, st))
-            state.remove(key, batch_ms)
-    state.forget_removals_before(forget_before_ms)
+            wrap(True, values[key], timing_out=True)
+            emit(func(key, None, st))
+            state.delete(key)
+    layer = state.end_batch(batch_ms, forget_before_ms)
     delta = None if delta_since_ms is None else (delta_since_ms, state.rows_since(delta_since_ms))
-    yield index, next_record(uid, index, previous, state, batch_ms, forget_before_ms, mapped, delta, live_keys)
+    yield index, next_record(uid, index, previous, state, layer, mapped, delta, live_keys)
 
 
 def _record_of(uid, index, state: StateMap, live_keys: int) -> StateRecord:

@@ -1,27 +1,35 @@
 """mapWithState's state partitions: a map with update order, and how it is held between batches.
 
 PySpark caches a partition in the JVM as pickled bytes, so a state kept only there costs a
-whole-partition unpickle and pickle every batch, whatever the batch touched. Two things keep a
+whole-partition unpickle and pickle every batch, whatever the batch touched. Three things keep a
 batch's work proportional to its records instead:
 
 - **Layers.** A cached :class:`StateRecord` is a *base* (the pickled :class:`StateMap` at some
-  batch) plus one small *layer* per batch since (the batch's puts and removals, in the order they
-  happened). A batch appends its layer and re-emits the base's bytes unchanged (a memory copy, no
-  pickling); once the layers add up to half the base (or :data:`MAX_LAYERS`), the batch writes a
-  new base instead. Anyone can rebuild the state from the record alone: the base, then the
-  layers in order (:meth:`StateRecord.state`), which reproduces the update order exactly.
+  batch) plus one small *layer* per batch since: the keys the batch put (with their values) and
+  removed, as columns, applied in bulk (C loops over dicts, no Python call per key). A batch
+  appends its layer and re-emits the base's bytes unchanged (a memory copy, no pickling); once
+  the layers add up to half the base (or :data:`MAX_LAYERS`), the batch writes a new base
+  instead. Anyone can rebuild the state from the record alone: the base, then the layers in
+  order (:meth:`StateRecord.state`), which reproduces the update order exactly.
 - **Live maps.** A Python worker keeps the :class:`StateMap` it last produced for each partition
   (:data:`_LIVE`, keyed by the state stream's per-run id and the partition), with the token of
   the record it produced. Every record names the tokens of its base and of each of its layers
   (its *chain*). When a worker is handed a record whose chain holds its live map's token, it
   applies only the layers after it: no unpickling of the base, and nothing at all when the live
-  map is that very record's state. Spark does not pin partitions to workers (three or four
-  Python workers take turns here), so a live map is often a few batches old: it catches up.
-  Otherwise (another run, a new base since, a task whose record was never cached) the record is
-  rebuilt. Tokens, not batch times, identify a state: a retried or recomputed batch makes a new
-  record with a new token, and a map of an attempt that was thrown away never matches.
-  A worker keeps live maps of at most ``live_keys`` keys in all (oldest dropped first): the
-  price is memory, up to that many keys' state per Python worker.
+  map is that very record's state. Spark does not pin partitions to workers (a task of a cached
+  state runs two Python workers, the state's and its reader's, so four or more take turns on
+  two cores), so a live map is often a few batches old: it catches up.
+- **Bridges.** A new base would strand every older live map (its token is no longer in the
+  chain), and a rebuild costs the whole partition. So the record that writes a new base keeps
+  the chain it replaces, tokens and layers, as a *bridge* (while the bridge weighs no more than
+  the base): a map on the old chain applies the bridge's layers from its token, which brings it
+  to the new base's state, then the record's own layers.
+
+Otherwise (another run, a map older than the bridge, a task whose record was never cached) the
+record is rebuilt. Tokens, not batch times, identify a state: a retried or recomputed batch makes
+a new record with new tokens, and a map of an attempt that was thrown away never matches. A
+worker keeps live maps of at most ``live_keys`` keys in all (oldest dropped first): the price is
+memory, up to that many keys' state per Python worker.
 
 Values must change through ``State.update``: an object changed in place without it is not in the
 batch's layer (Spark's own in-memory state has the same rule for its delta maps).
@@ -31,8 +39,11 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections import deque
+from itertools import repeat
 
 _MISSING = object()
+_REMOVED = object()  # a key the running batch removed (StateMap.touched)
 MAX_LAYERS = 64
 LIVE_KEYS = 4_000_000  # default of spark.sparkwal.state.liveKeysPerWorker
 _LIVE_ENTRIES = 64  # live maps a worker keeps, over every state stream it served
@@ -53,55 +64,88 @@ def _oldest_before(times: dict, time_ms: int) -> list:
     return out
 
 
+def _consume(iterator) -> None:
+    deque(iterator, 0)
+
+
 class StateMap:
     """One partition's state: values, update times in update order, and recent removals (which a
-    delta snapshot must write) in removal order. ``journal``, while a batch runs, collects its
-    puts and removals as ``(key, value, time_ms, removed)``: the batch's layer."""
+    delta snapshot must write) in removal order. While a batch runs (:meth:`begin_batch` to
+    :meth:`end_batch`) its puts and removals change ``values`` at once and are noted in
+    ``touched``; the times follow at the end, in bulk, and make the batch's layer."""
 
-    __slots__ = ("values", "times", "removed", "journal")
+    __slots__ = ("values", "times", "removed", "touched")
 
     def __init__(self, values=None, times=None, removed=None):
         self.values, self.times, self.removed = values or {}, times or {}, removed or {}
-        self.journal: list | None = None
+        self.touched: dict | None = None
 
     def __getstate__(self):
         return self.values, self.times, self.removed
 
     def __setstate__(self, state):
         self.values, self.times, self.removed = state
-        self.journal = None
+        self.touched = None
 
     def put(self, key, value, time_ms: int) -> None:
+        """Set one key now (building a state from rows; a batch uses :meth:`set`)."""
         self.values[key] = value
         self.times.pop(key, None)
         self.times[key] = time_ms
         self.removed.pop(key, None)
-        if self.journal is not None:
-            self.journal.append((key, value, time_ms, False))
 
-    def remove(self, key, time_ms: int) -> None:
+    # ------------------------------------------------------------------ a batch
+
+    def begin_batch(self) -> None:
+        self.touched = {}
+
+    def set(self, key, value) -> None:
+        self.values[key] = value
+        self.touched[key] = value  # type: ignore[index]
+
+    def delete(self, key) -> None:
         if self.values.pop(key, _MISSING) is not _MISSING:
-            del self.times[key]
-            self.removed[key] = time_ms
-            if self.journal is not None:
-                self.journal.append((key, None, time_ms, True))
+            self.touched[key] = _REMOVED  # type: ignore[index]
 
     def idle_before(self, threshold_ms: int) -> list:
-        return _oldest_before(self.times, threshold_ms)
+        """Keys last updated before ``threshold_ms`` and not touched by the running batch."""
+        touched = self.touched or {}
+        return [k for k in _oldest_before(self.times, threshold_ms) if k not in touched]
+
+    def end_batch(self, time_ms: int, forget_before_ms: int) -> tuple:
+        """Stamp the batch's keys with ``time_ms``, forget removals before ``forget_before_ms``
+        and return the batch's layer."""
+        touched, self.touched = self.touched or {}, None
+        puts = [k for k, v in touched.items() if v is not _REMOVED]
+        gone = [k for k, v in touched.items() if v is _REMOVED]
+        layer = (time_ms, puts, [touched[k] for k in puts], gone, forget_before_ms)
+        self._stamp(layer)
+        return layer
+
+    def apply(self, layer: tuple) -> None:
+        """Replay a batch's layer (the map must be the state the batch started from)."""
+        _, puts, put_values, gone, _ = layer
+        self.values.update(zip(puts, put_values))
+        _consume(map(self.values.pop, gone, repeat(None)))
+        self._stamp(layer)
+
+    def _stamp(self, layer: tuple) -> None:
+        time_ms, puts, _, gone, forget_before_ms = layer
+        times, removed = self.times, self.removed
+        _consume(map(times.pop, puts, repeat(None)))
+        _consume(map(times.pop, gone, repeat(None)))
+        times.update(zip(puts, repeat(time_ms)))
+        if removed:
+            _consume(map(removed.pop, puts, repeat(None)))
+            _consume(map(removed.pop, gone, repeat(None)))
+        removed.update(zip(gone, repeat(time_ms)))
+        self.forget_removals_before(forget_before_ms)
 
     def forget_removals_before(self, time_ms: int) -> None:
         for key in _oldest_before(self.removed, time_ms):
             del self.removed[key]
 
-    def apply(self, layer: tuple[list, int]) -> None:
-        """Replay a batch's layer: its puts and removals in order, then its forgetting."""
-        ops, forget_before_ms = layer
-        for key, value, time_ms, removed in ops:
-            if removed:
-                self.remove(key, time_ms)
-            else:
-                self.put(key, value, time_ms)
-        self.forget_removals_before(forget_before_ms)
+    # ------------------------------------------------------------------ snapshots
 
     def rows(self):
         values = self.values
@@ -129,15 +173,19 @@ class StateRecord:
     """A state partition after the batch of ``time_ms``: a base, its layers, the batch's mapped
     records, and (at a checkpoint batch) the rows of the next delta snapshot. ``tokens`` is the
     chain: the base's token, then one per layer; the last one names this record's state.
-    Readers of the mapped records unpickle only bytes objects, never the state's objects."""
+    ``bridge`` (tokens, layers), when the record wrote a new base, is the chain it replaced with
+    the layers that lead from each of its tokens to the new base. Readers of the mapped records
+    unpickle only bytes objects, never the state's objects."""
 
-    __slots__ = ("time_ms", "base", "layers", "tokens", "mapped", "delta")
+    __slots__ = ("time_ms", "base", "layers", "tokens", "mapped", "delta", "bridge")
 
     def __init__(self, time_ms: int, base: bytes, layers: list[bytes], mapped: list,
-                 delta: tuple[int, list] | None = None, tokens: list[bytes] | None = None):
+                 delta: tuple[int, list] | None = None, tokens: list[bytes] | None = None,
+                 bridge: tuple[list[bytes], list[bytes]] | None = None):
         self.time_ms, self.base, self.layers, self.mapped = time_ms, base, layers, mapped
         self.tokens = tokens if tokens is not None else [_token() for _ in range(len(layers) + 1)]
         self.delta = delta  # (since_ms, rows_since(since_ms)), worked out by a checkpoint batch
+        self.bridge = bridge
 
     @classmethod
     def of(cls, time_ms: int, state: StateMap, mapped: list) -> StateRecord:
@@ -155,6 +203,16 @@ class StateRecord:
             state.apply(pickle.loads(layer))
         return state
 
+    def layers_after(self, token: bytes) -> list[bytes] | None:
+        """The layers that bring the state named ``token`` to this record's, or None when
+        ``token`` is in neither the chain nor the bridge."""
+        if token in self.tokens:
+            return self.layers[self.tokens.index(token):]
+        if self.bridge is not None and token in self.bridge[0]:
+            tokens, layers = self.bridge
+            return [*layers[tokens.index(token):], *self.layers]
+        return None
+
     def rows_since(self, since_ms: int) -> list:
         """A delta snapshot's rows: the ones the batch worked out, without rebuilding the state."""
         if self.delta is not None and self.delta[0] == since_ms:
@@ -162,41 +220,41 @@ class StateRecord:
         return self.state.rows_since(since_ms)
 
     def __getstate__(self):
-        return self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta
+        return self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge
 
     def __setstate__(self, state):
-        self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta = state
+        self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge = state
 
 
 def take_state(uid: str, index: int, record: StateRecord) -> StateMap:
-    """The state ``record`` holds: this worker's live map of the partition when it is in the
-    record's chain (caught up with the layers after it), else rebuilt; either way the caller
-    owns it (a failure half-way leaves no live map behind)."""
+    """The state ``record`` holds: this worker's live map of the partition when the record's
+    chain or bridge holds it (caught up with the layers after it), else rebuilt; either way the
+    caller owns it (a failure half-way leaves no live map behind)."""
     live = _LIVE.pop((uid, index), None)
     if live is not None:
         token, state = live
-        try:
-            at = record.tokens.index(token)
-        except ValueError:
-            pass
-        else:
-            for layer in record.layers[at:]:
+        layers = record.layers_after(token)
+        if layers is not None:
+            for layer in layers:
                 state.apply(pickle.loads(layer))
             return state
     return record.state
 
 
-def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, time_ms: int,
-                forget_before_ms: int, mapped: list, delta, live_keys: int = LIVE_KEYS) -> StateRecord:
-    """The record after a batch that changed ``state`` (its journal) and forgot removals before
-    ``forget_before_ms``: the previous base plus a layer, or a new base; ``state`` stays live."""
-    layer = _dumps((state.journal or [], forget_before_ms))
-    state.journal = None
-    layers = [*previous.layers, layer]
-    if len(layers) > MAX_LAYERS or sum(map(len, layers)) * 2 >= len(previous.base):
-        record = StateRecord(time_ms, _dumps(state), [], mapped, delta)
+def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, layer: tuple,
+                mapped: list, delta, live_keys: int = LIVE_KEYS) -> StateRecord:
+    """The record after a batch that made ``layer`` (:meth:`StateMap.end_batch`) from
+    ``previous``'s state: the previous base plus the layer, or a new base with a bridge from the
+    previous chain; ``state`` stays live."""
+    time_ms = layer[0]
+    layers = [*previous.layers, _dumps(layer)]
+    if len(layers) <= MAX_LAYERS and sum(map(len, layers)) * 2 < len(previous.base):
+        record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()],
+                             previous.bridge)
     else:
-        record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()])
+        base = _dumps(state)
+        bridge = (previous.tokens, layers) if sum(map(len, layers)) <= len(base) else None
+        record = StateRecord(time_ms, base, [], mapped, delta, bridge=bridge)
     keep_live(uid, index, record.token, state, live_keys)
     return record
 
