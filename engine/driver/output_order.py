@@ -20,12 +20,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from ..errors import EngineError
+
 
 class _PendingBatch(Protocol):
     def op_done(self, output_op_id: int) -> bool: ...
 
 
-class BatchOrderStopped(RuntimeError):
+class BatchOrderStopped(EngineError, RuntimeError):
     """A stop gave up on the queued batches while this one waited for an earlier one's turn: it
     is left, uncommitted, for the restart."""
 
