@@ -50,12 +50,16 @@ def test_a_crash_after_every_step_of_the_batch_protocol_loses_and_doubles_nothin
         counted = read_results(str(tmp_path))["lines"]
         assert all(counted.get(p, 0) <= n for p, n in appended.items()), (step, counted, appended)
     add("p1", 3)
-    # the crashes left batches planned ahead (offsets logged, not committed): a restart re-runs
-    # them all first; on a busy machine one 8 s run may not get through them, and the next run
-    # resumes where it stopped: counted never beyond what was appended, after every run
+    runs_count_every_line_once(tmp_path, appended)
+
+
+def runs_count_every_line_once(workdir, appended: dict[str, int], mode: str | None = None) -> None:
+    """The crashes left batches planned ahead (offsets logged, not committed): a restart re-runs
+    them all first; on a busy machine one 8 s run may not get through them, and the next run
+    resumes where it stopped: counted never beyond what was appended, after every run."""
     for _run in range(4):
-        assert run_app(tmp_path, 8) == 0
-        results = read_results(str(tmp_path))
+        assert run_app(workdir, 8, mode) == 0
+        results = read_results(str(workdir))
         assert all(results["lines"].get(p, 0) <= n for p, n in appended.items()), (results, appended)
         if results["lines"] == appended:
             break
