@@ -42,8 +42,7 @@ def main() -> None:
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
-    overlap = crash_at in ("overlap", "overlap_output")
-    if overlap or crash_at == "pipelined":
+    if crash_at in ("overlap", "overlap_output", "pipelined"):
         conf.set("spark.streaming.concurrentJobs", "2")
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")

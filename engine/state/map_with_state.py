@@ -166,7 +166,7 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
         for key in state.idle_before(batch_ms - timeout_ms):
             wrap(True, values[key], timing_out=True)
             emit(func(key, None, st))
-            state.delete(key)
+            delete(key)
     layer = state.end_batch(batch_ms, forget_before_ms)
     delta = None if delta_since_ms is None else (delta_since_ms, state.rows_since(delta_since_ms))
     yield index, next_record(uid, index, previous, state, layer, mapped, delta, live_keys)
