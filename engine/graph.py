@@ -38,6 +38,10 @@ class DStreamGraph:
         self.outputs: list = []  # the output streams (ForEachDStream)
         self.zero_time_ms: int | None = None
         self.remember_ms: int | None = None
+        #: first new batch time -> the last batch time before it, of each downtime a restart
+        #: coalesced (``spark.sparkwal.recovery.coalesceDowntime``): checkpointed, as a later
+        #: restart re-running the first new batch must build its state on the same batch again
+        self.downtimes: dict[int, int] = {}
 
     def register(self, stream) -> None:
         self.streams.append(stream)
@@ -66,6 +70,21 @@ class DStreamGraph:
             o.initialize(zero_time_ms)
         for o in self.outputs:
             o.remember_at_least(self.remember_ms)
+
+    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
+        """The batch times after ``last_ms`` run as the batch of ``first_new_ms``, in every stream."""
+        self.downtimes[first_new_ms] = last_ms
+        for s in self.streams:
+            s.coalesce_downtime(last_ms, first_new_ms)
+
+    def coalesced(self, time_ms: int) -> bool:
+        """Whether batch time ``time_ms`` is inside a coalesced downtime (it is never generated)."""
+        return any(last < time_ms < first for first, last in self.downtimes.items())
+
+    def downtimes_since(self, floor_ms: int) -> list[list[int]]:
+        """``[[first new batch time, last batch time before it], ...]`` of the coalesced downtimes
+        a restart from ``floor_ms`` on may still cross (a checkpoint's ``downtimes``)."""
+        return [[first, last] for first, last in sorted(self.downtimes.items()) if first > floor_ms]
 
     def generate_jobs(self, time_ms: int) -> list:
         jobs = []

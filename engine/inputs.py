@@ -38,11 +38,9 @@ class InputDStream(DStream):
     def restore(self, data: dict) -> None:
         pass
 
-    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
-        """A restart coalesces the batch times after ``last_ms`` into the batch of
-        ``first_new_ms`` (``spark.sparkwal.recovery.coalesceDowntime``): that batch takes their
-        input. Receivers' blocks and direct ranges need nothing for it (a batch takes what is
-        unallocated, or unplanned, when it is generated); a file stream reaches back (below)."""
+    # coalesce_downtime (a restart's): receivers' blocks and direct ranges need nothing for it (a
+    # batch takes what is unallocated, or unplanned, when it is generated); a file stream reaches
+    # back (FileInputDStream._find_new_files)
 
 
 class QueueInputDStream(InputDStream):
@@ -195,7 +193,7 @@ class FileInputDStream(InputDStream):
     MIN_REMEMBER_MS = 60_000
     location: StorageLocation | None = None  # the directory, its options (streams pickled before it)
     MTIME_SLACK_MS = 2_000
-    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts", "_coalesced")
+    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts")
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -237,16 +235,14 @@ class FileInputDStream(InputDStream):
         super().initialize(zero_time_ms)
         self.remember_ms = max(self.remember_ms, self.remember_files_ms)
 
-    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
-        """The first new batch takes the files modified since ``last_ms`` (the missed batches'),
-        even those older than the remember window, which it would otherwise not look back to."""
-        self._coalesced = (first_new_ms, last_ms)
-
     def _find_new_files(self, time_ms: int) -> list[str]:
+        """After a coalesced downtime, the first new batch takes the files modified since the last
+        batch before it (the missed batches'), even those older than the remember window, which it
+        would otherwise not look back to."""
         threshold = max(self._start_threshold_ms, time_ms - self.remember_files_ms)
-        coalesced = getattr(self, "_coalesced", None)
-        if coalesced is not None and time_ms == coalesced[0]:
-            threshold = max(self._start_threshold_ms, min(threshold, coalesced[1]))
+        last = self.downtimes.get(time_ms)
+        if last is not None:
+            threshold = max(self._start_threshold_ms, min(threshold, last))
         return sorted(path for path, mtime in _list_files(self.location)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)

@@ -64,6 +64,9 @@ class StreamMachinery:
         self.checkpoint_ms: int | None = None
         self.must_checkpoint = False
         self._lock = threading.RLock()
+        #: first new batch time -> the last batch time before it, of each downtime whose batch
+        #: times a restart coalesced (:meth:`coalesce_downtime`)
+        self.downtimes: dict[int, int] = {}
         self.creation_site = creation_site()  # "map at app.py:12": names it in errors
         host_of(ssc).graph.register(self)
 
@@ -75,7 +78,8 @@ class StreamMachinery:
     # ------------------------------------------------------------------ pickling (the code part)
 
     #: What a pickled stream leaves out: its context and what lives only in a running driver.
-    transient_fields: tuple[str, ...] = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock")
+    transient_fields: tuple[str, ...] = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock",
+                                         "downtimes")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -89,6 +93,7 @@ class StreamMachinery:
             setattr(self, name, None)
         self.generated_rdds, self._superseded, self.lineage_from = {}, {}, {}
         self._lock = threading.RLock()
+        self.downtimes = {}
 
     def attach(self, ssc) -> None:
         """Bind an unpickled stream to the context (a StreamingContext) that recovers it."""
@@ -137,6 +142,18 @@ class StreamMachinery:
     def compute(self, time_ms: int) -> RDD | None:
         raise NotImplementedError
 
+    def coalesce_downtime(self, last_ms: int, first_new_ms: int) -> None:
+        """A restart coalesces the batch times after ``last_ms`` into the batch of
+        ``first_new_ms`` (``spark.sparkwal.recovery.coalesceDowntime``): that batch takes their
+        input, and a stateful stream's state at ``first_new_ms`` is built on the one at
+        ``last_ms`` (:meth:`previous_batch_ms`); the times between are never generated."""
+        self.downtimes[first_new_ms] = last_ms
+
+    def previous_batch_ms(self, time_ms: int) -> int:
+        """The batch time whose state a stateful stream's batch at ``time_ms`` builds on: one
+        slide before, or the last batch before a coalesced downtime."""
+        return self.downtimes.get(time_ms, time_ms - self.slide_ms)
+
     def get_or_compute(self, time_ms: int) -> RDD | None:
         with self._lock:
             if time_ms in self.generated_rdds:
@@ -151,7 +168,7 @@ class StreamMachinery:
                     self._host.checkpoint_rdd(self, time_ms, rdd)
                 self.generated_rdds[time_ms] = rdd
                 if self.must_checkpoint:  # a state built on the one before it, if any
-                    self.lineage_from[time_ms] = self.lineage_from.get(time_ms - self.slide_ms, time_ms)
+                    self.lineage_from[time_ms] = self.lineage_from.get(self.previous_batch_ms(time_ms), time_ms)
             return rdd
 
     def lineage_start(self, time_ms: int) -> int | None:

@@ -377,8 +377,7 @@ def test_a_batch_seen_complete_is_checkpointed_by_a_stop_that_does_not_wait(spar
 def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_context, tmp_path, caplog):
     """spark.sparkwal.recovery.coalesceDowntime: after two minutes down at 0.5 s batches, a
     stateless program runs its checkpoint's batch again and then one batch with every file that
-    arrived meanwhile (one older than the remember window included), instead of 238 batches; a
-    stateful one says why it cannot and re-runs every missed batch, as Spark does."""
+    arrived meanwhile (one older than the remember window included), instead of 238 batches."""
     indir, ckpt = tmp_path / "in", tmp_path / "ckpt"
     indir.mkdir()
     counts: dict[int, list] = {}
@@ -423,21 +422,117 @@ def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_c
     assert done2.times == [120_500]  # (batch 500 is regenerated for nothing: its outputs succeeded)
 
 
-def test_coalesced_downtime_is_refused_for_a_stateful_program(spark_context, tmp_path, caplog):
-    live_conf = spark_context._jsc.sc().conf()
-    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
-    try:
-        app, ssc, clock, done = started_app(spark_context, tmp_path)  # word counts and running totals
+class StatefulApp:
+    """Running totals by updateStateByKey and by mapWithState (with a timeout if given), each
+    batch's recorded per batch time."""
+
+    def __init__(self, sc, tmp_path, timeout: float | None = None):
+        self.sc, self.indir, self.ckpt, self.timeout = sc, tmp_path / "in", tmp_path / "ckpt", timeout
+        self.indir.mkdir()
+        self.totals: dict[int, list] = {}
+        self.mapped: dict[int, list] = {}
+
+    def setup(self, clock, listener):
+        def create():
+            from sparkwal.engine import StateSpec
+
+            ssc = StreamingContext(self.sc, 0.5, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            pairs = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
+            totals, mapped = self.totals, self.mapped  # not self: it holds sc
+            pairs.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).foreachRDD(
+                lambda t, rdd: totals.__setitem__(ms(t), sorted(rdd.collect())))
+
+            def running(key, value, state):
+                if value is None:
+                    return key, "timed out"
+                state.update((state.get() if state.exists() else 0) + value)
+                return key, state.get()
+
+            spec = StateSpec.function(running).numPartitions(2)
+            if self.timeout is not None:
+                spec = spec.timeout(self.timeout)
+            pairs.mapWithState(spec).foreachRDD(lambda t, rdd: mapped.__setitem__(ms(t), sorted(rdd.collect())))
+            ssc.addStreamingListener(listener)
+            return ssc
+        return create
+
+    def run_then_restart(self, restart_ms: int, while_down) -> tuple[StreamingContext, ManualClock, Completed]:
+        """Batch 500 with "x y", a stop, ``while_down()``, and a restart at ``restart_ms``
+        (coalescing downtime), started."""
+        clock, done = ManualClock(0), Completed()
+        ssc = StreamingContext.getOrCreate(str(self.ckpt), self.setup(clock, done))
+        ssc.start()
+        put_file(self.indir, "a.txt", "x y", 400)
         clock.advance(500)
         done.wait_for(500)
         ssc.stop(stopSparkContext=False)
-        clock2, done2 = ManualClock(2200), Completed()
-        ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, done2), upgrade=True)
+        while_down()
+        clock2, done2 = ManualClock(restart_ms), Completed()
+        ssc2 = StreamingContext.getOrCreate(str(self.ckpt), self.setup(clock2, done2), upgrade=True)
+        ssc2.start()
+        return ssc2, clock2, done2
+
+
+def test_coalesced_downtime_builds_state_on_the_last_batch_before_it(spark_context, tmp_path):
+    """State without timeouts coalesces too: after 10 s down, updateStateByKey's and
+    mapWithState's state of the one new batch is the last batch's plus all the input the missed
+    batch times would have had."""
+    app = StatefulApp(spark_context, tmp_path)
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
+        def arrive():
+            put_file(app.indir, "b.txt", "x", 1300)
+            put_file(app.indir, "c.txt", "z x", 9000)
+        ssc2, clock2, done2 = app.run_then_restart(10_200, arrive)
+        try:
+            assert ssc2.coalesced_batch_times == list(range(1000, 10_500, 500))
+            clock2.advance(300)
+            done2.wait_for(10_500)
+        finally:
+            ssc2.stop(stopSparkContext=False)
+    finally:
+        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
+    assert sorted(app.totals) == [500, 10_500] and sorted(app.mapped) == [500, 10_500]
+    assert app.totals[10_500] == [("x", 3), ("y", 1), ("z", 1)]
+    assert app.mapped[10_500] == [("x", 2), ("x", 3), ("z", 1)]  # a call per record, as Spark's
+    assert done2.times == [10_500]
+
+    # the downtime is checkpointed: a later restart (not coalescing) regenerates batch 10 500's
+    # state on batch 500's again, and never runs the coalesced batch times (a file arriving late
+    # with one of their times goes to the next batch, not to one of them)
+    from sparkwal.checkpoint import read_checkpoint
+
+    assert read_checkpoint(str(app.ckpt)).data["downtimes"] == [[10_500, 500]]
+    clock3, done3 = ManualClock(10_700), Completed()
+    ssc3 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock3, done3), upgrade=True)
+    ssc3.start()
+    try:
+        assert ssc3.skipped_batch_times == [10_500] and ssc3.rerun_batch_times == []
+        put_file(app.indir, "d.txt", "y", 10_800)
+        put_file(app.indir, "late.txt", "w", 5000)
+        clock3.advance(300)
+        done3.wait_for(11_000)
+    finally:
+        ssc3.stop(stopSparkContext=False)
+    assert app.totals[11_000] == [("w", 1), ("x", 3), ("y", 2), ("z", 1)]
+    assert app.mapped[11_000] == [("w", 1), ("y", 2)]
+
+
+def test_coalesced_downtime_is_refused_for_state_with_a_timeout(spark_context, tmp_path, caplog):
+    """A mapWithState timeout is checked batch by batch: the missed batches re-run, as Spark's,
+    and one line says why."""
+    app = StatefulApp(spark_context, tmp_path, timeout=60)
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
         with caplog.at_level("WARNING", logger="sparkwal.engine.driver.recovery"):
-            ssc2.start()
+            ssc2, clock2, done2 = app.run_then_restart(2200, lambda: None)
         try:
             assert ssc2.coalesced_batch_times == [] and ssc2.rerun_batch_times == [1000, 1500, 2000]
-            assert "keeps state" in caplog.text
+            refusals = [r.getMessage() for r in caplog.records if "coalesceDowntime" in r.getMessage()]
+            assert len(refusals) == 1 and "has a state timeout" in refusals[0], refusals
             done2.wait_for(2000)
         finally:
             ssc2.stop(stopSparkContext=False)

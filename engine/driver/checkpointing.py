@@ -10,7 +10,9 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
      batch succeeded (a restart then regenerates that batch without outputting it again), else
      None, "leader_epoch": the writing driver's leadership epoch (None: not leading),
      "floor_ms": the oldest batch time a restart from it may need (its blocks, logged batches
-     and received data are kept from there; ``sparkwal checkpoint copy`` copies from there)}
+     and received data are kept from there; ``sparkwal checkpoint copy`` copies from there),
+     "downtimes": [[first new batch time, the last batch time before it], ...] of downtimes a
+     restart coalesced (``spark.sparkwal.recovery.coalesceDowntime``) after the floor}
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class Checkpointing:
             "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
             "leader_epoch": driver.leader_epoch,
             "floor_ms": floor,
+            "downtimes": driver.graph.downtimes_since(floor),
         }
         with self._floors_lock:
             self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))

@@ -82,6 +82,8 @@ def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
     for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
     driver.snapshots.restore(data.get("state", {}))
+    for first_new, last in data.get("downtimes", []):  # (checkpoints before issue 44 have none)
+        driver.graph.coalesce_downtime(last, first_new)
     log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
              checkpoint.pending_times_ms)
 
@@ -97,7 +99,9 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     down = list(range(cp.checkpoint_time_ms, restart_ms, driver.batch_ms))
     logged = driver.batch_log.rerun_times if driver.batch_log is not None else []
     # (a stream's first checkpoint is of its zero time, before its first batch: not a batch)
-    times = sorted({t for t in [*cp.pending_times_ms, *down, *logged] if zero < t < restart_ms})
+    # (a downtime an earlier restart coalesced has no batch times: they ran as its first new batch)
+    times = sorted({t for t in [*cp.pending_times_ms, *down, *logged]
+                    if zero < t < restart_ms and not driver.graph.coalesced(t)})
     coalesced: list[int] = []
     if driver.settings[config.COALESCE_DOWNTIME]:
         times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
@@ -111,8 +115,9 @@ def coalesce_downtime(driver: RecoveryHost, cp: Checkpoint, times: list[int], lo
     """``(times to regenerate, times coalesced)``: the checkpoint's own, pending and logged batch
     times still run as they were (their outputs and ranges are fixed); the batch times after them,
     missed while the driver was down, are not generated, and the first new batch takes their input
-    (Structured Streaming's way after downtime). Only where the program allows it: every stream
-    stateless, with no window and the batch's slide; otherwise Spark's rule, said in one line."""
+    (Structured Streaming's way after downtime), and stateful streams build its state on the last
+    batch's. Only where the program allows it: no window, every stream at the batch's slide, state
+    without timeouts (a key's timeout counts batches); otherwise Spark's rule, said in one line."""
     refused = why_not_coalesced(driver)
     if refused is not None:
         log.warning("spark.sparkwal.recovery.coalesceDowntime: re-running every missed batch as "
@@ -121,8 +126,7 @@ def coalesce_downtime(driver: RecoveryHost, cp: Checkpoint, times: list[int], lo
     last = max([cp.checkpoint_time_ms, *cp.pending_times_ms, *logged])
     kept, coalesced = [t for t in times if t <= last], [t for t in times if t > last]
     if coalesced:
-        for s in driver.graph.inputs:
-            s.coalesce_downtime(last, restart_ms)
+        driver.graph.coalesce_downtime(last, restart_ms)
         log.info("restarting: the %d batch times missed from %d to %d run as the batch of %d "
                  "(spark.sparkwal.recovery.coalesceDowntime)", len(coalesced), coalesced[0], coalesced[-1],
                  restart_ms)
@@ -134,8 +138,8 @@ def why_not_coalesced(driver: RecoveryHost) -> str | None:
     for s in driver.graph.streams:
         if getattr(s, "window_ms", None) is not None:
             return f"{s} is windowed (each window needs its own batches)"
-        if s.must_checkpoint:
-            return f"{s} keeps state (coalescing is for stateless programs so far)"
+        if getattr(s, "timeout_ms", None) is not None:
+            return f"{s} has a state timeout (keys are timed out batch by batch)"
         if s.slide_ms != driver.batch_ms:
             return f"{s} slides every {s.slide_ms} ms, not every batch"
     return None

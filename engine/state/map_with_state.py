@@ -239,7 +239,7 @@ class InternalMapWithStateDStream(DStream):
             preservesPartitioning=True)
 
     def compute(self, time_ms: int) -> RDD | None:
-        previous = time_ms - self.slide_ms
+        previous = self.previous_batch_ms(time_ms)
         state = self.get_or_compute(previous) if previous > self.zero_time_ms else None
         if state is None:
             state = self._first_state(time_ms)

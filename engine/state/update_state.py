@@ -69,7 +69,7 @@ class StateDStream(KeyValueState, DStream):
         self.storage_level = StorageLevel.MEMORY_ONLY
 
     def compute(self, time_ms: int) -> RDD | None:
-        previous = time_ms - self.slide_ms
+        previous = self.previous_batch_ms(time_ms)
         last = self.get_or_compute(previous) if previous > self.zero_time_ms else None
         rdd = self.dependencies[0].get_or_compute(time_ms)
         if rdd is None:
