@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -71,17 +72,64 @@ def s3_endpoint():
     server.stop()
 
 
-@pytest.fixture
-def s3_url(s3_endpoint):
-    """(url of a fresh bucket, storage_options) on the local S3 server."""
+@contextlib.contextmanager
+def moto_process():
+    """moto's S3 server in a process of its own (its own process group) on 127.0.0.1: ``(its
+    endpoint, the process)``. For clients that hold the GIL while they wait for a reply (delta-rs),
+    which a server thread in this process could then never answer."""
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_process_endpoint():
+    """The endpoint of a moto S3 server in its own process (:func:`moto_process`), for the session."""
+    with moto_process() as (endpoint, _proc):
+        yield endpoint
+
+
+def new_bucket(endpoint: str) -> tuple[str, dict]:
+    """(url of a fresh bucket, storage_options) on the S3 server at ``endpoint``."""
     import boto3
 
     bucket = f"sparkwal-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="testing",
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
                  aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=bucket)
     options = {"key": "testing", "secret": "testing", "use_listings_cache": False,
-               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     return f"s3://{bucket}", options
+
+
+@pytest.fixture
+def s3_url(s3_endpoint):
+    """(url of a fresh bucket, storage_options) on the local S3 server."""
+    return new_bucket(s3_endpoint)
+
+
+@pytest.fixture
+def s3_process_url(s3_process_endpoint):
+    """(url of a fresh bucket, storage_options) on the S3 server in its own process."""
+    return new_bucket(s3_process_endpoint)
 
 
 @pytest.fixture

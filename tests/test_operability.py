@@ -139,6 +139,9 @@ def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout:
     ("sparkwal.engine.drill", ["--batch", "-1"], "argument --batch"),
     ("sparkwal.engine.drill", ["--kills", "x"], "argument --kills"),
     ("sparkwal.engine.drill", ["--kinds", "driver"], "--kinds is for --mode receiver"),
+    ("sparkwal.engine.drill", ["--sink", "delta"], "--sink delta is for --mode direct"),
+    ("sparkwal.engine.drill", ["--mode", "direct", "--sink", "kafka"], "argument --sink: invalid choice: 'kafka'"),
+    ("sparkwal.engine.wordcount", ["--sink", "delta"], "--sink delta: only with --source filelog"),
     ("sparkwal.engine.drill", ["--mode", "receiver", "--kinds", "driver,disk"], "choose among driver,executor,worker"),
 ])
 def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, names, tmp_path):
@@ -148,6 +151,17 @@ def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, 
     assert names in last and "Traceback" not in proc.stderr
     assert "SparkContext" not in proc.stderr and "log4j" not in proc.stderr  # no JVM started
     assert not (tmp_path / "work").exists()  # found before anything was made
+
+
+def test_a_work_directory_keeps_the_sink_its_output_began_with(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "output.db").write_bytes(b"")
+    proc = _job("sparkwal.engine.wordcount", "--source", "filelog", "--sink", "delta", "--dir", work)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"--sink delta: {work / 'output.db'} holds this work directory's output from the other sink: "
+        "use that sink, or another --dir")
 
 
 @pytest.mark.parametrize("module", ["sparkwal.engine.wordcount", "sparkwal.engine.drill"])

@@ -4,9 +4,10 @@
 
 An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
 while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into SQLite
-and is killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up,
-between batches or in the middle of one, then restarted on the same work directory. After the
-last kill the appender stops and the app runs until it has counted everything. Exactly once
+(or, ``--sink delta``, a Delta table) and is killed (SIGKILL to its process group: driver and
+JVM) at random moments, during start-up, between batches or in the middle of one, then restarted
+on the same work directory. After the last kill the appender stops and the app runs until it has
+counted everything. Exactly once
 means: the lines counted per partition equal the lines appended, and every word total equals the
 count derived from the appended lines (a lost or doubled line changes both).
 """
@@ -26,14 +27,15 @@ from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000,
-        standby: bool = False) -> dict:
+        standby: bool = False, sink: str = "sqlite") -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
-    standby is started."""
+    standby is started. ``sink``: the main job's (``sqlite`` or ``delta``), read back through its
+    own reader."""
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=20)
     appended, stop_input, feeder = start_appender(workdir, seed, batch, max_lines)
-    args = ("--source", "filelog", "--master", master)
+    args = ("--source", "filelog", "--master", master, "--sink", sink)
     runs: list[AppRun] = []
     recovery_s: list[float] = []
     k = 0
@@ -81,7 +83,8 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
 
     result = verify(workdir, appended, runs)
     result.update({
-        "mode": "direct (FileLogSource -> SQLite), exactly once", "master": master,
+        "mode": f"direct (FileLogSource -> {'Delta' if sink == 'delta' else 'SQLite'}), exactly once",
+        "master": master, "sink": sink,
         "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,
         "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
         "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,

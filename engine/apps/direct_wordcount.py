@@ -75,23 +75,51 @@ def write_batch(cur, batch_ms: int, records: list) -> None:
     cur.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_ms, lines))
 
 
-def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None):
-    """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``)."""
+def count_row(record) -> tuple:
+    """A batch's count ``((kind, key), n)`` as a row of the Delta table."""
+    (kind, key), n = record
+    return kind, key, n
+
+
+def delta_sink(workdir: str):
+    """``WORKDIR/output.delta``: each batch's counts appended as rows ``(kind, key, n)`` (kind
+    ``word`` or ``lines``), partitioned by kind; the totals are their sums."""
+    import pyarrow as pa
+
+    from sparkwal.engine.sinks import DeltaSink
+
+    schema = pa.schema([("kind", pa.string()), ("key", pa.string()), ("n", pa.int64())])
+    return DeltaSink(os.path.normpath(os.path.join(workdir, "output.delta")), "wordcount", schema=schema,
+                     partition_by=["kind"])
+
+
+def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None,
+                 sink: str = "sqlite"):
+    """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``;
+    output: ``sink``, ``sqlite`` (WORKDIR/output.db) or ``delta`` (WORKDIR/output.delta))."""
     from sparkwal.engine.apps import direct_wordcount as app  # by its importable name, not __main__
     from sparkwal.engine.sinks import SQLiteSink
     from sparkwal.engine.sources import FileLogSource
 
-    sink = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
     source = (FileLogSource(input_url, storage_options) if input_url
               else FileLogSource(os.path.normpath(os.path.join(workdir, "log"))))
-    stream = ssc.directStream(source, fromOffsets=sink.offsets())
+    if sink == "delta":
+        table = delta_sink(workdir)
+        stream = ssc.directStream(source, fromOffsets=table.offsets())
+        table.saveStream(stream.flatMap(app.tag_line).reduceByKey(operator.add).map(app.count_row), stream)
+        return stream
+    database = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
+    stream = ssc.directStream(source, fromOffsets=database.offsets())
     counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
-    sink.saveStream(counts, stream, app.write_batch)
+    database.saveStream(counts, stream, app.write_batch)
     return stream
 
 
 def read_results(workdir: str) -> dict:
-    """What the database holds: ``{"words": {...}, "lines": {...}, "batches": n}``."""
+    """What the output holds, the SQLite database's or the Delta table's (read through the
+    sink's own reader): ``{"words": {...}, "lines": {...}, "batches": n}``."""
+    if os.path.isdir(os.path.join(workdir, "output.delta", "_delta_log")):
+        return _read_delta_results(workdir)
     path = os.path.join(workdir, "output.db")
     if not os.path.exists(path):
         return {"words": {}, "lines": {}, "batches": 0}
@@ -108,3 +136,12 @@ def read_results(workdir: str) -> dict:
     finally:
         conn.close()
     return {"words": words, "lines": lines, "batches": batches}
+
+
+def _read_delta_results(workdir: str) -> dict:
+    sink = delta_sink(workdir)
+    totals: dict[str, dict[str, int]] = {"word": {}, "lines": {}}
+    for row in sink.read().to_pylist():
+        kind = totals[row["kind"]]
+        kind[row["key"]] = kind.get(row["key"], 0) + row["n"]
+    return {"words": totals["word"], "lines": totals["lines"], "batches": sink.batches_committed()}

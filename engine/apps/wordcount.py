@@ -15,7 +15,8 @@
 * ``--source filelog``: a direct stream (exactly once) over the append-only files of
   ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`sparkwal.engine.apps.direct_wordcount`. With
   ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
-  drill's appender). It also emits ``batch_committed`` events.
+  drill's appender). It also emits ``batch_committed`` events. ``--sink delta`` writes the counts
+  into a Delta table (``WORKDIR/output.delta``, through delta-rs) instead of SQLite, as exactly.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
   "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
   ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
@@ -38,6 +39,7 @@ arguments or the environment is one line and status 2 (:mod:`sparkwal.engine.app
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import operator
 import os
@@ -71,7 +73,7 @@ def save_batch(out_url: str, t, rdd) -> None:
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
-          input_url: str | None = None, standby: bool = False):
+          input_url: str | None = None, standby: bool = False, sink: str = "sqlite"):
     """The app's context and its progress listener (not started: :func:`progress.say_context`
     says which it is once it is): the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
@@ -98,7 +100,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         if direct:
             from sparkwal.engine.apps.direct_wordcount import setup_direct
 
-            setup_direct(ssc, workdir, input_url, storage_options)
+            setup_direct(ssc, workdir, input_url, storage_options, sink)
             return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
@@ -155,6 +157,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                     "(default WORKDIR/checkpoint)")
     ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
                     "(default WORKDIR/log)")
+    ap.add_argument("--sink", choices=["sqlite", "delta"], default=None,
+                    help="filelog mode: where the counts go, SQLite (WORKDIR/output.db, the default) "
+                    "or a Delta table (WORKDIR/output.delta)")
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                     help="an fsspec option of --checkpoint and --input (repeatable); credentials "
                     "are best left to the environment (see docs/cluster.md)")
@@ -167,6 +172,21 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="machine-readable events (JSON lines)")
     ap.add_argument("--verbose", action="store_true", help="Spark's own log lines (WARN and up)")
     return ap
+
+
+def check_sink(ap: argparse.ArgumentParser, args) -> None:
+    """``--sink``: filelog mode only; delta needs its package; a work directory keeps the sink its
+    output began with (one line, status 2)."""
+    if args.sink is None:
+        return
+    if args.source != "filelog":
+        ap.error(f"--sink {args.sink}: only with --source filelog (the other modes write WORKDIR/output)")
+    if args.sink == "delta" and importlib.util.find_spec("deltalake") is None:
+        ap.error("--sink delta needs the deltalake package: pip install 'sparkwal[delta]'")
+    other = {"delta": "output.db", "sqlite": "output.delta"}[args.sink]
+    if os.path.exists(os.path.join(args.dir, other)):
+        ap.error(f"--sink {args.sink}: {os.path.join(args.dir, other)} holds this work directory's output "
+                 "from the other sink: use that sink, or another --dir")
 
 
 def _fail(message: str, status: int) -> int:
@@ -193,6 +213,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         ap.error(str(e))
     if args.source == "receiver" and args.source_port is not None and not os.environ.get(args.source_secret_env):
         ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
+    check_sink(ap, args)
     a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
     a.local_path_is_directory(ap, args.input, "--input")
     workdir = a.usable_directory(ap, args.dir, "--dir")
@@ -264,7 +285,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     try:
         ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
                               receiver=receiver, direct=direct, checkpoint=args.checkpoint,
-                              storage_options=options, input_url=args.input, standby=args.standby)
+                              storage_options=options, input_url=args.input, standby=args.standby,
+                              sink=args.sink or "sqlite")
         ssc.start()
     except ExecutorEnvironmentError as e:
         sc.stop()
@@ -341,8 +363,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     if direct:
         from sparkwal.engine.apps.direct_wordcount import read_results
 
+        output = "output.delta" if args.sink == "delta" else "output.db"
         summary(ssc, progress, args.json, read_results(workdir)["batches"],
-                os.path.join(workdir, "output.db"), signals.signal_name)
+                os.path.join(workdir, output), signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
     summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)

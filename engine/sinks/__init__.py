@@ -1,5 +1,6 @@
 """Exactly-once outputs: transactional sinks that store a batch's results with its offsets."""
 
+from .delta import DeltaSink
 from .transactional import DbApiSink, SinkOffsetsError, SQLiteSink
 
-__all__ = ["DbApiSink", "SQLiteSink", "SinkOffsetsError"]
+__all__ = ["DbApiSink", "DeltaSink", "SQLiteSink", "SinkOffsetsError"]

@@ -1,0 +1,382 @@
+"""Exactly-once output into a Delta Lake table, through delta-rs (the ``deltalake`` package).
+
+Each batch (time ``t``, the offset ranges ``R`` its direct stream read) goes in as ONE Delta
+transaction that carries the batch's identity, written by the executors and committed by the driver:
+
+1. The driver reads the table's application transaction of the sink (``txn``, appId = the
+   sink's name): a version ``>= t`` means the batch is in the table already (a re-run after a
+   crash between the Delta commit and the stream's checkpoint): nothing is written.
+2. Each task writes its partition's rows as Parquet files with pyarrow under the table, their
+   names recorded first (files and records: :mod:`sparkwal.engine.sinks.delta_files`). Only the
+   files' add actions (path, size, statistics) come back to the driver: a batch's output never
+   passes through it, whatever ``spark.driver.maxResultSize`` is.
+3. The driver commits the add actions with ``txn(appId=name, version=t)`` (the record Spark's own
+   Delta sink writes: Spark and Databricks readers see the stream's progress) and, in the
+   commit's ``commitInfo``, ``sparkwal.sink``, ``sparkwal.batchTimeMs`` and ``sparkwal.offsets``
+   (every partition's end offset: JSON ``[[topic, partition, offset], ...]``), from which
+   :meth:`DeltaSink.offsets` resumes a direct stream without a checkpoint. As with
+   :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the sink's output ended.
+   A commit conflict re-reads the table and decides again. delta-rs itself would commit the
+   same ``txn`` version twice (its issues 2580, 3821): step 1 keeps a batch from going in twice.
+4. Then the files recorded for batches up to ``t`` that the table does not hold (an attempt that
+   never committed: a killed task, a killed driver) are deleted, and their records.
+
+``mode="merge"`` (keyed results, upsert by ``keys``): the tasks write the rows to staging files
+instead, and the driver's transaction is delta-rs's MERGE of those files into the table
+(streamed from them, not collected), with the same ``txn``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from functools import partial
+from urllib.parse import unquote
+
+from sparkwal.wal import StorageUnavailableError, retry
+from sparkwal.wal.location import StorageLocation, without_credentials
+
+from ..dstream import ForEachDStream
+from ..sources.protocol import OffsetRange, TopicPartition
+from .delta_files import RECORDS_DIR, add_action, write_partition
+from .transactional import SinkOffsetsError
+
+log = logging.getLogger(__name__)
+
+MODES = ("append", "merge")
+_COMMIT_ATTEMPTS = 5
+
+
+def _deltalake():
+    try:
+        import deltalake
+    except ImportError as e:  # pragma: no cover - the test extra has it
+        raise ImportError("DeltaSink needs the deltalake package: pip install 'sparkwal[delta]'") from e
+    return deltalake
+
+
+class DeltaSink:
+    """Exactly-once output of a direct stream's batches into the Delta table at ``table_uri``.
+
+    ``name``: the stream's identity in the table (its ``txnAppId``); ``schema``: a pyarrow
+    schema, needed when the table does not exist yet (it is then created); ``partition_by``: its
+    partition columns; ``mode``: ``"append"`` or ``"merge"`` (upsert by ``keys``);
+    ``storage_options``: fsspec's, as everywhere in sparkwal (the tasks get them without
+    credentials: executors take those from their environment); delta-rs's own are derived from
+    them for S3 (:func:`delta_rs_options`), and ``delta_storage_options`` adds to or overrides
+    them. Rows are dicts or tuples in the schema's column order."""
+
+    def __init__(self, table_uri: str, name: str = "sparkwal", *, schema=None, mode: str = "append",
+                 keys: Sequence[str] | None = None, partition_by: Sequence[str] | None = None,
+                 storage_options: Mapping | None = None, delta_storage_options: Mapping[str, str] | None = None):
+        if not isinstance(table_uri, str) or not table_uri:
+            raise ValueError(f"table_uri must be a non-empty string, got {table_uri!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "merge" and not keys:
+            raise ValueError("mode='merge' needs keys: the columns a row is matched by")
+        self._uri = table_uri.rstrip("/")  # as given: a relative path stays relative (see table_uri)
+        self.name, self.mode = name, mode
+        self.keys = list(keys or [])
+        self.partition_by = list(partition_by or [])
+        self._storage_options = dict(storage_options) if storage_options else None
+        self._delta_options = {**delta_rs_options(self.table_uri, storage_options), **(delta_storage_options or {})}
+        if "://" in self.table_uri and not self.table_uri.startswith("file://"):
+            # delta-rs retries an object store's calls for 3 minutes: the storage seam's deadline instead
+            self._delta_options.setdefault("retry_timeout", f"{retry.default_policy().deadline_s:g}s")
+        self._schema = schema
+        self._ends: dict[TopicPartition, int] | None = None  # the sink's offsets, as last read or written
+
+    def __getstate__(self) -> dict:
+        """Pickled into checkpoints with the output: no cached reads, no credentials."""
+        state = self.__dict__.copy()
+        state["_ends"] = None
+        state["_delta_options"] = without_credentials(self._delta_options) or {}
+        state["_storage_options"] = without_credentials(self._storage_options)
+        return state
+
+    @property
+    def table_uri(self) -> str:
+        """The table's URL; a local path absolute from the driver's working directory now (the
+        executors' differ), so that a program recovered in a copy of its work directory writes
+        to the copy's table, never to the original's."""
+        return self._uri if "://" in self._uri else os.path.abspath(self._uri)
+
+    @property
+    def location(self) -> StorageLocation:
+        """The table's location for the tasks (pickled without credentials)."""
+        return StorageLocation.of(self.table_uri, self._storage_options)
+
+    @property
+    def storage_options(self) -> dict:
+        """delta-rs's storage options (the driver's: credentials included)."""
+        return self._delta_options or None
+
+    # ------------------------------------------------------------------ the table
+
+    def table(self):
+        """The table (a ``deltalake.DeltaTable``) at its newest version; None if it does not exist."""
+        deltalake = _deltalake()
+        with self._storage_call("read table"):
+            if not deltalake.DeltaTable.is_deltatable(self.table_uri, self.storage_options):
+                return None
+            return deltalake.DeltaTable(self.table_uri, storage_options=self.storage_options)
+
+    @contextmanager
+    def _storage_call(self, operation: str):
+        """delta-rs's I/O errors (after its retries) as the storage seam's: the store is unavailable."""
+        from deltalake.exceptions import DeltaError
+
+        start = time.monotonic()
+        try:
+            yield
+        except (OSError, DeltaError) as e:
+            if isinstance(e, DeltaError) and "interacting with object store" not in str(e):
+                raise  # the table's own errors (a conflict, a schema mismatch) are not the store's
+            raise StorageUnavailableError(f"Delta {operation}", self.table_uri, 1, time.monotonic() - start, e) from e
+
+    def schema(self):
+        """The rows' pyarrow schema: the table's, else the one given (the table is created with it)."""
+        import pyarrow as pa
+
+        table = self.table()
+        if table is not None:
+            return pa.schema(table.schema().to_arrow())
+        if self._schema is None:
+            raise ValueError(f"{self.table_uri} is not a Delta table yet: give DeltaSink a schema to create it")
+        return self._schema
+
+    def _create_table(self):
+        deltalake = _deltalake()
+        table = self.table()
+        if table is None:
+            deltalake.DeltaTable.create(self.table_uri, self.schema(), partition_by=self.partition_by or None,
+                                        mode="ignore", storage_options=self.storage_options)
+            table = self.table()
+        return table
+
+    def committed_batch(self) -> int | None:
+        """The time of the newest batch in the table (its ``txn`` version), or None."""
+        table = self.table()
+        return None if table is None else table.transaction_version(self.name)
+
+    def batches_committed(self) -> int:
+        """How many batches the sink committed to the table (in its history)."""
+        table = self.table()
+        if table is None:
+            return 0
+        with self._storage_call("history"):
+            return sum(1 for c in table.history() if c.get("sparkwal.sink") == self.name)
+
+    def offsets(self) -> dict[TopicPartition, int]:
+        """The end offset of every partition the table's output reached: ``directStream(fromOffsets=...)``."""
+        table = self.table()
+        if table is None:
+            return {}
+        ends = self._read_ends(table)
+        if ends is None:
+            raise SinkOffsetsError(
+                f"{self.table_uri}: the commit of batch {table.transaction_version(self.name)} (the txn of "
+                f"{self.name!r}) is not in the table's history with its offsets (written by another writer, "
+                "or removed by log retention): start the stream with explicit fromOffsets")
+        return ends
+
+    def _read_ends(self, table) -> dict[TopicPartition, int] | None:
+        """The offsets in the commitInfo of the sink's newest batch (found from its ``txn``);
+        None if that commit is not in the history with them."""
+        version = table.transaction_version(self.name)
+        if version is None:
+            return {}
+        for commit in table.history():
+            if commit.get("sparkwal.sink") == self.name and str(commit.get("sparkwal.batchTimeMs")) == str(version):
+                return {TopicPartition(t, p): int(o) for t, p, o in json.loads(commit["sparkwal.offsets"])}
+        return None
+
+    # ------------------------------------------------------------------ one batch
+
+    def saveStream(self, dstream, offsetsFrom) -> None:
+        """Each batch of ``dstream`` (rows) into the table, exactly once, with the offsets of
+        ``offsetsFrom`` (the direct stream ``dstream`` derives from)."""
+        sink = self
+
+        def save(time_: datetime, rdd) -> None:
+            t = int(round(time_.timestamp() * 1000))
+            sink.write_batch(t, offsetsFrom.offset_ranges(t), rdd)
+
+        # in batch order when batches overlap (spark.streaming.concurrentJobs > 1): a batch's
+        # output must start where the previous one's ended
+        ForEachDStream(dstream.context(), dstream, save, in_order=True)
+
+    def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+        """Write ``rdd``'s rows and commit them with the batch's identity; False (nothing
+        written) if the table holds the batch already, or if the batch read and wrote nothing."""
+        table = self._create_table()
+        if self._already_in(table, batch_time_ms):
+            self.clean_up(batch_time_ms, table)
+            return False
+        schema = self.schema()
+        task = partial(write_partition, location=self.location, name=self.name, batch_time_ms=batch_time_ms,
+                       schema=schema, partition_by=self.partition_by,
+                       staging=self.mode == "merge", attempt=uuid.uuid4().hex[:12])
+        written = rdd.mapPartitionsWithIndex(task).collect()  # add actions only, never the rows
+        if not written and not any(r.untilOffset > r.fromOffset for r in ranges):
+            return False  # nothing to make visible: no commit (a table version per empty batch)
+        committed = self.commit_batch(batch_time_ms, ranges, written, schema)
+        self.clean_up(batch_time_ms)
+        return committed
+
+    def _already_in(self, table, batch_time_ms: int) -> bool:
+        version = table.transaction_version(self.name)
+        if version is not None and version >= batch_time_ms:
+            log.info("%s: batch %d is in the Delta table %s already (its txn version is %d); not "
+                     "written again", self.name, batch_time_ms, self.table_uri, version)
+            return True
+        return False
+
+    def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list[dict], schema) -> bool:
+        """One Delta transaction: the files tasks wrote, the ``txn`` and the offsets; False if the
+        batch turned out to be there already."""
+        deltalake = _deltalake()
+        from deltalake.exceptions import CommitFailedError
+
+        ranges = [r for r in ranges if r.untilOffset > r.fromOffset]
+        for attempt in range(_COMMIT_ATTEMPTS):
+            table = self._create_table()
+            if self._already_in(table, batch_time_ms):
+                return False
+            ends = self._check(table, batch_time_ms, ranges)
+            properties = deltalake.CommitProperties(
+                custom_metadata={"sparkwal.sink": self.name, "sparkwal.batchTimeMs": str(batch_time_ms),
+                                 "sparkwal.offsets": json.dumps([[tp.topic, tp.partition, o]
+                                                                 for tp, o in ends.items()])},
+                app_transactions=[deltalake.Transaction(app_id=self.name, version=batch_time_ms)])
+            try:
+                with self._storage_call(f"commit of batch {batch_time_ms}"):
+                    if self.mode == "merge":
+                        self._merge(table, written, schema, properties)
+                    else:
+                        adds = [add_action(w) for w in written if not w.get("staged")]
+                        table.create_write_transaction(adds, "append", schema, commit_properties=properties,
+                                                       partition_by=self.partition_by or None)
+            except CommitFailedError as e:
+                log.warning("%s: batch %d's Delta commit conflicted (%s); reading the table again "
+                            "(attempt %d of %d)", self.name, batch_time_ms, e, attempt + 1, _COMMIT_ATTEMPTS)
+                self._ends = None
+                continue
+            self._ends = ends
+            return True
+        raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}'s Delta commit to {self.table_uri} "
+                               f"conflicted {_COMMIT_ATTEMPTS} times")
+
+    def _check(self, table, batch_time_ms: int, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
+        """The sink's offsets after this batch; an error if the batch does not start where the
+        table's output ended."""
+        if self._ends is None:
+            self._ends = self._read_ends(table)
+            if self._ends is None:  # the txn's batch is older than the history: only the txn guards
+                log.warning("%s: the offsets of batch %s are not in %s's history: batch %d is written "
+                            "without checking where the table's output ended", self.name,
+                            table.transaction_version(self.name), self.table_uri, batch_time_ms)
+                self._ends = {}
+        ends = dict(self._ends)
+        for r in ranges:
+            tp = TopicPartition(r.topic, r.partition)
+            stored = ends.get(tp)
+            if stored is not None and stored != r.fromOffset:
+                raise SinkOffsetsError(
+                    f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
+                    f"{r.untilOffset}) but the Delta table's output ends at offset {stored}: start the "
+                    "stream from the table's offsets (fromOffsets=sink.offsets())")
+            ends[tp] = r.untilOffset
+        return ends
+
+    def _merge(self, table, written: list[dict], schema, properties) -> None:
+        import pyarrow.dataset as ds
+
+        fs, root = _arrow_filesystem(self.location)
+        files = [f"{root}/{w['path']}" for w in written]
+        source = ds.dataset(files, schema=schema, format="parquet", filesystem=fs)
+        predicate = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in self.keys)
+        (table.merge(source.scanner().to_reader(), predicate, source_alias="s", target_alias="t",
+                     commit_properties=properties)
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def clean_up(self, up_to_ms: int, table=None) -> int:
+        """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold
+        (never-committed attempts; merged staging files), and their records; the files deleted."""
+        storage, root = self.location.resolve()
+        records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
+        records = [r for r in storage.list_files(records_dir)
+                   if r.name.endswith(".json") and int(r.name.split("-", 1)[0]) <= up_to_ms]
+        if not records:
+            return 0
+        table = table or self.table()
+        held = set() if table is None else _files_held(table)
+        deleted = 0
+        for record in records:
+            for path in json.loads(storage.read_file(record.path))["files"]:
+                if path not in held:
+                    storage.delete(storage.join(root, path))
+                    deleted += 1
+            storage.delete(record.path)
+        if deleted:
+            log.info("%s: deleted %d files written by attempts of batches up to %d that the table does "
+                     "not hold (uncommitted, or merged from staging)", self.name, deleted, up_to_ms)
+        return deleted
+
+    def read(self, columns: Sequence[str] | None = None):
+        """The table's rows as a pyarrow Table (through delta-rs's query engine)."""
+        import pyarrow as pa
+
+        deltalake = _deltalake()
+        table = self.table()
+        if table is None:
+            return self.schema().empty_table()
+        cols = ", ".join(_quoted(c) for c in columns) if columns else "*"
+        result = deltalake.QueryBuilder().register("t", table).execute(f"SELECT {cols} FROM t")
+        return pa.table(result.read_all())
+
+
+def _files_held(table) -> set[str]:
+    """The table's files, as paths relative to it (as the tasks record them)."""
+    import pyarrow as pa
+
+    return {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
+
+
+def _arrow_filesystem(location):
+    """``(pyarrow filesystem, root path in it)`` of ``location`` (the driver's, for MERGE's source)."""
+    import pyarrow.fs as pafs
+
+    storage, root = location.resolve()
+    if storage.is_local:
+        return pafs.LocalFileSystem(), root
+    return pafs.PyFileSystem(pafs.FSSpecHandler(storage.fs)), root
+
+
+def delta_rs_options(table_uri: str, storage_options: Mapping | None) -> dict[str, str]:
+    """delta-rs's storage options for an S3 table, from s3fs's (``key``, ``secret``, ``token``,
+    ``client_kwargs.endpoint_url`` and ``region_name``); an http endpoint is allowed as such.
+    Other schemes: none (give ``delta_storage_options``)."""
+    options = dict(storage_options or {})
+    if not table_uri.startswith(("s3://", "s3a://")):
+        return {}
+    client = dict(options.get("client_kwargs") or {})
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    pairs = {"AWS_ACCESS_KEY_ID": options.get("key"), "AWS_SECRET_ACCESS_KEY": options.get("secret"),
+             "AWS_SESSION_TOKEN": options.get("token"), "AWS_ENDPOINT_URL": endpoint,
+             "AWS_REGION": client.get("region_name") or options.get("region_name"),
+             "AWS_ALLOW_HTTP": "true" if endpoint and str(endpoint).startswith("http://") else None}
+    return {k: str(v) for k, v in pairs.items() if v}
+
+
+def _quoted(column: str) -> str:
+    return '"' + column.replace('"', '""') + '"'

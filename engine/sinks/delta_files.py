@@ -1,0 +1,132 @@
+"""The files a batch's tasks write into a Delta table for :class:`~sparkwal.engine.sinks.DeltaSink`.
+
+Per task attempt ``<attempt>`` (a hex id per batch attempt) of partition ``<task>`` in batch ``<t>``:
+
+* ``_sparkwal/<sink name>/<t>-<attempt>-<task>.json``: ``{"files": [path, ...]}``, the paths
+  (relative to the table) the task is about to write, put before any of them, so that nothing it
+  writes goes unrecorded (a ``_`` directory: Delta readers and VACUUM leave it alone);
+* append: ``<col>=<value>/.../part-<t>-<attempt>-<task>-<n>.parquet``, one file per partition
+  value, in Hive-style directories (values percent-encoded, null as ``__HIVE_DEFAULT_PARTITION__``;
+  the partition columns are not in the file, as Delta wants); merge:
+  ``_sparkwal/<sink name>/staging/<t>-<attempt>-<task>-<n>.parquet``, the rows whole.
+
+Each file is put whole and durable through the storage seam (:mod:`sparkwal.wal`) before the task
+returns its add action (path, size, partition values, Delta's statistics) to the driver.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Mapping
+from datetime import date, datetime
+from urllib.parse import quote
+
+RECORDS_DIR = "_sparkwal"
+
+
+def write_partition(index, rows, location, name, batch_time_ms, schema, partition_by, staging, attempt):
+    """Task side: this partition's rows as Parquet files (one per partition value), their names
+    recorded first; yields each file's add action as a dict."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = _rows_table(list(rows), schema)
+    if table.num_rows == 0:
+        return
+    storage, root = location.resolve()
+    groups = _split_by_partition(table, partition_by, pc) if partition_by and not staging else [({}, table)]
+    stem = f"{batch_time_ms}-{attempt}-{index:05d}"
+    planned = []
+    for n, (values, _) in enumerate(groups):
+        if staging:
+            planned.append(f"{RECORDS_DIR}/{name}/staging/{stem}-{n}.parquet")
+        else:
+            directory = "".join(f"{quote(c, safe='')}={_partition_dir(values[c])}/" for c in partition_by)
+            planned.append(f"{directory if values else ''}part-{stem}-{n}.parquet")
+    records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
+    storage.makedirs(records_dir)
+    storage.put(storage.join(records_dir, f"{stem}.json"), json.dumps({"files": planned}).encode())
+    for path, (values, part) in zip(planned, groups, strict=True):
+        data = part.drop_columns(list(values)) if values else part
+        buffer = io.BytesIO()
+        pq.write_table(data, buffer)
+        payload = buffer.getvalue()
+        full = storage.join(root, path)
+        storage.makedirs(full.rsplit("/", 1)[0])
+        storage.put(full, payload)  # whole and durable before the driver can commit it
+        yield {"path": path, "size": len(payload), "staged": staging,
+               "partition_values": {c: _partition_value(v) for c, v in values.items()},
+               "modification_time": int(time.time() * 1000), "stats": _stats(data, pa, pc)}
+
+
+def _rows_table(rows: list, schema):
+    import pyarrow as pa
+
+    if rows and isinstance(rows[0], Mapping):
+        return pa.Table.from_pylist(rows, schema=schema)
+    columns: list = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    if len(columns) != len(schema):
+        raise ValueError(f"rows of {len(columns)} values for a schema of {len(schema)} columns "
+                         f"({', '.join(schema.names)}): {rows[0]!r}")
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
+
+
+def _split_by_partition(table, partition_by, pc):
+    keys = table.select(partition_by).group_by(partition_by).aggregate([]).to_pylist()
+    groups = []
+    for values in keys:
+        mask = None
+        for c, v in values.items():
+            m = pc.is_null(table[c]) if v is None else pc.equal(table[c], v)
+            mask = m if mask is None else pc.and_(mask, m)
+        groups.append((values, table.filter(mask)))
+    return groups
+
+
+def _partition_value(v) -> str | None:
+    """A partition value as the Delta protocol serialises it."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(v, date):
+        return v.isoformat()
+    return str(v)
+
+
+def _partition_dir(v) -> str:
+    value = _partition_value(v)
+    return "__HIVE_DEFAULT_PARTITION__" if value is None else quote(value, safe="")
+
+
+def _stats(table, pa, pc) -> str:
+    """Delta's per-file statistics (numRecords, min/max of simple columns, null counts)."""
+    mins, maxs, nulls = {}, {}, {}
+    for field in table.schema:
+        column = table[field.name]
+        nulls[field.name] = column.null_count
+        if pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_string(field.type):
+            mm = pc.min_max(column).as_py()
+            if mm["min"] is not None:
+                mins[field.name], maxs[field.name] = mm["min"], mm["max"]
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+
+
+def _add_action(w: dict):
+    from deltalake.transaction import AddAction
+
+    return AddAction(path=w["path"], size=w["size"], partition_values=w["partition_values"],
+                     modification_time=w["modification_time"], data_change=True, stats=w["stats"])
+
+
+def add_action(written: dict):
+    """A file a task wrote (what :func:`write_partition` yields) as delta-rs's add action."""
+    from deltalake.transaction import AddAction
+
+    return AddAction(path=written["path"], size=written["size"], partition_values=written["partition_values"],
+                     modification_time=written["modification_time"], data_change=True, stats=written["stats"])

@@ -1,0 +1,283 @@
+"""DeltaSink: a direct stream's batches into a Delta table (delta-rs) exactly once: written by
+the executors, committed by the driver with the batch's txn; a re-run commits nothing; a restart
+without a checkpoint resumes from the table; a SIGKILL between the executors' writes and the
+commit, or between the commit and the checkpoint, loses and doubles nothing and leaves no file
+of the dead attempt (tests/delta_crash_app.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction
+
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.apps.direct_wordcount import append_lines, direct_line
+from sparkwal.engine.sinks import DeltaSink, SinkOffsetsError
+from sparkwal.engine.sources import FileLogSource, OffsetRange
+from sparkwal.wal import ManualClock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMA = pa.schema([("partition", pa.string()), ("line", pa.string())])
+WAIT_S = 60
+
+
+def rows_of(stream):
+    """``(partition, line)`` rows (a lambda here: pickled by value, as this module is not on the
+    executors' path)."""
+    return stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line))
+
+
+class Completed(StreamingListener):
+    def __init__(self):
+        self.times: list[int] = []
+        self.cond = threading.Condition()
+
+    def onBatchCompleted(self, e):
+        with self.cond:
+            self.times.append(e.batchInfo().batch_time_ms)
+            self.cond.notify_all()
+
+    def wait_for(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.times) >= n, WAIT_S), f"{n} batches not completed"
+
+
+def lines_in(sink: DeltaSink) -> list[str]:
+    return sorted(sink.read(["line"]).column("line").to_pylist())
+
+
+def expected(counts: dict[str, int]) -> list[str]:
+    return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
+
+
+def parquet_files(table_dir) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), table_dir) for d, _, fs in os.walk(table_dir)
+            for f in fs if f.endswith(".parquet") and "_sparkwal" not in d}
+
+
+def run_batches(sc, tmp_path, sink, batches: list[dict[str, int]]):
+    """A direct stream from tmp_path/log into ``sink`` on a manual clock at 0, checkpointed in
+    tmp_path/ckpt: before each batch, the lines ``batches[i]`` says are appended."""
+    logdir = tmp_path / "log"
+    logdir.mkdir(exist_ok=True)
+    clock, completed = ManualClock(0), Completed()
+    ssc = StreamingContext(sc, 0.5, clock=clock)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
+    sink.saveStream(rows_of(stream), stream)
+    ssc.addStreamingListener(completed)
+    ssc.start()
+    try:
+        for i, lines in enumerate(batches):
+            for p, n in lines.items():
+                have = sum(1 for _ in open(logdir / p)) if (logdir / p).exists() else 0
+                append_lines(str(logdir), p, have, n)
+            clock.advance(500)
+            completed.wait_for(i + 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_each_batch_goes_in_once_with_its_txn_and_a_restart_resumes_from_the_table(spark_context, tmp_path):
+    table_dir = tmp_path / "table"
+    sink = DeltaSink(str(table_dir), "lines", schema=SCHEMA, partition_by=["partition"])
+    run_batches(spark_context, tmp_path, sink, [{"p0": 3, "p1": 2}, {"p0": 1}])
+    assert lines_in(sink) == expected({"p0": 4, "p1": 2})
+    assert sink.committed_batch() == 1000  # the txn's version: the newest batch's time
+    assert DeltaTable(str(table_dir)).transaction_version("lines") == 1000
+    assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 4), ("p1", 2)}
+    files = parquet_files(table_dir)
+    assert all(f.startswith(("partition=p0/", "partition=p1/")) for f in files), files
+
+    # a re-run of the newest batch (a crash between the commit and the checkpoint) writes nothing
+    version = DeltaTable(str(table_dir)).version()
+    ranges = [OffsetRange("log", "p0", 3, 4)]
+    assert sink.write_batch(1000, ranges, spark_context.parallelize([("p0", "again")])) is False
+    assert DeltaTable(str(table_dir)).version() == version and parquet_files(table_dir) == files
+
+    # a new stream without a checkpoint starts from the table's offsets (fresh sink object too)
+    fresh = DeltaSink(str(table_dir), "lines")
+    logdir = tmp_path / "log"
+    append_lines(str(logdir), "p1", 2, 2)
+    clock, completed = ManualClock(5000), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=fresh.offsets())
+    fresh.saveStream(rows_of(stream), stream)
+    ssc.addStreamingListener(completed)
+    ssc.start()
+    try:
+        clock.advance(500)
+        completed.wait_for(1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert lines_in(fresh) == expected({"p0": 4, "p1": 4})
+    assert fresh.committed_batch() == 5500
+
+
+def test_delta_rs_commits_a_txn_version_twice_and_the_sink_does_not(spark_context, tmp_path):
+    """delta-rs records application transactions but commits the same version again (its issues
+    2580 and 3821): the sink's own check is what keeps a batch from going in twice."""
+    import pyarrow.parquet as pq
+    from deltalake.transaction import AddAction
+
+    uri = str(tmp_path / "table")
+    DeltaTable.create(uri, SCHEMA)
+    txn = CommitProperties(app_transactions=[Transaction(app_id="lines", version=500)])
+    for attempt in ("a", "b"):  # two attempts of batch 500, each with its files
+        pq.write_table(pa.table({"partition": ["p0"], "line": ["x"]}), f"{uri}/{attempt}.parquet")
+        add = AddAction(path=f"{attempt}.parquet", size=os.path.getsize(f"{uri}/{attempt}.parquet"),
+                        partition_values={}, modification_time=1, data_change=True, stats='{"numRecords": 1}')
+        DeltaTable(uri).create_write_transaction([add], "append", SCHEMA, commit_properties=txn)
+    assert DeltaTable(uri).version() == 2 and DeltaSink(uri, "lines").read().num_rows == 2  # twice
+
+    sink = DeltaSink(uri, "lines")
+    rdd = spark_context.parallelize([("p0", "y")])
+    assert sink.write_batch(500, [], rdd) is False and sink.write_batch(400, [], rdd) is False
+    assert sink.write_batch(1000, [], rdd) is True and sink.write_batch(1000, [], rdd) is False
+    assert DeltaTable(uri).version() == 3 and sorted(lines_in(sink)) == ["x", "x", "y"]
+    # a batch that read and wrote nothing makes no table version
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 4, 4)], spark_context.emptyRDD()) is False
+    assert DeltaTable(uri).version() == 3
+
+
+def test_a_batch_not_starting_where_the_table_ends_is_refused_naming_both(spark_context, tmp_path):
+    sink = DeltaSink(str(tmp_path / "table"), "lines", schema=SCHEMA)
+    rdd = spark_context.parallelize([("p0", "a")])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], rdd)
+    with pytest.raises(SinkOffsetsError, match=r"batch 1000 reads log/p0 \[5, 6\) but the Delta table's "
+                                               r"output ends at offset 1"):
+        DeltaSink(str(tmp_path / "table"), "lines").write_batch(1000, [OffsetRange("log", "p0", 5, 6)], rdd)
+    assert lines_in(sink) == ["a"]
+
+
+def test_merge_mode_upserts_by_key(spark_context, tmp_path):
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    sink = DeltaSink(str(tmp_path / "table"), "counts", schema=schema, mode="merge", keys=["word"])
+    sink.write_batch(500, [], spark_context.parallelize([("a", 1), ("b", 2)], 2))
+    sink.write_batch(1000, [], spark_context.parallelize([{"word": "b", "n": 5}, {"word": "c", "n": 1}], 2))
+    assert sink.write_batch(1000, [], spark_context.parallelize([("b", 99)])) is False
+    got = sink.read().to_pylist()
+    assert sorted((r["word"], r["n"]) for r in got) == [("a", 1), ("b", 5), ("c", 1)]
+    assert not os.path.exists(tmp_path / "table" / "_sparkwal" / "counts" / "1000")  # staging gone
+    with pytest.raises(ValueError, match="mode='merge' needs keys"):
+        DeltaSink(str(tmp_path / "t2"), mode="merge")
+
+
+def test_partition_values_with_any_characters_read_back(spark_context, tmp_path):
+    sink = DeltaSink(str(tmp_path / "table"), "lines", schema=SCHEMA, partition_by=["partition"])
+    rows = [("a b", "1"), ("x/y:z%", "2"), ("é", "3"), (None, "4")]
+    sink.write_batch(500, [], spark_context.parallelize(rows, 2))
+    got = sink.read().to_pylist()
+    assert sorted((r["partition"] or "", r["line"]) for r in got) == sorted((p or "", v) for p, v in rows)
+
+
+def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driver(spark_context, tmp_path):
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.driver.maxResultSize", "1m")
+    try:
+        rdd = spark_context.range(0, 120_000, numSlices=4).map(lambda i: ("p0", f"{i:08d}" + "x" * 92))
+        with pytest.raises(Exception, match="maxResultSize"):
+            rdd.collect()  # ~12 MB of rows: more than ten times the limit
+        sink = DeltaSink(str(tmp_path / "table"), "big", schema=SCHEMA)
+        assert sink.write_batch(500, [], rdd)
+    finally:
+        live_conf.remove("spark.driver.maxResultSize")
+    table = sink.read(["line"])
+    assert table.num_rows == 120_000 and len(set(table.column("line").to_pylist())) == 120_000
+
+
+def run_app(workdir, seconds: float, crash_at: str | None = None) -> int:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
+    with open(os.path.join(workdir, "app.log"), "a") as err:
+        return subprocess.run([sys.executable, os.path.join(HERE, "delta_crash_app.py"), str(workdir),
+                               str(seconds), *([crash_at] if crash_at else [])],
+                              stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=180,
+                              start_new_session=True).returncode
+
+
+def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    appended = {"p0": 0, "p1": 0}
+    for step in ("written", "committed"):
+        for p, n in (("p0", 3), ("p1", 2)):
+            append_lines(str(logdir), p, appended[p], n)
+            appended[p] += n
+        status = run_app(tmp_path, 60, step)
+        assert status == -signal.SIGKILL, f"crash at {step}: exit {status} (see {tmp_path}/app.log)"
+    sink = DeltaSink(str(tmp_path / "table"), "lines")
+    for _run in range(3):  # (a busy machine may need more than one short run for the re-runs)
+        assert run_app(tmp_path, 8) == 0, f"see {tmp_path}/app.log"
+        if lines_in(sink) == expected(appended):
+            break
+    assert lines_in(sink) == expected(appended)
+    # the attempt killed before its commit left files; a later batch's commit deleted them
+    held = {os.path.normpath(p) for p in parquet_files(tmp_path / "table")}
+    table = DeltaTable(str(tmp_path / "table"))
+    from urllib.parse import unquote
+    in_table = {os.path.normpath(unquote(p)) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
+    assert held == in_table, held - in_table
+
+
+def test_a_table_on_s3(spark_context, s3_process_url):
+    """The same protocol on an S3 server (moto): tasks write through the storage seam with the
+    endpoint but without the credentials (the executors' environment has them)."""
+    url, options = s3_process_url
+    sink = DeltaSink(f"{url}/table", "lines", schema=SCHEMA, partition_by=["partition"], storage_options=options)
+    rdd = spark_context.parallelize([("p0", "a"), ("p1", "b"), ("p0", "c")], 2)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 3)], rdd)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 3)], rdd) is False
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 3, 4)], spark_context.parallelize([("p1", "d")]))
+    assert lines_in(sink) == ["a", "b", "c", "d"] and sink.committed_batch() == 1000
+    assert {(tp.partition, o) for tp, o in DeltaSink(f"{url}/table", "lines", storage_options=options)
+            .offsets().items()} == {("p0", 4)}
+
+
+def test_a_store_down_at_the_commit_fails_the_batch_in_one_line_and_leaves_nothing_half_visible(
+        spark_context, monkeypatch):
+    """The S3 server stops answering (SIGSTOP) between the tasks' writes and the Delta commit:
+    the commit gives up after the storage deadline with the seam's StorageUnavailableError naming
+    the table and the batch; once the server is back the table holds the batches before it, and
+    the batch's re-run goes in once."""
+    from conftest import moto_process, new_bucket
+    from sparkwal.wal import StorageUnavailableError
+
+    with moto_process() as (endpoint, server):
+        url, options = new_bucket(endpoint)
+        sink = DeltaSink(f"{url}/table", "lines", schema=SCHEMA, storage_options=options,
+                         delta_storage_options={"timeout": "1s", "retry_timeout": "2s"})
+        rdd = spark_context.parallelize([("p0", "a")])
+        assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], rdd)
+        check = DeltaSink._check
+
+        def stop_the_server_first(self, *args):
+            os.kill(server.pid, signal.SIGSTOP)
+            return check(self, *args)
+
+        monkeypatch.setattr(DeltaSink, "_check", stop_the_server_first)
+        try:
+            with pytest.raises(StorageUnavailableError, match=r"Delta commit of batch 1000 s3://.*/table"):
+                sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        monkeypatch.setattr(DeltaSink, "_check", check)
+        assert lines_in(sink) == ["a"] and sink.committed_batch() == 500
+        assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+        assert lines_in(sink) == ["a", "b"]
+
+
+def test_drill_with_the_delta_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
+    """CI's share of ``sparkwal drill --mode direct --sink delta`` (longer runs by hand, figures
+    in docs/direct.md): the main job killed at random moments, read back through the table."""
+    from sparkwal.engine.apps import direct_drill
+
+    report = direct_drill.run(3, 0.5, seed=11, workdir=str(tmp_path), log=lambda *_: None, sink="delta")
+    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "delta"
+    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
+    assert report["ok"]
