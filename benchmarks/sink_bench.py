@@ -1,0 +1,141 @@
+"""Exactly-once sinks against the same output written the plain way, in one run.
+
+    python -m benchmarks.sink_bench [--lines-per-batch 100000] [--batches 6] [--rounds 2]
+
+A direct stream over a FileLogSource (two partitions, a backlog written before the run, each
+batch capped at ``--lines-per-batch`` lines by ``spark.streaming.direct.maxRatePerPartition``)
+writes every line as a row ``(partition, line)``:
+
+* ``delta exactly-once``: :class:`sparkwal.engine.sinks.DeltaSink` (executors write Parquet, the
+  driver commits one Delta transaction with the batch's txn and offsets);
+* ``delta plain``: ``foreachRDD`` collecting the batch and appending it with
+  ``deltalake.write_deltalake`` (no batch identity: a re-run after a crash appends it again).
+
+Each path runs ``--batches`` batches of 1 s per round, a fresh table each, the paths alternated
+over ``--rounds`` rounds after a warm-up round that is not counted. Reported per path: records
+per second of processing time (records / the batches' processing time), the batches' processing
+p50 (a batch's output is visible when its processing ends: the commit is its last step) and the
+ratio of exactly-once to plain throughput. Durability of both rows: the Delta log's commit
+(delta-rs writes it with a put-if-absent); sparkwal's Parquet files are put durably (fsync) before
+the commit, the plain path's by delta-rs (no fsync on a local disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+PATHS = ("delta exactly-once", "delta plain")
+
+
+def _row_of(line: str) -> tuple:
+    return line.split(" ", 1)[0].rsplit("-", 1)[0], line
+
+
+def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: dict) -> dict:
+    """``batches`` batches of ``path`` reading on from ``offsets`` (updated): their records and
+    processing times."""
+    import pyarrow as pa
+
+    from sparkwal.engine import StreamingContext, StreamingListener
+    from sparkwal.engine.sinks import DeltaSink
+    from sparkwal.engine.sources import FileLogSource
+
+    schema = pa.schema([("partition", pa.string()), ("line", pa.string())])
+    table = os.path.join(workdir, f"table-{time.monotonic_ns()}")
+    done, lock = [], threading.Condition()
+
+    class Batches(StreamingListener):
+        def onBatchCompleted(self, e):
+            info = e.batchInfo()
+            with lock:
+                if info.numRecords():
+                    done.append((info.numRecords(), info.processingDelay()))
+                lock.notify_all()
+
+    ssc = StreamingContext(sc, 1.0)
+    stream = ssc.directStream(FileLogSource(logdir), fromOffsets=dict(offsets))
+    rows = stream.map(_row_of)
+    if path == "delta exactly-once":
+        DeltaSink(table, "bench", schema=schema).saveStream(rows, stream)
+    else:
+        def append(rdd) -> None:
+            from deltalake import write_deltalake
+
+            got = rdd.collect()
+            if got:
+                write_deltalake(table, pa.Table.from_pylist([{"partition": p, "line": v} for p, v in got], schema),
+                                mode="append")
+        rows.foreachRDD(append)
+    reached: dict = {}
+    stream.foreachRDD(lambda t, rdd: reached.update({(r.topic, r.partition): r.untilOffset
+                                                     for r in stream.offset_ranges(int(t.timestamp() * 1000))}))
+    ssc.addStreamingListener(Batches())
+    ssc.start()
+    try:
+        with lock:
+            lock.wait_for(lambda: len(done) >= batches, timeout=600)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    offsets.update({k: v for k, v in reached.items()})
+    return {"records": sum(n for n, _ in done[:batches]), "processing_ms": [ms for _, ms in done[:batches]]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines-per-batch", type=int, default=100_000)
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark import SparkConf, SparkContext
+
+    from sparkwal.engine.apps.direct_wordcount import append_lines
+    from sparkwal.engine.sources import TopicPartition
+
+    per_partition = args.lines_per_batch // 2
+    conf = (SparkConf().setMaster("local[2]").setAppName("sink-bench").set("spark.ui.enabled", "false")
+            .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.streaming.direct.maxRatePerPartition", str(per_partition)))
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    workdir = tempfile.mkdtemp(prefix="sink-bench-")
+    logdir = os.path.join(workdir, "log")
+    os.makedirs(logdir)
+    total_batches = (args.rounds + 1) * len(PATHS) * (args.batches + 2)
+    for p in ("p0", "p1"):
+        for start in range(0, per_partition * total_batches, 100_000):
+            append_lines(logdir, p, start, min(100_000, per_partition * total_batches - start))
+    offsets = {TopicPartition("log", p): 0 for p in ("p0", "p1")}
+    results: dict[str, list[dict]] = {p: [] for p in PATHS}
+    for rnd in range(args.rounds + 1):
+        for path in PATHS if rnd % 2 == 0 else reversed(PATHS):
+            r = run_path(sc, path, workdir, logdir, args.batches, offsets)
+            if rnd > 0:  # round 0 warms both up
+                results[path].append(r)
+            print(json.dumps({"round": rnd, "path": path, "records": r["records"],
+                              "processing_ms": r["processing_ms"]}), flush=True)
+    sc.stop()
+    rows = {}
+    for path, runs in results.items():
+        records = sum(r["records"] for r in runs)
+        seconds = sum(sum(r["processing_ms"]) for r in runs) / 1000
+        rows[path] = {"records_per_s": records / seconds if seconds else 0.0,
+                      "processing_p50_ms": statistics.median([ms for r in runs for ms in r["processing_ms"]])}
+    ratio = rows["delta exactly-once"]["records_per_s"] / rows["delta plain"]["records_per_s"]
+    print(f"\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
+    print("|---|---:|---:|")
+    for path, row in rows.items():
+        print(f"| {path} | {row['records_per_s']:,.0f} | {row['processing_p50_ms']:.0f} |")
+    print(f"\nexactly-once / plain throughput: {ratio:.2f}")
+    print(json.dumps({"summary": rows, "ratio": ratio}))
+
+
+if __name__ == "__main__":
+    main()
