@@ -9,15 +9,22 @@ writes every line as a row ``(partition, line)``:
 * ``delta exactly-once``: :class:`sparkwal.engine.sinks.DeltaSink` (executors write Parquet, the
   driver commits one Delta transaction with the batch's txn and offsets);
 * ``delta plain``: ``foreachRDD`` collecting the batch and appending it with
-  ``deltalake.write_deltalake`` (no batch identity: a re-run after a crash appends it again).
+  ``deltalake.write_deltalake`` (no batch identity: a re-run after a crash appends it again);
+* ``postgres exactly-once``: :class:`sparkwal.engine.sinks.PostgresSink`, staged (the tasks COPY
+  into its staging table, the driver's transaction moves the rows and stores the offsets);
+* ``postgres plain``: ``foreachRDD`` with ``foreachPartition`` COPYing each partition into the
+  table in a transaction of its own (a re-run appends again, a crash may leave part of a batch).
+
+PostgreSQL is a server of the run's own (Debian's ``postgresql``, ``fsync=on``).
 
 Each path runs ``--batches`` batches of 1 s per round, a fresh table each, the paths alternated
 over ``--rounds`` rounds after a warm-up round that is not counted. Reported per path: records
 per second of processing time (records / the batches' processing time), the batches' processing
 p50 (a batch's output is visible when its processing ends: the commit is its last step) and the
-ratio of exactly-once to plain throughput. Durability of both rows: the Delta log's commit
-(delta-rs writes it with a put-if-absent); sparkwal's Parquet files are put durably (fsync) before
-the commit, the plain path's by delta-rs (no fsync on a local disk).
+ratio of exactly-once to plain throughput per sink. Durability: Delta rows commit the log with
+delta-rs's put-if-absent, sparkwal's Parquet files are fsync'd before its commit, the plain path's
+are not; PostgreSQL rows commit with the server's WAL flush (``synchronous_commit=on``), twice for
+the staged path (the tasks' staging, then the move).
 """
 
 from __future__ import annotations
@@ -30,14 +37,23 @@ import tempfile
 import threading
 import time
 
-PATHS = ("delta exactly-once", "delta plain")
+PATHS = ("delta exactly-once", "delta plain", "postgres exactly-once", "postgres plain")
 
 
 def _row_of(line: str) -> tuple:
     return line.split(" ", 1)[0].rsplit("-", 1)[0], line
 
 
-def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: dict) -> dict:
+def _copy_partition(rows, conninfo: str, table: str) -> None:
+    import psycopg
+
+    with psycopg.connect(conninfo) as conn, conn.cursor() as cur:
+        with cur.copy(f"COPY {table} (partition, line) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+
+def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: dict, conninfo: str) -> dict:
     """``batches`` batches of ``path`` reading on from ``offsets`` (updated): their records and
     processing times."""
     import pyarrow as pa
@@ -61,7 +77,20 @@ def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: di
     ssc = StreamingContext(sc, 1.0)
     stream = ssc.directStream(FileLogSource(logdir), fromOffsets=dict(offsets))
     rows = stream.map(_row_of)
-    if path == "delta exactly-once":
+    if path.startswith("postgres"):
+        import psycopg
+
+        from sparkwal.engine.sinks import PostgresSink
+
+        name = f"lines_{time.monotonic_ns()}"
+        with psycopg.connect(conninfo) as conn:
+            conn.execute(f"CREATE TABLE {name} (partition TEXT, line TEXT)")
+        if path == "postgres exactly-once":
+            PostgresSink(conninfo, name, name).saveStream(rows, stream)
+        else:
+            rows.foreachRDD(lambda rdd: rdd.foreachPartition(
+                lambda part: _copy_partition(part, conninfo, name)))
+    elif path == "delta exactly-once":
         DeltaSink(table, "bench", schema=schema).saveStream(rows, stream)
     else:
         def append(rdd) -> None:
@@ -108,19 +137,26 @@ def main(argv: list[str] | None = None) -> None:
     workdir = tempfile.mkdtemp(prefix="sink-bench-")
     logdir = os.path.join(workdir, "log")
     os.makedirs(logdir)
-    total_batches = (args.rounds + 1) * len(PATHS) * (args.batches + 2)
+    total_batches = (args.rounds + 1) * len(PATHS) * (args.batches + 2)  # (a batch or two more a path)
     for p in ("p0", "p1"):
         for start in range(0, per_partition * total_batches, 100_000):
             append_lines(logdir, p, start, min(100_000, per_partition * total_batches - start))
     offsets = {TopicPartition("log", p): 0 for p in ("p0", "p1")}
     results: dict[str, list[dict]] = {p: [] for p in PATHS}
-    for rnd in range(args.rounds + 1):
-        for path in PATHS if rnd % 2 == 0 else reversed(PATHS):
-            r = run_path(sc, path, workdir, logdir, args.batches, offsets)
-            if rnd > 0:  # round 0 warms both up
-                results[path].append(r)
-            print(json.dumps({"round": rnd, "path": path, "records": r["records"],
-                              "processing_ms": r["processing_ms"]}), flush=True)
+    from sparkwal.engine.apps.postgres_server import PostgresCluster
+
+    server = PostgresCluster()
+    server.start()
+    try:
+        for rnd in range(args.rounds + 1):
+            for path in PATHS if rnd % 2 == 0 else reversed(PATHS):
+                r = run_path(sc, path, workdir, logdir, args.batches, offsets, server.conninfo)
+                if rnd > 0:  # round 0 warms them all up
+                    results[path].append(r)
+                print(json.dumps({"round": rnd, "path": path, "records": r["records"],
+                                  "processing_ms": r["processing_ms"]}), flush=True)
+    finally:
+        server.remove()
     sc.stop()
     rows = {}
     for path, runs in results.items():
@@ -128,13 +164,15 @@ def main(argv: list[str] | None = None) -> None:
         seconds = sum(sum(r["processing_ms"]) for r in runs) / 1000
         rows[path] = {"records_per_s": records / seconds if seconds else 0.0,
                       "processing_p50_ms": statistics.median([ms for r in runs for ms in r["processing_ms"]])}
-    ratio = rows["delta exactly-once"]["records_per_s"] / rows["delta plain"]["records_per_s"]
-    print(f"\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
+    ratios = {sink: rows[f"{sink} exactly-once"]["records_per_s"] / rows[f"{sink} plain"]["records_per_s"]
+              for sink in ("delta", "postgres")}
+    print("\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
     print("|---|---:|---:|")
     for path, row in rows.items():
         print(f"| {path} | {row['records_per_s']:,.0f} | {row['processing_p50_ms']:.0f} |")
-    print(f"\nexactly-once / plain throughput: {ratio:.2f}")
-    print(json.dumps({"summary": rows, "ratio": ratio}))
+    for sink, ratio in ratios.items():
+        print(f"{sink}: exactly-once / plain throughput {ratio:.2f}")
+    print(json.dumps({"summary": rows, "ratios": ratios}))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,30 @@ def s3_process_endpoint():
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """A PostgreSQL server of this session's own (sparkwal.engine.apps.postgres_server), running."""
+    from sparkwal.engine.apps.postgres_server import PostgresCluster
+
+    cluster = PostgresCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def postgres(postgres_cluster):
+    """The conninfo of a fresh database on the session's PostgreSQL server."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_cluster.conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_cluster.conninfo.replace("dbname=postgres", f"dbname={name}")
+
+
 def new_bucket(endpoint: str) -> tuple[str, dict]:
     """(url of a fresh bucket, storage_options) on the S3 server at ``endpoint``."""
     import boto3

@@ -2,7 +2,7 @@
 the executors, committed by the driver with the batch's txn; a re-run commits nothing; a restart
 without a checkpoint resumes from the table; a SIGKILL between the executors' writes and the
 commit, or between the commit and the checkpoint, loses and doubles nothing and leaves no file
-of the dead attempt (tests/delta_crash_app.py)."""
+of the dead attempt (tests/sink_crash_app.py)."""
 
 from __future__ import annotations
 
@@ -192,11 +192,13 @@ def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driv
     assert table.num_rows == 120_000 and len(set(table.column("line").to_pylist())) == 120_000
 
 
-def run_app(workdir, seconds: float, crash_at: str | None = None) -> int:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
+def run_app(workdir, seconds: float, crash_at: str | None = None, sink: str = "delta", **env_vars) -> int:
+    """tests/sink_crash_app.py on ``workdir`` (its own process group), its exit status."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
+               **env_vars)
     with open(os.path.join(workdir, "app.log"), "a") as err:
-        return subprocess.run([sys.executable, os.path.join(HERE, "delta_crash_app.py"), str(workdir),
-                               str(seconds), *([crash_at] if crash_at else [])],
+        return subprocess.run([sys.executable, os.path.join(HERE, "sink_crash_app.py"), str(workdir),
+                               str(seconds), sink, *([crash_at] if crash_at else [])],
                               stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=180,
                               start_new_session=True).returncode
 

@@ -142,6 +142,9 @@ def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout:
     ("sparkwal.engine.drill", ["--sink", "delta"], "--sink delta is for --mode direct"),
     ("sparkwal.engine.drill", ["--mode", "direct", "--sink", "kafka"], "argument --sink: invalid choice: 'kafka'"),
     ("sparkwal.engine.wordcount", ["--sink", "delta"], "--sink delta: only with --source filelog"),
+    ("sparkwal.engine.wordcount", ["--source", "filelog", "--sink", "postgres"],
+     "--sink postgres needs --postgres CONNINFO"),
+    ("sparkwal.engine.wordcount", ["--postgres", "host=x"], "--postgres is for --sink postgres"),
     ("sparkwal.engine.drill", ["--mode", "receiver", "--kinds", "driver,disk"], "choose among driver,executor,worker"),
 ])
 def test_argument_mistakes_are_one_line_and_exit_2_before_any_jvm(module, args, names, tmp_path):
@@ -160,7 +163,7 @@ def test_a_work_directory_keeps_the_sink_its_output_began_with(tmp_path):
     proc = _job("sparkwal.engine.wordcount", "--source", "filelog", "--sink", "delta", "--dir", work)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith(
-        f"--sink delta: {work / 'output.db'} holds this work directory's output from the other sink: "
+        f"--sink delta: {work / 'output.db'} holds this work directory's output from another sink: "
         "use that sink, or another --dir")
 
 

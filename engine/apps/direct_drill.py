@@ -30,12 +30,26 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         standby: bool = False, sink: str = "sqlite") -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
-    standby is started. ``sink``: the main job's (``sqlite`` or ``delta``), read back through its
-    own reader."""
+    standby is started. ``sink``: the main job's (``sqlite``, ``delta`` or ``postgres``: on a
+    server of the drill's own), read back through its own reader."""
+    if sink == "postgres":
+        from .postgres_server import PostgresCluster
+
+        server = PostgresCluster()
+        try:
+            server.start()
+            return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
+                        ("--postgres", server.conninfo))
+        finally:
+            server.remove()
+    return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, ())
+
+
+def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, sink_args) -> dict:
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=20)
     appended, stop_input, feeder = start_appender(workdir, seed, batch, max_lines)
-    args = ("--source", "filelog", "--master", master, "--sink", sink)
+    args = ("--source", "filelog", "--master", master, "--sink", sink, *sink_args)
     runs: list[AppRun] = []
     recovery_s: list[float] = []
     k = 0
@@ -83,7 +97,8 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
 
     result = verify(workdir, appended, runs)
     result.update({
-        "mode": f"direct (FileLogSource -> {'Delta' if sink == 'delta' else 'SQLite'}), exactly once",
+        "mode": f"direct (FileLogSource -> {dict(delta='Delta', postgres='PostgreSQL').get(sink, 'SQLite')}), "
+                "exactly once",
         "master": master, "sink": sink,
         "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,
         "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,

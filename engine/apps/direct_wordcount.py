@@ -81,6 +81,12 @@ def count_row(record) -> tuple:
     return kind, key, n
 
 
+def count_rows_at(time, rdd):
+    """A batch's counts as rows of the PostgreSQL table: ``(kind, key, n, batch_ms)``."""
+    batch_ms = int(round(time.timestamp() * 1000))
+    return rdd.map(lambda record: (*count_row(record), batch_ms))
+
+
 def delta_sink(workdir: str):
     """``WORKDIR/output.delta``: each batch's counts appended as rows ``(kind, key, n)`` (kind
     ``word`` or ``lines``), partitioned by kind; the totals are their sums."""
@@ -93,20 +99,51 @@ def delta_sink(workdir: str):
                      partition_by=["kind"])
 
 
+#: the PostgreSQL table of ``--sink postgres``: each batch's counts appended as rows ``(kind, key,
+#: n, batch_ms)``
+POSTGRES_TABLE = "sparkwal_wordcount"
+#: ``WORKDIR/output.postgres``: the conninfo (no password) of the database holding the output
+POSTGRES_MARKER = "output.postgres"
+
+
+def postgres_sink(workdir: str, conninfo: str | None = None):
+    """The PostgreSQL sink of ``--sink postgres`` (its table created if missing); ``conninfo``
+    from ``WORKDIR/output.postgres`` when not given (written on first use)."""
+    import psycopg
+
+    from sparkwal.engine.sinks import PostgresSink
+    from sparkwal.engine.sinks.postgres import without_password
+
+    marker = os.path.join(workdir, POSTGRES_MARKER)
+    if conninfo is None:
+        with open(marker) as f:
+            conninfo = f.read().strip()
+    else:
+        with open(marker, "w") as f:
+            f.write(without_password(conninfo) + "\n")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {POSTGRES_TABLE} (kind TEXT NOT NULL, key TEXT NOT NULL, "
+                     "n BIGINT NOT NULL, batch_ms BIGINT NOT NULL)")
+    return PostgresSink(conninfo, POSTGRES_TABLE, "wordcount")
+
+
 def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None,
-                 sink: str = "sqlite"):
+                 sink: str = "sqlite", conninfo: str | None = None):
     """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``;
-    output: ``sink``, ``sqlite`` (WORKDIR/output.db) or ``delta`` (WORKDIR/output.delta))."""
+    output: ``sink``, ``sqlite`` (WORKDIR/output.db), ``delta`` (WORKDIR/output.delta) or
+    ``postgres`` (the table ``sparkwal_wordcount`` of the database at ``conninfo``))."""
     from sparkwal.engine.apps import direct_wordcount as app  # by its importable name, not __main__
     from sparkwal.engine.sinks import SQLiteSink
     from sparkwal.engine.sources import FileLogSource
 
     source = (FileLogSource(input_url, storage_options) if input_url
               else FileLogSource(os.path.normpath(os.path.join(workdir, "log"))))
-    if sink == "delta":
-        table = delta_sink(workdir)
+    if sink in ("delta", "postgres"):
+        table = delta_sink(workdir) if sink == "delta" else postgres_sink(workdir, conninfo)
         stream = ssc.directStream(source, fromOffsets=table.offsets())
-        table.saveStream(stream.flatMap(app.tag_line).reduceByKey(operator.add).map(app.count_row), stream)
+        counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
+        rows = counts.map(app.count_row) if sink == "delta" else counts.transform(app.count_rows_at)
+        table.saveStream(rows, stream)
         return stream
     database = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
     stream = ssc.directStream(source, fromOffsets=database.offsets())
@@ -116,10 +153,12 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
 
 
 def read_results(workdir: str) -> dict:
-    """What the output holds, the SQLite database's or the Delta table's (read through the
-    sink's own reader): ``{"words": {...}, "lines": {...}, "batches": n}``."""
+    """What the output holds, the SQLite database's, the Delta table's (read through the sink's
+    own reader) or the PostgreSQL table's: ``{"words": {...}, "lines": {...}, "batches": n}``."""
     if os.path.isdir(os.path.join(workdir, "output.delta", "_delta_log")):
         return _read_delta_results(workdir)
+    if os.path.exists(os.path.join(workdir, POSTGRES_MARKER)):
+        return _read_postgres_results(workdir)
     path = os.path.join(workdir, "output.db")
     if not os.path.exists(path):
         return {"words": {}, "lines": {}, "batches": 0}
@@ -138,10 +177,27 @@ def read_results(workdir: str) -> dict:
     return {"words": words, "lines": lines, "batches": batches}
 
 
+def _totals(rows) -> dict[str, dict[str, int]]:
+    totals: dict[str, dict[str, int]] = {"word": {}, "lines": {}}
+    for kind, key, n in rows:
+        totals[kind][key] = totals[kind].get(key, 0) + n
+    return totals
+
+
 def _read_delta_results(workdir: str) -> dict:
     sink = delta_sink(workdir)
-    totals: dict[str, dict[str, int]] = {"word": {}, "lines": {}}
-    for row in sink.read().to_pylist():
-        kind = totals[row["kind"]]
-        kind[row["key"]] = kind.get(row["key"], 0) + row["n"]
+    totals = _totals((r["kind"], r["key"], r["n"]) for r in sink.read().to_pylist())
     return {"words": totals["word"], "lines": totals["lines"], "batches": sink.batches_committed()}
+
+
+def _read_postgres_results(workdir: str) -> dict:
+    import psycopg
+
+    with open(os.path.join(workdir, POSTGRES_MARKER)) as f:
+        conninfo = f.read().strip()
+    with psycopg.connect(conninfo) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (POSTGRES_TABLE,)).fetchone()[0] is None:
+            return {"words": {}, "lines": {}, "batches": 0}
+        totals = _totals(conn.execute(f"SELECT kind, key, n FROM {POSTGRES_TABLE}").fetchall())
+        batches = conn.execute(f"SELECT count(DISTINCT batch_ms) FROM {POSTGRES_TABLE}").fetchone()[0]
+    return {"words": totals["word"], "lines": totals["lines"], "batches": batches}

@@ -16,7 +16,8 @@
   ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`sparkwal.engine.apps.direct_wordcount`. With
   ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
   drill's appender). It also emits ``batch_committed`` events. ``--sink delta`` writes the counts
-  into a Delta table (``WORKDIR/output.delta``, through delta-rs) instead of SQLite, as exactly.
+  into a Delta table (``WORKDIR/output.delta``, through delta-rs) instead of SQLite, ``--sink
+  postgres --postgres CONNINFO`` into PostgreSQL, as exactly.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
   "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
   ``updateStateByKey`` across restarts), replaced atomically if the batch runs again after a
@@ -73,7 +74,8 @@ def save_batch(out_url: str, t, rdd) -> None:
 def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events: bool = False,
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
-          input_url: str | None = None, standby: bool = False, sink: str = "sqlite"):
+          input_url: str | None = None, standby: bool = False, sink: str = "sqlite",
+          conninfo: str | None = None):
     """The app's context and its progress listener (not started: :func:`progress.say_context`
     says which it is once it is): the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
@@ -100,7 +102,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         if direct:
             from sparkwal.engine.apps.direct_wordcount import setup_direct
 
-            setup_direct(ssc, workdir, input_url, storage_options, sink)
+            setup_direct(ssc, workdir, input_url, storage_options, sink, conninfo)
             return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
@@ -157,9 +159,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                     "(default WORKDIR/checkpoint)")
     ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
                     "(default WORKDIR/log)")
-    ap.add_argument("--sink", choices=["sqlite", "delta"], default=None,
-                    help="filelog mode: where the counts go, SQLite (WORKDIR/output.db, the default) "
-                    "or a Delta table (WORKDIR/output.delta)")
+    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres"], default=None,
+                    help="filelog mode: where the counts go, SQLite (WORKDIR/output.db, the default), "
+                    "a Delta table (WORKDIR/output.delta) or PostgreSQL (--postgres)")
+    ap.add_argument("--postgres", metavar="CONNINFO",
+                    help="--sink postgres: the database (libpq's conninfo; the password best in PGPASSWORD)")
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                     help="an fsspec option of --checkpoint and --input (repeatable); credentials "
                     "are best left to the environment (see docs/cluster.md)")
@@ -177,16 +181,22 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def check_sink(ap: argparse.ArgumentParser, args) -> None:
     """``--sink``: filelog mode only; delta needs its package; a work directory keeps the sink its
     output began with (one line, status 2)."""
+    if args.postgres is not None and args.sink != "postgres":
+        ap.error("--postgres is for --sink postgres")
     if args.sink is None:
         return
     if args.source != "filelog":
         ap.error(f"--sink {args.sink}: only with --source filelog (the other modes write WORKDIR/output)")
-    if args.sink == "delta" and importlib.util.find_spec("deltalake") is None:
-        ap.error("--sink delta needs the deltalake package: pip install 'sparkwal[delta]'")
-    other = {"delta": "output.db", "sqlite": "output.delta"}[args.sink]
-    if os.path.exists(os.path.join(args.dir, other)):
-        ap.error(f"--sink {args.sink}: {os.path.join(args.dir, other)} holds this work directory's output "
-                 "from the other sink: use that sink, or another --dir")
+    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres")}.get(args.sink)
+    if package is not None and importlib.util.find_spec(package[0]) is None:
+        ap.error(f"--sink {args.sink} needs the {package[0]} package: pip install 'sparkwal[{package[1]}]'")
+    if args.sink == "postgres" and not args.postgres:
+        ap.error("--sink postgres needs --postgres CONNINFO (the database to write to)")
+    outputs = {"sqlite": "output.db", "delta": "output.delta", "postgres": "output.postgres"}
+    for sink, name in outputs.items():
+        if sink != args.sink and os.path.exists(os.path.join(args.dir, name)):
+            ap.error(f"--sink {args.sink}: {os.path.join(args.dir, name)} holds this work directory's output "
+                     "from another sink: use that sink, or another --dir")
 
 
 def _fail(message: str, status: int) -> int:
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
                               receiver=receiver, direct=direct, checkpoint=args.checkpoint,
                               storage_options=options, input_url=args.input, standby=args.standby,
-                              sink=args.sink or "sqlite")
+                              sink=args.sink or "sqlite", conninfo=args.postgres)
         ssc.start()
     except ExecutorEnvironmentError as e:
         sc.stop()
@@ -363,9 +373,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     if direct:
         from sparkwal.engine.apps.direct_wordcount import read_results
 
-        output = "output.delta" if args.sink == "delta" else "output.db"
-        summary(ssc, progress, args.json, read_results(workdir)["batches"],
-                os.path.join(workdir, output), signals.signal_name)
+        if args.sink == "postgres":
+            from sparkwal.engine.sinks.postgres import without_password
+
+            output = f"the table sparkwal_wordcount of {without_password(args.postgres)}"
+        else:
+            output = os.path.join(workdir, "output.delta" if args.sink == "delta" else "output.db")
+        summary(ssc, progress, args.json, read_results(workdir)["batches"], output, signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
     summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)

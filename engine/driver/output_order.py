@@ -3,7 +3,7 @@
 With ``spark.streaming.concurrentJobs`` above 1 (Spark's pipelining: a batch's jobs run while
 earlier batches' still do), a later batch's output can reach an exactly-once sink before an
 earlier one's. Such a sink stores each batch's offset ranges with its output and accepts a
-batch only where the previous one ended (``DbApiSink._check``), so the later batch would fail, and
+batch only where the previous one ended (``DbApiSink.batch_applied``), so the later batch would fail, and
 a crash between the two would leave the sink's offsets out of step with the commit log. Spark
 leaves this to the user; here an output operation marked *in order* (``ForEachDStream(...,
 in_order=True)``, which the transactional sinks' ``saveStream`` uses) starts its work only once

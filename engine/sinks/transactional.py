@@ -16,11 +16,13 @@ Results are collected to the driver and written there (aggregates, as in a word 
 results must fit the driver). Table (created if missing)::
 
     sparkwal_offsets(sink TEXT, topic TEXT, partition TEXT  -- JSON of the partition (1, "a")
-                     until_offset INTEGER, batch_time_ms INTEGER,
+                     until_offset BIGINT, batch_time_ms BIGINT,
                      PRIMARY KEY (sink, topic, partition))
 
 The seam is :class:`DbApiSink` (any DB-API 2 connection: ``connect``, the ``BEGIN`` statement
-and the placeholder style); :class:`SQLiteSink` is its SQLite implementation.
+and the placeholder style); :class:`SQLiteSink` is its SQLite implementation,
+:class:`~sparkwal.engine.sinks.PostgresSink` its PostgreSQL one (which also stages rows from the
+executors instead of collecting them).
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ class DbApiSink(ABC):
         return text.replace("?", self.placeholder)
 
     def _ensure_table(self, cur) -> None:
+        # BIGINT: 64-bit offsets and times in every database (SQLite's INTEGER already is)
         cur.execute("CREATE TABLE IF NOT EXISTS sparkwal_offsets (sink TEXT NOT NULL, topic TEXT "
-                    "NOT NULL, partition TEXT NOT NULL, until_offset INTEGER NOT NULL, "
-                    "batch_time_ms INTEGER NOT NULL, PRIMARY KEY (sink, topic, partition))")
+                    "NOT NULL, partition TEXT NOT NULL, until_offset BIGINT NOT NULL, "
+                    "batch_time_ms BIGINT NOT NULL, PRIMARY KEY (sink, topic, partition))")
 
     def offsets(self) -> dict[TopicPartition, int]:
         """The stored end offset of every partition: ``directStream(fromOffsets=...)``."""
@@ -91,7 +94,8 @@ class DbApiSink(ABC):
             conn.commit()
             cur.execute(self.begin_sql)
             try:
-                applied = self._check(cur, batch_time_ms, ranges)
+                self.lock_sink(cur)
+                applied = self.batch_applied(cur, batch_time_ms, ranges)
                 if not applied:
                     write(cur)
                     for r in ranges:
@@ -107,7 +111,11 @@ class DbApiSink(ABC):
         finally:
             conn.close()
 
-    def _check(self, cur, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
+    def lock_sink(self, cur) -> None:
+        """At the start of the sink's transaction: keep other writers of this sink out until its
+        end, where ``begin_sql`` does not (SQLite's ``BEGIN IMMEDIATE`` does)."""
+
+    def batch_applied(self, cur, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
         """True if every range is already applied; False if none is; else an error."""
         states = []
         for r in ranges:
@@ -149,7 +157,7 @@ class DbApiSink(ABC):
             sink.commit_batch(t, ranges, lambda cur: write(cur, t, records))
 
         # in batch order when batches overlap (spark.streaming.concurrentJobs > 1): each batch's
-        # output must start where the previous one's ended (_check)
+        # output must start where the previous one's ended (batch_applied)
         ForEachDStream(dstream.context(), dstream, save, in_order=True)
 
 

@@ -1,12 +1,14 @@
-"""Every line of a FileLogSource into a Delta table through DeltaSink, with a crash injected:
-``CRASH_AT`` names the step at which this process SIGKILLs itself, the first time a batch with
-records reaches it.
+"""Every line of a FileLogSource as a row ``(partition, line)`` into an exactly-once sink, with a
+crash injected: ``CRASH_AT`` names the step at which this process SIGKILLs itself, the first time
+a batch with records reaches it.
 
-    python tests/delta_crash_app.py WORKDIR SECONDS [CRASH_AT]
+    python tests/sink_crash_app.py WORKDIR SECONDS SINK [CRASH_AT]
 
-Steps: ``written`` (the executors wrote the batch's files, the Delta commit not made), ``committed``
-(the Delta commit made, the stream's commit log and checkpoint not written). Without CRASH_AT it
-runs SECONDS and stops gracefully.
+``SINK``: ``delta`` (DeltaSink on WORKDIR/table) or ``postgres`` (PostgresSink, staged, into the
+table ``lines`` of the database whose conninfo is in ``SPARKWAL_TEST_PG``). Steps: ``written``
+(the executors wrote or staged the batch's rows, the sink's commit not made), ``committed`` (the
+sink's commit made, the stream's commit log and checkpoint not written). Without CRASH_AT it runs
+SECONDS and stops gracefully.
 """
 
 from __future__ import annotations
@@ -27,37 +29,40 @@ def row(line: str) -> tuple:
 
 
 def main() -> None:
-    workdir, seconds = sys.argv[1], float(sys.argv[2])
-    crash_at = sys.argv[3] if len(sys.argv) > 3 else None
+    workdir, seconds, kind = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    crash_at = sys.argv[4] if len(sys.argv) > 4 else None
     import pyarrow as pa
     from pyspark import SparkConf, SparkContext
 
     from sparkwal.engine import StreamingContext
-    from sparkwal.engine.sinks import DeltaSink
+    from sparkwal.engine.sinks import DeltaSink, PostgresSink
     from sparkwal.engine.sources import FileLogSource
 
-    import delta_crash_app as app  # by its importable name: the row function is pickled by reference
+    import sink_crash_app as app  # by its importable name: the row function is pickled by reference
 
     conf = (SparkConf().setMaster("local[2]").setAppName("delta-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
-    schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
-    sink = DeltaSink(os.path.join(workdir, "table"), "lines", schema=schema, partition_by=["partition"])
+    if kind == "delta":
+        schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
+        sink = DeltaSink(os.path.join(workdir, "table"), "lines", schema=schema, partition_by=["partition"])
+    else:
+        sink = PostgresSink(os.environ["SPARKWAL_TEST_PG"], "lines", "lines")
+    sink_class = type(sink)
+    commit_batch = sink_class.commit_batch
 
-    commit_batch = DeltaSink.commit_batch
-
-    def patched(self, batch_time_ms, ranges, written, schema):
+    def patched(self, batch_time_ms, ranges, *args):
         has = any(r.untilOffset > r.fromOffset for r in ranges)
         if crash_at == "written" and has:
             os.kill(os.getpid(), signal.SIGKILL)
-        result = commit_batch(self, batch_time_ms, ranges, written, schema)
+        result = commit_batch(self, batch_time_ms, ranges, *args)
         if crash_at == "committed" and has:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
-    DeltaSink.commit_batch = patched
+    sink_class.commit_batch = patched
 
     def create():
         ssc = StreamingContext(sc, 0.5)

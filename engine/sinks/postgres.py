@@ -1,0 +1,231 @@
+"""Exactly-once output into PostgreSQL (psycopg 3), written by the executors, committed by the driver.
+
+:class:`PostgresSink` is a :class:`~sparkwal.engine.sinks.DbApiSink`: ``saveStream(dstream,
+offsetsFrom, write)`` collects each batch and runs ``write(cursor, batch_time_ms, records)`` in the
+transaction that stores the batch's offsets, as for SQLite. Without ``write`` it stages instead, so
+that a batch's rows never pass through the driver:
+
+1. The driver looks the batch up in ``sparkwal_offsets``: already applied (a re-run after a crash
+   between the database's commit and the stream's checkpoint), nothing runs.
+2. The driver creates the attempt's staging table (``sparkwal_stage_<hash of the sink's
+   name>_<t>_<attempt>``, UNLOGGED: transient), the target's columns after ``sparkwal_task``. Each
+   task COPYs its partition's rows into it, in its own transaction that first deletes what an
+   earlier attempt of the same task staged (under an advisory lock of the task: a retried or
+   speculative task replaces, never adds). Tasks connect without the password: libpq takes it
+   from their environment (``PGPASSWORD``, ``PGPASSFILE``), as credentials never travel in tasks.
+3. The driver's ONE transaction (under an advisory lock of the sink) checks the offsets as the
+   SQLite sink does, checks that every staged row is there (the tasks' counts: a server crash
+   empties an unlogged table), moves them into the target (``INSERT ... SELECT``; with ``keys``,
+   ``ON CONFLICT (keys) DO UPDATE``: upsert), stores the ranges' ends and drops the staging tables
+   of every attempt of this batch and earlier ones (an attempt that never committed: a killed
+   driver), then commits.
+
+The target table must exist (its columns are the rows' fields, in order; dicts are matched by
+name). :meth:`offsets` resumes a direct stream without a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import partial
+
+from sparkwal.wal import StorageUnavailableError
+
+from ..dstream import ForEachDStream
+from ..sources.protocol import OffsetRange
+from .transactional import DbApiSink, SinkOffsetsError
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = "sparkwal_stage_"
+
+
+def _psycopg():
+    try:
+        import psycopg
+    except ImportError as e:  # pragma: no cover - the test extra has it
+        raise ImportError("PostgresSink needs psycopg 3: pip install 'sparkwal[postgres]'") from e
+    return psycopg
+
+
+def without_password(conninfo: str) -> str:
+    """``conninfo`` (a libpq connection string or URL) without its password."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(conninfo)
+    params.pop("password", None)
+    return make_conninfo("", **params)
+
+
+class PostgresSink(DbApiSink):
+    """Exactly-once output of batches into PostgreSQL: ``conninfo`` (libpq's), the target ``table``
+    (``name`` or ``schema.name``, for the staged path), ``name`` the sink's (its rows in
+    ``sparkwal_offsets``), ``keys`` to upsert by (a unique constraint of the table)."""
+
+    placeholder = "%s"
+    begin_sql = "BEGIN"
+
+    def __init__(self, conninfo: str, table: str | None = None, name: str = "default", *,
+                 keys: Sequence[str] | None = None, connect_timeout_s: int = 10):
+        super().__init__(name)
+        if not isinstance(conninfo, str):
+            raise ValueError(f"conninfo must be a libpq connection string, got {conninfo!r}")
+        self.conninfo = conninfo
+        self.table = table
+        self.keys = list(keys or [])
+        self.connect_timeout_s = connect_timeout_s
+
+    def __getstate__(self) -> dict:
+        """Pickled into checkpoints with the output: without the password (see the module)."""
+        state = self.__dict__.copy()
+        state["conninfo"] = without_password(self.conninfo)
+        return state
+
+    def connect(self):
+        """A connection in autocommit mode (``BEGIN`` opens the sink's transactions); a server that
+        cannot be reached is the storage seam's :class:`StorageUnavailableError`, in one line."""
+        psycopg = _psycopg()
+        start = time.monotonic()
+        try:
+            return psycopg.connect(self.conninfo, autocommit=True, connect_timeout=self.connect_timeout_s)
+        except psycopg.OperationalError as e:
+            raise StorageUnavailableError("connect to", without_password(self.conninfo), 1,
+                                          time.monotonic() - start, e) from e
+
+    def lock_sink(self, cur) -> None:
+        # one driver transaction of this sink at a time (a zombie driver waits, then sees the batch)
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"sparkwal_offsets/{self.name}",))
+
+    # ------------------------------------------------------------------ the staged path
+
+    @property
+    def staging_prefix(self) -> str:
+        """The names of this sink's staging tables: ``<prefix><batch time>_<attempt>``."""
+        return f"{STAGING_PREFIX}{hashlib.sha1(self.name.encode()).hexdigest()[:8]}_"
+
+    def saveStream(self, dstream, offsetsFrom, write=None) -> None:
+        """Each batch of ``dstream`` into the database exactly once with the offsets of
+        ``offsetsFrom``: ``write(cursor, batch_time_ms, records)`` on the collected records (the
+        DB-API way), or, without ``write``, the rows staged by the tasks and moved into ``table``."""
+        if write is not None:
+            return super().saveStream(dstream, offsetsFrom, write)
+        if not self.table:
+            raise ValueError("PostgresSink.saveStream without write needs the sink's table")
+        sink = self
+
+        def save(time_: datetime, rdd) -> None:
+            t = int(round(time_.timestamp() * 1000))
+            sink.write_batch(t, offsetsFrom.offset_ranges(t), rdd)
+
+        ForEachDStream(dstream.context(), dstream, save, in_order=True)
+
+    def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+        """Stage ``rdd``'s rows from the tasks, then move them into the table with the batch's
+        offsets in one transaction; False (nothing written) if the database holds the batch, or
+        if the batch read and wrote nothing."""
+        staging = f"{self.staging_prefix}{batch_time_ms}_{uuid.uuid4().hex[:12]}"
+        columns = self._prepare(batch_time_ms, ranges, staging)
+        if columns is None:
+            log.info("%s: batch %d is in the database already; not written again", self.name, batch_time_ms)
+            return False
+        task = partial(stage_partition, conninfo=without_password(self.conninfo), staging=staging,
+                       columns=columns, connect_timeout_s=self.connect_timeout_s)
+        staged = sum(rdd.mapPartitionsWithIndex(task).collect())  # counts only, never the rows
+        if not staged and not any(r.untilOffset > r.fromOffset for r in ranges):
+            self._drop_staging(batch_time_ms)
+            return False  # nothing read, nothing written: no transaction
+        return self.commit_batch(batch_time_ms, ranges,
+                                 lambda cur: self._move(cur, batch_time_ms, staging, staged, columns))
+
+    def _prepare(self, batch_time_ms: int, ranges: list[OffsetRange], staging: str) -> list[str] | None:
+        """The target's columns, and the attempt's staging table created (UNLOGGED: it is
+        transient, and the move checks that every staged row is there); None if the database
+        holds the batch already."""
+        sql = _psycopg().sql
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_table(cur)
+            if self.batch_applied(cur, batch_time_ms, [r for r in ranges if r.untilOffset > r.fromOffset]):
+                return None
+            try:
+                cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(_identifier(self.table)))
+            except _psycopg().errors.UndefinedTable:
+                raise SinkOffsetsError(f"{self.name}: the table {self.table} does not exist in the database: "
+                                       "create it first (its columns are the rows' fields)") from None
+            columns = [d.name for d in cur.description]
+            cur.execute(sql.SQL("CREATE UNLOGGED TABLE {staging} AS SELECT NULL::integer AS sparkwal_task, t.* "
+                                "FROM {table} AS t WITH NO DATA").format(staging=sql.Identifier(staging),
+                                                                         table=_identifier(self.table)))
+            return columns
+        finally:
+            conn.close()
+
+    def _move(self, cur, batch_time_ms: int, staging: str, staged: int, columns: list[str]) -> None:
+        sql = _psycopg().sql
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(staging)))
+        found = cur.fetchone()[0]
+        if found != staged:  # (an unlogged table is emptied by a server crash: the batch runs again)
+            raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}: {found} rows staged in {staging}, "
+                                   f"the tasks wrote {staged}: not moved")
+        cols = sql.SQL(", ").join(map(sql.Identifier, columns))
+        move = sql.SQL("INSERT INTO {table} ({cols}) SELECT {cols} FROM {staging}").format(
+            table=_identifier(self.table), cols=cols, staging=sql.Identifier(staging))
+        if self.keys:
+            updates = [c for c in columns if c not in self.keys]
+            action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
+                sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates)
+                if updates else sql.SQL("DO NOTHING"))
+            move = move + sql.SQL(" ON CONFLICT ({keys}) ").format(
+                keys=sql.SQL(", ").join(map(sql.Identifier, self.keys))) + action
+        cur.execute(move)
+        self._drop_staging_in(cur, batch_time_ms)
+
+    def _drop_staging(self, up_to_ms: int) -> None:
+        conn = self.connect()
+        try:
+            self._drop_staging_in(conn.cursor(), up_to_ms)
+        finally:
+            conn.close()
+
+    def _drop_staging_in(self, cur, up_to_ms: int) -> None:
+        """Drop the staging tables of every attempt of batches up to ``up_to_ms``."""
+        sql = _psycopg().sql
+        prefix = self.staging_prefix
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND "
+                    "starts_with(tablename, %s)", (prefix,))
+        for (name,) in cur.fetchall():
+            batch = name[len(prefix):].split("_", 1)[0]
+            if batch.isdigit() and int(batch) <= up_to_ms:
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def _identifier(table: str):
+    sql = _psycopg().sql
+    return sql.Identifier(*table.split(".", 1))
+
+
+def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
+    """Task side: COPY this partition's rows into the attempt's staging table, replacing what an
+    earlier attempt of this task staged; yields the rows' count."""
+    psycopg = _psycopg()
+    sql = psycopg.sql
+    n = 0
+    with psycopg.connect(conninfo, connect_timeout=connect_timeout_s) as conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{staging}/{index}",))
+        cur.execute(sql.SQL("DELETE FROM {} WHERE sparkwal_task = %s").format(sql.Identifier(staging)), (index,))
+        names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", *columns)))
+        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(staging), names)) as copy:
+            for row in rows:
+                values = [row.get(c) for c in columns] if isinstance(row, Mapping) else list(row)
+                if len(values) != len(columns):
+                    raise ValueError(f"a row of {len(values)} values for {len(columns)} columns "
+                                     f"({', '.join(columns)}): {row!r}")
+                copy.write_row((index, *values))
+                n += 1
+    yield n  # (the connection's context committed the transaction)

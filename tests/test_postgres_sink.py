@@ -1,0 +1,207 @@
+"""PostgresSink against a real PostgreSQL server (sparkwal.engine.apps.postgres_server): rows staged by the
+executors with COPY and moved into the table with the batch's offsets in one driver transaction;
+upsert by key; the DB-API way (collected) on the same seam; a re-run commits nothing; a restart
+without a checkpoint resumes from the database; the server down at the commit fails the batch in
+one line and its re-run goes in once; SIGKILL between the staging and the commit, and between the
+commit and the checkpoint, loses and doubles nothing and leaves nothing staged
+(tests/sink_crash_app.py)."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import threading
+
+import psycopg
+import pytest
+
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.apps.direct_wordcount import append_lines, direct_line
+from sparkwal.engine.sinks import PostgresSink, SinkOffsetsError
+from sparkwal.engine.sources import FileLogSource, OffsetRange
+from sparkwal.wal import ManualClock, StorageUnavailableError
+
+from test_delta_sink import run_app
+
+WAIT_S = 60
+
+
+def query(conninfo: str, sql: str, *params) -> list:
+    with psycopg.connect(conninfo) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def create_lines(conninfo: str, keyed: bool = False) -> None:
+    with psycopg.connect(conninfo) as conn:
+        conn.execute("CREATE TABLE lines (partition TEXT, line TEXT" + (" PRIMARY KEY" if keyed else "") + ")")
+
+
+def staging_tables(conninfo: str) -> list[str]:
+    return [r[0] for r in query(conninfo, "SELECT tablename FROM pg_tables WHERE tablename LIKE 'sparkwal_stage%%'")]
+
+
+def lines_in(conninfo: str) -> list[str]:
+    return sorted(r[0] for r in query(conninfo, "SELECT line FROM lines"))
+
+
+def expected(counts: dict[str, int]) -> list[str]:
+    return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
+
+
+class Completed(StreamingListener):
+    def __init__(self):
+        self.times: list[int] = []
+        self.cond = threading.Condition()
+
+    def onBatchCompleted(self, e):
+        with self.cond:
+            self.times.append(e.batchInfo().batch_time_ms)
+            self.cond.notify_all()
+
+    def wait_for(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.times) >= n, WAIT_S), f"{n} batches not completed"
+
+
+def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 0, checkpoint=None) -> None:
+    clock, completed = ManualClock(start_ms), Completed()
+    ssc = StreamingContext(sc, 0.5, clock=clock)
+    if checkpoint is not None:
+        ssc.checkpoint(str(checkpoint))
+    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
+    sink.saveStream(stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line)), stream)
+    ssc.addStreamingListener(completed)
+    ssc.start()
+    try:
+        for i, lines in enumerate(batches):
+            for p, n in lines.items():
+                have = sum(1 for _ in open(logdir / p)) if (logdir / p).exists() else 0
+                append_lines(str(logdir), p, have, n)
+            clock.advance(500)
+            completed.wait_for(i + 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_staged_rows_go_in_once_and_a_restart_resumes_from_the_database(spark_context, postgres, tmp_path):
+    create_lines(postgres)
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    sink = PostgresSink(postgres, "lines", "lines")
+    run_stream(spark_context, logdir, sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt")
+    assert lines_in(postgres) == expected({"p0": 4, "p1": 2})
+    assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 4), ("p1", 2)}
+    assert staging_tables(postgres) == []  # nothing left staged
+    # a re-run of the newest batch writes nothing
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 3, 4)], spark_context.parallelize([("p0", "x")])) is False
+    # a new stream without a checkpoint, from the database's offsets
+    append_lines(str(logdir), "p1", 2, 2)
+    run_stream(spark_context, logdir, PostgresSink(postgres, "lines", "lines"), [{}], start_ms=5000)
+    assert lines_in(postgres) == expected({"p0": 4, "p1": 4})
+
+
+def test_upsert_by_key_and_the_db_api_way_on_the_same_seam(spark_context, postgres):
+    with psycopg.connect(postgres) as conn:
+        conn.execute("CREATE TABLE counts (word TEXT PRIMARY KEY, n BIGINT)")
+    sink = PostgresSink(postgres, "counts", "counts", keys=["word"])
+    assert sink.write_batch(500, [], spark_context.parallelize([("a", 1), ("b", 2)], 2))
+    rows = [{"word": "b", "n": 5}, {"word": "c", "n": 3_000_000_000}]
+    assert sink.write_batch(1000, [], spark_context.parallelize(rows))
+    assert sorted(query(postgres, "SELECT word, n FROM counts")) == [("a", 1), ("b", 5), ("c", 3_000_000_000)]
+
+    # the DB-API way: a batch collected and written by a function in the offsets' transaction
+    seen = PostgresSink(postgres, name="collected")
+    ranges = [OffsetRange("t", 0, 0, 2**40)]  # 64-bit offsets
+    write = lambda cur: cur.execute("INSERT INTO counts VALUES (%s, %s)", ("d", 4))  # noqa: E731
+    assert seen.commit_batch(500, ranges, write) and not seen.commit_batch(500, ranges, write)
+    assert seen.offsets() == {(("t", 0)): 2**40} and query(postgres, "SELECT n FROM counts WHERE word = 'd'") == [(4,)]
+
+
+def test_mistakes_are_named(spark_context, postgres):
+    with pytest.raises(SinkOffsetsError, match="the table nope does not exist in the database: create it first"):
+        PostgresSink(postgres, "nope").write_batch(500, [], spark_context.parallelize([("a", "b")]))
+    create_lines(postgres)
+    with pytest.raises(Exception, match=r"a row of 3 values for 2 columns \(partition, line\)"):
+        PostgresSink(postgres, "lines").write_batch(500, [], spark_context.parallelize([("a", "b", "c")]))
+    sink = PostgresSink(postgres, "lines", "lines")
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    with pytest.raises(SinkOffsetsError, match=r"batch 1000 reads log/p0 \[5, 6\) but the database's output "
+                                               r"ends at offset 1"):
+        sink.write_batch(1000, [OffsetRange("log", "p0", 5, 6)], spark_context.parallelize([("p0", "b")]))
+    assert lines_in(postgres) == ["a"]
+
+
+def test_the_password_never_travels_with_tasks_or_into_checkpoints(postgres):
+    sink = PostgresSink(postgres + " password=s3cret-pw", "lines", "lines")
+    assert b"s3cret-pw" not in pickle.dumps(sink)
+    assert "s3cret-pw" in sink.conninfo  # the driver's own object keeps it
+
+
+def test_an_output_far_larger_than_max_result_size_is_staged_not_collected(spark_context, postgres):
+    create_lines(postgres)
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.driver.maxResultSize", "1m")
+    try:
+        rdd = spark_context.range(0, 120_000, numSlices=4).map(lambda i: ("p0", f"{i:08d}" + "x" * 92))
+        with pytest.raises(Exception, match="maxResultSize"):
+            rdd.collect()
+        assert PostgresSink(postgres, "lines", "big").write_batch(500, [], rdd)
+    finally:
+        live_conf.remove("spark.driver.maxResultSize")
+    assert query(postgres, "SELECT count(*), count(DISTINCT line) FROM lines") == [(120_000, 120_000)]
+
+
+def test_the_server_down_at_the_commit_fails_the_batch_in_one_line_and_its_rerun_goes_in_once(
+        spark_context, postgres_cluster, postgres, monkeypatch):
+    create_lines(postgres)
+    sink = PostgresSink(postgres, "lines", "lines", connect_timeout_s=2)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    commit_batch = PostgresSink.commit_batch
+
+    def server_gone_first(self, *args):
+        postgres_cluster.stop()
+        return commit_batch(self, *args)
+
+    monkeypatch.setattr(PostgresSink, "commit_batch", server_gone_first)
+    try:
+        with pytest.raises(StorageUnavailableError, match=r"storage unavailable: connect to .*port="
+                                                          rf"{postgres_cluster.port}.*Connection refused"):
+            sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    finally:
+        postgres_cluster.start()
+    monkeypatch.setattr(PostgresSink, "commit_batch", commit_batch)
+    assert lines_in(postgres) == ["a"] and len(staging_tables(postgres)) == 1  # batch 1000's rows only staged
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert lines_in(postgres) == ["a", "b"]
+    assert staging_tables(postgres) == []
+
+
+def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
+        tmp_path, postgres):
+    create_lines(postgres)
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    appended = {"p0": 0, "p1": 0}
+    for step in ("written", "committed"):
+        for p, n in (("p0", 3), ("p1", 2)):
+            append_lines(str(logdir), p, appended[p], n)
+            appended[p] += n
+        status = run_app(tmp_path, 60, step, sink="postgres", SPARKWAL_TEST_PG=postgres)
+        assert status == -signal.SIGKILL, f"crash at {step}: exit {status} (see {tmp_path}/app.log)"
+    for _run in range(3):
+        assert run_app(tmp_path, 8, sink="postgres", SPARKWAL_TEST_PG=postgres) == 0, f"see {tmp_path}/app.log"
+        if lines_in(postgres) == expected(appended):
+            break
+    assert lines_in(postgres) == expected(appended)
+    assert staging_tables(postgres) == []
+
+
+def test_drill_with_the_postgres_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
+    """CI's share of ``sparkwal drill --mode direct --sink postgres`` (a server of the drill's
+    own; longer runs by hand, figures in docs/direct.md)."""
+    from sparkwal.engine.apps import direct_drill
+
+    report = direct_drill.run(3, 0.5, seed=5, workdir=str(tmp_path), log=lambda *_: None, sink="postgres")
+    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "postgres"
+    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
+    assert report["ok"]
