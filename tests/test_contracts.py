@@ -6,7 +6,7 @@ says). Names that had to change keep a deprecated alias (listed with the contrac
 The sources: issue 2 (``wal``), 3 (``checkpoint``), 4 (``tracker``), 5 and 16 (the engine's
 pyspark.streaming API and ``getOrCreate``), 9 (receivers), 10 (direct sources and sinks), 11 and
 41 (the command), 17 (``mapWithState``, state as a table), 18 (the hot standby), 32 (the REST API,
-metrics), 34 (``prepare_conf``), 42 (``from sparkwal import StreamingContext``)."""
+metrics), 34 (``prepare_conf``), 42 (``from sparkwal import StreamingContext``), 45 (the exactly-once sinks)."""
 
 from __future__ import annotations
 
@@ -109,6 +109,9 @@ SIGNATURES = {
     "sparkwal.engine.sources.FileLogSource": "(path, storage_options=None)",
     "sparkwal.engine.sources.OffsetRange": "(topic, partition, fromOffset, untilOffset)",
     "sparkwal.engine.kafka.KafkaUtils.createDirectStream": "(ssc, topics, kafkaParams, fromOffsets=None)",
+    # issue 45: exactly-once sinks
+    "sparkwal.engine.sinks.DeltaSink": "(table_uri, name='sparkwal', *, storage_options=None)",
+    "sparkwal.engine.sinks.PostgresSink": "(conninfo, table=None, name='default')",
     # issue 17: state
     "sparkwal.engine.StateSpec.function": "(mappingFunction)",
     "sparkwal.engine.read_state": "(checkpointPath, storage_options=None)",
@@ -140,7 +143,9 @@ NAMES = {
                         "StateSpec", "State", "BatchInfo", "CheckpointMismatchError", "DriverAlreadyActiveError",
                         "prepare_conf", "read_state", "SnapshotError", "BlockReadError"],
     "sparkwal.engine.sources": ["ReplayableSource", "FileLogSource", "OffsetRange", "TopicPartition"],
-    "sparkwal.engine.sinks": ["SQLiteSink", "DbApiSink"],
+    "sparkwal.engine.sinks": ["SQLiteSink", "DbApiSink", "DeltaSink", "PostgresSink"],  # issue 45: the last two
+    "sparkwal.engine.sinks.DeltaSink": ["offsets", "saveStream"],
+    "sparkwal.engine.sinks.PostgresSink": ["offsets", "saveStream"],
     "sparkwal.wal": ["WriteAheadLog", "FileBasedWriteAheadLog", "BatchedWriteAheadLog", "RecordHandle",
                      "WalStatistics", "WalError", "CorruptRecordError", "LogLockedError", "Durability"],
     "sparkwal.wal.WalStatistics": ["records_written", "syncs"],
