@@ -8,52 +8,22 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction
 
-from sparkwal.engine import StreamingContext, StreamingListener
-from sparkwal.engine.apps.direct_wordcount import append_lines, direct_line
+from sparkwal.engine.apps.direct_wordcount import append_lines
 from sparkwal.engine.sinks import DeltaSink, SinkOffsetsError
-from sparkwal.engine.sources import FileLogSource, OffsetRange
-from sparkwal.wal import ManualClock
+from sparkwal.engine.sources import OffsetRange
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from sink_helpers import expected, run_app, run_stream
+
 SCHEMA = pa.schema([("partition", pa.string()), ("line", pa.string())])
-WAIT_S = 60
-
-
-def rows_of(stream):
-    """``(partition, line)`` rows (a lambda here: pickled by value, as this module is not on the
-    executors' path)."""
-    return stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line))
-
-
-class Completed(StreamingListener):
-    def __init__(self):
-        self.times: list[int] = []
-        self.cond = threading.Condition()
-
-    def onBatchCompleted(self, e):
-        with self.cond:
-            self.times.append(e.batchInfo().batch_time_ms)
-            self.cond.notify_all()
-
-    def wait_for(self, n: int) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.times) >= n, WAIT_S), f"{n} batches not completed"
 
 
 def lines_in(sink: DeltaSink) -> list[str]:
     return sorted(sink.read(["line"]).column("line").to_pylist())
-
-
-def expected(counts: dict[str, int]) -> list[str]:
-    return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
 
 
 def parquet_files(table_dir) -> set[str]:
@@ -61,33 +31,10 @@ def parquet_files(table_dir) -> set[str]:
             for f in fs if f.endswith(".parquet") and "_sparkwal" not in d}
 
 
-def run_batches(sc, tmp_path, sink, batches: list[dict[str, int]]):
-    """A direct stream from tmp_path/log into ``sink`` on a manual clock at 0, checkpointed in
-    tmp_path/ckpt: before each batch, the lines ``batches[i]`` says are appended."""
-    logdir = tmp_path / "log"
-    logdir.mkdir(exist_ok=True)
-    clock, completed = ManualClock(0), Completed()
-    ssc = StreamingContext(sc, 0.5, clock=clock)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
-    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
-    sink.saveStream(rows_of(stream), stream)
-    ssc.addStreamingListener(completed)
-    ssc.start()
-    try:
-        for i, lines in enumerate(batches):
-            for p, n in lines.items():
-                have = sum(1 for _ in open(logdir / p)) if (logdir / p).exists() else 0
-                append_lines(str(logdir), p, have, n)
-            clock.advance(500)
-            completed.wait_for(i + 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
-
-
 def test_each_batch_goes_in_once_with_its_txn_and_a_restart_resumes_from_the_table(spark_context, tmp_path):
     table_dir = tmp_path / "table"
     sink = DeltaSink(str(table_dir), "lines", schema=SCHEMA, partition_by=["partition"])
-    run_batches(spark_context, tmp_path, sink, [{"p0": 3, "p1": 2}, {"p0": 1}])
+    run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt")
     assert lines_in(sink) == expected({"p0": 4, "p1": 2})
     assert sink.committed_batch() == 1000  # the txn's version: the newest batch's time
     assert DeltaTable(str(table_dir)).transaction_version("lines") == 1000
@@ -103,19 +50,8 @@ def test_each_batch_goes_in_once_with_its_txn_and_a_restart_resumes_from_the_tab
 
     # a new stream without a checkpoint starts from the table's offsets (fresh sink object too)
     fresh = DeltaSink(str(table_dir), "lines")
-    logdir = tmp_path / "log"
-    append_lines(str(logdir), "p1", 2, 2)
-    clock, completed = ManualClock(5000), Completed()
-    ssc = StreamingContext(spark_context, 0.5, clock=clock)
-    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=fresh.offsets())
-    fresh.saveStream(rows_of(stream), stream)
-    ssc.addStreamingListener(completed)
-    ssc.start()
-    try:
-        clock.advance(500)
-        completed.wait_for(1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    append_lines(str(tmp_path / "log"), "p1", 2, 2)
+    run_stream(spark_context, tmp_path / "log", fresh, [{}], start_ms=5000)
     assert lines_in(fresh) == expected({"p0": 4, "p1": 4})
     assert fresh.committed_batch() == 5500
 
@@ -190,17 +126,6 @@ def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driv
         live_conf.remove("spark.driver.maxResultSize")
     table = sink.read(["line"])
     assert table.num_rows == 120_000 and len(set(table.column("line").to_pylist())) == 120_000
-
-
-def run_app(workdir, seconds: float, crash_at: str | None = None, sink: str = "delta", **env_vars) -> int:
-    """tests/sink_crash_app.py on ``workdir`` (its own process group), its exit status."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
-               **env_vars)
-    with open(os.path.join(workdir, "app.log"), "a") as err:
-        return subprocess.run([sys.executable, os.path.join(HERE, "sink_crash_app.py"), str(workdir),
-                               str(seconds), sink, *([crash_at] if crash_at else [])],
-                              stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=180,
-                              start_new_session=True).returncode
 
 
 def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import pickle
 import signal
-import threading
 
 import psycopg
 import pytest
 
-from sparkwal.engine import StreamingContext, StreamingListener
-from sparkwal.engine.apps.direct_wordcount import append_lines, direct_line
+from sparkwal.engine.apps.direct_wordcount import append_lines
 from sparkwal.engine.sinks import PostgresSink, SinkOffsetsError
-from sparkwal.engine.sources import FileLogSource, OffsetRange
-from sparkwal.wal import ManualClock, StorageUnavailableError
+from sparkwal.engine.sources import OffsetRange
+from sparkwal.wal import StorageUnavailableError
 
-from test_delta_sink import run_app
-
-WAIT_S = 60
+from sink_helpers import expected, run_app, run_stream
 
 
 def query(conninfo: str, sql: str, *params) -> list:
@@ -44,49 +40,9 @@ def lines_in(conninfo: str) -> list[str]:
     return sorted(r[0] for r in query(conninfo, "SELECT line FROM lines"))
 
 
-def expected(counts: dict[str, int]) -> list[str]:
-    return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
-
-
-class Completed(StreamingListener):
-    def __init__(self):
-        self.times: list[int] = []
-        self.cond = threading.Condition()
-
-    def onBatchCompleted(self, e):
-        with self.cond:
-            self.times.append(e.batchInfo().batch_time_ms)
-            self.cond.notify_all()
-
-    def wait_for(self, n: int) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.times) >= n, WAIT_S), f"{n} batches not completed"
-
-
-def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 0, checkpoint=None) -> None:
-    clock, completed = ManualClock(start_ms), Completed()
-    ssc = StreamingContext(sc, 0.5, clock=clock)
-    if checkpoint is not None:
-        ssc.checkpoint(str(checkpoint))
-    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
-    sink.saveStream(stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line)), stream)
-    ssc.addStreamingListener(completed)
-    ssc.start()
-    try:
-        for i, lines in enumerate(batches):
-            for p, n in lines.items():
-                have = sum(1 for _ in open(logdir / p)) if (logdir / p).exists() else 0
-                append_lines(str(logdir), p, have, n)
-            clock.advance(500)
-            completed.wait_for(i + 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
-
-
 def test_staged_rows_go_in_once_and_a_restart_resumes_from_the_database(spark_context, postgres, tmp_path):
     create_lines(postgres)
     logdir = tmp_path / "log"
-    logdir.mkdir()
     sink = PostgresSink(postgres, "lines", "lines")
     run_stream(spark_context, logdir, sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt")
     assert lines_in(postgres) == expected({"p0": 4, "p1": 2})

@@ -35,17 +35,15 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from functools import partial
 from urllib.parse import unquote
 
 from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
-from ..dstream import ForEachDStream
 from ..sources.protocol import OffsetRange, TopicPartition
 from .delta_files import RECORDS_DIR, add_action, write_partition
-from .transactional import SinkOffsetsError
+from .transactional import SinkOffsetsError, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -205,15 +203,7 @@ class DeltaSink:
     def saveStream(self, dstream, offsetsFrom) -> None:
         """Each batch of ``dstream`` (rows) into the table, exactly once, with the offsets of
         ``offsetsFrom`` (the direct stream ``dstream`` derives from)."""
-        sink = self
-
-        def save(time_: datetime, rdd) -> None:
-            t = int(round(time_.timestamp() * 1000))
-            sink.write_batch(t, offsetsFrom.offset_ranges(t), rdd)
-
-        # in batch order when batches overlap (spark.streaming.concurrentJobs > 1): a batch's
-        # output must start where the previous one's ended
-        ForEachDStream(dstream.context(), dstream, save, in_order=True)
+        save_batches(dstream, offsetsFrom, self.write_batch)
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Write ``rdd``'s rows and commit them with the batch's identity; False (nothing

@@ -31,14 +31,12 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from functools import partial
 
 from sparkwal.wal import StorageUnavailableError
 
-from ..dstream import ForEachDStream
 from ..sources.protocol import OffsetRange
-from .transactional import DbApiSink, SinkOffsetsError
+from .transactional import DbApiSink, SinkOffsetsError, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +114,7 @@ class PostgresSink(DbApiSink):
             return super().saveStream(dstream, offsetsFrom, write)
         if not self.table:
             raise ValueError("PostgresSink.saveStream without write needs the sink's table")
-        sink = self
-
-        def save(time_: datetime, rdd) -> None:
-            t = int(round(time_.timestamp() * 1000))
-            sink.write_batch(t, offsetsFrom.offset_ranges(t), rdd)
-
-        ForEachDStream(dstream.context(), dstream, save, in_order=True)
+        save_batches(dstream, offsetsFrom, self.write_batch)
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Stage ``rdd``'s rows from the tasks, then move them into the table with the batch's

@@ -150,15 +150,24 @@ class DbApiSink(ABC):
         stream ``dstream`` derives from) for the batch."""
         sink = self
 
-        def save(time: datetime, rdd) -> None:
-            t = int(round(time.timestamp() * 1000))
-            ranges = offsetsFrom.offset_ranges(t)
+        def collect_and_commit(t: int, ranges: list[OffsetRange], rdd) -> None:
             records = rdd.collect()
             sink.commit_batch(t, ranges, lambda cur: write(cur, t, records))
 
-        # in batch order when batches overlap (spark.streaming.concurrentJobs > 1): each batch's
-        # output must start where the previous one's ended (batch_applied)
-        ForEachDStream(dstream.context(), dstream, save, in_order=True)
+        save_batches(dstream, offsetsFrom, collect_and_commit)
+
+
+def save_batches(dstream, offsetsFrom, write_batch: Callable[[int, list[OffsetRange], object], object]) -> None:
+    """The output operation of an exactly-once sink: each batch of ``dstream`` as
+    ``write_batch(batch_time_ms, the ranges offsetsFrom read for it, its RDD)``, in batch order
+    when batches overlap (``spark.streaming.concurrentJobs`` > 1): each batch's output must start
+    where the previous one's ended (``DbApiSink.batch_applied``)."""
+
+    def save(time: datetime, rdd) -> None:
+        t = int(round(time.timestamp() * 1000))
+        write_batch(t, offsetsFrom.offset_ranges(t), rdd)
+
+    ForEachDStream(dstream.context(), dstream, save, in_order=True)
 
 
 class SQLiteSink(DbApiSink):

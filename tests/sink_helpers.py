@@ -1,0 +1,73 @@
+"""What the exactly-once sinks' tests share: a direct stream of FileLogSource lines as rows
+``(partition, line)`` into a sink on a manual clock, the lines expected, and the crash app
+(tests/sink_crash_app.py) run in a process group of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from sparkwal.engine import StreamingContext, StreamingListener
+from sparkwal.engine.apps.direct_wordcount import append_lines, direct_line
+from sparkwal.engine.sources import FileLogSource
+from sparkwal.wal import ManualClock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WAIT_S = 60  # a bound for events that come within seconds unless the engine is broken
+
+
+class Completed(StreamingListener):
+    def __init__(self):
+        self.times: list[int] = []
+        self.cond = threading.Condition()
+
+    def onBatchCompleted(self, e):
+        with self.cond:
+            self.times.append(e.batchInfo().batch_time_ms)
+            self.cond.notify_all()
+
+    def wait_for(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.times) >= n, WAIT_S), f"{n} batches not completed"
+
+
+def expected(counts: dict[str, int]) -> list[str]:
+    """The lines ``append_lines`` wrote: ``counts[p]`` of each partition ``p``, sorted."""
+    return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
+
+
+def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 0, checkpoint=None) -> None:
+    """A direct stream from ``logdir`` into ``sink`` (from ``sink.offsets()``) on a manual clock at
+    ``start_ms``: before each batch, the lines ``batches[i]`` says are appended."""
+    logdir.mkdir(exist_ok=True)
+    clock, completed = ManualClock(start_ms), Completed()
+    ssc = StreamingContext(sc, 0.5, clock=clock)
+    if checkpoint is not None:
+        ssc.checkpoint(str(checkpoint))
+    stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
+    # (a lambda: pickled by value, as the tests' modules are not on the executors' path)
+    sink.saveStream(stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line)), stream)
+    ssc.addStreamingListener(completed)
+    ssc.start()
+    try:
+        for i, lines in enumerate(batches):
+            for p, n in lines.items():
+                have = sum(1 for _ in open(logdir / p)) if (logdir / p).exists() else 0
+                append_lines(str(logdir), p, have, n)
+            clock.advance(500)
+            completed.wait_for(i + 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def run_app(workdir, seconds: float, crash_at: str | None = None, sink: str = "delta", **env_vars) -> int:
+    """tests/sink_crash_app.py on ``workdir`` (its own process group), its exit status."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
+               **env_vars)
+    with open(os.path.join(workdir, "app.log"), "a") as err:
+        return subprocess.run([sys.executable, os.path.join(HERE, "sink_crash_app.py"), str(workdir),
+                               str(seconds), sink, *([crash_at] if crash_at else [])],
+                              stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=180,
+                              start_new_session=True).returncode
