@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -71,3 +72,24 @@ def run_app(workdir, seconds: float, crash_at: str | None = None, sink: str = "d
                                str(seconds), sink, *([crash_at] if crash_at else [])],
                               stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=180,
                               start_new_session=True).returncode
+
+
+def crash_at_each_step_then_recover(workdir, read_lines, sink: str = "delta", **env_vars) -> None:
+    """Lines appended and the crash app SIGKILLed at each step in turn (``written``: the rows
+    written or staged, the sink's commit not made; ``committed``: the commit made, the stream's
+    checkpoint not), then run until ``read_lines()`` (the sink's lines, sorted) holds every line
+    appended (a busy machine may need more than one short run for the re-runs): exactly once."""
+    logdir = os.path.join(workdir, "log")
+    os.makedirs(logdir, exist_ok=True)
+    appended = {"p0": 0, "p1": 0}
+    for step in ("written", "committed"):
+        for p, n in (("p0", 3), ("p1", 2)):
+            append_lines(logdir, p, appended[p], n)
+            appended[p] += n
+        status = run_app(workdir, 60, step, sink, **env_vars)
+        assert status == -signal.SIGKILL, f"crash at {step}: exit {status} (see {workdir}/app.log)"
+    for _run in range(3):
+        assert run_app(workdir, 8, None, sink, **env_vars) == 0, f"see {workdir}/app.log"
+        if read_lines() == expected(appended):
+            break
+    assert read_lines() == expected(appended)

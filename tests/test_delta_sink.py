@@ -17,7 +17,7 @@ from sparkwal.engine.apps.direct_wordcount import append_lines
 from sparkwal.engine.sinks import DeltaSink, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 
-from sink_helpers import expected, run_app, run_stream
+from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
 
 SCHEMA = pa.schema([("partition", pa.string()), ("line", pa.string())])
 
@@ -129,21 +129,8 @@ def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driv
 
 
 def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):
-    logdir = tmp_path / "log"
-    logdir.mkdir()
-    appended = {"p0": 0, "p1": 0}
-    for step in ("written", "committed"):
-        for p, n in (("p0", 3), ("p1", 2)):
-            append_lines(str(logdir), p, appended[p], n)
-            appended[p] += n
-        status = run_app(tmp_path, 60, step)
-        assert status == -signal.SIGKILL, f"crash at {step}: exit {status} (see {tmp_path}/app.log)"
     sink = DeltaSink(str(tmp_path / "table"), "lines")
-    for _run in range(3):  # (a busy machine may need more than one short run for the re-runs)
-        assert run_app(tmp_path, 8) == 0, f"see {tmp_path}/app.log"
-        if lines_in(sink) == expected(appended):
-            break
-    assert lines_in(sink) == expected(appended)
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink))
     # the attempt killed before its commit left files; a later batch's commit deleted them
     held = {os.path.normpath(p) for p in parquet_files(tmp_path / "table")}
     table = DeltaTable(str(tmp_path / "table"))

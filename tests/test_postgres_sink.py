@@ -9,7 +9,6 @@ commit and the checkpoint, loses and doubles nothing and leaves nothing staged
 from __future__ import annotations
 
 import pickle
-import signal
 
 import psycopg
 import pytest
@@ -19,7 +18,7 @@ from sparkwal.engine.sinks import PostgresSink, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 from sparkwal.wal import StorageUnavailableError
 
-from sink_helpers import expected, run_app, run_stream
+from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
 
 
 def query(conninfo: str, sql: str, *params) -> list:
@@ -135,20 +134,7 @@ def test_the_server_down_at_the_commit_fails_the_batch_in_one_line_and_its_rerun
 def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
         tmp_path, postgres):
     create_lines(postgres)
-    logdir = tmp_path / "log"
-    logdir.mkdir()
-    appended = {"p0": 0, "p1": 0}
-    for step in ("written", "committed"):
-        for p, n in (("p0", 3), ("p1", 2)):
-            append_lines(str(logdir), p, appended[p], n)
-            appended[p] += n
-        status = run_app(tmp_path, 60, step, sink="postgres", SPARKWAL_TEST_PG=postgres)
-        assert status == -signal.SIGKILL, f"crash at {step}: exit {status} (see {tmp_path}/app.log)"
-    for _run in range(3):
-        assert run_app(tmp_path, 8, sink="postgres", SPARKWAL_TEST_PG=postgres) == 0, f"see {tmp_path}/app.log"
-        if lines_in(postgres) == expected(appended):
-            break
-    assert lines_in(postgres) == expected(appended)
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(postgres), "postgres", SPARKWAL_TEST_PG=postgres)
     assert staging_tables(postgres) == []
 
 
