@@ -128,7 +128,7 @@ LEASE_TIMEOUT = _entry("spark.streaming.driver.leaseTimeout", "duration", 30_000
 COALESCE_DOWNTIME = _entry(
     "spark.sparkwal.recovery.coalesceDowntime", "bool", False,
     "a restart runs the input of the batch times it missed while down as one batch, the first new one, "
-    "where the program allows it (stateless, no windows); false: Spark's, every missed batch time runs")
+    "where the program allows it (no windows; state without timeouts); false: Spark's, every missed batch time runs")
 EMPTY_BATCH_SHORTCUT = _entry(
     "spark.sparkwal.emptyBatch.shortcut", "bool", True,
     "a batch whose inputs are empty builds no RDDs for sparkwal's own operations and runs no tasks "

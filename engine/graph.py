@@ -43,6 +43,10 @@ class DStreamGraph:
         #: restart re-running the first new batch must build its state on the same batch again
         self.downtimes: dict[int, int] = {}
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("downtimes", {})  # a graph pickled before downtimes were kept
+
     def register(self, stream) -> None:
         self.streams.append(stream)
 
