@@ -1,6 +1,7 @@
 """Exactly-once sinks against the same output written the plain way, in one run.
 
     python -m benchmarks.sink_bench [--lines-per-batch 100000] [--batches 6] [--rounds 2]
+                                    [--sinks delta,postgres,kafka]
 
 A direct stream over a FileLogSource (two partitions, a backlog written before the run, each
 batch capped at ``--lines-per-batch`` lines by ``spark.streaming.direct.maxRatePerPartition``)
@@ -15,6 +16,12 @@ writes every line as a row ``(partition, line)``:
 * ``postgres plain``: ``foreachRDD`` with ``foreachPartition`` COPYing each partition into the
   table in a transaction of its own (a re-run appends again, a crash may leave part of a batch).
 
+* ``kafka exactly-once``: :class:`sparkwal.engine.sinks.KafkaSink` (the tasks encode the records,
+  the driver's transactional producer sends them and the batch's marker in one transaction);
+* ``kafka plain``: ``foreachRDD`` with ``foreachPartition`` producing each partition from the
+  executors with a plain producer (``acks=all``; a re-run produces again, a crash may leave part
+  of a batch).
+
 PostgreSQL is a server of the run's own (Debian's ``postgresql``, ``fsync=on``).
 
 Each path runs ``--batches`` batches of 1 s per round, a fresh table each, the paths alternated
@@ -23,7 +30,8 @@ per second of processing time (records / the batches' processing time), the batc
 p50 (a batch's output is visible when its processing ends: the commit is its last step) and the
 ratio of exactly-once to plain throughput per sink. Durability: Delta rows commit the log with
 delta-rs's put-if-absent, sparkwal's Parquet files are fsync'd before its commit, the plain path's
-are not; PostgreSQL rows commit with the server's WAL flush (``synchronous_commit=on``), twice for
+are not; Kafka records are acknowledged by the broker (Tansu, memory storage: no fsync, for both
+paths); PostgreSQL rows commit with the server's WAL flush (``synchronous_commit=on``), twice for
 the staged path (the tasks' staging, then the move).
 """
 
@@ -37,7 +45,8 @@ import tempfile
 import threading
 import time
 
-PATHS = ("delta exactly-once", "delta plain", "postgres exactly-once", "postgres plain")
+SINKS = ("delta", "postgres", "kafka")
+PATHS = tuple(f"{sink} {way}" for sink in SINKS for way in ("exactly-once", "plain"))
 
 
 def _row_of(line: str) -> tuple:
@@ -53,7 +62,32 @@ def _copy_partition(rows, conninfo: str, table: str) -> None:
                 copy.write_row(row)
 
 
-def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: dict, conninfo: str) -> dict:
+def _produce_partition(rows, bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+    for key, value in rows:
+        while True:
+            try:
+                producer.produce(topic, value.encode(), key.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def _new_topic(bootstrap: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"lines-{time.monotonic_ns()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
+    for f in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        f.result(30)
+    return topic
+
+
+def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: dict, conninfo: str,
+             bootstrap: str) -> dict:
     """``batches`` batches of ``path`` reading on from ``offsets`` (updated): their records and
     processing times."""
     import pyarrow as pa
@@ -90,6 +124,15 @@ def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: di
         else:
             rows.foreachRDD(lambda rdd: rdd.foreachPartition(
                 lambda part: _copy_partition(part, conninfo, name)))
+    elif path.startswith("kafka"):
+        from sparkwal.engine.sinks import KafkaSink
+
+        topic = _new_topic(bootstrap)
+        if path == "kafka exactly-once":
+            sink = KafkaSink(topic, {"bootstrap.servers": bootstrap}, "bench")
+            sink.saveStream(rows, stream)
+        else:
+            rows.foreachRDD(lambda rdd: rdd.foreachPartition(lambda part: _produce_partition(part, bootstrap, topic)))
     elif path == "delta exactly-once":
         DeltaSink(table, "bench", schema=schema).saveStream(rows, stream)
     else:
@@ -120,7 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lines-per-batch", type=int, default=100_000)
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sinks", default=",".join(SINKS), help="which sinks' paths to run (comma-separated)")
     args = ap.parse_args(argv)
+    sinks = [s for s in args.sinks.split(",") if s]
+    if not sinks or set(sinks) - set(SINKS):
+        ap.error(f"--sinks takes some of {', '.join(SINKS)}, got {args.sinks!r}")
+    paths = [p for p in PATHS if p.split(" ")[0] in sinks]
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark import SparkConf, SparkContext
 
@@ -137,26 +185,30 @@ def main(argv: list[str] | None = None) -> None:
     workdir = tempfile.mkdtemp(prefix="sink-bench-")
     logdir = os.path.join(workdir, "log")
     os.makedirs(logdir)
-    total_batches = (args.rounds + 1) * len(PATHS) * (args.batches + 2)  # (a batch or two more a path)
+    total_batches = (args.rounds + 1) * len(paths) * (args.batches + 2)  # (a batch or two more a path)
     for p in ("p0", "p1"):
         for start in range(0, per_partition * total_batches, 100_000):
             append_lines(logdir, p, start, min(100_000, per_partition * total_batches - start))
     offsets = {TopicPartition("log", p): 0 for p in ("p0", "p1")}
-    results: dict[str, list[dict]] = {p: [] for p in PATHS}
+    results: dict[str, list[dict]] = {p: [] for p in paths}
+    from contextlib import ExitStack, nullcontext
+
+    from sparkwal.engine.apps.kafka_server import tansu_broker
     from sparkwal.engine.apps.postgres_server import PostgresCluster
 
-    server = PostgresCluster()
-    server.start()
-    try:
+    with ExitStack() as stack:
+        server = PostgresCluster() if "postgres" in sinks else None
+        if server is not None:
+            server.start()
+            stack.callback(server.remove)
+        bootstrap = stack.enter_context(tansu_broker() if "kafka" in sinks else nullcontext())
         for rnd in range(args.rounds + 1):
-            for path in PATHS if rnd % 2 == 0 else reversed(PATHS):
-                r = run_path(sc, path, workdir, logdir, args.batches, offsets, server.conninfo)
+            for path in paths if rnd % 2 == 0 else reversed(paths):
+                r = run_path(sc, path, workdir, logdir, args.batches, offsets, server and server.conninfo, bootstrap)
                 if rnd > 0:  # round 0 warms them all up
                     results[path].append(r)
                 print(json.dumps({"round": rnd, "path": path, "records": r["records"],
                                   "processing_ms": r["processing_ms"]}), flush=True)
-    finally:
-        server.remove()
     sc.stop()
     rows = {}
     for path, runs in results.items():
@@ -165,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         rows[path] = {"records_per_s": records / seconds if seconds else 0.0,
                       "processing_p50_ms": statistics.median([ms for r in runs for ms in r["processing_ms"]])}
     ratios = {sink: rows[f"{sink} exactly-once"]["records_per_s"] / rows[f"{sink} plain"]["records_per_s"]
-              for sink in ("delta", "postgres")}
+              for sink in sinks}
     print("\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
     print("|---|---:|---:|")
     for path, row in rows.items():

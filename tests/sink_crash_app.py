@@ -4,11 +4,12 @@ a batch with records reaches it.
 
     python tests/sink_crash_app.py WORKDIR SECONDS SINK [CRASH_AT]
 
-``SINK``: ``delta`` (DeltaSink on WORKDIR/table) or ``postgres`` (PostgresSink, staged, into the
-table ``lines`` of the database whose conninfo is in ``SPARKWAL_TEST_PG``). Steps: ``written``
-(the executors wrote or staged the batch's rows, the sink's commit not made), ``committed`` (the
-sink's commit made, the stream's commit log and checkpoint not written). Without CRASH_AT it runs
-SECONDS and stops gracefully.
+``SINK``: ``delta`` (DeltaSink on WORKDIR/table), ``postgres`` (PostgresSink, staged, into the
+table ``lines`` of the database whose conninfo is in ``SPARKWAL_TEST_PG``) or ``kafka`` (KafkaSink
+into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). Steps: ``written``
+(the executors wrote or staged the batch's rows, or the driver produced its records, the sink's
+commit not made), ``committed`` (the sink's commit made, the stream's commit log and checkpoint
+not written). Without CRASH_AT it runs SECONDS and stops gracefully.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main() -> None:
     from pyspark import SparkConf, SparkContext
 
     from sparkwal.engine import StreamingContext
-    from sparkwal.engine.sinks import DeltaSink, PostgresSink
+    from sparkwal.engine.sinks import DeltaSink, KafkaSink, PostgresSink
     from sparkwal.engine.sources import FileLogSource
 
     import sink_crash_app as app  # by its importable name: the row function is pickled by reference
@@ -48,6 +49,9 @@ def main() -> None:
     if kind == "delta":
         schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
         sink = DeltaSink(os.path.join(workdir, "table"), "lines", schema=schema, partition_by=["partition"])
+    elif kind == "kafka":
+        sink = KafkaSink(os.environ["SPARKWAL_TEST_TOPIC"], {"bootstrap.servers": os.environ["SPARKWAL_TEST_KAFKA"]},
+                         "lines")
     else:
         sink = PostgresSink(os.environ["SPARKWAL_TEST_PG"], "lines", "lines")
     sink_class = type(sink)

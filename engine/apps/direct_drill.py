@@ -3,13 +3,13 @@
     python -m sparkwal.engine.drill --mode direct [--kills 20 | --duration S] [--batch 0.5] [--seed 1]
 
 An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
-while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into SQLite
-(or, ``--sink delta``, a Delta table) and is killed (SIGKILL to its process group: driver and
-JVM) at random moments, during start-up, between batches or in the middle of one, then restarted
-on the same work directory. After the last kill the appender stops and the app runs until it has
-counted everything. Exactly once
-means: the lines counted per partition equal the lines appended, and every word total equals the
-count derived from the appended lines (a lost or doubled line changes both).
+while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into
+SQLite (or ``--sink delta|postgres|kafka``: a Delta table, PostgreSQL, a Kafka topic) and is
+killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up, between
+batches or in the middle of one, then restarted on the same work directory. After the last kill
+the appender stops and the app runs until it has counted everything. Exactly once means: the lines
+counted per partition equal the lines appended, and every word total equals the count derived from
+the appended lines (a lost or doubled line changes both).
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, 
 from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
 
+SINK_NAMES = {"delta": "Delta", "postgres": "PostgreSQL", "kafka": "Kafka"}
+
+
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000,
         standby: bool = False, sink: str = "sqlite") -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
-    standby is started. ``sink``: the main job's (``sqlite``, ``delta`` or ``postgres``: on a
-    server of the drill's own), read back through its own reader."""
+    standby is started. ``sink``: the main job's (``sqlite``, ``delta``, or ``postgres`` and
+    ``kafka`` on a server of the drill's own), read back through its own reader."""
     if sink == "postgres":
         from .postgres_server import PostgresCluster
 
@@ -42,6 +45,12 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
                         ("--postgres", server.conninfo))
         finally:
             server.remove()
+    if sink == "kafka":
+        from .kafka_server import tansu_broker
+
+        with tansu_broker() as bootstrap:
+            return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
+                        ("--kafka", bootstrap))
     return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, ())
 
 
@@ -97,7 +106,7 @@ def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standb
 
     result = verify(workdir, appended, runs)
     result.update({
-        "mode": f"direct (FileLogSource -> {dict(delta='Delta', postgres='PostgreSQL').get(sink, 'SQLite')}), "
+        "mode": f"direct (FileLogSource -> {SINK_NAMES.get(sink, 'SQLite')}), "
                 "exactly once",
         "master": master, "sink": sink,
         "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,

@@ -11,6 +11,7 @@ counts from a FileLogSource into SQLite.
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import sqlite3
@@ -127,22 +128,51 @@ def postgres_sink(workdir: str, conninfo: str | None = None):
     return PostgresSink(conninfo, POSTGRES_TABLE, "wordcount")
 
 
+#: ``WORKDIR/output.kafka``: the broker (``host:port``) holding the output of ``--sink kafka``:
+#: each batch's counts as records key ``["word"|"lines", key]`` (JSON), value ``n``, in the topic
+KAFKA_MARKER, KAFKA_TOPIC = "output.kafka", "sparkwal-wordcount"
+
+
+def kafka_sink(workdir: str, bootstrap: str | None = None):
+    """The Kafka sink of ``--sink kafka`` (its topic created with two partitions if missing);
+    ``bootstrap`` from ``WORKDIR/output.kafka`` when not given (written on first use)."""
+    from sparkwal.engine.sinks import KafkaSink
+
+    marker = os.path.join(workdir, KAFKA_MARKER)
+    if bootstrap is None:
+        with open(marker) as f:
+            bootstrap = f.read().strip()
+    else:
+        with open(marker, "w") as f:
+            f.write(bootstrap + "\n")
+    return KafkaSink(KAFKA_TOPIC, {"bootstrap.servers": bootstrap}, "wordcount", partitions=2)
+
+
+def count_record(record) -> tuple:
+    """A batch's count ``((kind, key), n)`` as a Kafka record ``(key, value)``."""
+    (kind, key), n = record
+    return json.dumps([kind, key]), str(n)
+
+
 def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None,
-                 sink: str = "sqlite", conninfo: str | None = None):
+                 sink: str = "sqlite", conninfo: str | None = None, bootstrap: str | None = None):
     """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``;
-    output: ``sink``, ``sqlite`` (WORKDIR/output.db), ``delta`` (WORKDIR/output.delta) or
-    ``postgres`` (the table ``sparkwal_wordcount`` of the database at ``conninfo``))."""
+    output: ``sink``, ``sqlite`` (WORKDIR/output.db), ``delta`` (WORKDIR/output.delta),
+    ``postgres`` (the table ``sparkwal_wordcount`` of the database at ``conninfo``) or ``kafka``
+    (the topic ``sparkwal-wordcount`` of the broker ``bootstrap``))."""
     from sparkwal.engine.apps import direct_wordcount as app  # by its importable name, not __main__
     from sparkwal.engine.sinks import SQLiteSink
     from sparkwal.engine.sources import FileLogSource
 
     source = (FileLogSource(input_url, storage_options) if input_url
               else FileLogSource(os.path.normpath(os.path.join(workdir, "log"))))
-    if sink in ("delta", "postgres"):
-        table = delta_sink(workdir) if sink == "delta" else postgres_sink(workdir, conninfo)
+    if sink in ("delta", "postgres", "kafka"):
+        table = {"delta": lambda: delta_sink(workdir), "postgres": lambda: postgres_sink(workdir, conninfo),
+                 "kafka": lambda: kafka_sink(workdir, bootstrap)}[sink]()
         stream = ssc.directStream(source, fromOffsets=table.offsets())
         counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
-        rows = counts.map(app.count_row) if sink == "delta" else counts.transform(app.count_rows_at)
+        rows = {"delta": lambda: counts.map(app.count_row), "postgres": lambda: counts.transform(app.count_rows_at),
+                "kafka": lambda: counts.map(app.count_record)}[sink]()
         table.saveStream(rows, stream)
         return stream
     database = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
@@ -154,11 +184,14 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
 
 def read_results(workdir: str) -> dict:
     """What the output holds, the SQLite database's, the Delta table's (read through the sink's
-    own reader) or the PostgreSQL table's: ``{"words": {...}, "lines": {...}, "batches": n}``."""
+    own reader), the PostgreSQL table's or the Kafka topic's (the sink's reader):
+    ``{"words": {...}, "lines": {...}, "batches": n}``."""
     if os.path.isdir(os.path.join(workdir, "output.delta", "_delta_log")):
         return _read_delta_results(workdir)
     if os.path.exists(os.path.join(workdir, POSTGRES_MARKER)):
         return _read_postgres_results(workdir)
+    if os.path.exists(os.path.join(workdir, KAFKA_MARKER)):
+        return _read_kafka_results(workdir)
     path = os.path.join(workdir, "output.db")
     if not os.path.exists(path):
         return {"words": {}, "lines": {}, "batches": 0}
@@ -187,6 +220,12 @@ def _totals(rows) -> dict[str, dict[str, int]]:
 def _read_delta_results(workdir: str) -> dict:
     sink = delta_sink(workdir)
     totals = _totals((r["kind"], r["key"], r["n"]) for r in sink.read().to_pylist())
+    return {"words": totals["word"], "lines": totals["lines"], "batches": sink.batches_committed()}
+
+
+def _read_kafka_results(workdir: str) -> dict:
+    sink = kafka_sink(workdir)
+    totals = _totals((*json.loads(key), int(value)) for key, value in sink.read())
     return {"words": totals["word"], "lines": totals["lines"], "batches": sink.batches_committed()}
 
 

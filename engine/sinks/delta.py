@@ -43,7 +43,7 @@ from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, TopicPartition
 from .delta_files import RECORDS_DIR, add_action, write_partition
-from .transactional import SinkOffsetsError, save_batches
+from .transactional import SinkOffsetsError, advance_ends, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -276,17 +276,7 @@ class DeltaSink:
                             "without checking where the table's output ended", self.name,
                             table.transaction_version(self.name), self.table_uri, batch_time_ms)
                 self._ends = {}
-        ends = dict(self._ends)
-        for r in ranges:
-            tp = TopicPartition(r.topic, r.partition)
-            stored = ends.get(tp)
-            if stored is not None and stored != r.fromOffset:
-                raise SinkOffsetsError(
-                    f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
-                    f"{r.untilOffset}) but the Delta table's output ends at offset {stored}: start the "
-                    "stream from the table's offsets (fromOffsets=sink.offsets())")
-            ends[tp] = r.untilOffset
-        return ends
+        return advance_ends(self.name, self._ends, batch_time_ms, ranges, "the Delta table's")
 
     def _merge(self, table, written: list[dict], schema, properties) -> None:
         import pyarrow.dataset as ds

@@ -157,6 +157,26 @@ class DbApiSink(ABC):
         save_batches(dstream, offsetsFrom, collect_and_commit)
 
 
+def advance_ends(name: str, ends: dict[TopicPartition, int], batch_time_ms: int, ranges: list[OffsetRange],
+                 where: str) -> dict[TopicPartition, int]:
+    """The sink's end offsets after the batch (``ends``: before it, as the sink stored them); an
+    error naming the partition and both offsets if the batch does not start where ``where``
+    (the sink's output, in words) ended."""
+    ends = dict(ends)
+    for r in ranges:
+        if r.untilOffset <= r.fromOffset:
+            continue
+        tp = TopicPartition(r.topic, r.partition)
+        stored = ends.get(tp)
+        if stored is not None and stored != r.fromOffset:
+            raise SinkOffsetsError(
+                f"{name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
+                f"{r.untilOffset}) but {where} output ends at offset {stored}: start the stream from "
+                "the sink's offsets (fromOffsets=sink.offsets())")
+        ends[tp] = r.untilOffset
+    return ends
+
+
 def save_batches(dstream, offsetsFrom, write_batch: Callable[[int, list[OffsetRange], object], object]) -> None:
     """The output operation of an exactly-once sink: each batch of ``dstream`` as
     ``write_batch(batch_time_ms, the ranges offsetsFrom read for it, its RDD)``, in batch order

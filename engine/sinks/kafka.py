@@ -1,0 +1,349 @@
+"""Exactly-once output into a Kafka topic, with Kafka's transactions (confluent-kafka).
+
+Each batch (time ``t``, the offset ranges ``R`` its direct stream read) goes in as ONE Kafka
+transaction of the sink's transactional producer: the batch's records and a marker of the batch.
+
+1. At the sink's first use in a driver, its producer (``transactional.id``: ``sparkwal-<name>``
+   unless ``producer_conf`` gives one) calls ``init_transactions``: the broker fences every earlier
+   producer of that id (a killed or still running earlier driver) and aborts its open transaction.
+   The sink then reads its newest marker (a ``read_committed`` read of the marker topic).
+2. A batch at or before that marker's batch is in the topic already (a re-run after a crash
+   between the Kafka commit and the stream's checkpoint): nothing is written. As with
+   :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the sink's output ended.
+3. In one transaction: the batch's records, flushed (their delivery reports give the first and
+   last offset written to each partition); then the marker; then the commit. A
+   ``read_committed`` reader sees the batch whole, once, or not at all.
+
+Why the driver produces: a Kafka transaction belongs to one producer, and confluent-kafka cannot
+hand an open transaction to another process (Flink's Kafka sink resumes one in the Java client
+through reflection). The executors encode the records (:mod:`sparkwal.engine.sinks.kafka_records`);
+the partitions that fit a budget (``collect_limit_bytes``, at most half of
+``spark.driver.maxResultSize``) come to the driver in one job, a larger one alone in a job of its
+own: the driver holds the budget or one partition, never a batch larger than that.
+
+The marker topic (``<topic>.<name>.sparkwal`` unless ``marker_topic`` names one; created with one
+partition and ``retention.ms=-1`` if missing) holds one JSON record per batch::
+
+    {"sink": name, "batchTimeMs": t, "attempt": id, "records": n,
+     "offsets": [[topic, partition, end offset], ...],   # the source's: every partition's end so far
+     "written": [[partition, first offset, last offset], ...]}   # the batch's records in ``topic``
+
+:meth:`KafkaSink.offsets` resumes a direct stream from the newest one without a checkpoint.
+
+Brokers that do not honour transactions: at start-up the sink aborts a probe transaction and
+reads it back. If a ``read_committed`` reader sees the aborted record (the Tansu broker 0.6 does),
+the sink says so in one warning line (or refuses: ``require_transactions=True``): on such a
+broker, the records of a write that never committed (a killed driver) stay visible to plain
+readers, which then see that batch's records twice. :meth:`KafkaSink.read`, and any reader that
+keeps only records within a marker's ``written`` offsets, still sees each record once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from functools import partial
+
+from sparkwal.wal import StorageUnavailableError
+from sparkwal.wal.location import without_credentials
+
+from ..sources.protocol import OffsetRange, TopicPartition
+from .kafka_markers import (UNREACHABLE, KafkaSinkError, ensure_topics,
+                            import_confluent_kafka,
+                            librdkafka_log, probe_transactions, read_markers, read_newest_marker, read_records)
+from .kafka_records import BIG, ERROR, encode_partition, parse_size
+from .transactional import advance_ends, save_batches
+
+log = logging.getLogger(__name__)
+
+class KafkaSink:
+    """Exactly-once output of a direct stream's batches into the Kafka topic ``topic``.
+
+    ``producer_conf``: confluent-kafka's producer configuration (``bootstrap.servers`` at least;
+    ``transactional.id`` defaults to ``sparkwal-<name>``); ``name``: the stream's identity in the
+    markers; ``marker_topic``: where the markers go; ``partitions``: create ``topic`` with that
+    many partitions if it does not exist (None: it must exist); ``require_transactions``: refuse a broker
+    that shows aborted records to ``read_committed`` readers instead of warning;
+    ``timeout_s``: the bound of each broker call (a broker out of reach that long is
+    :class:`~sparkwal.wal.StorageUnavailableError`). Elements are values or ``(key, value)``
+    pairs (bytes, str as UTF-8, or None). Secrets of ``producer_conf`` (``sasl.password``...) are
+    never pickled: a sink recovered from a checkpoint takes each from the environment variable
+    ``SPARKWAL_KAFKA_<KEY>`` (``SPARKWAL_KAFKA_SASL_PASSWORD``)."""
+
+    def __init__(self, topic: str, producer_conf: Mapping, name: str = "sparkwal", *,
+                 marker_topic: str | None = None, partitions: int | None = None,
+                 require_transactions: bool = False, timeout_s: float = 60.0, collect_limit_bytes: int = 64 << 20):
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"topic must be a non-empty string, got {topic!r}")
+        if not isinstance(producer_conf, Mapping):
+            raise ValueError(f"producer_conf must be a dict of confluent-kafka settings, got {producer_conf!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        conf = dict(producer_conf)
+        if "metadata.broker.list" in conf:
+            conf.setdefault("bootstrap.servers", conf.pop("metadata.broker.list"))
+        if not conf.get("bootstrap.servers"):
+            raise ValueError("producer_conf needs bootstrap.servers")
+        if str(conf.get("enable.idempotence", "true")).lower() == "false":
+            raise ValueError("producer_conf: a transactional producer is idempotent (enable.idempotence=false refused)")
+        conf.setdefault("transactional.id", f"sparkwal-{name}")
+        self.topic, self.name, self.conf = topic, name, conf
+        self.marker_topic = marker_topic or f"{topic}.{name}.sparkwal"
+        if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"partitions must be a positive number of partitions, got {partitions!r}")
+        self.partitions = partitions
+        self.require_transactions, self.timeout_s = require_transactions, float(timeout_s)
+        self.collect_limit_bytes = int(collect_limit_bytes)
+        self.honours_transactions: bool | None = None  #: the start-up probe's answer
+        self._producer = None
+        self._last: dict | None = None  # the newest marker, once read
+        self._written: dict[int, list[int]] = {}  # the batch's [first, last] offset per partition
+        self._failed = None
+
+    def __getstate__(self) -> dict:
+        """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
+        return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None, "_written": {},
+                "conf": without_credentials(self.conf) or {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.conf = dict(self.conf)
+        for key in (k for k in SECRET_KEYS if k not in self.conf):
+            value = os.environ.get("SPARKWAL_KAFKA_" + key.upper().replace(".", "_"))
+            if value:
+                self.conf[key] = value
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.conf["bootstrap.servers"])
+
+    # ------------------------------------------------------------------ the broker
+
+    def error_of(self, operation: str, e: BaseException, start: float) -> Exception:
+        """confluent-kafka's error as sparkwal's: a broker out of reach is the storage's exit status."""
+        err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
+        if err is None or err.name() in UNREACHABLE or (err.retriable() and not err.fatal()):
+            return StorageUnavailableError(f"Kafka {operation}", self.bootstrap, 1, time.monotonic() - start, e)
+        return KafkaSinkError(f"{self.name}: Kafka {operation} ({self.topic} at {self.bootstrap}) failed: "
+                              f"{err.name()}: {err.str()}")
+
+    def broker_call(self, operation: str, fn, *args):
+        kafka = import_confluent_kafka()
+        start = time.monotonic()
+        try:
+            return fn(*args)
+        except kafka.KafkaException as e:
+            raise self.error_of(operation, e, start) from e
+
+    def producer(self):
+        """The sink's transactional producer, started at the first call in a process: topics
+        checked (the marker topic created), earlier producers of the transactional id fenced, the
+        broker probed, the newest marker read."""
+        if self._producer is not None:
+            return self._producer
+        kafka = import_confluent_kafka()
+        ensure_topics(self)
+        conf = {"logger": librdkafka_log, **self.conf, "on_delivery": self._on_delivery}
+        conf.setdefault("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000)))
+        producer = kafka.Producer(conf)
+        self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
+        if self.honours_transactions is None:
+            self.honours_transactions = probe_transactions(self, producer)
+            if not self.honours_transactions:
+                self._say_broker_leaks()
+        self._producer = producer
+        self._last = self.newest_marker()
+        return producer
+
+    def close(self) -> None:
+        """Let go of the producer (at the end of a program; a later batch starts a new one)."""
+        producer, self._producer, self._last = self._producer, None, None
+        if producer is not None:
+            producer.flush(self.timeout_s)
+
+    def _say_broker_leaks(self) -> None:
+        message = (f"the Kafka broker at {self.bootstrap} shows aborted transactions' records to "
+                   "read_committed readers: a batch whose write was interrupted (a killed driver) "
+                   f"stays visible there and is seen twice by plain readers of {self.topic}; "
+                   "KafkaSink.read() and readers keeping only records within the written offsets of "
+                   f"a marker in {self.marker_topic} see each record once")
+        if self.require_transactions:
+            raise KafkaSinkError(f"{self.name}: {message}")
+        log.warning("%s: %s", self.name, message)
+
+    def _on_delivery(self, err, msg) -> None:
+        """Each record's delivery: the first and last offset the batch wrote to each partition."""
+        if err is not None:
+            self._failed = self._failed or err
+            return
+        span = self._written.get(msg.partition())
+        if span is None:
+            self._written[msg.partition()] = [msg.offset(), msg.offset()]
+        else:
+            span[1] = msg.offset()
+
+    def newest_marker(self) -> dict | None:
+        """The newest committed marker of the sink (read_committed), or None."""
+        return read_newest_marker(self)
+
+    def committed_batch(self) -> int | None:
+        """The time of the newest batch in the topic, or None."""
+        marker = self._last if self._producer is not None else self.newest_marker()
+        return None if marker is None else int(marker["batchTimeMs"])
+
+    def offsets(self) -> dict[TopicPartition, int]:
+        """The end offset of every partition the sink's output reached: ``directStream(fromOffsets=...)``.
+        Starts the producer: the caller becomes the sink's writer (earlier ones are fenced)."""
+        self.producer()
+        return {} if self._last is None else {TopicPartition(t, p): int(o) for t, p, o in self._last["offsets"]}
+
+    def batches_committed(self) -> int:
+        """How many batches the sink committed (its markers)."""
+        return sum(1 for _ in read_markers(self))
+
+    def read(self) -> list[tuple[bytes | None, bytes | None]]:
+        """The sink's committed records, ``(key, value)`` in partition then offset order: records
+        of writes that never committed are left out even where the broker shows them."""
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for marker in read_markers(self):
+            for partition, first, last in marker.get("written", ()):
+                spans.setdefault(partition, []).append((first, last))
+        for partition_spans in spans.values():
+            partition_spans.sort()
+        return [(key, value) for partition, offset, key, value in read_records(self)
+                if _within(spans.get(partition, ()), offset)]
+
+    # ------------------------------------------------------------------ one batch
+
+    def saveStream(self, dstream, offsetsFrom) -> None:
+        """Each batch of ``dstream`` into the topic, exactly once, with the offsets of
+        ``offsetsFrom`` (the direct stream ``dstream`` derives from)."""
+        save_batches(dstream, offsetsFrom, self.write_batch)
+
+    def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+        """Produce ``rdd``'s records and commit them with the batch's marker; False (nothing
+        written) if the topic holds the batch already, or if the batch read and wrote nothing."""
+        producer = self.producer()
+        last = self.committed_batch()
+        if last is not None and last >= batch_time_ms:
+            log.info("%s: batch %d is in %s already (the newest marker's batch is %d); not written again",
+                     self.name, batch_time_ms, self.topic, last)
+            return False
+        attempt = uuid.uuid4().hex[:12]
+        self.broker_call("begin_transaction", producer.begin_transaction)
+        try:
+            produced = self._produce(producer, batch_time_ms, self._records(batch_time_ms, rdd))
+            if not produced and not any(r.untilOffset > r.fromOffset for r in ranges):
+                self.broker_call("abort_transaction", producer.abort_transaction, self.timeout_s)
+                return False  # nothing to make visible: no transaction
+            return self.commit_batch(batch_time_ms, ranges, attempt, produced)
+        except BaseException:
+            self._abort(producer)
+            raise
+
+    def _records(self, batch_time_ms: int, rdd) -> Iterator[list]:
+        """The batch's ``(key, value)`` records, encoded by the tasks, a partition's list at a time
+        as soon as its job ends: up to ``defaultParallelism`` jobs at once, each returning the
+        partitions of its share that fit their share of the driver's budget
+        (``collect_limit_bytes``, at most half of ``spark.driver.maxResultSize``); a larger
+        partition comes alone afterwards, in a job of its own (computed again), so that the
+        driver holds the budget and one such partition at most."""
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        sc = rdd.context
+        live_conf = sc._jsc.sc().conf()  # (SparkContext.getConf copies every setting: 20 ms a batch)
+        result_limit = parse_size(live_conf.get("spark.driver.maxResultSize", "1g")) or self.collect_limit_bytes
+        partitions = rdd.getNumPartitions()
+        budget = min(self.collect_limit_bytes, result_limit // 2) // max(1, partitions)
+        fitting = rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=budget))
+        jobs = max(1, min(partitions, sc.defaultParallelism))
+        groups = [list(range(i, partitions, jobs)) for i in range(jobs) if i < partitions]
+        big = []
+        with ThreadPoolExecutor(len(groups) or 1, thread_name_prefix="kafka-sink") as pool:
+            properties = sc._jsc.sc().getLocalProperties().clone()  # the batch's job group, its pool
+
+            def run(group: list[int]) -> list:
+                sc._jsc.sc().setLocalProperties(properties)  # (inheritable_thread_target's way, no warning)
+                return sc.runJob(fitting, _identity, group)
+
+            for done in as_completed([pool.submit(run, g) for g in groups]):
+                for index, kind, payload in done.result():
+                    if kind == BIG:
+                        big.append(index)
+                    else:
+                        yield self._checked(batch_time_ms, kind, payload)
+        whole = rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=None))
+        for index in sorted(big):
+            ((_i, kind, payload),) = sc.runJob(whole, _identity, [index])
+            yield self._checked(batch_time_ms, kind, payload)
+
+    def _checked(self, batch_time_ms: int, kind: str, payload):
+        if kind == ERROR:
+            raise KafkaSinkError(f"{self.name}: batch {batch_time_ms}: {payload}")
+        return payload
+
+    def _produce(self, producer, batch_time_ms: int, parts: Iterator[list]) -> int:
+        """Every record into the open transaction, flushed (each delivered, or an error)."""
+        topic, produce, n = self.topic, producer.produce, 0
+        self._written, self._failed = {}, None
+        for records in parts:
+            for key, value in records:
+                while True:
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:  # librdkafka's queue is full: let it drain
+                        producer.poll(0.05)
+            n += len(records)
+        start = time.monotonic()
+        if producer.flush(self.timeout_s) > 0:
+            raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1,
+                                          time.monotonic() - start, TimeoutError("records not delivered"))
+        if self._failed is not None:
+            failure = import_confluent_kafka().KafkaException(self._failed)
+            raise self.error_of(f"produce of batch {batch_time_ms}", failure, start)
+        return n
+
+    def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], attempt: str, records: int) -> bool:
+        """The batch's marker and the transaction's commit."""
+        ends = advance_ends(self.name, self._ends(), batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")
+        marker = {"sink": self.name, "batchTimeMs": batch_time_ms, "attempt": attempt, "records": records,
+                  "offsets": [[tp.topic, tp.partition, o] for tp, o in ends.items()],
+                  "written": [[p, first, last] for p, (first, last) in sorted(self._written.items())]}
+        producer = self._producer
+        producer.produce(self.marker_topic, json.dumps(marker).encode(), self.name.encode())
+        self.broker_call(f"commit of batch {batch_time_ms}", producer.commit_transaction, self.timeout_s)
+        self._last = marker
+        return True
+
+    def _ends(self) -> dict[TopicPartition, int]:
+        return {} if self._last is None else {TopicPartition(t, p): int(o) for t, p, o in self._last["offsets"]}
+
+    def _abort(self, producer) -> None:
+        """After a failed write: abort the open transaction, and start afresh at the next batch
+        (a commit whose answer never came may have happened: the next ``init_transactions``
+        settles it and the newest marker is read again)."""
+        try:
+            producer.abort_transaction(self.timeout_s)
+        except import_confluent_kafka().KafkaException as e:
+            log.warning("%s: aborting the transaction failed (%s)", self.name, e)
+        self._producer, self._last = None, None
+
+
+#: producer settings that are secrets: never pickled (see :class:`KafkaSink`)
+SECRET_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret")
+
+
+def _identity(results):
+    return results
+
+
+def _within(spans: list[tuple[int, int]], offset: int) -> bool:
+    """Whether ``offset`` is in one of the sorted, disjoint ``[first, last]`` spans."""
+    i = bisect.bisect_right(spans, (offset, float("inf"))) - 1
+    return i >= 0 and spans[i][0] <= offset <= spans[i][1]

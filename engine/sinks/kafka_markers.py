@@ -1,0 +1,189 @@
+"""The reading side of :class:`~sparkwal.engine.sinks.KafkaSink`: its topics checked and created,
+the start-up probe of the broker's transactions, its markers and records read back
+(``read_committed``, each partition up to its end). The marker format is described in
+:mod:`sparkwal.engine.sinks.kafka`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+
+from sparkwal.wal import StorageUnavailableError
+
+from ..errors import EngineError
+
+log = logging.getLogger(__name__)
+
+#: error names of confluent-kafka that mean the broker is out of reach (after librdkafka's retries)
+UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT",
+                "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
+                "NETWORK_EXCEPTION", "_RESOLVE", "_WAIT_COORD", "NOT_ENOUGH_REPLICAS", "LEADER_NOT_AVAILABLE"}
+
+
+class KafkaSinkError(EngineError, RuntimeError):
+    """The broker refused the sink's work (the message names the topic, the batch and Kafka's error)."""
+
+
+def import_confluent_kafka():
+    try:
+        import confluent_kafka
+    except ImportError as e:  # pragma: no cover - the test extra has it
+        raise ImportError("KafkaSink needs the confluent-kafka package: pip install 'sparkwal[kafka]'") from e
+    return confluent_kafka
+
+
+librdkafka_log = logging.getLogger("sparkwal.kafka.librdkafka")  #: librdkafka's own lines, not stderr
+
+#: the producer settings a reader or an admin client takes too (where and how to connect)
+_CLIENT_PREFIXES = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.", "socket.",
+                    "broker.address.", "client.dns.")
+
+
+def client_conf(sink, **extra) -> dict:
+    conf = {k: v for k, v in sink.conf.items() if k.startswith(_CLIENT_PREFIXES)}
+    return {**conf, "logger": librdkafka_log, **extra}
+
+
+def ensure_topics(sink) -> None:
+    """The data topic must exist (its partitions are the user's choice), unless the sink names
+    its partitions; the marker topic is created if missing: one partition, kept forever
+    (``retention.ms=-1``)."""
+    kafka = import_confluent_kafka()
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(client_conf(sink))
+    start = time.monotonic()
+    try:
+        metadata = admin.list_topics(timeout=sink.timeout_s)
+        topics, replicas = metadata.topics, min(3, len(metadata.brokers) or 1)
+        new = []
+        if sink.topic not in topics or topics[sink.topic].error is not None:
+            if sink.partitions is None:
+                raise KafkaSinkError(f"{sink.name}: the topic {sink.topic} does not exist at {sink.bootstrap}: "
+                                     "create it with the partitions it needs (or give KafkaSink partitions=)")
+            new.append(NewTopic(sink.topic, sink.partitions, replicas))
+        if sink.marker_topic not in topics or topics[sink.marker_topic].error is not None:
+            new.append(NewTopic(sink.marker_topic, 1, replicas, config={"retention.ms": "-1"}))
+        for name, future in admin.create_topics(new).items() if new else ():
+            try:
+                future.result(sink.timeout_s)
+            except kafka.KafkaException as e:
+                if e.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise
+            log.info("%s: created the topic %s", sink.name, name)
+    except kafka.KafkaException as e:
+        raise sink.error_of("topic check", e, start) from e
+
+
+def _reader(sink):
+    kafka = import_confluent_kafka()
+    return kafka.Consumer(client_conf(sink, **{"group.id": f"sparkwal-reader-{uuid.uuid4().hex[:12]}",
+                                               "isolation.level": "read_committed", "enable.auto.commit": False,
+                                               "enable.partition.eof": True, "fetch.wait.max.ms": 10}))
+
+
+def read_to_end(sink, starts: dict[tuple[str, int], int]) -> Iterator:
+    """The committed messages of each ``(topic, partition)`` from its start offset to its end."""
+    kafka = import_confluent_kafka()
+    consumer = _reader(sink)
+    try:
+        consumer.assign([kafka.TopicPartition(t, p, o) for (t, p), o in starts.items()])
+        pending, deadline = set(starts), time.monotonic() + sink.timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise StorageUnavailableError(f"Kafka read of {sorted(pending)}", sink.bootstrap, 1,
+                                              sink.timeout_s, TimeoutError("the partitions' ends not reached"))
+            for msg in consumer.consume(10_000, 0.05):
+                error = msg.error()
+                if error is None:
+                    yield msg
+                elif error.code() == kafka.KafkaError._PARTITION_EOF:
+                    pending.discard((msg.topic(), msg.partition()))
+                else:
+                    raise sink.error_of("read", kafka.KafkaException(error), deadline - sink.timeout_s)
+    finally:
+        consumer.close()
+
+
+def _watermarks(sink, topic: str, partition: int) -> tuple[int, int]:
+    kafka = import_confluent_kafka()
+    consumer = _reader(sink)
+    start = time.monotonic()
+    try:
+        return consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition), sink.timeout_s)
+    except kafka.KafkaException as e:
+        raise sink.error_of("watermarks", e, start) from e
+    finally:
+        consumer.close()
+
+
+def _markers(sink, messages) -> Iterator[dict]:
+    for msg in messages:
+        try:
+            marker = json.loads(msg.value())
+        except (TypeError, ValueError):
+            continue  # not a marker (the topic is shared with something else)
+        if isinstance(marker, dict) and marker.get("sink") == sink.name and "batchTimeMs" in marker:
+            yield marker
+
+
+def read_markers(sink) -> Iterator[dict]:
+    """Every committed marker of the sink, oldest first."""
+    low, _high = _watermarks(sink, sink.marker_topic, 0)
+    return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): low}))
+
+
+def read_newest_marker(sink) -> dict | None:
+    """The newest committed marker of the sink: the topic's tail, read back further until one is found."""
+    low, high = _watermarks(sink, sink.marker_topic, 0)
+    span = 64
+    while True:
+        start = max(low, high - span)
+        found = list(_markers(sink, read_to_end(sink, {(sink.marker_topic, 0): start})))
+        if found:
+            return found[-1]
+        if start <= low:
+            return None
+        span *= 8
+
+
+def read_records(sink) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
+    """``(partition, offset, key, value)`` of every committed record of the data topic, in
+    partition then offset order."""
+    kafka = import_confluent_kafka()
+    from confluent_kafka.admin import AdminClient
+
+    start = time.monotonic()
+    try:
+        metadata = AdminClient(client_conf(sink)).list_topics(sink.topic, timeout=sink.timeout_s)
+    except kafka.KafkaException as e:
+        raise sink.error_of("metadata", e, start) from e
+    partitions = sorted(metadata.topics[sink.topic].partitions)
+    starts = {(sink.topic, p): _watermarks(sink, sink.topic, p)[0] for p in partitions}
+    by_partition: dict[int, list] = {p: [] for p in partitions}
+    for msg in read_to_end(sink, starts):
+        by_partition[msg.partition()].append((msg.offset(), msg.key(), msg.value()))
+    for p in partitions:
+        for offset, key, value in sorted(by_partition[p], key=lambda r: r[0]):
+            yield p, offset, key, value
+
+
+def probe_transactions(sink, producer) -> bool:
+    """Whether the broker hides an aborted transaction's records from ``read_committed`` readers:
+    a probe record aborted in the marker topic, then read back."""
+    probe = uuid.uuid4().hex
+    offsets: list = []
+    sink.broker_call("probe transaction", producer.begin_transaction)
+    producer.produce(sink.marker_topic, json.dumps({"sink": sink.name, "probe": probe}).encode(),
+                     b"sparkwal.probe", on_delivery=lambda err, msg: offsets.append(None if err else msg.offset()))
+    producer.flush(sink.timeout_s)
+    sink.broker_call("probe abort", producer.abort_transaction, sink.timeout_s)
+    if not offsets or offsets[0] is None:
+        raise KafkaSinkError(f"{sink.name}: the probe record was not delivered to {sink.marker_topic} "
+                             f"at {sink.bootstrap}")
+    seen = any(probe.encode() in (msg.value() or b"")
+               for msg in read_to_end(sink, {(sink.marker_topic, 0): offsets[0]}))
+    return not seen

