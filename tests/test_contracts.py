@@ -112,6 +112,7 @@ SIGNATURES = {
     # issue 45: exactly-once sinks
     "sparkwal.engine.sinks.DeltaSink": "(table_uri, name='sparkwal', *, storage_options=None)",
     "sparkwal.engine.sinks.PostgresSink": "(conninfo, table=None, name='default')",
+    "sparkwal.engine.sinks.KafkaSink": "(topic, producer_conf, name='sparkwal')",
     # issue 17: state
     "sparkwal.engine.StateSpec.function": "(mappingFunction)",
     "sparkwal.engine.read_state": "(checkpointPath, storage_options=None)",
@@ -143,9 +144,11 @@ NAMES = {
                         "StateSpec", "State", "BatchInfo", "CheckpointMismatchError", "DriverAlreadyActiveError",
                         "prepare_conf", "read_state", "SnapshotError", "BlockReadError"],
     "sparkwal.engine.sources": ["ReplayableSource", "FileLogSource", "OffsetRange", "TopicPartition"],
-    "sparkwal.engine.sinks": ["SQLiteSink", "DbApiSink", "DeltaSink", "PostgresSink"],  # issue 45: the last two
+    "sparkwal.engine.sinks": ["SQLiteSink", "DbApiSink", "DeltaSink", "PostgresSink",
+                              "KafkaSink"],  # issue 45: the last three
     "sparkwal.engine.sinks.DeltaSink": ["offsets", "saveStream"],
     "sparkwal.engine.sinks.PostgresSink": ["offsets", "saveStream"],
+    "sparkwal.engine.sinks.KafkaSink": ["offsets", "saveStream", "read"],
     "sparkwal.wal": ["WriteAheadLog", "FileBasedWriteAheadLog", "BatchedWriteAheadLog", "RecordHandle",
                      "WalStatistics", "WalError", "CorruptRecordError", "LogLockedError", "Durability"],
     "sparkwal.wal.WalStatistics": ["records_written", "syncs"],

@@ -159,3 +159,41 @@ def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and
     sink.producer()  # its start-up probe
     leaked = [] if sink.honours_transactions else first_batch
     assert plain_read_committed(broker, topic) == sorted(everything + leaked)
+
+
+def test_the_broker_down_at_the_commit_fails_the_batch_in_one_line(spark_context):
+    from contextlib import ExitStack
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sparkwal.engine.apps.kafka_server import tansu_broker
+
+    with ExitStack() as broker_running:
+        bootstrap = broker_running.enter_context(tansu_broker())
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic("gone", 1, 1)]).values():
+            f.result(30)
+        sink = KafkaSink("gone", {"bootstrap.servers": bootstrap}, "gone", timeout_s=3)
+        assert sink.write_batch(500, [OffsetRange("log", "a", 0, 1)], spark_context.parallelize(["a"]))
+        commit_batch = sink.commit_batch
+
+        def broker_gone_first(*args):
+            broker_running.close()
+            return commit_batch(*args)
+
+        sink.commit_batch = broker_gone_first
+        with pytest.raises(StorageUnavailableError, match=rf"storage unavailable: Kafka commit of batch 1000 "
+                                                          rf"{bootstrap} still failing") as failed:
+            sink.write_batch(1000, [OffsetRange("log", "a", 1, 2)], spark_context.parallelize(["b"]))
+        assert "\n" not in str(failed.value)
+
+
+def test_drill_with_the_kafka_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
+    """CI's share of ``sparkwal drill --mode direct --sink kafka`` (longer runs by hand, figures
+    in docs/direct.md): the main job killed at random moments, read back through the sink."""
+    from sparkwal.engine.apps import direct_drill
+
+    report = direct_drill.run(3, 0.5, seed=11, workdir=str(tmp_path), log=lambda *_: None, sink="kafka")
+    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "kafka"
+    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
+    assert report["ok"]

@@ -47,6 +47,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from typing import Any
 from functools import partial
 
 from sparkwal.wal import StorageUnavailableError
@@ -100,7 +101,7 @@ class KafkaSink:
         self.require_transactions, self.timeout_s = require_transactions, float(timeout_s)
         self.collect_limit_bytes = int(collect_limit_bytes)
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
-        self._producer = None
+        self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
         self._written: dict[int, list[int]] = {}  # the batch's [first, last] offset per partition
         self._failed = None
@@ -216,7 +217,7 @@ class KafkaSink:
         for partition_spans in spans.values():
             partition_spans.sort()
         return [(key, value) for partition, offset, key, value in read_records(self)
-                if _within(spans.get(partition, ()), offset)]
+                if _within(spans.get(partition, []), offset)]
 
     # ------------------------------------------------------------------ one batch
 
@@ -315,7 +316,7 @@ class KafkaSink:
         marker = {"sink": self.name, "batchTimeMs": batch_time_ms, "attempt": attempt, "records": records,
                   "offsets": [[tp.topic, tp.partition, o] for tp, o in ends.items()],
                   "written": [[p, first, last] for p, (first, last) in sorted(self._written.items())]}
-        producer = self._producer
+        producer = self.producer()
         producer.produce(self.marker_topic, json.dumps(marker).encode(), self.name.encode())
         self.broker_call(f"commit of batch {batch_time_ms}", producer.commit_transaction, self.timeout_s)
         self._last = marker
