@@ -11,8 +11,11 @@ writes every line as a row ``(partition, line)``:
   driver commits one Delta transaction with the batch's txn and offsets);
 * ``delta plain``: ``foreachRDD`` collecting the batch and appending it with
   ``deltalake.write_deltalake`` (no batch identity: a re-run after a crash appends it again);
-* ``postgres exactly-once``: :class:`sparkwal.engine.sinks.PostgresSink`, staged (the tasks COPY
-  into its staging table, the driver's transaction moves the rows and stores the offsets);
+* ``postgres exactly-once``: :class:`sparkwal.engine.sinks.PostgresSink` per partition (the rows
+  keep the source's partitioning: each task COPYs its rows into the table and stores its range's
+  end in one transaction of its own);
+* ``postgres staged``: the same sink with ``per_partition=False`` (the tasks COPY into its staging
+  table, the driver's transaction moves the rows and stores the offsets: a batch visible whole);
 * ``postgres plain``: ``foreachRDD`` with ``foreachPartition`` COPYing each partition into the
   table in a transaction of its own (a re-run appends again, a crash may leave part of a batch).
 
@@ -46,7 +49,8 @@ import threading
 import time
 
 SINKS = ("delta", "postgres", "kafka")
-PATHS = tuple(f"{sink} {way}" for sink in SINKS for way in ("exactly-once", "plain"))
+PATHS = ("delta exactly-once", "delta plain", "postgres exactly-once", "postgres staged", "postgres plain",
+         "kafka exactly-once", "kafka plain")
 
 
 def _row_of(line: str) -> tuple:
@@ -121,6 +125,8 @@ def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: di
             conn.execute(f"CREATE TABLE {name} (partition TEXT, line TEXT)")
         if path == "postgres exactly-once":
             PostgresSink(conninfo, name, name).saveStream(rows, stream)
+        elif path == "postgres staged":
+            PostgresSink(conninfo, name, name).saveStream(rows, stream, per_partition=False)
         else:
             rows.foreachRDD(lambda rdd: rdd.foreachPartition(
                 lambda part: _copy_partition(part, conninfo, name)))
@@ -218,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
                       "processing_p50_ms": statistics.median([ms for r in runs for ms in r["processing_ms"]])}
     ratios = {sink: rows[f"{sink} exactly-once"]["records_per_s"] / rows[f"{sink} plain"]["records_per_s"]
               for sink in sinks}
+    if "postgres" in sinks:
+        ratios["postgres staged"] = rows["postgres staged"]["records_per_s"] / rows["postgres plain"]["records_per_s"]
     print("\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
     print("|---|---:|---:|")
     for path, row in rows.items():

@@ -9,7 +9,8 @@ table ``lines`` of the database whose conninfo is in ``SPARKWAL_TEST_PG``) or ``
 into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). Steps: ``written``
 (the executors wrote or staged the batch's rows, or the driver produced its records, the sink's
 commit not made), ``committed`` (the sink's commit made, the stream's commit log and checkpoint
-not written). Without CRASH_AT it runs SECONDS and stops gracefully.
+not written), ``partition`` (PostgresSink per partition: p0's task committed, p1's not; with
+``SPARKWAL_TEST_PG_WAY=partitions``). Without CRASH_AT it runs SECONDS and stops gracefully.
 """
 
 from __future__ import annotations
@@ -26,12 +27,35 @@ SCHEMA_FIELDS = (("partition", "string"), ("line", "string"))
 
 
 def row(line: str) -> tuple:
-    return line.split(" ", 1)[0].rsplit("-", 1)[0], line
+    partition = line.split(" ", 1)[0].rsplit("-", 1)[0]
+    if partition == "p1" and os.environ.get("SPARKWAL_TEST_DRIVER_PID"):
+        kill_driver_once_p0_is_in()
+    return partition, line
+
+
+def kill_driver_once_p0_is_in() -> None:
+    """``partition`` (PostgresSink per partition, in a task of p1): once p0's task has committed
+    its rows and offsets, SIGKILL the driver, p1's transaction still open (once per work directory)."""
+    import psycopg
+
+    marker = os.path.join(os.environ["SPARKWAL_TEST_WORKDIR"], "killed-at-partition")
+    if os.path.exists(marker):
+        return
+    deadline = time.monotonic() + 60
+    with psycopg.connect(os.environ["SPARKWAL_TEST_PG"], autocommit=True) as conn:
+        query = "SELECT count(*) FROM sparkwal_offsets WHERE sink = 'lines' AND partition = '\"p0\"'"
+        while time.monotonic() < deadline and conn.execute(query).fetchone()[0] == 0:
+            time.sleep(0.05)
+    open(marker, "w").close()
+    os.kill(int(os.environ["SPARKWAL_TEST_DRIVER_PID"]), signal.SIGKILL)
+    time.sleep(60)  # (this worker goes with the driver's JVM)
 
 
 def main() -> None:
     workdir, seconds, kind = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     crash_at = sys.argv[4] if len(sys.argv) > 4 else None
+    if crash_at == "partition":  # before the JVM starts: its Python workers inherit the environment
+        os.environ.update(SPARKWAL_TEST_DRIVER_PID=str(os.getpid()), SPARKWAL_TEST_WORKDIR=workdir)
     import pyarrow as pa
     from pyspark import SparkConf, SparkContext
 
@@ -72,7 +96,11 @@ def main() -> None:
         ssc = StreamingContext(sc, 0.5)
         ssc.checkpoint(os.path.join(workdir, "ckpt"))
         stream = ssc.directStream(FileLogSource(os.path.join(workdir, "log")), fromOffsets=sink.offsets())
-        sink.saveStream(stream.map(app.row), stream)
+        if kind == "postgres":  # staged for the steps at the commit, per partition for "partition"
+            per_partition = os.environ.get("SPARKWAL_TEST_PG_WAY", "staged") == "partitions"
+            sink.saveStream(stream.map(app.row), stream, per_partition=per_partition)
+        else:
+            sink.saveStream(stream.map(app.row), stream)
         return ssc
 
     ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create)

@@ -39,9 +39,11 @@ def expected(counts: dict[str, int]) -> list[str]:
     return sorted(direct_line(p, i) for p, n in counts.items() for i in range(n))
 
 
-def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 0, checkpoint=None) -> None:
+def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 0, checkpoint=None,
+               **save_options) -> None:
     """A direct stream from ``logdir`` into ``sink`` (from ``sink.offsets()``) on a manual clock at
-    ``start_ms``: before each batch, the lines ``batches[i]`` says are appended."""
+    ``start_ms``: before each batch, the lines ``batches[i]`` says are appended
+    (``save_options``: keyword arguments of ``sink.saveStream``)."""
     logdir.mkdir(exist_ok=True)
     clock, completed = ManualClock(start_ms), Completed()
     ssc = StreamingContext(sc, 0.5, clock=clock)
@@ -49,7 +51,7 @@ def run_stream(sc, logdir, sink, batches: list[dict[str, int]], start_ms: int = 
         ssc.checkpoint(str(checkpoint))
     stream = ssc.directStream(FileLogSource(str(logdir)), fromOffsets=sink.offsets())
     # (a lambda: pickled by value, as the tests' modules are not on the executors' path)
-    sink.saveStream(stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line)), stream)
+    sink.saveStream(stream.map(lambda line: (line.split(" ", 1)[0].rsplit("-", 1)[0], line)), stream, **save_options)
     ssc.addStreamingListener(completed)
     ssc.start()
     try:

@@ -9,6 +9,7 @@ commit and the checkpoint, loses and doubles nothing and leaves nothing staged
 from __future__ import annotations
 
 import pickle
+import signal
 
 import psycopg
 import pytest
@@ -18,7 +19,7 @@ from sparkwal.engine.sinks import PostgresSink, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 from sparkwal.wal import StorageUnavailableError
 
-from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
+from sink_helpers import crash_at_each_step_then_recover, expected, run_app, run_stream
 
 
 def query(conninfo: str, sql: str, *params) -> list:
@@ -43,7 +44,8 @@ def test_staged_rows_go_in_once_and_a_restart_resumes_from_the_database(spark_co
     create_lines(postgres)
     logdir = tmp_path / "log"
     sink = PostgresSink(postgres, "lines", "lines")
-    run_stream(spark_context, logdir, sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt")
+    run_stream(spark_context, logdir, sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt",
+               per_partition=False)
     assert lines_in(postgres) == expected({"p0": 4, "p1": 2})
     assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 4), ("p1", 2)}
     assert staging_tables(postgres) == []  # nothing left staged
@@ -51,8 +53,54 @@ def test_staged_rows_go_in_once_and_a_restart_resumes_from_the_database(spark_co
     assert sink.write_batch(1000, [OffsetRange("log", "p0", 3, 4)], spark_context.parallelize([("p0", "x")])) is False
     # a new stream without a checkpoint, from the database's offsets
     append_lines(str(logdir), "p1", 2, 2)
-    run_stream(spark_context, logdir, PostgresSink(postgres, "lines", "lines"), [{}], start_ms=5000)
+    run_stream(spark_context, logdir, PostgresSink(postgres, "lines", "lines"), [{}], start_ms=5000,
+               per_partition=False)
     assert lines_in(postgres) == expected({"p0": 4, "p1": 4})
+
+
+def test_rows_keeping_the_source_partitioning_go_in_per_partition_once(spark_context, postgres, tmp_path):
+    create_lines(postgres)
+    logdir = tmp_path / "log"
+    sink = PostgresSink(postgres, "lines", "lines")
+    run_stream(spark_context, logdir, sink, [{"p0": 3, "p1": 2}, {"p0": 1}])
+    assert lines_in(postgres) == expected({"p0": 4, "p1": 2})
+    assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 4), ("p1", 2)}
+    assert staging_tables(postgres) == []  # never staged
+    # a batch whose p0 range is in already (a crash after p0's task committed): only p1 is written
+    ranges = [OffsetRange("log", "p0", 3, 4), OffsetRange("log", "p1", 2, 3)]
+    assert sink.write_partitions(1000, ranges, spark_context.parallelize([("p0", "again"), ("p1", "new")], 2))
+    assert lines_in(postgres) == sorted(expected({"p0": 4, "p1": 2}) + ["new"])
+    assert not sink.write_partitions(1000, ranges, spark_context.parallelize([("p0", "x"), ("p1", "y")], 2))
+    with pytest.raises(SinkOffsetsError, match=r"batch 1500 reads log/p1 \[5, 6\) but the database's output "
+                                               r"ends at offset 3"):
+        sink.write_partitions(1500, [OffsetRange("log", "p1", 5, 6)], spark_context.parallelize([("p1", "z")], 1))
+    # keyed rows upsert, per partition too
+    with psycopg.connect(postgres) as conn:
+        conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)")
+    keyed = PostgresSink(postgres, "kv", "kv", keys=["k"])
+    keyed.write_partitions(500, [OffsetRange("t", 0, 0, 2)], spark_context.parallelize([("a", "1"), ("b", "1")], 1))
+    keyed.write_partitions(1000, [OffsetRange("t", 0, 2, 3)], spark_context.parallelize([("a", "2")], 1))
+    assert query(postgres, "SELECT k, v FROM kv ORDER BY k") == [("a", "2"), ("b", "1")]
+
+
+def test_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, postgres):
+    """Per partition, a batch is visible partition by partition: p0's task commits, the driver is
+    SIGKILLed with p1's transaction open; the restart writes p1 only."""
+    from sparkwal.engine.apps.direct_wordcount import append_lines
+
+    create_lines(postgres)
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    append_lines(str(logdir), "p0", 0, 3)
+    append_lines(str(logdir), "p1", 0, 2)
+    env = {"SPARKWAL_TEST_PG": postgres, "SPARKWAL_TEST_PG_WAY": "partitions"}
+    assert run_app(tmp_path, 60, "partition", "postgres", **env) == -signal.SIGKILL, f"see {tmp_path}/app.log"
+    assert lines_in(postgres) == expected({"p0": 3})  # p0 in with its offsets, p1 not
+    for _run in range(3):
+        assert run_app(tmp_path, 8, None, "postgres", **env) == 0, f"see {tmp_path}/app.log"
+        if lines_in(postgres) == expected({"p0": 3, "p1": 2}):
+            break
+    assert lines_in(postgres) == expected({"p0": 3, "p1": 2})
 
 
 def test_upsert_by_key_and_the_db_api_way_on_the_same_seam(spark_context, postgres):
@@ -134,7 +182,8 @@ def test_the_server_down_at_the_commit_fails_the_batch_in_one_line_and_its_rerun
 def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
         tmp_path, postgres):
     create_lines(postgres)
-    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(postgres), "postgres", SPARKWAL_TEST_PG=postgres)
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(postgres), "postgres", SPARKWAL_TEST_PG=postgres,
+                                    SPARKWAL_TEST_PG_WAY="staged")
     assert staging_tables(postgres) == []
 
 

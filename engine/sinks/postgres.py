@@ -20,6 +20,18 @@ that a batch's rows never pass through the driver:
    of every attempt of this batch and earlier ones (an attempt that never committed: a killed
    driver), then commits.
 
+Per partition (the default where it applies): when the rows keep the source's partitioning
+(only ``map``, ``filter``, ``flatMap``, ``mapPartitions``... between the direct stream and the rows,
+so that partition ``i`` holds exactly what offset range ``i`` read), each task writes its rows
+straight into the target AND its range's end into ``sparkwal_offsets`` in ONE transaction of its
+own (the second recipe of Spark's Kafka guide): it first reads its range's stored end (under an
+advisory lock of the range, and a shared one of the sink that the driver's transaction takes
+exclusively): equal to the range's end, the partition is in the table already and is skipped;
+neither its start nor absent, an error. Rows are written once (no staging) and a batch becomes
+visible partition by partition; a re-run after any crash writes only the partitions missing
+(:mod:`sparkwal.engine.sinks.postgres_partitions`). ``saveStream(..., per_partition=False)``
+keeps the staged way, whose batches become visible whole.
+
 The target table must exist (its columns are the rows' fields, in order; dicts are matched by
 name). :meth:`offsets` resumes a direct stream without a checkpoint.
 """
@@ -30,12 +42,13 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 from sparkwal.wal import StorageUnavailableError
 
 from ..sources.protocol import OffsetRange
+from .postgres_partitions import identifier, insert_select, keeps_source_partitions, row_values, write_partition
 from .transactional import DbApiSink, SinkOffsetsError, save_batches
 
 log = logging.getLogger(__name__)
@@ -106,15 +119,63 @@ class PostgresSink(DbApiSink):
         """The names of this sink's staging tables: ``<prefix><batch time>_<attempt>``."""
         return f"{STAGING_PREFIX}{hashlib.sha1(self.name.encode()).hexdigest()[:8]}_"
 
-    def saveStream(self, dstream, offsetsFrom, write=None) -> None:
+    def saveStream(self, dstream, offsetsFrom, write=None, *, per_partition: bool = True) -> None:
         """Each batch of ``dstream`` into the database exactly once with the offsets of
         ``offsetsFrom``: ``write(cursor, batch_time_ms, records)`` on the collected records (the
-        DB-API way), or, without ``write``, the rows staged by the tasks and moved into ``table``."""
+        DB-API way), or, without ``write``, the rows written by the tasks: per partition where the
+        rows keep the source's partitioning (and ``per_partition``), else staged and moved into
+        ``table`` by the driver's transaction (see the module)."""
         if write is not None:
             return super().saveStream(dstream, offsetsFrom, write)
         if not self.table:
             raise ValueError("PostgresSink.saveStream without write needs the sink's table")
-        save_batches(dstream, offsetsFrom, self.write_batch)
+        sink = self
+
+        def write_batch(batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+            if per_partition and keeps_source_partitions(rdd, offsetsFrom.get_or_compute(batch_time_ms)):
+                return sink.write_partitions(batch_time_ms, ranges, rdd)
+            return sink.write_batch(batch_time_ms, ranges, rdd)
+
+        save_batches(dstream, offsetsFrom, write_batch)
+
+    def write_partitions(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+        """Each task's rows and its range's end in one transaction of its own (``rdd``'s partition
+        ``i`` holds what the ``i``-th range with records read); False if every range was in the
+        database already, or if the batch read nothing."""
+        with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        if not with_data:
+            return False
+        if rdd.getNumPartitions() != len(with_data):
+            raise ValueError(f"{self.name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
+                             f"{len(with_data)} offset ranges: the rows do not keep the source's partitioning")
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_table(cur)
+            columns = self._columns(cur)
+        finally:
+            conn.close()
+        task = partial(write_partition, conninfo=without_password(self.conninfo), sink=self.name,
+                       table=self.table, columns=columns, keys=self.keys, batch_time_ms=batch_time_ms,
+                       ranges=with_data, connect_timeout_s=self.connect_timeout_s)
+        outcomes = rdd.mapPartitionsWithIndex(task).collect()
+        errors = [detail for _i, outcome, detail in outcomes if outcome == "error"]
+        if errors:
+            raise SinkOffsetsError(f"{self.name}: {errors[0]}")
+        written = sum(1 for _i, outcome, _n in outcomes if outcome == "written")
+        if written < len(with_data):
+            log.info("%s: batch %d: %d of %d partitions were in the database already; not written again",
+                     self.name, batch_time_ms, len(with_data) - written, len(with_data))
+        return written > 0
+
+    def _columns(self, cur) -> list[str]:
+        """The target's columns."""
+        try:
+            cur.execute(_psycopg().sql.SQL("SELECT * FROM {} LIMIT 0").format(identifier(self.table)))
+        except _psycopg().errors.UndefinedTable:
+            raise SinkOffsetsError(f"{self.name}: the table {self.table} does not exist in the database: "
+                                   "create it first (its columns are the rows' fields)") from None
+        return [d.name for d in cur.description]
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Stage ``rdd``'s rows from the tasks, then move them into the table with the batch's
@@ -145,15 +206,10 @@ class PostgresSink(DbApiSink):
             self._ensure_table(cur)
             if self.batch_applied(cur, batch_time_ms, [r for r in ranges if r.untilOffset > r.fromOffset]):
                 return None
-            try:
-                cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(_identifier(self.table)))
-            except _psycopg().errors.UndefinedTable:
-                raise SinkOffsetsError(f"{self.name}: the table {self.table} does not exist in the database: "
-                                       "create it first (its columns are the rows' fields)") from None
-            columns = [d.name for d in cur.description]
+            columns = self._columns(cur)
             cur.execute(sql.SQL("CREATE UNLOGGED TABLE {staging} AS SELECT NULL::integer AS sparkwal_task, t.* "
                                 "FROM {table} AS t WITH NO DATA").format(staging=sql.Identifier(staging),
-                                                                         table=_identifier(self.table)))
+                                                                         table=identifier(self.table)))
             return columns
         finally:
             conn.close()
@@ -165,17 +221,7 @@ class PostgresSink(DbApiSink):
         if found != staged:  # (an unlogged table is emptied by a server crash: the batch runs again)
             raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}: {found} rows staged in {staging}, "
                                    f"the tasks wrote {staged}: not moved")
-        cols = sql.SQL(", ").join(map(sql.Identifier, columns))
-        move = sql.SQL("INSERT INTO {table} ({cols}) SELECT {cols} FROM {staging}").format(
-            table=_identifier(self.table), cols=cols, staging=sql.Identifier(staging))
-        if self.keys:
-            updates = [c for c in columns if c not in self.keys]
-            action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
-                sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates)
-                if updates else sql.SQL("DO NOTHING"))
-            move = move + sql.SQL(" ON CONFLICT ({keys}) ").format(
-                keys=sql.SQL(", ").join(map(sql.Identifier, self.keys))) + action
-        cur.execute(move)
+        cur.execute(insert_select(self.table, columns, self.keys, sql.Identifier(staging)))
         self._drop_staging_in(cur, batch_time_ms)
 
     def _drop_staging(self, up_to_ms: int) -> None:
@@ -197,11 +243,6 @@ class PostgresSink(DbApiSink):
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
-def _identifier(table: str):
-    sql = _psycopg().sql
-    return sql.Identifier(*table.split(".", 1))
-
-
 def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
     """Task side: COPY this partition's rows into the attempt's staging table, replacing what an
     earlier attempt of this task staged; yields the rows' count."""
@@ -214,10 +255,6 @@ def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
         names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", *columns)))
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(staging), names)) as copy:
             for row in rows:
-                values = [row.get(c) for c in columns] if isinstance(row, Mapping) else list(row)
-                if len(values) != len(columns):
-                    raise ValueError(f"a row of {len(values)} values for {len(columns)} columns "
-                                     f"({', '.join(columns)}): {row!r}")
-                copy.write_row((index, *values))
+                copy.write_row((index, *row_values(row, columns)))
                 n += 1
     yield n  # (the connection's context committed the transaction)

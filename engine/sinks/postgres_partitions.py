@@ -1,0 +1,104 @@
+""":class:`~sparkwal.engine.sinks.PostgresSink` per partition: when the rows keep the source's
+partitioning, each task writes its rows and its offset range's end in one transaction of its own
+(the module docstring of :mod:`sparkwal.engine.sinks.postgres` gives the protocol)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from ..sources.protocol import OffsetRange
+
+
+def keeps_source_partitions(rdd, source_rdd) -> bool:
+    """Whether ``rdd``'s partition ``i`` is computed from ``source_rdd``'s partition ``i`` alone:
+    only pipelined one-to-one steps (PySpark's ``PipelinedRDD``: map, filter, flatMap,
+    mapPartitions...) lie between them. PySpark folds a pipeline into one RDD whose ``prev`` is
+    the first RDD that is not pipelined, so the chain may end at ``source_rdd``'s own ``prev``."""
+    from pyspark.rdd import PipelinedRDD
+
+    if source_rdd is None:
+        return False
+    ends = {id(source_rdd)} | ({id(source_rdd.prev)} if isinstance(source_rdd, PipelinedRDD) else set())
+    step = rdd
+    while id(step) not in ends:
+        if not isinstance(step, PipelinedRDD):
+            return False
+        step = step.prev
+    return True
+
+
+def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: list[str], keys: list[str],
+                    batch_time_ms: int, ranges: list[OffsetRange], connect_timeout_s: int):
+    """Task side: this partition's rows and its range's end in one transaction; yields
+    ``(index, "written" | "applied" | "error", detail)``."""
+    import psycopg
+    from psycopg import sql
+
+    r = ranges[index]
+    partition = json.dumps(r.partition)
+    with psycopg.connect(conninfo, connect_timeout=connect_timeout_s) as conn, conn.cursor() as cur:
+        # the driver's transaction (the staged way, a zombie driver) holds the sink's lock exclusively
+        cur.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", (f"sparkwal_offsets/{sink}",))
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"sparkwal_offsets/{sink}/{r.topic}/{partition}",))
+        cur.execute("SELECT until_offset FROM sparkwal_offsets WHERE sink = %s AND topic = %s AND partition = %s",
+                    (sink, r.topic, partition))
+        found = cur.fetchone()
+        stored = None if found is None else int(found[0])
+        if stored == r.untilOffset:
+            yield index, "applied", 0
+            return
+        if stored is not None and stored != r.fromOffset:
+            yield index, "error", (f"batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
+                                   f"{r.untilOffset}) but the database's output ends at offset {stored}: start "
+                                   "the stream from the database's offsets (fromOffsets=sink.offsets())")
+            return
+        names = sql.SQL(", ").join(map(sql.Identifier, columns))
+        target = identifier(table)
+        if keys:  # upsert: through a temporary table of the transaction
+            cur.execute(sql.SQL("CREATE TEMP TABLE sparkwal_rows ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA")
+                        .format(target))
+            target = sql.Identifier("sparkwal_rows")
+        n = 0
+        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(target, names)) as copy:
+            for row in rows:
+                copy.write_row(row_values(row, columns))
+                n += 1
+        if keys:
+            cur.execute(insert_select(table, columns, keys, target))
+        cur.execute("DELETE FROM sparkwal_offsets WHERE sink = %s AND topic = %s AND partition = %s",
+                    (sink, r.topic, partition))
+        cur.execute("INSERT INTO sparkwal_offsets VALUES (%s, %s, %s, %s, %s)",
+                    (sink, r.topic, partition, r.untilOffset, batch_time_ms))
+    yield index, "written", n  # (the connection's context committed the transaction)
+
+
+def identifier(table: str):
+    from psycopg import sql
+
+    return sql.Identifier(*table.split(".", 1))
+
+
+def insert_select(table: str, columns: list[str], keys: list[str], source):
+    """``INSERT INTO table (columns) SELECT columns FROM source``, upserting by ``keys`` if any."""
+    from psycopg import sql
+
+    cols = sql.SQL(", ").join(map(sql.Identifier, columns))
+    move = sql.SQL("INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}").format(
+        table=identifier(table), cols=cols, source=source)
+    if keys:
+        updates = [c for c in columns if c not in keys]
+        action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates)
+            if updates else sql.SQL("DO NOTHING"))
+        conflict = sql.SQL(" ON CONFLICT ({keys}) ").format(keys=sql.SQL(", ").join(map(sql.Identifier, keys)))
+        move = move + conflict + action
+    return move
+
+
+def row_values(row, columns: list[str]) -> list:
+    """A row's values in the table's column order (a dict by name, else a sequence)."""
+    values = [row.get(c) for c in columns] if isinstance(row, Mapping) else list(row)
+    if len(values) != len(columns):
+        raise ValueError(f"a row of {len(values)} values for {len(columns)} columns ({', '.join(columns)}): {row!r}")
+    return values
