@@ -195,3 +195,32 @@ def test_drill_with_the_delta_sink_counts_every_line_exactly_once_across_3_kills
     assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "delta"
     assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
     assert report["ok"]
+
+
+def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_again(
+        spark_context, tmp_path, monkeypatch, caplog):
+    """Another writer of the sink (a zombie driver) commits batch 1000 between this sink's check
+    and its commit: delta-rs's conflict check refuses a second transaction of the same appId, the
+    sink reads the table again, finds the batch there and commits nothing."""
+    uri = str(tmp_path / "table")
+    sink = DeltaSink(uri, "lines", schema=SCHEMA)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    zombie = DeltaSink(uri, "lines")
+    commit = DeltaTable.create_write_transaction
+    raced = []
+
+    def zombie_commits_first(self, *args, **kwargs):
+        if not raced:
+            raced.append(True)
+            monkeypatch.setattr(DeltaTable, "create_write_transaction", commit)
+            assert zombie.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+        return commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", zombie_commits_first)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")])) is False
+    assert raced and lines_in(sink) == ["a", "b"]
+    assert any("batch 1000's Delta commit conflicted" in r.getMessage() for r in caplog.records)
+    assert DeltaTable(uri).version() == 2 and sink.committed_batch() == 1000
+    sink.clean_up(1000)  # the losing attempt's files go (as the next commit would delete them)
+    held = {p.replace("%3D", "=") for p in pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist()}
+    assert parquet_files(tmp_path / "table") == held
