@@ -21,6 +21,8 @@ writes every line as a row ``(partition, line)``:
 
 * ``kafka exactly-once``: :class:`sparkwal.engine.sinks.KafkaSink` (the tasks encode the records,
   the driver's transactional producer sends them and the batch's marker in one transaction);
+* ``kafka per partition``: the same sink with ``per_partition=True`` (each task produces its
+  partition and its range's marker in a Kafka transaction of its own, from the executor);
 * ``kafka plain``: ``foreachRDD`` with ``foreachPartition`` producing each partition from the
   executors with a plain producer (``acks=all``; a re-run produces again, a crash may leave part
   of a batch).
@@ -50,7 +52,7 @@ import time
 
 SINKS = ("delta", "postgres", "kafka")
 PATHS = ("delta exactly-once", "delta plain", "postgres exactly-once", "postgres staged", "postgres plain",
-         "kafka exactly-once", "kafka plain")
+         "kafka exactly-once", "kafka per partition", "kafka plain")
 
 
 def _row_of(line: str) -> tuple:
@@ -134,8 +136,8 @@ def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: di
         from sparkwal.engine.sinks import KafkaSink
 
         topic = _new_topic(bootstrap)
-        if path == "kafka exactly-once":
-            sink = KafkaSink(topic, {"bootstrap.servers": bootstrap}, "bench")
+        if path in ("kafka exactly-once", "kafka per partition"):
+            sink = KafkaSink(topic, {"bootstrap.servers": bootstrap}, "bench", per_partition=path.endswith("partition"))
             sink.saveStream(rows, stream)
         else:
             rows.foreachRDD(lambda rdd: rdd.foreachPartition(lambda part: _produce_partition(part, bootstrap, topic)))
@@ -224,8 +226,9 @@ def main(argv: list[str] | None = None) -> None:
                       "processing_p50_ms": statistics.median([ms for r in runs for ms in r["processing_ms"]])}
     ratios = {sink: rows[f"{sink} exactly-once"]["records_per_s"] / rows[f"{sink} plain"]["records_per_s"]
               for sink in sinks}
-    if "postgres" in sinks:
-        ratios["postgres staged"] = rows["postgres staged"]["records_per_s"] / rows["postgres plain"]["records_per_s"]
+    for path, plain in (("kafka per partition", "kafka plain"), ("postgres staged", "postgres plain")):
+        if path in rows:
+            ratios[path] = rows[path]["records_per_s"] / rows[plain]["records_per_s"]
     print("\n| path | records/s (processing) | batch processing p50 ms (output visible at its end) |")
     print("|---|---:|---:|")
     for path, row in rows.items():

@@ -10,7 +10,8 @@ into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). S
 (the executors wrote or staged the batch's rows, or the driver produced its records, the sink's
 commit not made), ``committed`` (the sink's commit made, the stream's commit log and checkpoint
 not written), ``partition`` (PostgresSink per partition: p0's task committed, p1's not; with
-``SPARKWAL_TEST_PG_WAY=partitions``). Without CRASH_AT it runs SECONDS and stops gracefully.
+``SPARKWAL_TEST_PG_WAY=partitions``, or KafkaSink with ``SPARKWAL_TEST_PER_PARTITION``). Without
+CRASH_AT it runs SECONDS and stops gracefully.
 """
 
 from __future__ import annotations
@@ -34,21 +35,31 @@ def row(line: str) -> tuple:
 
 
 def kill_driver_once_p0_is_in() -> None:
-    """``partition`` (PostgresSink per partition, in a task of p1): once p0's task has committed
-    its rows and offsets, SIGKILL the driver, p1's transaction still open (once per work directory)."""
-    import psycopg
-
+    """``partition`` (a sink per partition, in a task of p1): once p0's task has committed its
+    rows and offsets, SIGKILL the driver, p1's transaction not begun (once per work directory)."""
     marker = os.path.join(os.environ["SPARKWAL_TEST_WORKDIR"], "killed-at-partition")
     if os.path.exists(marker):
         return
     deadline = time.monotonic() + 60
-    with psycopg.connect(os.environ["SPARKWAL_TEST_PG"], autocommit=True) as conn:
-        query = "SELECT count(*) FROM sparkwal_offsets WHERE sink = 'lines' AND partition = '\"p0\"'"
-        while time.monotonic() < deadline and conn.execute(query).fetchone()[0] == 0:
-            time.sleep(0.05)
+    while time.monotonic() < deadline and not p0_committed():
+        time.sleep(0.05)
     open(marker, "w").close()
     os.kill(int(os.environ["SPARKWAL_TEST_DRIVER_PID"]), signal.SIGKILL)
     time.sleep(60)  # (this worker goes with the driver's JVM)
+
+
+def p0_committed() -> bool:
+    if os.environ.get("SPARKWAL_TEST_KAFKA"):
+        from sparkwal.engine.sinks import KafkaSink
+
+        sink = KafkaSink(os.environ["SPARKWAL_TEST_TOPIC"], {"bootstrap.servers": os.environ["SPARKWAL_TEST_KAFKA"]},
+                         "lines", per_partition=True)
+        return sink.committed_batch() is not None
+    import psycopg
+
+    with psycopg.connect(os.environ["SPARKWAL_TEST_PG"], autocommit=True) as conn:
+        query = "SELECT count(*) FROM sparkwal_offsets WHERE sink = 'lines' AND partition = '\"p0\"'"
+        return conn.execute(query).fetchone()[0] > 0
 
 
 def main() -> None:
@@ -75,7 +86,7 @@ def main() -> None:
         sink = DeltaSink(os.path.join(workdir, "table"), "lines", schema=schema, partition_by=["partition"])
     elif kind == "kafka":
         sink = KafkaSink(os.environ["SPARKWAL_TEST_TOPIC"], {"bootstrap.servers": os.environ["SPARKWAL_TEST_KAFKA"]},
-                         "lines")
+                         "lines", per_partition=crash_at == "partition" or "SPARKWAL_TEST_PER_PARTITION" in os.environ)
     else:
         sink = PostgresSink(os.environ["SPARKWAL_TEST_PG"], "lines", "lines")
     sink_class = type(sink)

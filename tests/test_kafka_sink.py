@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
 
 import pytest
 
@@ -197,3 +198,45 @@ def test_drill_with_the_kafka_sink_counts_every_line_exactly_once_across_3_kills
     assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "kafka"
     assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
     assert report["ok"]
+
+
+def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_path, broker, topic):
+    """``per_partition=True``: the records keep the source's partitioning, each task produces its
+    partition and its range's marker in a transaction of its own; a re-run writes only the
+    partitions missing."""
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "parts", per_partition=True)
+    run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 2}, {"p0": 1}])
+    assert lines_in(sink) == expected({"p0": 4, "p1": 2}) == plain_read_committed(broker, topic)
+    assert sink.batches_committed() == 2 and sink.committed_batch() == 1000
+    fresh = KafkaSink(topic, {"bootstrap.servers": broker}, "parts", per_partition=True)
+    assert {(tp.partition, o) for tp, o in fresh.offsets().items()} == {("p0", 4), ("p1", 2)}
+    # a batch whose p0 range is in already (a driver killed after p0's task committed): p1 only
+    ranges = [OffsetRange("log", "p0", 3, 4), OffsetRange("log", "p1", 2, 3)]
+    assert fresh.write_partitions(1000, ranges, spark_context.parallelize([("p0", "again"), ("p1", "new")], 2))
+    assert lines_in(fresh) == sorted(expected({"p0": 4, "p1": 2}) + ["new"])
+    assert not fresh.write_partitions(1000, ranges, spark_context.parallelize([("p0", "x"), ("p1", "y")], 2))
+    with pytest.raises(SinkOffsetsError, match=r"batch 1500 reads log/p1 \[5, 6\) but the Kafka topic .*'s "
+                                               r"output ends at offset 3"):
+        fresh.write_partitions(1500, [OffsetRange("log", "p1", 5, 6)], spark_context.parallelize([("p1", "z")], 1))
+    with pytest.raises(KafkaSinkError, match=r"parts: .*batch 2000: a Kafka record is a value or a \(key, value\)"):
+        fresh.write_partitions(2000, [OffsetRange("log", "p1", 3, 4)], spark_context.parallelize([7], 1))
+
+
+def test_per_partition_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, broker, topic):
+    from sparkwal.engine.apps.direct_wordcount import append_lines
+
+    from sink_helpers import run_app
+
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    append_lines(str(logdir), "p0", 0, 3)
+    append_lines(str(logdir), "p1", 0, 2)
+    env = {"SPARKWAL_TEST_KAFKA": broker, "SPARKWAL_TEST_TOPIC": topic, "SPARKWAL_TEST_PER_PARTITION": "1"}
+    assert run_app(tmp_path, 60, "partition", "kafka", **env) == -signal.SIGKILL, f"see {tmp_path}/app.log"
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "lines", per_partition=True)
+    assert lines_in(sink) == expected({"p0": 3})  # p0 in with its marker, p1 not begun
+    for _run in range(3):
+        assert run_app(tmp_path, 8, None, "kafka", **env) == 0, f"see {tmp_path}/app.log"
+        if lines_in(sink) == expected({"p0": 3, "p1": 2}):
+            break
+    assert lines_in(sink) == expected({"p0": 3, "p1": 2}) == plain_read_committed(broker, topic)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -54,11 +53,13 @@ from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
 from ..sources.protocol import OffsetRange, TopicPartition
-from .kafka_markers import (UNREACHABLE, KafkaSinkError, ensure_topics,
-                            import_confluent_kafka,
-                            librdkafka_log, probe_transactions, read_markers, read_newest_marker, read_records)
+from .kafka_markers import (BROKER_UNREACHABLE, KafkaSinkError, ensure_topics, import_confluent_kafka,
+                            librdkafka_log, probe_transactions, marker_topic_end, read_markers, read_newest_marker,
+                            read_records,
+                            with_secrets)
+from .kafka_partitions import FAILED, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size
-from .transactional import advance_ends, save_batches
+from .transactional import advance_ends, keeps_source_partitions, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +75,14 @@ class KafkaSink:
     :class:`~sparkwal.wal.StorageUnavailableError`). Elements are values or ``(key, value)``
     pairs (bytes, str as UTF-8, or None). Secrets of ``producer_conf`` (``sasl.password``...) are
     never pickled: a sink recovered from a checkpoint takes each from the environment variable
-    ``SPARKWAL_KAFKA_<KEY>`` (``SPARKWAL_KAFKA_SASL_PASSWORD``)."""
+    ``SPARKWAL_KAFKA_<KEY>`` (``SPARKWAL_KAFKA_SASL_PASSWORD``). ``per_partition``: each task
+    commits its partition in a transaction of its own, from the executor
+    (:mod:`sparkwal.engine.sinks.kafka_partitions`; the records must keep the source's partitioning)."""
 
     def __init__(self, topic: str, producer_conf: Mapping, name: str = "sparkwal", *,
                  marker_topic: str | None = None, partitions: int | None = None,
-                 require_transactions: bool = False, timeout_s: float = 60.0, collect_limit_bytes: int = 64 << 20):
+                 require_transactions: bool = False, timeout_s: float = 60.0, collect_limit_bytes: int = 64 << 20,
+                 per_partition: bool = False):
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"topic must be a non-empty string, got {topic!r}")
         if not isinstance(producer_conf, Mapping):
@@ -100,6 +104,9 @@ class KafkaSink:
         self.partitions = partitions
         self.require_transactions, self.timeout_s = require_transactions, float(timeout_s)
         self.collect_limit_bytes = int(collect_limit_bytes)
+        self.per_partition = bool(per_partition)
+        self._fenced: set[tuple] = set()  # source partitions whose transactional ids this driver fenced
+        self._partition_ends: dict[TopicPartition, int] | None = None  # per partition: as the markers say
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
         self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
@@ -108,16 +115,13 @@ class KafkaSink:
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
-        return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None, "_written": {},
+        return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
+                "_fenced": set(), "_partition_ends": None, "_written": {},
                 "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.conf = dict(self.conf)
-        for key in (k for k in SECRET_KEYS if k not in self.conf):
-            value = os.environ.get("SPARKWAL_KAFKA_" + key.upper().replace(".", "_"))
-            if value:
-                self.conf[key] = value
+        self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, **state})
+        self.conf = with_secrets(self.conf)
 
     @property
     def bootstrap(self) -> str:
@@ -128,7 +132,7 @@ class KafkaSink:
     def error_of(self, operation: str, e: BaseException, start: float) -> Exception:
         """confluent-kafka's error as sparkwal's: a broker out of reach is the storage's exit status."""
         err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
-        if err is None or err.name() in UNREACHABLE or (err.retriable() and not err.fatal()):
+        if err is None or err.name() in BROKER_UNREACHABLE or (err.retriable() and not err.fatal()):
             return StorageUnavailableError(f"Kafka {operation}", self.bootstrap, 1, time.monotonic() - start, e)
         return KafkaSinkError(f"{self.name}: Kafka {operation} ({self.topic} at {self.bootstrap}) failed: "
                               f"{err.name()}: {err.str()}")
@@ -194,6 +198,8 @@ class KafkaSink:
 
     def committed_batch(self) -> int | None:
         """The time of the newest batch in the topic, or None."""
+        if self.per_partition:
+            return max((int(m["batchTimeMs"]) for m in read_markers(self) if "source" in m), default=None)
         marker = self._last if self._producer is not None else self.newest_marker()
         return None if marker is None else int(marker["batchTimeMs"])
 
@@ -201,11 +207,13 @@ class KafkaSink:
         """The end offset of every partition the sink's output reached: ``directStream(fromOffsets=...)``.
         Starts the producer: the caller becomes the sink's writer (earlier ones are fenced)."""
         self.producer()
+        if self.per_partition:
+            return dict(self._partition_ends_now())
         return {} if self._last is None else {TopicPartition(t, p): int(o) for t, p, o in self._last["offsets"]}
 
     def batches_committed(self) -> int:
         """How many batches the sink committed (its markers)."""
-        return sum(1 for _ in read_markers(self))
+        return len({m["batchTimeMs"] for m in read_markers(self) if ("source" in m) == self.per_partition})
 
     def read(self) -> list[tuple[bytes | None, bytes | None]]:
         """The sink's committed records, ``(key, value)`` in partition then offset order: records
@@ -224,7 +232,72 @@ class KafkaSink:
     def saveStream(self, dstream, offsetsFrom) -> None:
         """Each batch of ``dstream`` into the topic, exactly once, with the offsets of
         ``offsetsFrom`` (the direct stream ``dstream`` derives from)."""
-        save_batches(dstream, offsetsFrom, self.write_batch)
+        if not self.per_partition:
+            return save_batches(dstream, offsetsFrom, self.write_batch)
+        sink = self
+
+        def write_batch(batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+            if not any(r.untilOffset > r.fromOffset for r in ranges):
+                return False  # nothing read: nothing to write
+            if not keeps_source_partitions(rdd, offsetsFrom.get_or_compute(batch_time_ms)):
+                raise KafkaSinkError(f"{sink.name}: batch {batch_time_ms}: per_partition=True needs records that "
+                                     "keep the source's partitioning (only map, filter, flatMap, mapPartitions... "
+                                     "between the direct stream and the records)")
+            return sink.write_partitions(batch_time_ms, ranges, rdd)
+
+        save_batches(dstream, offsetsFrom, write_batch)
+
+    def write_partitions(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+        """Per partition: each task produces its records and its range's marker in a transaction of
+        its own (``rdd``'s partition ``i`` holds what the ``i``-th range with records read); False
+        if every range is in the topic already, or if the batch read nothing."""
+        with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        if not with_data:
+            return False
+        if rdd.getNumPartitions() != len(with_data):
+            raise ValueError(f"{self.name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
+                             f"{len(with_data)} offset ranges: the records do not keep the source's partitioning")
+        self.producer()  # the topics checked, the broker probed
+        ends = self._partition_ends_now(with_data)
+        plan = []
+        for r in with_data:
+            stored = ends.get(TopicPartition(r.topic, r.partition))
+            if stored is not None and stored not in (r.fromOffset, r.untilOffset):
+                advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
+            plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, stored == r.untilOffset))
+        if all(skip for *_r, skip in plan):
+            log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
+            return False
+        task = partial(produce_partition, plan=plan, conf=without_credentials(self.conf) or {}, topic=self.topic,
+                       marker_topic=self.marker_topic, name=self.name, batch_time_ms=batch_time_ms,
+                       markers_from=marker_topic_end(self), timeout_s=self.timeout_s)
+        outcomes = rdd.mapPartitionsWithIndex(task).collect()
+        for index, outcome, _detail in outcomes:
+            if outcome == WRITTEN:
+                ends[TopicPartition(plan[index][0], plan[index][1])] = plan[index][3]
+        for _index, outcome, detail in outcomes:
+            if outcome == UNAVAILABLE:
+                raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1, 0.0,
+                                              RuntimeError(detail))
+            if outcome == FAILED:
+                raise KafkaSinkError(f"{self.name}: Kafka produce ({self.topic} at {self.bootstrap}) failed: {detail}")
+        return any(outcome == WRITTEN for _i, outcome, _d in outcomes)
+
+    def _partition_ends_now(self, ranges: list[OffsetRange] = ()) -> dict[TopicPartition, int]:
+        """Per partition: every source partition's end as the markers say, read again after the
+        transactional ids of partitions new to this driver are fenced (their earlier writers
+        cannot commit any more, so the markers read are final)."""
+        new = {(r.topic, r.partition) for r in ranges} - self._fenced
+        if new or self._partition_ends is None:
+            kafka = import_confluent_kafka()
+            for topic, partition in sorted(new, key=repr):
+                fence = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id":
+                                        transactional_id(self.conf["transactional.id"], topic, partition)})
+                self.broker_call("init_transactions", fence.init_transactions, self.timeout_s)
+            self._fenced |= new
+            self._partition_ends = {TopicPartition(*m["source"]): int(m["until"])
+                                    for m in read_markers(self) if "source" in m}
+        return self._partition_ends
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Produce ``rdd``'s records and commit them with the batch's marker; False (nothing
@@ -334,10 +407,6 @@ class KafkaSink:
         except import_confluent_kafka().KafkaException as e:
             log.warning("%s: aborting the transaction failed (%s)", self.name, e)
         self._producer, self._last = None, None
-
-
-#: producer settings that are secrets: never pickled (see :class:`KafkaSink`)
-SECRET_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret")
 
 
 def _identity(results):

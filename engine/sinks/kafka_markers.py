@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,9 +19,24 @@ from ..errors import EngineError
 log = logging.getLogger(__name__)
 
 #: error names of confluent-kafka that mean the broker is out of reach (after librdkafka's retries)
-UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT",
+BROKER_UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT",
                 "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
                 "NETWORK_EXCEPTION", "_RESOLVE", "_WAIT_COORD", "NOT_ENOUGH_REPLICAS", "LEADER_NOT_AVAILABLE"}
+
+
+#: producer settings that are secrets: never pickled (see :class:`KafkaSink`)
+SECRET_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret")
+
+
+def with_secrets(conf: dict) -> dict:
+    """``conf`` with each secret it lacks from the environment variable ``SPARKWAL_KAFKA_<KEY>``
+    (``SPARKWAL_KAFKA_SASL_PASSWORD``): a sink recovered from a checkpoint, an executor's task."""
+    conf = dict(conf)
+    for key in (k for k in SECRET_KEYS if k not in conf):
+        value = os.environ.get("SPARKWAL_KAFKA_" + key.upper().replace(".", "_"))
+        if value:
+            conf[key] = value
+    return conf
 
 
 class KafkaSinkError(EngineError, RuntimeError):
@@ -136,13 +152,18 @@ def read_markers(sink) -> Iterator[dict]:
     return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): low}))
 
 
+def marker_topic_end(sink) -> int:
+    """The marker topic's end offset now (where a batch's markers begin)."""
+    return _watermarks(sink, sink.marker_topic, 0)[1]
+
+
 def read_newest_marker(sink) -> dict | None:
     """The newest committed marker of the sink: the topic's tail, read back further until one is found."""
     low, high = _watermarks(sink, sink.marker_topic, 0)
     span = 64
     while True:
         start = max(low, high - span)
-        found = list(_markers(sink, read_to_end(sink, {(sink.marker_topic, 0): start})))
+        found = [m for m in _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): start})) if "source" not in m]
         if found:
             return found[-1]
         if start <= low:

@@ -48,8 +48,8 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 
 from ..sources.protocol import OffsetRange
-from .postgres_partitions import identifier, insert_select, keeps_source_partitions, row_values, write_partition
-from .transactional import DbApiSink, SinkOffsetsError, save_batches
+from .postgres_partitions import identifier, insert_select, row_values, write_partition
+from .transactional import DbApiSink, SinkOffsetsError, keeps_source_partitions, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ class PostgresSink(DbApiSink):
         sink = self
 
         def write_batch(batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
+            if per_partition and not any(r.untilOffset > r.fromOffset for r in ranges):
+                return False  # nothing read: nothing to write
             if per_partition and keeps_source_partitions(rdd, offsetsFrom.get_or_compute(batch_time_ms)):
                 return sink.write_partitions(batch_time_ms, ranges, rdd)
             return sink.write_batch(batch_time_ms, ranges, rdd)

@@ -10,24 +10,6 @@ from collections.abc import Mapping
 from ..sources.protocol import OffsetRange
 
 
-def keeps_source_partitions(rdd, source_rdd) -> bool:
-    """Whether ``rdd``'s partition ``i`` is computed from ``source_rdd``'s partition ``i`` alone:
-    only pipelined one-to-one steps (PySpark's ``PipelinedRDD``: map, filter, flatMap,
-    mapPartitions...) lie between them. PySpark folds a pipeline into one RDD whose ``prev`` is
-    the first RDD that is not pipelined, so the chain may end at ``source_rdd``'s own ``prev``."""
-    from pyspark.rdd import PipelinedRDD
-
-    if source_rdd is None:
-        return False
-    ends = {id(source_rdd)} | ({id(source_rdd.prev)} if isinstance(source_rdd, PipelinedRDD) else set())
-    step = rdd
-    while id(step) not in ends:
-        if not isinstance(step, PipelinedRDD):
-            return False
-        step = step.prev
-    return True
-
-
 def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: list[str], keys: list[str],
                     batch_time_ms: int, ranges: list[OffsetRange], connect_timeout_s: int):
     """Task side: this partition's rows and its range's end in one transaction; yields

@@ -177,6 +177,30 @@ def advance_ends(name: str, ends: dict[TopicPartition, int], batch_time_ms: int,
     return ends
 
 
+def keeps_source_partitions(rdd, source_rdd) -> bool:
+    """Whether ``rdd``'s partition ``i`` is computed from ``source_rdd``'s partition ``i`` alone:
+    in the JVM, a chain of one-to-one dependencies leads from ``rdd`` to ``source_rdd`` or to one
+    of its own one-to-one ancestors (PySpark folds ``map``, ``filter``... into one PythonRDD over
+    the first RDD that is not pipelined, so the chain may meet ``source_rdd``'s below it)."""
+    if source_rdd is None:
+        return False
+    ancestors, step = set(), source_rdd._jrdd.rdd()
+    while step is not None:
+        ancestors.add(step.id())
+        step = _one_to_one_parent(step)
+    step = rdd._jrdd.rdd()
+    while step is not None and step.id() not in ancestors:
+        step = _one_to_one_parent(step)
+    return step is not None
+
+
+def _one_to_one_parent(jrdd):
+    deps = jrdd.dependencies()
+    if deps.size() != 1 or deps.head().getClass().getSimpleName() != "OneToOneDependency":
+        return None
+    return deps.head().rdd()
+
+
 def save_batches(dstream, offsetsFrom, write_batch: Callable[[int, list[OffsetRange], object], object]) -> None:
     """The output operation of an exactly-once sink: each batch of ``dstream`` as
     ``write_batch(batch_time_ms, the ranges offsetsFrom read for it, its RDD)``, in batch order
@@ -228,3 +252,4 @@ class _AutoCommitConnection:
 
     def close(self) -> None:
         self._conn.close()
+

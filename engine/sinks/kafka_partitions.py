@@ -1,0 +1,163 @@
+""":class:`~sparkwal.engine.sinks.KafkaSink` per partition (``per_partition=True``): when the
+records keep the source's partitioning, each task produces its partition's records and a marker
+of its offset range in ONE Kafka transaction of its own, from the executor, as the PostgreSQL
+sink's per-partition way does with database transactions.
+
+* Transactional ids: ``<transactional.id>-<source topic>-<source partition>``, one per source
+  partition: the stable identity that fences a zombie. Each task starts its producer
+  (``init_transactions``, a few ms): a producer kept in a Python worker would be fenced as soon as
+  the partition's task ran in another worker, and a fenced producer fails only after it has
+  taken records.
+* The driver, before its first batch and for every new source partition, fences each id (a
+  producer of it calls ``init_transactions``: an earlier driver's tasks still running cannot
+  commit, their open transactions are aborted), then reads the markers: a range whose source
+  partition's newest marker ends at the range's end is in already, and its task writes nothing.
+* A task run again within a batch (a Spark retry, a speculative copy) reads the markers written
+  since the batch began before writing: its partition may have committed in the earlier attempt.
+* Markers (JSON, key ``<name>/<topic>/<partition>``, in the sink's marker topic)::
+
+      {"sink": name, "batchTimeMs": t, "source": [topic, partition], "from": start, "until": end,
+       "records": n, "written": [[partition, first offset, last offset], ...]}
+
+A batch becomes visible partition by partition; a ``read_committed`` reader sees each
+partition's records of a batch once. Secrets of the producer's configuration never travel with
+tasks: executors take them from ``SPARKWAL_KAFKA_<KEY>`` in their environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+from .kafka_markers import BROKER_UNREACHABLE, librdkafka_log, with_secrets
+from .kafka_records import encode
+
+WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
+
+
+def transactional_id(base: str, topic: str, partition) -> str:
+    return f"{base}-{topic}-{partition}"
+
+
+def marker_key(name: str, topic: str, partition) -> bytes:
+    return f"{name}/{topic}/{partition}".encode()
+
+
+class _Spans:
+    """The first and last offset a transaction wrote to each partition (delivery reports)."""
+
+    def __init__(self):
+        self.written: dict[int, list[int]] = {}
+        self.failed = None
+
+    def __call__(self, err, msg) -> None:
+        if err is not None:
+            self.failed = self.failed or err
+            return
+        span = self.written.get(msg.partition())
+        if span is None:
+            self.written[msg.partition()] = [msg.offset(), msg.offset()]
+        else:
+            span[1] = msg.offset()
+
+
+def _producer(conf: dict, txid: str, timeout_s: float):
+    """A producer of ``txid``, initialised: every earlier producer of the id is fenced."""
+    from confluent_kafka import Producer
+
+    spans = _Spans()
+    producer = Producer({**with_secrets(conf), "transactional.id": txid, "on_delivery": spans,
+                         "logger": librdkafka_log})
+    producer.init_transactions(timeout_s)
+    return producer, spans
+
+
+def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, topic: str, marker_topic: str,
+                      name: str, batch_time_ms: int, markers_from: int, timeout_s: float):
+    """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip)``;
+    yields ``(index, outcome, detail)``."""
+    from confluent_kafka import KafkaException
+    from pyspark import TaskContext
+
+    source_topic, source_partition, start, until, skip = plan[index]
+    context = TaskContext.get()
+    if not skip and context is not None and context.attemptNumber() > 0:  # the earlier attempt may have committed
+        try:
+            skip = _committed_since(conf, marker_topic, markers_from,
+                                    marker_key(name, source_topic, source_partition), batch_time_ms, timeout_s)
+        except (KafkaException, TimeoutError) as e:
+            yield index, UNAVAILABLE, f"markers of {marker_topic}: {e}"
+            return
+    if skip:
+        yield index, SKIPPED, 0
+        return
+    txid = transactional_id(conf["transactional.id"], source_topic, source_partition)
+    try:
+        producer, spans = _producer(conf, txid, timeout_s)
+        producer.begin_transaction()
+    except KafkaException as e:
+        yield index, _outcome(e), f"{txid}: {e.args[0].str()}"
+        return
+    n = 0
+    try:
+        for element in elements:
+            try:
+                key, value = encode(element)
+            except TypeError as e:
+                producer.abort_transaction(timeout_s)
+                yield index, FAILED, f"batch {batch_time_ms}: {e}"
+                return
+            while True:
+                try:
+                    producer.produce(topic, value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            n += 1
+        if producer.flush(timeout_s) > 0 or spans.failed is not None:
+            raise KafkaException(spans.failed) if spans.failed is not None else TimeoutError("not delivered")
+        marker = {"sink": name, "batchTimeMs": batch_time_ms, "source": [source_topic, source_partition],
+                  "from": start, "until": until, "records": n,
+                  "written": [[p, first, last] for p, (first, last) in sorted(spans.written.items())]}
+        producer.produce(marker_topic, json.dumps(marker).encode(), marker_key(name, source_topic, source_partition))
+        producer.commit_transaction(timeout_s)
+    except (KafkaException, TimeoutError) as e:
+        try:
+            producer.abort_transaction(timeout_s)
+        except KafkaException:
+            pass
+        detail = e.args[0].str() if isinstance(e, KafkaException) else str(e)
+        yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}"
+        return
+    yield index, WRITTEN, n
+
+
+def _outcome(e: BaseException) -> str:
+    err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
+    return UNAVAILABLE if err is None or err.name() in BROKER_UNREACHABLE or err.retriable() else FAILED
+
+
+def _committed_since(conf: dict, marker_topic: str, start: int, key: bytes, batch_time_ms: int,
+                     timeout_s: float) -> bool:
+    """Whether the marker topic holds, after ``start``, this partition's marker of the batch."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    client = {k: v for k, v in with_secrets(conf).items() if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
+    consumer = Consumer({**client, "group.id": f"sparkwal-retry-{os.getpid()}", "isolation.level": "read_committed",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    try:
+        consumer.assign([TopicPartition(marker_topic, 0, start)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.05):
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return False
+                    continue
+                if msg.key() == key and json.loads(msg.value()).get("batchTimeMs") == batch_time_ms:
+                    return True
+        raise TimeoutError(f"the markers of {marker_topic} not read within {timeout_s:g} s")
+    finally:
+        consumer.close()
