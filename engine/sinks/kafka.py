@@ -30,6 +30,11 @@ partition and ``retention.ms=-1`` if missing) holds one JSON record per batch::
 
 :meth:`KafkaSink.offsets` resumes a direct stream from the newest one without a checkpoint.
 
+Per partition (``per_partition=True``, records that keep the source's partitioning): each task
+produces its partition and a marker of its offset range in a transaction of its own, from the
+executor (:mod:`sparkwal.engine.sinks.kafka_partitions`); a batch is then visible partition by
+partition, and its output never passes through the driver.
+
 Brokers that do not honour transactions: at start-up the sink aborts a probe transaction and
 reads it back. If a ``read_committed`` reader sees the aborted record (the Tansu broker 0.6 does),
 the sink says so in one warning line (or refuses: ``require_transactions=True``): on such a
@@ -57,7 +62,7 @@ from .kafka_markers import (BROKER_UNREACHABLE, KafkaSinkError, ensure_topics, i
                             librdkafka_log, probe_transactions, marker_topic_end, read_markers, read_newest_marker,
                             read_records,
                             with_secrets)
-from .kafka_partitions import FAILED, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
+from .kafka_partitions import FAILED, SLOTS, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size
 from .transactional import advance_ends, keeps_source_partitions, save_batches
 
@@ -107,6 +112,7 @@ class KafkaSink:
         self.per_partition = bool(per_partition)
         self._fenced: set[tuple] = set()  # source partitions whose transactional ids this driver fenced
         self._partition_ends: dict[TopicPartition, int] | None = None  # per partition: as the markers say
+        self._writers: dict[tuple, dict] = {}  # per partition: {slot: the worker whose task last wrote it}
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
         self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
@@ -116,11 +122,12 @@ class KafkaSink:
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
-                "_fenced": set(), "_partition_ends": None, "_written": {},
+                "_fenced": set(), "_partition_ends": None, "_writers": {}, "_written": {},
                 "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, **state})
+        self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
+                              **state})
         self.conf = with_secrets(self.conf)
 
     @property
@@ -264,24 +271,29 @@ class KafkaSink:
             stored = ends.get(TopicPartition(r.topic, r.partition))
             if stored is not None and stored not in (r.fromOffset, r.untilOffset):
                 advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
-            plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, stored == r.untilOffset))
-        if all(skip for *_r, skip in plan):
+            plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, stored == r.untilOffset,
+                         self._writers.get((r.topic, r.partition), {})))
+        if all(skip for *_r, skip, _writer in plan):
             log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
             return False
         task = partial(produce_partition, plan=plan, conf=without_credentials(self.conf) or {}, topic=self.topic,
                        marker_topic=self.marker_topic, name=self.name, batch_time_ms=batch_time_ms,
                        markers_from=marker_topic_end(self), timeout_s=self.timeout_s)
+        self._writers, writers = {}, self._writers  # forgotten unless this write succeeds (see kafka_partitions)
         outcomes = rdd.mapPartitionsWithIndex(task).collect()
-        for index, outcome, _detail in outcomes:
+        for index, outcome, _detail, _writer in outcomes:
             if outcome == WRITTEN:
                 ends[TopicPartition(plan[index][0], plan[index][1])] = plan[index][3]
-        for _index, outcome, detail in outcomes:
+        for _index, outcome, detail, _writer in outcomes:
             if outcome == UNAVAILABLE:
                 raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1, 0.0,
                                               RuntimeError(detail))
             if outcome == FAILED:
                 raise KafkaSinkError(f"{self.name}: Kafka produce ({self.topic} at {self.bootstrap}) failed: {detail}")
-        return any(outcome == WRITTEN for _i, outcome, _d in outcomes)
+        for i, outcome, _detail, (slot, worker) in (o for o in outcomes if o[1] == WRITTEN):
+            writers.setdefault((plan[i][0], plan[i][1]), {})[slot] = worker
+        self._writers = writers
+        return any(outcome == WRITTEN for _i, outcome, _d, _w in outcomes)
 
     def _partition_ends_now(self, ranges: list[OffsetRange] = ()) -> dict[TopicPartition, int]:
         """Per partition: every source partition's end as the markers say, read again after the
@@ -289,11 +301,18 @@ class KafkaSink:
         cannot commit any more, so the markers read are final)."""
         new = {(r.topic, r.partition) for r in ranges} - self._fenced
         if new or self._partition_ends is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             kafka = import_confluent_kafka()
-            for topic, partition in sorted(new, key=repr):
-                fence = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id":
-                                        transactional_id(self.conf["transactional.id"], topic, partition)})
-                self.broker_call("init_transactions", fence.init_transactions, self.timeout_s)
+
+            def fence(txid: str) -> None:
+                producer = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id": txid})
+                self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
+
+            txids = [transactional_id(self.conf["transactional.id"], topic, partition, slot)
+                     for topic, partition in sorted(new, key=repr) for slot in range(SLOTS)]
+            with ThreadPoolExecutor(min(16, len(txids) or 1), thread_name_prefix="kafka-fence") as pool:
+                list(pool.map(fence, txids))
             self._fenced |= new
             self._partition_ends = {TopicPartition(*m["source"]): int(m["until"])
                                     for m in read_markers(self) if "source" in m}

@@ -3,11 +3,15 @@ records keep the source's partitioning, each task produces its partition's recor
 of its offset range in ONE Kafka transaction of its own, from the executor, as the PostgreSQL
 sink's per-partition way does with database transactions.
 
-* Transactional ids: ``<transactional.id>-<source topic>-<source partition>``, one per source
-  partition: the stable identity that fences a zombie. Each task starts its producer
-  (``init_transactions``, a few ms): a producer kept in a Python worker would be fenced as soon as
-  the partition's task ran in another worker, and a fenced producer fails only after it has
-  taken records.
+* Transactional ids: ``<transactional.id>-<source topic>-<source partition>-<slot>``, :data:`SLOTS`
+  per source partition, a Python worker using the slot its identity hashes to: the ids a new
+  driver fences, all of them, before it trusts the markers. A worker keeps the producer it
+  started (``init_transactions``: 50 ms here) for the partition's later tasks, but reuses it only
+  while no other worker of the same slot may have started one since: the driver names, per
+  partition and slot, the worker whose task last wrote it (forgotten after any failed write); a
+  task elsewhere, or a task's second attempt, starts a producer of its own. (A fenced producer
+  fails only after it has taken records, and a broker that does not fence, as Tansu 0.6, lets
+  its commit hang.)
 * The driver, before its first batch and for every new source partition, fences each id (a
   producer of it calls ``init_transactions``: an earlier driver's tasks still running cannot
   commit, their open transactions are aborted), then reads the markers: a range whose source
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 
 from .kafka_markers import BROKER_UNREACHABLE, librdkafka_log, with_secrets
@@ -37,8 +42,11 @@ from .kafka_records import encode
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
 
 
-def transactional_id(base: str, topic: str, partition) -> str:
-    return f"{base}-{topic}-{partition}"
+SLOTS = 4
+
+
+def transactional_id(base: str, topic: str, partition, slot: int) -> str:
+    return f"{base}-{topic}-{partition}-{slot}"
 
 
 def marker_key(name: str, topic: str, partition) -> bytes:
@@ -63,51 +71,66 @@ class _Spans:
             span[1] = msg.offset()
 
 
-def _producer(conf: dict, txid: str, timeout_s: float):
-    """A producer of ``txid``, initialised: every earlier producer of the id is fenced."""
+def _producer(conf: dict, txid: str, timeout_s: float, reuse: bool):
+    """This worker's producer of ``txid`` if ``reuse`` and it has one, else a new one,
+    initialised (every earlier producer of the id is fenced) and kept."""
     from confluent_kafka import Producer
 
+    kept = _producers.get(txid)
+    if reuse and kept is not None:
+        return kept
     spans = _Spans()
     producer = Producer({**with_secrets(conf), "transactional.id": txid, "on_delivery": spans,
                          "logger": librdkafka_log})
+    _producers.pop(txid, None)
     producer.init_transactions(timeout_s)
+    _producers[txid] = (producer, spans)
     return producer, spans
+
+
+#: this Python worker's producers (transactional id -> (producer, its delivery spans)), identity and slot
+_producers: dict[str, tuple] = {}
+WORKER = uuid.uuid4().hex
+SLOT = int(WORKER[:8], 16) % SLOTS
 
 
 def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, topic: str, marker_topic: str,
                       name: str, batch_time_ms: int, markers_from: int, timeout_s: float):
-    """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip)``;
-    yields ``(index, outcome, detail)``."""
+    """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip, {slot:
+    the worker whose task last wrote the partition in it})``; yields ``(index, outcome, detail,
+    (slot, worker) of the producer that wrote)``."""
     from confluent_kafka import KafkaException
     from pyspark import TaskContext
 
-    source_topic, source_partition, start, until, skip = plan[index]
+    source_topic, source_partition, start, until, skip, writers = plan[index]
     context = TaskContext.get()
-    if not skip and context is not None and context.attemptNumber() > 0:  # the earlier attempt may have committed
+    first_attempt = context is None or context.attemptNumber() == 0
+    if not skip and not first_attempt:  # the earlier attempt may have committed
         try:
             skip = _committed_since(conf, marker_topic, markers_from,
                                     marker_key(name, source_topic, source_partition), batch_time_ms, timeout_s)
         except (KafkaException, TimeoutError) as e:
-            yield index, UNAVAILABLE, f"markers of {marker_topic}: {e}"
+            yield index, UNAVAILABLE, f"markers of {marker_topic}: {e}", None
             return
     if skip:
-        yield index, SKIPPED, 0
+        yield index, SKIPPED, 0, None
         return
-    txid = transactional_id(conf["transactional.id"], source_topic, source_partition)
+    txid = transactional_id(conf["transactional.id"], source_topic, source_partition, SLOT)
     try:
-        producer, spans = _producer(conf, txid, timeout_s)
+        producer, spans = _producer(conf, txid, timeout_s, reuse=first_attempt and writers.get(SLOT) == WORKER)
         producer.begin_transaction()
     except KafkaException as e:
-        yield index, _outcome(e), f"{txid}: {e.args[0].str()}"
+        _producers.pop(txid, None)
+        yield index, _outcome(e), f"{txid}: {e.args[0].str()}", None
         return
-    n = 0
+    spans.written, spans.failed, n = {}, None, 0
     try:
         for element in elements:
             try:
                 key, value = encode(element)
             except TypeError as e:
                 producer.abort_transaction(timeout_s)
-                yield index, FAILED, f"batch {batch_time_ms}: {e}"
+                yield index, FAILED, f"batch {batch_time_ms}: {e}", None
                 return
             while True:
                 try:
@@ -124,14 +147,15 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
         producer.produce(marker_topic, json.dumps(marker).encode(), marker_key(name, source_topic, source_partition))
         producer.commit_transaction(timeout_s)
     except (KafkaException, TimeoutError) as e:
+        _producers.pop(txid, None)
         try:
             producer.abort_transaction(timeout_s)
         except KafkaException:
             pass
         detail = e.args[0].str() if isinstance(e, KafkaException) else str(e)
-        yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}"
+        yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}", None
         return
-    yield index, WRITTEN, n
+    yield index, WRITTEN, n, (SLOT, WORKER)
 
 
 def _outcome(e: BaseException) -> str:
