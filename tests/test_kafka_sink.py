@@ -240,3 +240,28 @@ def test_per_partition_a_kill_after_one_partition_committed_loses_and_doubles_no
         if lines_in(sink) == expected({"p0": 3, "p1": 2}):
             break
     assert lines_in(sink) == expected({"p0": 3, "p1": 2}) == plain_read_committed(broker, topic)
+
+
+def test_per_partition_refuses_records_that_do_not_keep_the_source_partitioning(spark_context, tmp_path, broker,
+                                                                               topic):
+    from sparkwal.engine import StreamingContext
+    from sparkwal.engine.apps.direct_wordcount import append_lines
+    from sparkwal.engine.sources import FileLogSource
+    from sparkwal.wal import ManualClock
+
+    (tmp_path / "log").mkdir()
+    append_lines(str(tmp_path / "log"), "p0", 0, 3)
+    clock = ManualClock(0)
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    stream = ssc.directStream(FileLogSource(str(tmp_path / "log")))
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "shuffled", per_partition=True)
+    sink.saveStream(stream.map(lambda line: (line[:2], line)).repartition(3), stream)
+    ssc.start()
+    try:
+        clock.advance(500)
+        with pytest.raises(KafkaSinkError, match=r"shuffled: batch 500: per_partition=True needs records that keep "
+                                                 "the source's partitioning"):
+            ssc.awaitTerminationOrTimeout(60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert lines_in(sink) == []

@@ -125,12 +125,15 @@ def read_to_end(sink, starts: dict[tuple[str, int], int]) -> Iterator:
 
 
 def _watermarks(sink, topic: str, partition: int) -> tuple[int, int]:
+    """The partition's low and high watermarks; (0, 0) if the topic does not exist (yet)."""
     kafka = import_confluent_kafka()
     consumer = _reader(sink)
     start = time.monotonic()
     try:
         return consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition), sink.timeout_s)
     except kafka.KafkaException as e:
+        if e.args[0].name() in ("_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART"):
+            return 0, 0
         raise sink.error_of("watermarks", e, start) from e
     finally:
         consumer.close()
@@ -148,8 +151,8 @@ def _markers(sink, messages) -> Iterator[dict]:
 
 def read_markers(sink) -> Iterator[dict]:
     """Every committed marker of the sink, oldest first."""
-    low, _high = _watermarks(sink, sink.marker_topic, 0)
-    return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): low}))
+    low, high = _watermarks(sink, sink.marker_topic, 0)
+    return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): low}) if high > low else ())
 
 
 def marker_topic_end(sink) -> int:
@@ -160,6 +163,8 @@ def marker_topic_end(sink) -> int:
 def read_newest_marker(sink) -> dict | None:
     """The newest committed marker of the sink: the topic's tail, read back further until one is found."""
     low, high = _watermarks(sink, sink.marker_topic, 0)
+    if high <= low:
+        return None
     span = 64
     while True:
         start = max(low, high - span)

@@ -42,7 +42,7 @@ from .kafka_records import encode
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
 
 
-SLOTS = 4
+SLOTS = 16
 
 
 def transactional_id(base: str, topic: str, partition, slot: int) -> str:

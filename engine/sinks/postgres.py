@@ -90,12 +90,16 @@ class PostgresSink(DbApiSink):
         self.table = table
         self.keys = list(keys or [])
         self.connect_timeout_s = connect_timeout_s
+        self._target_columns: dict[str, list[str]] = {}  # the table's columns, read at the first batch
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: without the password (see the module)."""
-        state = self.__dict__.copy()
+        state = {**self.__dict__, "_target_columns": {}}
         state["conninfo"] = without_password(self.conninfo)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({"_target_columns": {}, **state})  # (sinks pickled before it existed)
 
     def connect(self):
         """A connection in autocommit mode (``BEGIN`` opens the sink's transactions); a server that
@@ -150,13 +154,15 @@ class PostgresSink(DbApiSink):
         if rdd.getNumPartitions() != len(with_data):
             raise ValueError(f"{self.name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
                              f"{len(with_data)} offset ranges: the rows do not keep the source's partitioning")
-        conn = self.connect()
-        try:
-            cur = conn.cursor()
-            self._ensure_table(cur)
-            columns = self._columns(cur)
-        finally:
-            conn.close()
+        columns = self._target_columns.get(self.table)
+        if columns is None:  # once per driver: a later change of the table shows in the tasks' COPY
+            conn = self.connect()
+            try:
+                cur = conn.cursor()
+                self._ensure_table(cur)
+                columns = self._target_columns[self.table] = self._columns(cur)
+            finally:
+                conn.close()
         task = partial(write_partition, conninfo=without_password(self.conninfo), sink=self.name,
                        table=self.table, columns=columns, keys=self.keys, batch_time_ms=batch_time_ms,
                        ranges=with_data, connect_timeout_s=self.connect_timeout_s)
