@@ -112,6 +112,8 @@ def test_the_start_up_probe_says_in_one_line_that_this_broker_shows_aborted_reco
 def test_mistakes_are_named(spark_context, broker, topic):
     with pytest.raises(ValueError, match="needs bootstrap.servers"):
         KafkaSink(topic, {})
+    with pytest.raises(ValueError, match=r"the marker topic 'out.my sink.sparkwal' is not a Kafka topic name"):
+        KafkaSink("out", {"bootstrap.servers": broker}, "my sink")
     with pytest.raises(ValueError, match="enable.idempotence=false refused"):
         KafkaSink(topic, {"bootstrap.servers": broker, "enable.idempotence": False})
     with pytest.raises(KafkaSinkError, match=f"the topic no-such-topic does not exist at {broker}"):

@@ -115,13 +115,7 @@ def postgres_sink(workdir: str, conninfo: str | None = None):
     from sparkwal.engine.sinks import PostgresSink
     from sparkwal.engine.sinks.postgres import without_password
 
-    marker = os.path.join(workdir, POSTGRES_MARKER)
-    if conninfo is None:
-        with open(marker) as f:
-            conninfo = f.read().strip()
-    else:
-        with open(marker, "w") as f:
-            f.write(without_password(conninfo) + "\n")
+    conninfo = _output_address(workdir, POSTGRES_MARKER, conninfo, without_password)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {POSTGRES_TABLE} (kind TEXT NOT NULL, key TEXT NOT NULL, "
                      "n BIGINT NOT NULL, batch_ms BIGINT NOT NULL)")
@@ -138,13 +132,7 @@ def kafka_sink(workdir: str, bootstrap: str | None = None):
     ``bootstrap`` from ``WORKDIR/output.kafka`` when not given (written on first use)."""
     from sparkwal.engine.sinks import KafkaSink
 
-    marker = os.path.join(workdir, KAFKA_MARKER)
-    if bootstrap is None:
-        with open(marker) as f:
-            bootstrap = f.read().strip()
-    else:
-        with open(marker, "w") as f:
-            f.write(bootstrap + "\n")
+    bootstrap = _output_address(workdir, KAFKA_MARKER, bootstrap)
     return KafkaSink(KAFKA_TOPIC, {"bootstrap.servers": bootstrap}, "wordcount", partitions=2)
 
 
@@ -152,6 +140,18 @@ def count_record(record) -> tuple:
     """A batch's count ``((kind, key), n)`` as a Kafka record ``(key, value)``."""
     (kind, key), n = record
     return json.dumps([kind, key]), str(n)
+
+
+def _output_address(workdir: str, marker: str, address: str | None, shown=lambda a: a) -> str:
+    """``address`` remembered in ``WORKDIR/<marker>`` (as ``shown``: no secrets), or, not given,
+    the one remembered there."""
+    path = os.path.join(workdir, marker)
+    if address is None:
+        with open(path) as f:
+            return f.read().strip()
+    with open(path, "w") as f:
+        f.write(shown(address) + "\n")
+    return address
 
 
 def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None,

@@ -45,9 +45,9 @@ keeps only records within a marker's ``written`` offsets, still sees each record
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -59,12 +59,12 @@ from sparkwal.wal.location import without_credentials
 
 from ..sources.protocol import OffsetRange, TopicPartition
 from .kafka_markers import (BROKER_UNREACHABLE, KafkaSinkError, ensure_topics, import_confluent_kafka,
-                            librdkafka_log, probe_transactions, marker_topic_end, read_markers, read_newest_marker,
-                            read_records,
+                            librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
+                            read_newest_marker,
                             with_secrets)
-from .kafka_partitions import FAILED, SLOTS, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
+from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size
-from .transactional import advance_ends, keeps_source_partitions, save_batches
+from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,10 @@ class KafkaSink:
         conf.setdefault("transactional.id", f"sparkwal-{name}")
         self.topic, self.name, self.conf = topic, name, conf
         self.marker_topic = marker_topic or f"{topic}.{name}.sparkwal"
+        for what, value in (("topic", topic), ("marker topic", self.marker_topic)):
+            if not _TOPIC_NAME.fullmatch(value):
+                raise ValueError(f"the {what} {value!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; "
+                                 "at most 249): name the sink or its marker_topic accordingly")
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise ValueError(f"partitions must be a positive number of partitions, got {partitions!r}")
         self.partitions = partitions
@@ -116,18 +120,17 @@ class KafkaSink:
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
         self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
-        self._written: dict[int, list[int]] = {}  # the batch's [first, last] offset per partition
-        self._failed = None
+        self._spans = DeliverySpans()  # the batch's [first, last] offset per partition
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
-                "_fenced": set(), "_partition_ends": None, "_writers": {}, "_written": {},
+                "_fenced": set(), "_partition_ends": None, "_writers": {}, "_spans": DeliverySpans(),
                 "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
-                              **state})
+                              "_spans": DeliverySpans(), **state})
         self.conf = with_secrets(self.conf)
 
     @property
@@ -160,7 +163,7 @@ class KafkaSink:
             return self._producer
         kafka = import_confluent_kafka()
         ensure_topics(self)
-        conf = {"logger": librdkafka_log, **self.conf, "on_delivery": self._on_delivery}
+        conf = {"logger": librdkafka_log, **self.conf, "on_delivery": self._spans}
         conf.setdefault("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000)))
         producer = kafka.Producer(conf)
         self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
@@ -188,17 +191,6 @@ class KafkaSink:
             raise KafkaSinkError(f"{self.name}: {message}")
         log.warning("%s: %s", self.name, message)
 
-    def _on_delivery(self, err, msg) -> None:
-        """Each record's delivery: the first and last offset the batch wrote to each partition."""
-        if err is not None:
-            self._failed = self._failed or err
-            return
-        span = self._written.get(msg.partition())
-        if span is None:
-            self._written[msg.partition()] = [msg.offset(), msg.offset()]
-        else:
-            span[1] = msg.offset()
-
     def newest_marker(self) -> dict | None:
         """The newest committed marker of the sink (read_committed), or None."""
         return read_newest_marker(self)
@@ -225,14 +217,7 @@ class KafkaSink:
     def read(self) -> list[tuple[bytes | None, bytes | None]]:
         """The sink's committed records, ``(key, value)`` in partition then offset order: records
         of writes that never committed are left out even where the broker shows them."""
-        spans: dict[int, list[tuple[int, int]]] = {}
-        for marker in read_markers(self):
-            for partition, first, last in marker.get("written", ()):
-                spans.setdefault(partition, []).append((first, last))
-        for partition_spans in spans.values():
-            partition_spans.sort()
-        return [(key, value) for partition, offset, key, value in read_records(self)
-                if _within(spans.get(partition, []), offset)]
+        return committed_records(self)
 
     # ------------------------------------------------------------------ one batch
 
@@ -258,12 +243,9 @@ class KafkaSink:
         """Per partition: each task produces its records and its range's marker in a transaction of
         its own (``rdd``'s partition ``i`` holds what the ``i``-th range with records read); False
         if every range is in the topic already, or if the batch read nothing."""
-        with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        with_data = ranges_by_partition(self.name, batch_time_ms, ranges, rdd)
         if not with_data:
             return False
-        if rdd.getNumPartitions() != len(with_data):
-            raise ValueError(f"{self.name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
-                             f"{len(with_data)} offset ranges: the records do not keep the source's partitioning")
         self.producer()  # the topics checked, the broker probed
         ends = self._partition_ends_now(with_data)
         plan = []
@@ -277,6 +259,7 @@ class KafkaSink:
             log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
             return False
         task = partial(produce_partition, plan=plan, conf=without_credentials(self.conf) or {}, topic=self.topic,
+                       tag=not self.honours_transactions,
                        marker_topic=self.marker_topic, name=self.name, batch_time_ms=batch_time_ms,
                        markers_from=marker_topic_end(self), timeout_s=self.timeout_s)
         self._writers, writers = {}, self._writers  # forgotten unless this write succeeds (see kafka_partitions)
@@ -383,7 +366,7 @@ class KafkaSink:
     def _produce(self, producer, batch_time_ms: int, parts: Iterator[list]) -> int:
         """Every record into the open transaction, flushed (each delivered, or an error)."""
         topic, produce, n = self.topic, producer.produce, 0
-        self._written, self._failed = {}, None
+        self._spans.reset()
         for records in parts:
             for key, value in records:
                 while True:
@@ -397,8 +380,8 @@ class KafkaSink:
         if producer.flush(self.timeout_s) > 0:
             raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1,
                                           time.monotonic() - start, TimeoutError("records not delivered"))
-        if self._failed is not None:
-            failure = import_confluent_kafka().KafkaException(self._failed)
+        if self._spans.failed is not None:
+            failure = import_confluent_kafka().KafkaException(self._spans.failed)
             raise self.error_of(f"produce of batch {batch_time_ms}", failure, start)
         return n
 
@@ -407,7 +390,7 @@ class KafkaSink:
         ends = advance_ends(self.name, self._ends(), batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")
         marker = {"sink": self.name, "batchTimeMs": batch_time_ms, "attempt": attempt, "records": records,
                   "offsets": [[tp.topic, tp.partition, o] for tp, o in ends.items()],
-                  "written": [[p, first, last] for p, (first, last) in sorted(self._written.items())]}
+                  "written": [[p, first, last] for p, (first, last) in sorted(self._spans.written.items())]}
         producer = self.producer()
         producer.produce(self.marker_topic, json.dumps(marker).encode(), self.name.encode())
         self.broker_call(f"commit of batch {batch_time_ms}", producer.commit_transaction, self.timeout_s)
@@ -428,11 +411,8 @@ class KafkaSink:
         self._producer, self._last = None, None
 
 
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
 def _identity(results):
     return results
-
-
-def _within(spans: list[tuple[int, int]], offset: int) -> bool:
-    """Whether ``offset`` is in one of the sorted, disjoint ``[first, last]`` spans."""
-    i = bisect.bisect_right(spans, (offset, float("inf"))) - 1
-    return i >= 0 and spans[i][0] <= offset <= spans[i][1]

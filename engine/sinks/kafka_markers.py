@@ -5,6 +5,7 @@ the start-up probe of the broker's transactions, its markers and records read ba
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from ..errors import EngineError
 log = logging.getLogger(__name__)
 
 #: error names of confluent-kafka that mean the broker is out of reach (after librdkafka's retries)
+ATTEMPT_HEADER = "sparkwal.attempt"  #: a record's write, where the broker shows aborted records (per partition)
 BROKER_UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT",
                 "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
                 "NETWORK_EXCEPTION", "_RESOLVE", "_WAIT_COORD", "NOT_ENOUGH_REPLICAS", "LEADER_NOT_AVAILABLE"}
@@ -176,9 +178,9 @@ def read_newest_marker(sink) -> dict | None:
         span *= 8
 
 
-def read_records(sink) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
-    """``(partition, offset, key, value)`` of every committed record of the data topic, in
-    partition then offset order."""
+def read_records(sink) -> Iterator[tuple[int, int, bytes | None, bytes | None, bytes | None]]:
+    """``(partition, offset, key, value, its sparkwal.attempt header)`` of every committed record
+    of the data topic, in partition then offset order."""
     kafka = import_confluent_kafka()
     from confluent_kafka.admin import AdminClient
 
@@ -191,10 +193,11 @@ def read_records(sink) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
     starts = {(sink.topic, p): _watermarks(sink, sink.topic, p)[0] for p in partitions}
     by_partition: dict[int, list] = {p: [] for p in partitions}
     for msg in read_to_end(sink, starts):
-        by_partition[msg.partition()].append((msg.offset(), msg.key(), msg.value()))
+        attempt = next((v for k, v in msg.headers() or () if k == ATTEMPT_HEADER), None)
+        by_partition[msg.partition()].append((msg.offset(), msg.key(), msg.value(), attempt))
     for p in partitions:
-        for offset, key, value in sorted(by_partition[p], key=lambda r: r[0]):
-            yield p, offset, key, value
+        for offset, key, value, attempt in sorted(by_partition[p], key=lambda r: r[0]):
+            yield p, offset, key, value, attempt
 
 
 def probe_transactions(sink, producer) -> bool:
@@ -213,3 +216,41 @@ def probe_transactions(sink, producer) -> bool:
     seen = any(probe.encode() in (msg.value() or b"")
                for msg in read_to_end(sink, {(sink.marker_topic, 0): offsets[0]}))
     return not seen
+
+
+def committed_records(sink) -> list[tuple[bytes | None, bytes | None]]:
+    """The sink's committed records, ``(key, value)`` in partition then offset order: only records
+    within a marker's ``written`` span (of their own write, where the write tagged them)."""
+    spans: dict[int, list[tuple[int, int]]] = {}  # untagged writes' spans, merged per partition
+    tagged: dict[tuple, tuple[int, int]] = {}  # (partition, attempt) -> its span
+    for marker in read_markers(sink):
+        for partition, first, last in marker.get("written", ()):
+            if marker.get("tagged"):
+                tagged[(partition, marker["attempt"].encode())] = (first, last)
+            else:
+                spans.setdefault(partition, []).append((first, last))
+    merged = {p: _merged(s) for p, s in spans.items()}
+    return [(key, value) for partition, offset, key, value, attempt in read_records(sink)
+            if (_within(tagged[(partition, attempt)], offset) if (partition, attempt) in tagged
+                else _within_any(merged.get(partition, []), offset))]
+
+
+def _within(span: tuple[int, int], offset: int) -> bool:
+    return span[0] <= offset <= span[1]
+
+
+def _within_any(spans: list[tuple[int, int]], offset: int) -> bool:
+    """Whether ``offset`` is in one of the sorted, disjoint ``[first, last]`` spans."""
+    i = bisect.bisect_right(spans, (offset, float("inf"))) - 1
+    return i >= 0 and _within(spans[i], offset)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping spans (per-partition writes interleave) merged: sorted and disjoint."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out

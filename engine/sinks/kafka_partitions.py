@@ -23,6 +23,12 @@ sink's per-partition way does with database transactions.
       {"sink": name, "batchTimeMs": t, "source": [topic, partition], "from": start, "until": end,
        "records": n, "written": [[partition, first offset, last offset], ...]}
 
+Concurrent tasks' records interleave in the topic's partitions, so a marker's ``written`` span
+may hold another task's records: on a broker that shows aborted records to ``read_committed``
+readers (the start-up probe), each record is tagged with its write (header ``sparkwal.attempt``,
+``"tagged": true`` in the marker) and the sink's reader keeps a record only within its own
+write's span.
+
 A batch becomes visible partition by partition; a ``read_committed`` reader sees each
 partition's records of a batch once. Secrets of the producer's configuration never travel with
 tasks: executors take them from ``SPARKWAL_KAFKA_<KEY>`` in their environment.
@@ -36,7 +42,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from .kafka_markers import BROKER_UNREACHABLE, librdkafka_log, with_secrets
+from .kafka_markers import ATTEMPT_HEADER, BROKER_UNREACHABLE, librdkafka_log, with_secrets
 from .kafka_records import encode
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
@@ -53,10 +59,14 @@ def marker_key(name: str, topic: str, partition) -> bytes:
     return f"{name}/{topic}/{partition}".encode()
 
 
-class _Spans:
-    """The first and last offset a transaction wrote to each partition (delivery reports)."""
+class DeliverySpans:
+    """A producer's ``on_delivery``: the first and last offset a transaction wrote to each
+    partition, and the first failed delivery."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
         self.written: dict[int, list[int]] = {}
         self.failed = None
 
@@ -79,7 +89,7 @@ def _producer(conf: dict, txid: str, timeout_s: float, reuse: bool):
     kept = _producers.get(txid)
     if reuse and kept is not None:
         return kept
-    spans = _Spans()
+    spans = DeliverySpans()
     producer = Producer({**with_secrets(conf), "transactional.id": txid, "on_delivery": spans,
                          "logger": librdkafka_log})
     _producers.pop(txid, None)
@@ -95,7 +105,7 @@ SLOT = int(WORKER[:8], 16) % SLOTS
 
 
 def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, topic: str, marker_topic: str,
-                      name: str, batch_time_ms: int, markers_from: int, timeout_s: float):
+                      name: str, batch_time_ms: int, markers_from: int, timeout_s: float, tag: bool = False):
     """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip, {slot:
     the worker whose task last wrote the partition in it})``; yields ``(index, outcome, detail,
     (slot, worker) of the producer that wrote)``."""
@@ -123,7 +133,9 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
         _producers.pop(txid, None)
         yield index, _outcome(e), f"{txid}: {e.args[0].str()}", None
         return
-    spans.written, spans.failed, n = {}, None, 0
+    spans.reset()
+    n, attempt = 0, uuid.uuid4().hex[:12]
+    headers = [(ATTEMPT_HEADER, attempt.encode())] if tag else None
     try:
         for element in elements:
             try:
@@ -134,7 +146,7 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
                 return
             while True:
                 try:
-                    producer.produce(topic, value, key)
+                    producer.produce(topic, value, key, headers=headers)
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -142,7 +154,7 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
         if producer.flush(timeout_s) > 0 or spans.failed is not None:
             raise KafkaException(spans.failed) if spans.failed is not None else TimeoutError("not delivered")
         marker = {"sink": name, "batchTimeMs": batch_time_ms, "source": [source_topic, source_partition],
-                  "from": start, "until": until, "records": n,
+                  "from": start, "until": until, "records": n, "attempt": attempt, "tagged": tag,
                   "written": [[p, first, last] for p, (first, last) in sorted(spans.written.items())]}
         producer.produce(marker_topic, json.dumps(marker).encode(), marker_key(name, source_topic, source_partition))
         producer.commit_transaction(timeout_s)

@@ -49,7 +49,7 @@ from sparkwal.wal import StorageUnavailableError
 
 from ..sources.protocol import OffsetRange
 from .postgres_partitions import identifier, insert_select, row_values, write_partition
-from .transactional import DbApiSink, SinkOffsetsError, keeps_source_partitions, save_batches
+from .transactional import DbApiSink, SinkOffsetsError, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,9 @@ class PostgresSink(DbApiSink):
         """Each task's rows and its range's end in one transaction of its own (``rdd``'s partition
         ``i`` holds what the ``i``-th range with records read); False if every range was in the
         database already, or if the batch read nothing."""
-        with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        with_data = ranges_by_partition(self.name, batch_time_ms, ranges, rdd)
         if not with_data:
             return False
-        if rdd.getNumPartitions() != len(with_data):
-            raise ValueError(f"{self.name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
-                             f"{len(with_data)} offset ranges: the rows do not keep the source's partitioning")
         columns = self._target_columns.get(self.table)
         if columns is None:  # once per driver: a later change of the table shows in the tasks' COPY
             conn = self.connect()

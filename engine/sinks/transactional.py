@@ -177,6 +177,16 @@ def advance_ends(name: str, ends: dict[TopicPartition, int], batch_time_ms: int,
     return ends
 
 
+def ranges_by_partition(name: str, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> list[OffsetRange]:
+    """The ranges that read records, ``rdd``'s partition ``i`` holding what the ``i``-th read (a
+    per-partition sink's batch); an error if the partition counts differ."""
+    with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+    if with_data and rdd.getNumPartitions() != len(with_data):
+        raise ValueError(f"{name}: batch {batch_time_ms}: {rdd.getNumPartitions()} partitions for "
+                         f"{len(with_data)} offset ranges: the records do not keep the source's partitioning")
+    return with_data
+
+
 def keeps_source_partitions(rdd, source_rdd) -> bool:
     """Whether ``rdd``'s partition ``i`` is computed from ``source_rdd``'s partition ``i`` alone:
     in the JVM, a chain of one-to-one dependencies leads from ``rdd`` to ``source_rdd`` or to one
