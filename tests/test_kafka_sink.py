@@ -267,3 +267,36 @@ def test_per_partition_refuses_records_that_do_not_keep_the_source_partitioning(
     finally:
         ssc.stop(stopSparkContext=False)
     assert lines_in(sink) == []
+
+
+def test_per_partition_an_aborted_write_interleaved_with_a_committed_one_stays_out_of_the_sinks_reader(
+        spark_context, broker, topic):
+    """p0's task commits while p1's aborts at its end (a record of the wrong type after 20,000): on
+    this broker p1's delivered records stay visible to plain readers, inside p0's written spans
+    (both wrote to every topic partition at once); the sink's reader keeps p1's out by their tag."""
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "mixed", per_partition=True)
+    ranges = [OffsetRange("log", "p0", 0, 20_000), OffsetRange("log", "p1", 0, 20_001)]
+
+    def rows(index, _items):
+        """Both tasks' records paced, so that they interleave in both topic partitions."""
+        import time
+
+        for i in range(20_000):
+            if i % 500 == 0:
+                time.sleep(0.005)
+            yield f"k{i % 7}", f"p{index}-{i}"
+        if index == 1:
+            yield 20_000  # refused: p1's transaction aborts with most of its records delivered
+
+    with pytest.raises(KafkaSinkError, match="batch 500: a Kafka record is a value or a"):
+        sink.write_partitions(500, ranges, spark_context.parallelize([0, 1], 2).mapPartitionsWithIndex(rows))
+    leaked = [line for line in plain_read_committed(broker, topic) if line.startswith("p1-")]
+    assert leaked and not sink.honours_transactions  # the aborted write's records are visible to plain readers
+    p0 = sorted(f"p0-{i}" for i in range(20_000))
+    assert lines_in(sink) == p0
+    # the batch again: p0 is in (skipped), p1 goes in once
+    good = spark_context.parallelize([0, 1], 2).mapPartitionsWithIndex(lambda i, _: list(rows(i, _))[:20_000])
+    assert sink.write_partitions(500, ranges, good)
+    everything = sorted(p0 + [f"p1-{i}" for i in range(20_000)])
+    assert lines_in(sink) == everything
+    assert plain_read_committed(broker, topic) == sorted(everything + leaked)
