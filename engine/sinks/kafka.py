@@ -50,7 +50,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from functools import partial
 
@@ -278,7 +278,7 @@ class KafkaSink:
         self._writers = writers
         return any(outcome == WRITTEN for _i, outcome, _d, _w in outcomes)
 
-    def _partition_ends_now(self, ranges: list[OffsetRange] = ()) -> dict[TopicPartition, int]:
+    def _partition_ends_now(self, ranges: Sequence[OffsetRange] = ()) -> dict[TopicPartition, int]:
         """Per partition: every source partition's end as the markers say, read again after the
         transactional ids of partitions new to this driver are fenced (their earlier writers
         cannot commit any more, so the markers read are final)."""
