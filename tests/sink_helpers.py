@@ -76,6 +76,18 @@ def run_app(workdir, seconds: float, crash_at: str | None = None, sink: str = "d
                               start_new_session=True).returncode
 
 
+def drill_exactly_once(workdir, sink: str, seed: int) -> None:
+    """CI's share of ``sparkwal drill --mode direct --sink SINK`` (longer runs by hand, figures in
+    docs/direct.md): the main job killed 3 times at random moments, its output read back through
+    the sink's own reader: every line counted exactly once."""
+    from sparkwal.engine.apps import direct_drill
+
+    report = direct_drill.run(3, 0.5, seed=seed, workdir=str(workdir), log=lambda *_: None, sink=sink)
+    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == sink
+    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
+    assert report["ok"]
+
+
 def crash_at_each_step_then_recover(workdir, read_lines, sink: str = "delta", **env_vars) -> None:
     """Lines appended and the crash app SIGKILLed at each step in turn (``written``: the rows
     written or staged, the sink's commit not made; ``committed``: the commit made, the stream's

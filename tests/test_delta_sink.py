@@ -17,7 +17,7 @@ from sparkwal.engine.apps.direct_wordcount import append_lines
 from sparkwal.engine.sinks import DeltaSink, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 
-from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
+from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_stream
 
 SCHEMA = pa.schema([("partition", pa.string()), ("line", pa.string())])
 
@@ -187,14 +187,7 @@ def test_a_store_down_at_the_commit_fails_the_batch_in_one_line_and_leaves_nothi
 
 
 def test_drill_with_the_delta_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
-    """CI's share of ``sparkwal drill --mode direct --sink delta`` (longer runs by hand, figures
-    in docs/direct.md): the main job killed at random moments, read back through the table."""
-    from sparkwal.engine.apps import direct_drill
-
-    report = direct_drill.run(3, 0.5, seed=11, workdir=str(tmp_path), log=lambda *_: None, sink="delta")
-    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "delta"
-    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
-    assert report["ok"]
+    drill_exactly_once(tmp_path, "delta", seed=11)
 
 
 def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_again(

@@ -16,7 +16,7 @@ from sparkwal.engine.sinks import KafkaSink, KafkaSinkError, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 from sparkwal.wal import StorageUnavailableError
 
-from sink_helpers import crash_at_each_step_then_recover, expected, run_stream
+from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_stream
 
 TOPIC_PARTITIONS = 2
 
@@ -34,7 +34,7 @@ def topic(broker, request):
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"out-{request.node.name[5:40]}".replace("_", "-")
-    admin = AdminClient({"bootstrap.servers": broker})  # kept alive until the topic exists
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})  # kept alive until the topic exists
     for f in admin.create_topics([NewTopic(name, TOPIC_PARTITIONS, 1)]).values():
         f.result(30)
     return name
@@ -173,7 +173,7 @@ def test_the_broker_down_at_the_commit_fails_the_batch_in_one_line(spark_context
 
     with ExitStack() as broker_running:
         bootstrap = broker_running.enter_context(tansu_broker())
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         for f in admin.create_topics([NewTopic("gone", 1, 1)]).values():
             f.result(30)
         sink = KafkaSink("gone", {"bootstrap.servers": bootstrap}, "gone", timeout_s=3)
@@ -192,14 +192,7 @@ def test_the_broker_down_at_the_commit_fails_the_batch_in_one_line(spark_context
 
 
 def test_drill_with_the_kafka_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
-    """CI's share of ``sparkwal drill --mode direct --sink kafka`` (longer runs by hand, figures
-    in docs/direct.md): the main job killed at random moments, read back through the sink."""
-    from sparkwal.engine.apps import direct_drill
-
-    report = direct_drill.run(3, 0.5, seed=11, workdir=str(tmp_path), log=lambda *_: None, sink="kafka")
-    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "kafka"
-    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
-    assert report["ok"]
+    drill_exactly_once(tmp_path, "kafka", seed=11)
 
 
 def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_path, broker, topic):

@@ -19,7 +19,7 @@ from sparkwal.engine.sinks import PostgresSink, SinkOffsetsError
 from sparkwal.engine.sources import OffsetRange
 from sparkwal.wal import StorageUnavailableError
 
-from sink_helpers import crash_at_each_step_then_recover, expected, run_app, run_stream
+from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_app, run_stream
 
 
 def query(conninfo: str, sql: str, *params) -> list:
@@ -188,11 +188,4 @@ def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_an
 
 
 def test_drill_with_the_postgres_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
-    """CI's share of ``sparkwal drill --mode direct --sink postgres`` (a server of the drill's
-    own; longer runs by hand, figures in docs/direct.md)."""
-    from sparkwal.engine.apps import direct_drill
-
-    report = direct_drill.run(3, 0.5, seed=5, workdir=str(tmp_path), log=lambda *_: None, sink="postgres")
-    assert report["kills"] == 3 and report["lines_appended"] > 100 and report["sink"] == "postgres"
-    assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
-    assert report["ok"]
+    drill_exactly_once(tmp_path, "postgres", seed=5)
