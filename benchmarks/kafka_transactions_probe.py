@@ -35,20 +35,19 @@ def probe(bootstrap: str) -> dict:
         return p
 
     out: dict = {}
+    def transaction(p, value: bytes, end=None) -> None:
+        """``value`` in a transaction of ``p``, flushed, then ``end(20)`` (None: left open)."""
+        p.begin_transaction()
+        p.produce(topic, value=value)
+        p.flush()
+        if end is not None:
+            end(20)
+
     p = producer()
-    p.begin_transaction()
-    p.produce(topic, value=b"committed-1")
-    p.commit_transaction(20)
-    p.begin_transaction()
-    p.produce(topic, value=b"aborted-1")
-    p.flush()
-    p.abort_transaction(20)
-    p.begin_transaction()
-    p.produce(topic, value=b"committed-2")
-    p.commit_transaction(20)
-    p.begin_transaction()
-    p.produce(topic, value=b"zombie")
-    p.flush()
+    transaction(p, b"committed-1", p.commit_transaction)
+    transaction(p, b"aborted-1", p.abort_transaction)
+    transaction(p, b"committed-2", p.commit_transaction)
+    transaction(p, b"zombie")
     successor = producer()
     try:
         p.commit_transaction(10)
@@ -56,9 +55,7 @@ def probe(bootstrap: str) -> dict:
     except KafkaException as e:
         out["zombie_commit"] = e.args[0].name()  # fenced: PRODUCER_FENCED or INVALID_PRODUCER_EPOCH
     out["zombie_fenced"] = out["zombie_commit"] in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
-    successor.begin_transaction()
-    successor.produce(topic, value=b"committed-3")
-    successor.commit_transaction(20)
+    transaction(successor, b"committed-3", successor.commit_transaction)
     for level in ("read_committed", "read_uncommitted"):
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-{level}",
                              "isolation.level": level, "enable.auto.commit": False})

@@ -58,7 +58,7 @@ from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
 from ..sources.protocol import OffsetRange, TopicPartition
-from .kafka_markers import (BROKER_UNREACHABLE, KafkaSinkError, ensure_topics, import_confluent_kafka,
+from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
                             read_newest_marker,
                             with_secrets)
@@ -141,9 +141,9 @@ class KafkaSink:
 
     def error_of(self, operation: str, e: BaseException, start: float) -> Exception:
         """confluent-kafka's error as sparkwal's: a broker out of reach is the storage's exit status."""
-        err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
-        if err is None or err.name() in BROKER_UNREACHABLE or (err.retriable() and not err.fatal()):
+        if unreachable(e):
             return StorageUnavailableError(f"Kafka {operation}", self.bootstrap, 1, time.monotonic() - start, e)
+        err = e.args[0]
         return KafkaSinkError(f"{self.name}: Kafka {operation} ({self.topic} at {self.bootstrap}) failed: "
                               f"{err.name()}: {err.str()}")
 
@@ -208,7 +208,7 @@ class KafkaSink:
         self.producer()
         if self.per_partition:
             return dict(self._partition_ends_now())
-        return {} if self._last is None else {TopicPartition(t, p): int(o) for t, p, o in self._last["offsets"]}
+        return self._ends()
 
     def batches_committed(self) -> int:
         """How many batches the sink committed (its markers)."""

@@ -61,8 +61,19 @@ _CLIENT_PREFIXES = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl
 
 
 def client_conf(sink, **extra) -> dict:
-    conf = {k: v for k, v in sink.conf.items() if k.startswith(_CLIENT_PREFIXES)}
+    return client_settings(sink.conf, **extra)
+
+
+def client_settings(producer_conf: dict, **extra) -> dict:
+    """What a reader or an admin client takes of a producer's configuration, and ``extra``."""
+    conf = {k: v for k, v in producer_conf.items() if k.startswith(_CLIENT_PREFIXES)}
     return {**conf, "logger": librdkafka_log, **extra}
+
+
+def unreachable(e: BaseException) -> bool:
+    """Whether confluent-kafka's error means the broker is out of reach (after librdkafka's retries)."""
+    err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
+    return err is None or err.name() in BROKER_UNREACHABLE or (err.retriable() and not err.fatal())
 
 
 def ensure_topics(sink) -> None:

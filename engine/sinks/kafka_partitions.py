@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from .kafka_markers import ATTEMPT_HEADER, BROKER_UNREACHABLE, librdkafka_log, with_secrets
+from .kafka_markers import ATTEMPT_HEADER, client_settings, librdkafka_log, unreachable, with_secrets
 from .kafka_records import encode
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
@@ -171,8 +171,7 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
 
 
 def _outcome(e: BaseException) -> str:
-    err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
-    return UNAVAILABLE if err is None or err.name() in BROKER_UNREACHABLE or err.retriable() else FAILED
+    return UNAVAILABLE if unreachable(e) else FAILED
 
 
 def _committed_since(conf: dict, marker_topic: str, start: int, key: bytes, batch_time_ms: int,
@@ -180,9 +179,9 @@ def _committed_since(conf: dict, marker_topic: str, start: int, key: bytes, batc
     """Whether the marker topic holds, after ``start``, this partition's marker of the batch."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    client = {k: v for k, v in with_secrets(conf).items() if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
-    consumer = Consumer({**client, "group.id": f"sparkwal-retry-{os.getpid()}", "isolation.level": "read_committed",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    consumer = Consumer(client_settings(with_secrets(conf), **{
+        "group.id": f"sparkwal-retry-{os.getpid()}", "isolation.level": "read_committed",
+        "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:
         consumer.assign([TopicPartition(marker_topic, 0, start)])
         deadline = time.monotonic() + timeout_s
