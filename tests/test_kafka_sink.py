@@ -13,6 +13,7 @@ import signal
 import pytest
 
 from sparkwal.engine.sinks import KafkaSink, KafkaSinkError, SinkOffsetsError
+from sparkwal.engine.sinks.kafka_records import KafkaRecordError
 from sparkwal.engine.sources import OffsetRange
 from sparkwal.wal import StorageUnavailableError
 
@@ -46,10 +47,16 @@ def lines_in(sink) -> list[str]:
 
 def plain_read_committed(broker, topic) -> list[str]:
     """What a plain ``read_committed`` consumer of the topic sees (no filtering by marker)."""
+    return sorted(v.decode() for _p, _k, v, _o in records_of(broker, topic))
+
+
+def records_of(broker, topic) -> list[tuple]:
+    """Every record a ``read_committed`` consumer of the topic sees, as ``(partition, key, value, offset)``."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": broker, "group.id": f"plain-{topic}", "isolation.level":
-                         "read_committed", "enable.partition.eof": True, "enable.auto.commit": False})
+                         "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
+                         "log_level": 0})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(TOPIC_PARTITIONS)])
     seen, ends = [], set()
     while len(ends) < TOPIC_PARTITIONS:
@@ -57,9 +64,9 @@ def plain_read_committed(broker, topic) -> list[str]:
             if m.error():
                 ends.add(m.partition())
             else:
-                seen.append(m.value().decode())
+                seen.append((m.partition(), m.key(), m.value(), m.offset()))
     consumer.close()
-    return sorted(seen)
+    return seen
 
 
 def test_each_batch_goes_in_once_with_its_marker_and_a_restart_resumes_from_the_markers(
@@ -125,6 +132,57 @@ def test_mistakes_are_named(spark_context, broker, topic):
     assert lines_in(sink) == []
     with pytest.raises(StorageUnavailableError, match=r"storage unavailable: Kafka .*127\.0\.0\.1:9 "):
         KafkaSink(topic, {"bootstrap.servers": "127.0.0.1:9"}, timeout_s=2).offsets()
+
+
+def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_holds_them(broker, topic):
+    """produce_records places records itself, so that only each partition's first and last
+    record report their delivery (not one Python callback per record): keyed records land where
+    librdkafka's default partitioner puts them, records without a key (or with an empty one)
+    stick to one partition, and the span of every partition is its first and last offset."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sparkwal.engine.sinks.kafka_partitions import DeliverySpans
+    from sparkwal.engine.sinks.kafka_records import partition_count, produce_records
+
+    reference = f"{topic}-ref"
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})
+    for f in admin.create_topics([NewTopic(reference, TOPIC_PARTITIONS, 1)]).values():
+        f.result(30)
+    producer = Producer({"bootstrap.servers": broker, "log_level": 0})
+    keys = [f"key-{i}" for i in range(40)]
+    for key in keys:  # librdkafka's own placement of each key
+        producer.produce(reference, b"", key.encode())
+    producer.flush(30)
+    where = {k.decode(): partition for partition, k, _v, _o in records_of(broker, reference)}
+
+    class Counted(DeliverySpans):
+        def __call__(self, err, msg):
+            self.calls = getattr(self, "calls", 0) + 1
+            super().__call__(err, msg)
+
+    spans = Counted()
+    elements = [(k, f"v{i}") for i, k in enumerate(keys)] + [f"plain-{i}" for i in range(30)]
+    elements += [(b"", bytearray(b"empty key")), (keys[0].encode(), None), (None, "no key")]
+    assert partition_count(producer, topic, {}, 30) == TOPIC_PARTITIONS
+    assert produce_records(producer, topic, elements, spans, TOPIC_PARTITIONS) == len(elements)
+    assert producer.flush(30) == 0 and spans.failed is None
+    written = records_of(broker, topic)
+    assert len(written) == len(elements) and spans.calls <= 2 * TOPIC_PARTITIONS
+    assert all(partition == where[k.decode()] for partition, k, _v, _o in written if k)
+    assert len({partition for partition, k, _v, _o in written if not k}) == 1  # sticky
+    assert any(v == b"empty key" for _p, _k, v, _o in written)  # (a bytearray: as bytes)
+    for partition, (first, last) in spans.written.items():
+        offsets = [o for p, _k, _v, o in written if p == partition]
+        assert [first, last] == [min(offsets), max(offsets)]
+    # a partitioner of the user's: librdkafka places the records, each one reports its delivery
+    assert partition_count(producer, topic, {"partitioner": "murmur2_random"}, 30) is None
+    again = Counted()
+    assert produce_records(producer, topic, elements[:5], again, None) == 5 and producer.flush(30) == 0
+    assert again.calls == 5
+    with pytest.raises(KafkaRecordError, match=r"a Kafka record is a value or a \(key, value\) pair of bytes, "
+                                               "str or None; got float"):
+        produce_records(producer, topic, [("k", 1.5)], DeliverySpans(), TOPIC_PARTITIONS)
 
 
 def test_secrets_never_go_into_checkpoints(monkeypatch, broker, topic):

@@ -63,7 +63,7 @@ from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_c
                             read_newest_marker,
                             with_secrets)
 from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
-from .kafka_records import BIG, ERROR, encode_partition, parse_size
+from .kafka_records import BIG, ERROR, encode_partition, parse_size, partition_count, produce_records
 from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class KafkaSink:
             return self._producer
         kafka = import_confluent_kafka()
         ensure_topics(self)
-        conf = {"logger": librdkafka_log, **self.conf, "on_delivery": self._spans}
+        conf = {"logger": librdkafka_log, **self.conf}
         conf.setdefault("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000)))
         producer = kafka.Producer(conf)
         self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
@@ -365,17 +365,9 @@ class KafkaSink:
 
     def _produce(self, producer, batch_time_ms: int, parts: Iterator[list]) -> int:
         """Every record into the open transaction, flushed (each delivered, or an error)."""
-        topic, produce, n = self.topic, producer.produce, 0
         self._spans.reset()
-        for records in parts:
-            for key, value in records:
-                while True:
-                    try:
-                        produce(topic, value, key)
-                        break
-                    except BufferError:  # librdkafka's queue is full: let it drain
-                        producer.poll(0.05)
-            n += len(records)
+        partitions = self.broker_call("metadata", partition_count, producer, self.topic, self.conf, self.timeout_s)
+        n = sum(produce_records(producer, self.topic, records, self._spans, partitions) for records in parts)
         start = time.monotonic()
         if producer.flush(self.timeout_s) > 0:
             raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1,

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Iterator
 
 from .kafka_markers import ATTEMPT_HEADER, client_settings, librdkafka_log, unreachable, with_secrets
-from .kafka_records import encode
+from .kafka_records import KafkaRecordError, partition_count, produce_records
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
 
@@ -90,8 +90,7 @@ def _producer(conf: dict, txid: str, timeout_s: float, reuse: bool):
     if reuse and kept is not None:
         return kept
     spans = DeliverySpans()
-    producer = Producer({**with_secrets(conf), "transactional.id": txid, "on_delivery": spans,
-                         "logger": librdkafka_log})
+    producer = Producer({**with_secrets(conf), "transactional.id": txid, "logger": librdkafka_log})
     _producers.pop(txid, None)
     producer.init_transactions(timeout_s)
     _producers[txid] = (producer, spans)
@@ -134,23 +133,16 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
         yield index, _outcome(e), f"{txid}: {e.args[0].str()}", None
         return
     spans.reset()
-    n, attempt = 0, uuid.uuid4().hex[:12]
+    attempt = uuid.uuid4().hex[:12]
     headers = [(ATTEMPT_HEADER, attempt.encode())] if tag else None
     try:
-        for element in elements:
-            try:
-                key, value = encode(element)
-            except TypeError as e:
-                producer.abort_transaction(timeout_s)
-                yield index, FAILED, f"batch {batch_time_ms}: {e}", None
-                return
-            while True:
-                try:
-                    producer.produce(topic, value, key, headers=headers)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            n += 1
+        try:
+            n = produce_records(producer, topic, elements, spans, partition_count(producer, topic, conf, timeout_s),
+                                headers)
+        except KafkaRecordError as e:
+            producer.abort_transaction(timeout_s)
+            yield index, FAILED, f"batch {batch_time_ms}: {e}", None
+            return
         if producer.flush(timeout_s) > 0 or spans.failed is not None:
             raise KafkaException(spans.failed) if spans.failed is not None else TimeoutError("not delivered")
         marker = {"sink": name, "batchTimeMs": batch_time_ms, "source": [source_topic, source_partition],
