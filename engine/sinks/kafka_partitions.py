@@ -60,8 +60,9 @@ def marker_key(name: str, topic: str, partition) -> bytes:
 
 
 class DeliverySpans:
-    """A producer's ``on_delivery``: the first and last offset a transaction wrote to each
-    partition, and the first failed delivery."""
+    """The delivery callback of the records :func:`~.kafka_records.produce_records` reports (each
+    partition's first and last): the first and last offset a transaction wrote to each partition,
+    and the first failed delivery."""
 
     def __init__(self):
         self.reset()
