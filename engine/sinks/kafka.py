@@ -58,10 +58,9 @@ from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
 from ..sources.protocol import OffsetRange, TopicPartition
-from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka,
+from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
-                            read_newest_marker,
-                            with_secrets)
+                            read_newest_marker, with_secrets)
 from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size, partition_count, produce_records
 from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
@@ -166,7 +165,7 @@ class KafkaSink:
         conf = {"logger": librdkafka_log, **self.conf}
         conf.setdefault("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000)))
         producer = kafka.Producer(conf)
-        self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
+        self.broker_call("init_transactions", init_transactions, producer, self.topic, self.timeout_s)
         if self.honours_transactions is None:
             self.honours_transactions = probe_transactions(self, producer)
             if not self.honours_transactions:
@@ -290,7 +289,7 @@ class KafkaSink:
 
             def fence(txid: str) -> None:
                 producer = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id": txid})
-                self.broker_call("init_transactions", producer.init_transactions, self.timeout_s)
+                self.broker_call("init_transactions", init_transactions, producer, self.topic, self.timeout_s)
 
             txids = [transactional_id(self.conf["transactional.id"], topic, partition, slot)
                      for topic, partition in sorted(new, key=repr) for slot in range(SLOTS)]

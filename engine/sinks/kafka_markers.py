@@ -70,6 +70,16 @@ def client_settings(producer_conf: dict, **extra) -> dict:
     return {**conf, "logger": librdkafka_log, **extra}
 
 
+def init_transactions(producer, topic: str, timeout_s: float) -> None:
+    """``producer.init_transactions``, once a connection to a broker it learned is up: librdkafka
+    drops its bootstrap connection after the first metadata answer, and an ``init_transactions``
+    that then finds no broker up waits 500 ms to ask for its coordinator again (one task in six
+    here). A second metadata request waits for the learned broker's connection instead."""
+    producer.list_topics(topic, timeout=timeout_s)
+    producer.list_topics(topic, timeout=timeout_s)
+    producer.init_transactions(timeout_s)
+
+
 def unreachable(e: BaseException) -> bool:
     """Whether confluent-kafka's error means the broker is out of reach (after librdkafka's retries)."""
     err = e.args[0] if e.args and hasattr(e.args[0], "name") else None

@@ -42,7 +42,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from .kafka_markers import ATTEMPT_HEADER, client_settings, librdkafka_log, unreachable, with_secrets
+from .kafka_markers import (ATTEMPT_HEADER, client_settings, init_transactions, librdkafka_log, unreachable,
+                            with_secrets)
 from .kafka_records import KafkaRecordError, partition_count, produce_records
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
@@ -82,7 +83,7 @@ class DeliverySpans:
             span[1] = msg.offset()
 
 
-def _producer(conf: dict, txid: str, timeout_s: float, reuse: bool):
+def _producer(conf: dict, txid: str, topic: str, timeout_s: float, reuse: bool):
     """This worker's producer of ``txid`` if ``reuse`` and it has one, else a new one,
     initialised (every earlier producer of the id is fenced) and kept."""
     from confluent_kafka import Producer
@@ -93,7 +94,7 @@ def _producer(conf: dict, txid: str, timeout_s: float, reuse: bool):
     spans = DeliverySpans()
     producer = Producer({**with_secrets(conf), "transactional.id": txid, "logger": librdkafka_log})
     _producers.pop(txid, None)
-    producer.init_transactions(timeout_s)
+    init_transactions(producer, topic, timeout_s)
     _producers[txid] = (producer, spans)
     return producer, spans
 
@@ -127,7 +128,7 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
         return
     txid = transactional_id(conf["transactional.id"], source_topic, source_partition, SLOT)
     try:
-        producer, spans = _producer(conf, txid, timeout_s, reuse=first_attempt and writers.get(SLOT) == WORKER)
+        producer, spans = _producer(conf, txid, topic, timeout_s, reuse=first_attempt and writers.get(SLOT) == WORKER)
         producer.begin_transaction()
     except KafkaException as e:
         _producers.pop(txid, None)
