@@ -138,12 +138,12 @@ def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_hol
     """produce_records places records itself, so that only each partition's first and last
     record report their delivery (not one Python callback per record): keyed records land where
     librdkafka's default partitioner puts them, records without a key (or with an empty one)
-    stick to one partition, and the span of every partition is its first and last offset."""
+    stick to one partition for a while, and the span of every partition is its first and last offset."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from sparkwal.engine.sinks.kafka_partitions import DeliverySpans
-    from sparkwal.engine.sinks.kafka_records import partition_count, produce_records
+    from sparkwal.engine.sinks.kafka_records import STICKY_RECORDS, partition_count, produce_records
 
     reference = f"{topic}-ref"
     admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})
@@ -171,6 +171,11 @@ def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_hol
     assert len(written) == len(elements) and spans.calls <= 2 * TOPIC_PARTITIONS
     assert all(partition == where[k.decode()] for partition, k, _v, _o in written if k)
     assert len({partition for partition, k, _v, _o in written if not k}) == 1  # sticky
+    many = [f"more-{i}" for i in range(STICKY_RECORDS + 1)]  # ... for STICKY_RECORDS records at a time
+    assert produce_records(producer, topic, many, spans, TOPIC_PARTITIONS) == len(many)
+    assert producer.flush(30) == 0 and spans.failed is None
+    written = records_of(broker, topic)
+    assert len({p for p, _k, v, _o in written if v and v.startswith(b"more-")}) == 2
     assert any(v == b"empty key" for _p, _k, v, _o in written)  # (a bytearray: as bytes)
     for partition, (first, last) in spans.written.items():
         offsets = [o for p, _k, _v, o in written if p == partition]

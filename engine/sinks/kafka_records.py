@@ -14,6 +14,9 @@ from ..errors import EngineError
 #: "big" (over the budget: fetched by a job of its own) or "error" (payload: the message)
 RECORDS, BIG, ERROR = "records", "big", "error"
 _PER_RECORD_OVERHEAD = 64  # bytes of a pickled (bytes, bytes) pair beyond its contents, about
+#: records without a key go to one partition this many at a time, then to another one chosen at random
+#: (librdkafka's sticky partitioner switches after ``sticky.partitioning.linger.ms``, 10 ms)
+STICKY_RECORDS = 1000
 
 
 class KafkaRecordError(EngineError, TypeError):
@@ -62,10 +65,10 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
     ``on_delivery`` (:class:`~sparkwal.engine.sinks.kafka_partitions.DeliverySpans`) hears of the
     first and the last record of each partition only: the records are placed here as librdkafka's
     default partitioner (``consistent_random``) places them, the CRC32 of the key modulo
-    ``partitions``, records without a key sticking to one partition per call (as its sticky
-    partitioner does), and each partition's newest record is held back until the next comes, so
-    that the span a transaction wrote costs two Python callbacks per partition, not one per
-    record. A failed delivery of a record between them still fails the transaction's commit.
+    ``partitions``, records without a key sticking to one partition for :data:`STICKY_RECORDS`
+    records at a time (as its sticky partitioner does), and each partition's newest record is held
+    back until the next comes, so that the span a transaction wrote costs two Python callbacks per
+    partition, not one per record. A failed delivery of a record between them still fails the transaction's commit.
     ``partitions`` None (a partitioner of the user's): librdkafka places the records and every
     one calls ``on_delivery``."""
     produce, n = producer.produce, 0
@@ -92,14 +95,20 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
             n += 1
         return n
     held: dict = {}  # partition -> its newest record not produced yet (None: its first went)
-    sticky, crc32 = random.randrange(partitions), zlib.crc32
+    sticky, keyless, crc32 = random.randrange(partitions), 0, zlib.crc32
     for element in elements:
         key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
         if type(key) is str:
             key = key.encode()
         elif key is not None and type(key) is not bytes:
             key = _bytes(key)
-        partition = crc32(key) % partitions if key else sticky  # (an empty key too, as librdkafka)
+        if key:
+            partition = crc32(key) % partitions
+        else:  # (an empty key too, as librdkafka)
+            keyless += 1
+            if keyless % STICKY_RECORDS == 0 and partitions > 1:
+                sticky = (sticky + random.randrange(1, partitions)) % partitions
+            partition = sticky
         earlier = held.get(partition, held)
         if earlier is held:  # the partition's first record
             held[partition] = None
