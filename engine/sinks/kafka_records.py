@@ -69,8 +69,8 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
     records at a time (as its sticky partitioner does), and each partition's newest record is held
     back until the next comes, so that the span a transaction wrote costs two Python callbacks per
     partition, not one per record. A failed delivery of a record between them still fails the
-    transaction's commit. ``partitions`` None (a partitioner of the user's): librdkafka places the records and every
-    one calls ``on_delivery``."""
+    transaction's commit. ``partitions`` None (a partitioner of the user's): librdkafka places the
+    records and every one calls ``on_delivery``."""
     produce, n = producer.produce, 0
 
     def send(key, value, partition: int, callback) -> None:
