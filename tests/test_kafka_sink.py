@@ -198,6 +198,24 @@ def test_secrets_never_go_into_checkpoints(monkeypatch, broker, topic):
     assert pickle.loads(data).conf["sasl.password"] == "from-env"
 
 
+def test_the_sinks_clients_connect_without_librdkafkas_50_ms_wait_unless_the_user_sets_the_backoff(broker, topic):
+    """``reconnect.backoff.ms`` (how long librdkafka waits before it connects to the broker its
+    first metadata answer named: half of it) is the sink's unless ``producer_conf`` sets it, for its
+    producers, its tasks', its readers' and a sink pickled before it had it."""
+    from sparkwal.engine.sinks.kafka_markers import RECONNECT_BACKOFF_MS, client_settings
+
+    sink = KafkaSink(topic, {"bootstrap.servers": broker})
+    assert sink.conf["reconnect.backoff.ms"] == RECONNECT_BACKOFF_MS < 100  # librdkafka's default: 100
+    assert client_settings(sink.conf)["reconnect.backoff.ms"] == RECONNECT_BACKOFF_MS  # readers, admin
+    own = KafkaSink(topic, {"bootstrap.servers": broker, "reconnect.backoff.ms": 250})
+    assert own.conf["reconnect.backoff.ms"] == 250 and client_settings(own.conf)["reconnect.backoff.ms"] == 250
+    state = sink.__getstate__()  # as pickled into a checkpoint before the setting was the sink's
+    del state["conf"]["reconnect.backoff.ms"]
+    older = KafkaSink.__new__(KafkaSink)
+    older.__setstate__(state)
+    assert older.conf["reconnect.backoff.ms"] == RECONNECT_BACKOFF_MS
+
+
 def test_an_output_far_larger_than_max_result_size_streams_a_partition_at_a_time(spark_context, broker, topic):
     live_conf = spark_context._jsc.sc().conf()
     live_conf.set("spark.driver.maxResultSize", "1m")

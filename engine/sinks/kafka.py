@@ -60,7 +60,7 @@ from sparkwal.wal.location import without_credentials
 from ..sources.protocol import OffsetRange, TopicPartition
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
-                            read_newest_marker, with_secrets)
+                            RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets)
 from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size, partition_count, produce_records
 from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
@@ -101,6 +101,7 @@ class KafkaSink:
         if str(conf.get("enable.idempotence", "true")).lower() == "false":
             raise ValueError("producer_conf: a transactional producer is idempotent (enable.idempotence=false refused)")
         conf.setdefault("transactional.id", f"sparkwal-{name}")
+        conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)
         self.topic, self.name, self.conf = topic, name, conf
         self.marker_topic = marker_topic or f"{topic}.{name}.sparkwal"
         for what, value in (("topic", topic), ("marker topic", self.marker_topic)):
@@ -131,6 +132,7 @@ class KafkaSink:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
                               "_spans": DeliverySpans(), **state})
         self.conf = with_secrets(self.conf)
+        self.conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)  # (a sink pickled before it was one)
 
     @property
     def bootstrap(self) -> str:
