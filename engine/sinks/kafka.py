@@ -71,7 +71,8 @@ class KafkaSink:
     """Exactly-once output of a direct stream's batches into the Kafka topic ``topic``.
 
     ``producer_conf``: confluent-kafka's producer configuration (``bootstrap.servers`` at least;
-    ``transactional.id`` defaults to ``sparkwal-<name>``); ``name``: the stream's identity in the
+    ``transactional.id`` defaults to ``sparkwal-<name>``, ``reconnect.backoff.ms`` to
+    :data:`~.kafka_markers.RECONNECT_BACKOFF_MS`); ``name``: the stream's identity in the
     markers; ``marker_topic``: where the markers go; ``partitions``: create ``topic`` with that
     many partitions if it does not exist (None: it must exist); ``require_transactions``: refuse a broker
     that shows aborted records to ``read_committed`` readers instead of warning;
