@@ -16,8 +16,6 @@ import json
 import statistics
 import time
 
-SETTINGS = {"librdkafka's default (100 ms)": {}, "the sink's": None}
-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -28,17 +26,18 @@ def main(argv: list[str] | None = None) -> None:
     from confluent_kafka import Producer
 
     from sparkwal.engine.apps.kafka_server import tansu_broker
-    from sparkwal.engine.sinks.kafka_markers import RECONNECT_BACKOFF_MS, init_transactions, librdkafka_log
+    from sparkwal.engine.sinks import KafkaSink
+    from sparkwal.engine.sinks.kafka_markers import init_transactions, librdkafka_log
 
-    settings = {name: ({"reconnect.backoff.ms": RECONNECT_BACKOFF_MS} if extra is None else extra)
-                for name, extra in SETTINGS.items()}
-    took: dict[str, list[float]] = {name: [] for name in settings}
     with tansu_broker() as bootstrap:
+        sinks = KafkaSink("start-bench", {"bootstrap.servers": bootstrap}).conf  # the sink's producers' settings
+        settings = {"librdkafka's default (100 ms)": {k: v for k, v in sinks.items() if k != "reconnect.backoff.ms"},
+                    "the sink's": sinks}
+        took: dict[str, list[float]] = {name: [] for name in settings}
         for i in range(args.starts + 1):
-            for name, extra in settings.items():
+            for j, (name, conf) in enumerate(settings.items()):
                 start = time.perf_counter()
-                producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"start-{i}-{len(extra)}",
-                                     "logger": librdkafka_log, **extra})
+                producer = Producer({**conf, "transactional.id": f"start-{i}-{j}", "logger": librdkafka_log})
                 init_transactions(producer, "start-bench", 30)
                 if i > 0:  # the first of each warms up
                     took[name].append((time.perf_counter() - start) * 1000)
