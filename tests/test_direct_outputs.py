@@ -232,3 +232,22 @@ def test_file_streams_read_any_fsspec_url(spark_context, s3_url):
     ssc.stop(stopSparkContext=False)
     assert files == ["x", "y", "z"]
     assert logged == ["l0", "l1", "l2"]
+
+
+def test_per_partition_sinks_tell_which_lineages_keep_the_source_partitions(spark_context):
+    """The check per-partition writes rely on: map, filter, mapPartitions... over the source (also
+    across a cached step) keep partition i computed from source partition i alone; a shuffle, a
+    coalesce or a union do not."""
+    from sparkwal.engine.sinks.transactional import keeps_source_partitions
+
+    source = spark_context.parallelize(range(20), 4).map(lambda x: x)
+    kept = source.map(str).filter(bool).mapPartitions(iter)
+    assert keeps_source_partitions(kept, source)
+    assert keeps_source_partitions(kept.cache().map(len).flatMap(range), source)
+    assert keeps_source_partitions(source, source)
+    assert keeps_source_partitions(source.glom(), source)
+    assert not keeps_source_partitions(source.repartition(4), source)
+    assert not keeps_source_partitions(source.coalesce(2).map(str), source)
+    assert not keeps_source_partitions(source.union(source).map(str), source)
+    assert not keeps_source_partitions(spark_context.parallelize(range(20), 4).map(str), source)
+    assert not keeps_source_partitions(kept, None)

@@ -288,8 +288,13 @@ def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_p
     assert {(tp.partition, o) for tp, o in fresh.offsets().items()} == {("p0", 4), ("p1", 2)}
     # a batch whose p0 range is in already (a driver killed after p0's task committed): p1 only
     ranges = [OffsetRange("log", "p0", 3, 4), OffsetRange("log", "p1", 2, 3)]
+    markers_end = fresh.watermarks.of(fresh, fresh.marker_topic, 0)[1]
     assert fresh.write_partitions(1000, ranges, spark_context.parallelize([("p0", "again"), ("p1", "new")], 2))
     assert lines_in(fresh) == sorted(expected({"p0": 4, "p1": 2}) + ["new"])
+    # the ends a batch starts from come from one kept consumer, asked afresh each time
+    markers_end_now = fresh.watermarks.of(fresh, fresh.marker_topic, 0)[1]
+    assert markers_end_now > markers_end
+    assert pickle.loads(pickle.dumps(fresh)).watermarks.of(fresh, fresh.marker_topic, 0)[1] == markers_end_now
     assert not fresh.write_partitions(1000, ranges, spark_context.parallelize([("p0", "x"), ("p1", "y")], 2))
     with pytest.raises(SinkOffsetsError, match=r"batch 1500 reads log/p1 \[5, 6\) but the Kafka topic .*'s "
                                                r"output ends at offset 3"):

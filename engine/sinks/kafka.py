@@ -60,7 +60,7 @@ from sparkwal.wal.location import without_credentials
 from ..sources.protocol import OffsetRange, TopicPartition
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
-                            RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets)
+                            RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks)
 from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
 from .kafka_records import BIG, ERROR, encode_partition, parse_size, partition_count, produce_records
 from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
@@ -122,16 +122,17 @@ class KafkaSink:
         self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
         self._spans = DeliverySpans()  # the batch's [first, last] offset per partition
+        self.watermarks = Watermarks()  #: the marker and data topics' ends, asked of one kept consumer
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
                 "_fenced": set(), "_partition_ends": None, "_writers": {}, "_spans": DeliverySpans(),
-                "conf": without_credentials(self.conf) or {}}
+                "watermarks": Watermarks(), "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
-                              "_spans": DeliverySpans(), **state})
+                              "_spans": DeliverySpans(), "watermarks": Watermarks(), **state})
         self.conf = with_secrets(self.conf)
         self.conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)  # (a sink pickled before it was one)
 
@@ -178,8 +179,9 @@ class KafkaSink:
         return producer
 
     def close(self) -> None:
-        """Let go of the producer (at the end of a program; a later batch starts a new one)."""
+        """Let go of the producer and the kept consumer (at the end of a program; a later batch starts new ones)."""
         producer, self._producer, self._last = self._producer, None, None
+        self.watermarks.close()
         if producer is not None:
             producer.flush(self.timeout_s)
 

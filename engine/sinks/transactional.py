@@ -194,6 +194,13 @@ def keeps_source_partitions(rdd, source_rdd) -> bool:
     the first RDD that is not pipelined, so the chain may meet ``source_rdd``'s below it)."""
     if source_rdd is None:
         return False
+    from pyspark.rdd import PipelinedRDD
+
+    step = rdd  # first in Python, no Py4J call: each PipelinedRDD maps its ``prev``'s partitions one to one
+    while step is not source_rdd and isinstance(step, PipelinedRDD):
+        step = step.prev
+    if step is source_rdd:
+        return True
     ancestors, step = set(), source_rdd._jrdd.rdd()
     while step is not None:
         ancestors.add(step.id())
