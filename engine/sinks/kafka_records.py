@@ -17,6 +17,7 @@ _PER_RECORD_OVERHEAD = 64  # bytes of a pickled (bytes, bytes) pair beyond its c
 #: records without a key go to one partition this many at a time, then to another one chosen at random
 #: (librdkafka's sticky partitioner switches after ``sticky.partitioning.linger.ms``, 10 ms)
 STICKY_RECORDS = 1000
+_FIRST = object()  # a partition no record went to yet
 
 
 class KafkaRecordError(EngineError, TypeError):
@@ -94,7 +95,7 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
             send(_bytes(key), value, -1, on_delivery)
             n += 1
         return n
-    held: dict = {}  # partition -> its newest record not produced yet (None: its first went)
+    held: list = [_FIRST] * partitions  # per partition: its newest record not produced yet (None: none)
     sticky, keyless, crc32 = random.randrange(partitions), 0, zlib.crc32
     for element in elements:
         key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
@@ -109,8 +110,8 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
             if keyless % STICKY_RECORDS == 0 and partitions > 1:
                 sticky = (sticky + random.randrange(1, partitions)) % partitions
             partition = sticky
-        earlier = held.get(partition, held)
-        if earlier is held:  # the partition's first record
+        earlier = held[partition]
+        if earlier is _FIRST:  # the partition's first record
             held[partition] = None
             send(key, value, partition, on_delivery)
         else:
@@ -124,8 +125,8 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
                 except (BufferError, TypeError):
                     send(earlier[0], earlier[1], partition, None)
         n += 1
-    for partition, last in held.items():
-        if last is not None:
+    for partition, last in enumerate(held):
+        if last is not None and last is not _FIRST:
             send(last[0], last[1], partition, on_delivery)
     return n
 
