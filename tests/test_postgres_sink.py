@@ -132,6 +132,10 @@ def test_mistakes_are_named(spark_context, postgres):
                                                r"ends at offset 1"):
         sink.write_batch(1000, [OffsetRange("log", "p0", 5, 6)], spark_context.parallelize([("p0", "b")]))
     assert lines_in(postgres) == ["a"]
+    with pytest.raises(Exception, match=r"a row of 1 values for 2 columns \(partition, line\)"):  # per partition too
+        sink.write_partitions(1000, [OffsetRange("log", "p0", 1, 3)],
+                              spark_context.parallelize([("p0", "b"), ("p0",)], 1))
+    assert lines_in(postgres) == ["a"] and sink.offsets() == {("log", "p0"): 1}  # its transaction rolled back
 
 
 def test_the_password_never_travels_with_tasks_or_into_checkpoints(postgres):

@@ -253,13 +253,14 @@ def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
     earlier attempt of this task staged; yields the rows' count."""
     psycopg = _psycopg()
     sql = psycopg.sql
-    n = 0
+    n, width = 0, len(columns)
     with psycopg.connect(conninfo, connect_timeout=connect_timeout_s) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{staging}/{index}",))
         cur.execute(sql.SQL("DELETE FROM {} WHERE sparkwal_task = %s").format(sql.Identifier(staging)), (index,))
         names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", *columns)))
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(staging), names)) as copy:
-            for row in rows:
-                copy.write_row((index, *row_values(row, columns)))
+            for row in rows:  # (a tuple of the columns' width as it is, see write_partition)
+                values = row if type(row) is tuple and len(row) == width else row_values(row, columns)
+                copy.write_row((index, *values))
                 n += 1
     yield n  # (the connection's context committed the transaction)

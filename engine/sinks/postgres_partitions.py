@@ -41,10 +41,10 @@ def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: 
             cur.execute(sql.SQL("CREATE TEMP TABLE sparkwal_rows ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA")
                         .format(target))
             target = sql.Identifier("sparkwal_rows")
-        n = 0
+        n, width = 0, len(columns)
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(target, names)) as copy:
-            for row in rows:
-                copy.write_row(row_values(row, columns))
+            for row in rows:  # (a tuple of the columns' width as it is: row_values costs 0.4 µs a row)
+                copy.write_row(row if type(row) is tuple and len(row) == width else row_values(row, columns))
                 n += 1
         if keys:
             cur.execute(insert_select(table, columns, keys, target))
