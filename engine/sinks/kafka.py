@@ -128,7 +128,7 @@ class KafkaSink:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
                 "_fenced": set(), "_partition_ends": None, "_writers": {}, "_spans": DeliverySpans(),
-                "watermarks": Watermarks(), "conf": without_credentials(self.conf) or {}}
+                "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},

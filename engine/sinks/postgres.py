@@ -48,7 +48,7 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 
 from ..sources.protocol import OffsetRange
-from .postgres_partitions import identifier, insert_select, row_values, write_partition
+from .postgres_partitions import identifier, insert_select, table_rows, write_partition
 from .transactional import DbApiSink, SinkOffsetsError, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
@@ -253,14 +253,13 @@ def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
     earlier attempt of this task staged; yields the rows' count."""
     psycopg = _psycopg()
     sql = psycopg.sql
-    n, width = 0, len(columns)
+    n = 0
     with psycopg.connect(conninfo, connect_timeout=connect_timeout_s) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{staging}/{index}",))
         cur.execute(sql.SQL("DELETE FROM {} WHERE sparkwal_task = %s").format(sql.Identifier(staging)), (index,))
         names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", *columns)))
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(staging), names)) as copy:
-            for row in rows:  # (a tuple of the columns' width as it is, see write_partition)
-                values = row if type(row) is tuple and len(row) == width else row_values(row, columns)
+            for values in table_rows(rows, columns):
                 copy.write_row((index, *values))
                 n += 1
     yield n  # (the connection's context committed the transaction)

@@ -41,10 +41,10 @@ def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: 
             cur.execute(sql.SQL("CREATE TEMP TABLE sparkwal_rows ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA")
                         .format(target))
             target = sql.Identifier("sparkwal_rows")
-        n, width = 0, len(columns)
+        n = 0
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(target, names)) as copy:
-            for row in rows:  # (a tuple of the columns' width as it is: row_values costs 0.4 µs a row)
-                copy.write_row(row if type(row) is tuple and len(row) == width else row_values(row, columns))
+            for values in table_rows(rows, columns):
+                copy.write_row(values)
                 n += 1
         if keys:
             cur.execute(insert_select(table, columns, keys, target))
@@ -76,6 +76,14 @@ def insert_select(table: str, columns: list[str], keys: list[str], source):
         conflict = sql.SQL(" ON CONFLICT ({keys}) ").format(keys=sql.SQL(", ").join(map(sql.Identifier, keys)))
         move = move + conflict + action
     return move
+
+
+def table_rows(rows, columns: list[str]):
+    """Each row's values in the table's column order: a tuple of the columns' width as it is
+    (:func:`row_values` costs 0.4 µs a row, ~20 ms of a 50,000-row task), anything else through it."""
+    width = len(columns)
+    for row in rows:
+        yield row if type(row) is tuple and len(row) == width else row_values(row, columns)
 
 
 def row_values(row, columns: list[str]) -> list:
