@@ -11,9 +11,11 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import sparkwal too
-# Every JVM the tests start, subprocess drivers and executors included, reads the tests' own Spark
-# settings (short-lived JVMs' JIT choices, spark-conf/spark-defaults.conf), never the machine's.
-os.environ["SPARK_CONF_DIR"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
+# Every driver the tests start, subprocesses included, and its executors start cheaper (fast_jvms.py)
+if "PYSPARK_SUBMIT_ARGS" not in os.environ:
+    from fast_jvms import submit_args
+
+    os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args()
 # The tasks (the Python workers, started by the JVM with this environment) take S3 credentials
 # from their environment: credentials in storage_options never travel with a task
 # (sparkwal.wal.location). moto's server accepts any.
