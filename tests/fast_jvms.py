@@ -62,7 +62,10 @@ def submit_args() -> str:
     if not os.path.exists(archive):
         _dump(archive)
         for old in sorted(glob.glob(os.path.join(cache, "driver-*.jsa")), key=os.path.getmtime)[:-KEEP]:
-            os.unlink(old)  # archives of jars or a Java no longer here
+            os.unlink(old)  # archives of jars or a Java no longer here, with their settings
+            stale = os.path.join(cache, f"spark-{os.path.basename(old)[len('driver-'):-len('.jsa')]}.conf")
+            if os.path.exists(stale):
+                os.unlink(stale)
     driver = COMMON
     if os.path.exists(archive):
         driver += f" -XX:SharedArchiveFile={archive} {QUIET_ARCHIVE}"
