@@ -169,7 +169,8 @@ def dstream_app(args) -> None:
     from pyspark import SparkConf, SparkContext
 
     conf = _conf(SparkConf(), args).set("spark.streaming.receiver.writeAheadLog.enable", "true")
-    conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms // 2)}ms")
+    if not any(c.startswith("spark.streaming.blockInterval=") for c in args.conf):
+        conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms // 2)}ms")
     if args.engine == "sparkwal":
         from sparkwal import StreamingContext, StreamingListener
         from sparkwal.engine import StateSpec

@@ -164,6 +164,15 @@ MAX_BUFFERED_RECORDS = _entry("spark.streaming.receiver.maxBufferedRecords", "in
                               "records a receiver buffers before store() waits", minimum=1)
 MAX_UNPROCESSED_BYTES = _entry("spark.streaming.receiver.maxUnprocessedBytes", "int", 256 << 20,
                                "bytes of received blocks not yet processed before receivers wait", minimum=1)
+RECEIVER_PRECOMPUTE = _entry(
+    "spark.sparkwal.receiver.precompute", "bool", False,
+    "receivers run each block through the per-record operations after their stream up to the first "
+    "combineByKey/reduceByKey as they store it; a batch whose every block came with its result builds that "
+    "stream's RDD from them on the driver, with no job reading the blocks (docs/receivers.md)")
+RECEIVER_PRECOMPUTE_MAX_BYTES = _entry(
+    "spark.sparkwal.receiver.precompute.maxBytes", "int", 256 << 10,
+    "the largest result a receiver sends with a block (msgpack bytes; a larger one is not sent and its batch "
+    "reads its blocks)", minimum=1, maximum=512 << 10)
 RECEIVER_MAX_RATE = _entry("spark.streaming.receiver.maxRate", "float", 0.0,
                            "Spark's: records per second per receiver (0: no limit)", minimum=0)
 RECEIVER_RESTART_DELAY = _entry("spark.streaming.receiverRestartDelay", "duration", 2000,

@@ -19,6 +19,7 @@ from pyspark.resultiterable import ResultIterable
 
 from .errors import EngineError
 from . import config
+from .receiver.precompute import per_record
 from .stream_machinery import StreamMachinery, empty_rdd, known_empty
 
 
@@ -27,8 +28,7 @@ def to_ms(seconds: float) -> int:
 
 
 def describe_times(times_ms: list[int]) -> str:
-    """A count and a range of batch times, for a line a person reads: ``3 batches (12:00:01 ..
-    12:00:03)`` (a restart after hours down re-runs thousands)."""
+    """A count and a range of batch times, for a person: ``3 batches (12:00:01 .. 12:00:03)``."""
     if not times_ms:
         return "no batches"
     clock = [_time(t).strftime("%H:%M:%S") for t in (min(times_ms), max(times_ms))]
@@ -128,16 +128,18 @@ class DStream(StreamMachinery):
         return self._keeping_empty(lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
 
     def mapPartitions(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
-        return self.mapPartitionsWithIndex(lambda _, it: f(it), preservesPartitioning)
+        stream = self.mapPartitionsWithIndex(lambda _, it: f(it), preservesPartitioning)
+        stream.block_step = f  # per partition, index-free: a receiver may run it (receiver/precompute.py)
+        return stream
 
     def map(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
-        return self.mapPartitions(lambda it: map(f, it), preservesPartitioning)
+        return self.mapPartitions(per_record(lambda it: map(f, it)), preservesPartitioning)
 
     def flatMap(self, f: Callable, preservesPartitioning: bool = False) -> DStream:
-        return self.mapPartitions(lambda it: chain.from_iterable(map(f, it)), preservesPartitioning)
+        return self.mapPartitions(per_record(lambda it: chain.from_iterable(map(f, it))), preservesPartitioning)
 
     def filter(self, f: Callable) -> DStream:
-        return self.mapPartitions(lambda it: filter(f, it), True)
+        return self.mapPartitions(per_record(lambda it: filter(f, it)), True)
 
     def glom(self) -> DStream:
         return self.mapPartitions(lambda it: [list(it)])
@@ -163,7 +165,9 @@ class DStream(StreamMachinery):
     def combineByKey(self, createCombiner: Callable, mergeValue: Callable, mergeCombiners: Callable,
                      numPartitions: int | None = None) -> DStream:
         n = self._partitions(numPartitions)
-        return self._keeping_empty(lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n))
+        stream = self._keeping_empty(lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n))
+        stream.block_combine = (createCombiner, mergeValue, mergeCombiners, n)  # receiver/precompute.py
+        return stream
 
     def reduceByKey(self, func: Callable, numPartitions: int | None = None) -> DStream:
         return self.combineByKey(lambda x: x, func, func, numPartitions)
@@ -227,9 +231,8 @@ class DStream(StreamMachinery):
     def pprint(self, num: int = 10) -> None:
         def take_and_print(time: datetime, rdd: RDD) -> None:
             taken = rdd.take(num + 1)
-            print("-------------------------------------------")
-            print(f"Time: {time}")
-            print("-------------------------------------------")
+            print(f"-------------------------------------------\nTime: {time}\n"
+                  "-------------------------------------------")
             for record in taken[:num]:
                 print(record)
             if len(taken) > num:
@@ -251,18 +254,14 @@ class DStream(StreamMachinery):
 
     def slice(self, begin: datetime | float, end: datetime | float) -> list[RDD]:
         """The RDDs of this stream from ``begin`` to ``end`` (datetimes or epoch seconds)."""
-        def ms(x):
-            return int(round((x.timestamp() if isinstance(x, datetime) else x) * 1000))
-        return self.rdds_between(ms(begin), ms(end))
+        return self.rdds_between(*(int(round((x.timestamp() if isinstance(x, datetime) else x) * 1000))
+                                   for x in (begin, end)))
 
     def _validate_window_param(self, window: float, slide: float | None) -> None:
-        d = self.slide_ms
-        if to_ms(window) % d != 0:
-            raise ValueError("windowDuration must be multiple of the parent dstream's slide (batch) "
-                             f"duration ({d} ms)")
-        if slide and to_ms(slide) % d != 0:
-            raise ValueError("slideDuration must be multiple of the parent dstream's slide (batch) "
-                             f"duration ({d} ms)")
+        for name, value in (("windowDuration", window), ("slideDuration", slide)):
+            if value and to_ms(value) % self.slide_ms != 0:
+                raise ValueError(f"{name} must be multiple of the parent dstream's slide (batch) "
+                                 f"duration ({self.slide_ms} ms)")
 
     def window(self, windowDuration: float, slideDuration: float | None = None) -> DStream:
         self._validate_window_param(windowDuration, slideDuration)
@@ -345,6 +344,8 @@ class TransformedDStream(DStream):
         self.keeps_empty = keeps_empty
 
     def compute(self, time_ms: int) -> RDD | None:
+        if (pre := getattr(self._host.receiver_tracker, "precomputed", None)) and (rdd := pre.rdd(self, time_ms)):
+            return rdd  # every block's result came with it (receiver/precompute.py)
         rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
         if getattr(self, "keeps_empty", False) and self._all_empty(rdds):
             return empty_rdd(self._sc)
@@ -416,8 +417,7 @@ def _save_text_atomically(rdd: RDD, path: str) -> None:
     import uuid
 
     sc = rdd.context
-    jvm = sc._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    hadoop_path = sc._jvm.org.apache.hadoop.fs.Path
     final = hadoop_path(path)
     fs = final.getFileSystem(sc._jsc.hadoopConfiguration())
     parent, name = final.getParent(), final.getName()

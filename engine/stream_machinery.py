@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pyspark import RDD, StorageLevel
@@ -76,6 +76,11 @@ class StreamMachinery:
         return host_of(self._ssc)
 
     # ------------------------------------------------------------------ pickling (the code part)
+
+    #: set by sparkwal's per-partition operations and combineByKey: what a receiver may run
+    #: for the batch (engine/receiver/precompute.py)
+    block_step: Callable | None = None
+    block_combine: tuple | None = None
 
     #: What a pickled stream leaves out: its context and what lives only in a running driver.
     transient_fields: tuple[str, ...] = ("_ssc", "_sc", "generated_rdds", "_superseded", "lineage_from", "_lock",

@@ -40,6 +40,7 @@ from .blocks import (BlockCopy, block_time_ms, copies_from_wire, is_wal_block_na
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
+from .precompute import Precomputed, checked_results, find_plans
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class ReceiverTrackerStatistics:
     unprocessed_bytes: int  #: received and recorded, not yet in a completed batch (all streams)
     max_unprocessed_bytes: int  #: the most ever (bounded by maxUnprocessedBytes + one block)
     add_block_waits: int  #: AddBlocks held back until batches caught up
+    precomputed_batches: int = 0  #: batches built from the receivers' results (precompute.py)
+    precompute_fallbacks: int = 0  #: batches with a block that came without its result: read back
 
 
 def _receiver_partition(config: SupervisorConfig, receiver, _rows):
@@ -105,6 +108,11 @@ class ReceiverTracker:
         self._threads: list[Service] = []
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
+        self.precomputed: Precomputed | None = None
+        if settings[config.RECEIVER_PRECOMPUTE]:
+            self.precomputed = Precomputed(driver, find_plans(driver.graph, inputs),
+                                           min(64 << 20, self._max_unprocessed))
+            log.info("spark.sparkwal.receiver.precompute: %s", self.precomputed.describe())
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
             for sid in self._inputs:
@@ -121,7 +129,8 @@ class ReceiverTracker:
             restart_delay_ms=settings[config.RECEIVER_RESTART_DELAY],
             wal_rolling_interval_s=settings[config.RECEIVER_WAL_ROLLING],
             leader_epoch=driver.leader_epoch,
-            serve_blocks=not self.wal_enabled and live_executor_ids(self._sc) is not None)
+            serve_blocks=not self.wal_enabled and live_executor_ids(self._sc) is not None,
+            precompute_max_bytes=settings[config.RECEIVER_PRECOMPUTE_MAX_BYTES], batch_interval_ms=driver.batch_ms)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -176,7 +185,8 @@ class ReceiverTracker:
             config = SupervisorConfig(
                 stream_id=sid, endpoint=(self.endpoint.address[0], self.endpoint.address[1]), secret=self._secret,
                 **self._base_config, replication=2 if level is None else max(1, int(level.replication)),
-                block_peers=tuple((c.executor_id, c.host, c.port) for c in self._block_servers))
+                block_peers=tuple((c.executor_id, c.host, c.port) for c in self._block_servers),
+                plans=self.precomputed.plans_of(sid) if self.precomputed is not None else ())
             rdd = rdd_with_locations(self._sc, [str(sid)], [[location_string(x) for x in locations]])
             self._sc.setJobGroup(f"sparkwal-receiver-{sid}", f"receiver of stream {sid}",
                                  interruptOnCancel=True)
@@ -243,7 +253,10 @@ class ReceiverTracker:
 
     def statistics(self) -> ReceiverTrackerStatistics:
         with self._lock:
-            return ReceiverTrackerStatistics(unprocessed_bytes=sum(self._unprocessed.values()), **self._counts)
+            pre = self.precomputed
+            return ReceiverTrackerStatistics(
+                unprocessed_bytes=sum(self._unprocessed.values()), **self._counts,
+                **(dict(precomputed_batches=pre.batches, precompute_fallbacks=pre.fallbacks) if pre else {}))
 
     def receiver_infos(self) -> dict[int, ReceiverInfo]:
         with self._lock:
@@ -275,7 +288,7 @@ class ReceiverTracker:
         return True, ""
 
     def on_add_block(self, conn: Connection, block: list, host: str, executor_id: str,
-                     size: int, copies: list) -> tuple[bool, str]:
+                     size: int, copies: list, results: list) -> tuple[bool, str]:
         with self._lock:
             sid = self._conn_stream.get(conn)
         if sid is None:
@@ -285,6 +298,7 @@ class ReceiverTracker:
             raise wire.ProtocolError(f"negative block size {size}")
         try:
             held_by = copies_from_wire(copies, executor_id, host)
+            results = checked_results(results)
         except ValueError as e:
             raise wire.ProtocolError(f"AddBlock {info.block_id}: {e}") from None
         if info.stream_id != sid or not info.block_id.startswith(f"input-{sid}-"):
@@ -312,6 +326,8 @@ class ReceiverTracker:
             self._block_sizes[info.block_id] = (sid, size)
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = held_by
+        if results and self.precomputed is not None:
+            self.precomputed.add(sid, info.block_id, results)
         return True, ""
 
     def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:

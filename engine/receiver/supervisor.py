@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass
 
 from sparkwal.service import Service, spawn
@@ -29,6 +30,7 @@ from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_blo
 from .block_server import ensure_block_server
 from .client import DriverConnection, DriverUnreachableError
 from .placement import this_executor
+from .precompute import RunningResults, block_results
 from ..errors import EngineError
 from .receiver import Receiver, ReceiverStoppedError
 
@@ -64,6 +66,23 @@ class SupervisorConfig:
     serve_blocks: bool = False  #: WAL off, off local mode: blocks served to other executors
     block_peers: tuple = ()  #: other executors' block servers, ``(executor_id, host, port)``
     replication: int = 1  #: copies of each WAL-off block (the receiver's storage level's)
+    plans: tuple = ()  #: what to run on each block for the driver (precompute.py; empty: nothing)
+    precompute_max_bytes: int = 256 << 10
+    batch_interval_ms: int | None = None  #: blocks are cut just before each batch time (next_cut_ms)
+
+
+def next_cut_ms(now_ms: int, block_ms: int, batch_ms: int | None, lead_ms: int) -> int:
+    """When to cut the next block: every ``block_ms``, on a grid that puts one cut ``lead_ms``
+    before each batch time (a multiple of ``batch_ms``), so that the block is recorded when the
+    driver allocates that batch's blocks instead of one batch later (Spark cuts on multiples of
+    the block interval, so its block cut at a batch time races the batch). Without a batch
+    interval: on multiples of ``block_ms``, as Spark."""
+    if not batch_ms:
+        return (now_ms // block_ms + 1) * block_ms
+    cut = (now_ms // batch_ms + 1) * batch_ms - lead_ms
+    while cut <= now_ms:
+        cut += batch_ms
+    return cut - (cut - now_ms - 1) // block_ms * block_ms
 
 
 class BlockGenerator:
@@ -74,11 +93,14 @@ class BlockGenerator:
     buffer is unbounded: a fast source fills the heap)."""
 
     def __init__(self, push, *, interval_ms: int, queue_size: int, max_buffered: int,
-                 rate_limiter: RateLimiter, clock: Clock, on_error, new_block_id):
+                 rate_limiter: RateLimiter, clock: Clock, on_error, new_block_id, batch_ms: int | None = None,
+                 running: RunningResults | None = None):
         if interval_ms <= 0:
             raise ValueError(f"spark.streaming.blockInterval must be positive, got {interval_ms} ms")
         self._push, self._on_error, self._new_block_id = push, on_error, new_block_id
-        self._interval, self._max = interval_ms, max_buffered
+        self._interval, self._max, self._batch_ms, self._running = interval_ms, max_buffered, batch_ms, running
+        #: the last blocks' times from cut to recorded: the lead of a cut before a batch time
+        self._recorded_after: deque[int] = deque([5], maxlen=20)
         self.rate_limiter, self._clock = rate_limiter, clock
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._buffer: list = []
@@ -112,7 +134,8 @@ class BlockGenerator:
             with self._cond:
                 while len(self._buffer) >= self._max and self._adding:
                     try:
-                        self._queue.put_nowait((self._new_block_id(), self._buffer))
+                        self._queue.put_nowait((self._new_block_id(), self._buffer, self._clock.now_ms(),
+                                                self._running.take() if self._running else None))
                         self._buffer = []
                         break
                     except queue.Full:
@@ -120,21 +143,29 @@ class BlockGenerator:
                 if not self._adding:
                     raise ReceiverStoppedError("cannot add data: the block generator has stopped")
                 self._buffer.extend(part)
+                if self._running is not None:
+                    self._running.add(part)
 
     def _cut(self) -> None:
         with self._cond:
             records, self._buffer = self._buffer, []
+            results = self._running.take() if self._running is not None else None
             self._cond.notify_all()
         if records:
-            self._queue.put((self._new_block_id(), records))  # blocks while the queue is full
+            self._queue.put((self._new_block_id(), records, self._clock.now_ms(), results))  # waits while full
+
+    def lead_ms(self) -> int:
+        """How long before a batch time to cut its last block: the slowest of the last blocks'
+        times to being recorded (store, fsync, report) and 3 ms, within 2 ms .. half a block."""
+        return int(min(max(2, max(self._recorded_after) + 3), self._interval // 2))
 
     def _timer_loop(self) -> None:
-        next_ms = (self._clock.now_ms() // self._interval + 1) * self._interval
+        next_ms = next_cut_ms(self._clock.now_ms(), self._interval, self._batch_ms, self.lead_ms())
         while not self._generating.is_set():
             now = self._clock.wait_till_ms(next_ms, timeout_s=0.05)
             if now >= next_ms:
                 self._cut()
-                next_ms += self._interval
+                next_ms = next_cut_ms(max(now, next_ms), self._interval, self._batch_ms, self.lead_ms())
         self._cut()  # the final block: what was added before stop()
 
     def _push_loop(self) -> None:
@@ -146,7 +177,8 @@ class BlockGenerator:
                     return
                 continue
             try:
-                self._push(*item)
+                self._push(item[0], item[1], None, item[3])
+                self._recorded_after.append(self._clock.now_ms() - item[2])
             except Exception as e:  # noqa: BLE001
                 self._on_error(f"Error in block pushing thread: {len(item[1])} records of block "
                                f"{item[0]} were not stored", e)
@@ -175,6 +207,7 @@ class ReceiverSupervisor:
         self._conn: DriverConnection | None = None
         self._handler: WalBlockHandler | LocalBlockHandler | None = None
         self._generator: BlockGenerator | None = None
+        self._failed_plans: set[int] = set()
 
     @property
     def stopped(self) -> bool:
@@ -212,7 +245,9 @@ class ReceiverSupervisor:
                 self._store_and_report, interval_ms=c.block_interval_ms, queue_size=c.block_queue_size,
                 max_buffered=c.max_buffered_records, clock=self._clock, on_error=self.report_error,
                 rate_limiter=RateLimiter(c.max_rate, c.initial_rate, clock=self._clock),
-                new_block_id=self._new_block_id)
+                new_block_id=self._new_block_id, batch_ms=c.batch_interval_ms,
+                running=RunningResults(c.stream_id, c.plans, c.precompute_max_bytes, self._failed_plans)
+                if RunningResults.possible(c.plans) else None)
             self._generator.start()
             self.receiver.bind(c.stream_id, self)
             self._start_receiver()
@@ -303,8 +338,9 @@ class ReceiverSupervisor:
             raise ReceiverStoppedError(f"receiver {self.config.stream_id} has stopped: {self.stop_message}")
         self._store_and_report(self._new_block_id(), records, metadata)
 
-    def _store_and_report(self, block_id: str, records: list, metadata=None) -> None:
-        """Durable in the handler, then recorded by the driver; raises if either fails."""
+    def _store_and_report(self, block_id: str, records: list, metadata=None, results: list | None = None) -> None:
+        """Durable in the handler, then recorded by the driver with the plans' ``results`` (made
+        here when the generator did not make them as the records came); raises if either fails."""
         data = serialize_block(records)
         handler = self._handler
         handle: RecordHandle | None = None
@@ -314,9 +350,12 @@ class ReceiverSupervisor:
         else:
             copies = handler.store(block_id, data)
         info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
+        if results is None:
+            results = block_results(self.config.stream_id, self.config.plans, records,
+                                    self.config.precompute_max_bytes, self._failed_plans) if self.config.plans else []
         ok, message = self._conn.request(
             wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data),
-                             [[c.executor_id, c.host, c.port] for c in copies]],
+                             [[c.executor_id, c.host, c.port] for c in copies], results],
             timeout_s=None)
         if not ok:
             raise BlockNotRecordedError(f"the driver did not record block {block_id}: {message}")

@@ -17,7 +17,9 @@ defeats replay. Then both directions carry frames::
 
 ``request_id`` is > 0 on a request that expects a ``REPLY`` with the same id, and 0 on one-way
 messages. Block data never travels to the driver (it goes through the receiver WAL or stays on
-the executors): the driver's frames carry block descriptions only. With the WAL off, the same
+the executors): the driver's frames carry block descriptions and, with
+``spark.sparkwal.receiver.precompute``, each block's combiners as msgpack of plain scalars and
+tuples (engine/receiver/precompute.py), decoded without unpickling. With the WAL off, the same
 handshake (label ``sparkwal-block-server``) and frames carry blocks between executors' block
 servers and tasks, each block as a header then chunks of at most 512 KiB, so one MiB bounds every
 frame; a block's bytes are unpickled only after their HMAC (under the application's secret,
@@ -47,8 +49,10 @@ _LEN = struct.Struct(">I")
 
 # receiver -> driver
 REGISTER = 1  # [stream_id, type_name, host, executor_id, worker_pid] -> REPLY [ok, message]
-ADD_BLOCK = 2  # [block, host, executor_id, size_bytes, holders] -> REPLY; block as in
-#   tracker/events.py; holders (WAL off): [[executor_id, host, block_server_port], ...], the copies
+ADD_BLOCK = 2  # [block, host, executor_id, size_bytes, holders, results] -> REPLY; block as in
+#   tracker/events.py; holders (WAL off): [[executor_id, host, block_server_port], ...], the copies;
+#   results (spark.sparkwal.receiver.precompute): [[plan_id, msgpack bytes], ...], at most
+#   maxBytes in all, each the block's combiners for one plan (engine/receiver/precompute.py)
 REPORT_ERROR = 3  # [stream_id, message, error] (one-way)
 DEREGISTER = 4  # [stream_id, message, error] -> REPLY [ok, message]
 # driver -> receiver
@@ -73,7 +77,7 @@ _bin = (bytes,)
 #: the types of each kind's arguments (bool is an int in Python: checked first where it matters)
 SCHEMAS: dict[int, tuple] = {
     REGISTER: (_int, _str, _str, _str, _int),
-    ADD_BLOCK: ((list,), _str, _str, _int, (list,)),
+    ADD_BLOCK: ((list,), _str, _str, _int, (list,), (list,)),
     REPORT_ERROR: (_int, _str, _opt_str),
     DEREGISTER: (_int, _str, _opt_str),
     STOP_RECEIVER: (),

@@ -1,0 +1,267 @@
+"""Receivers that run the stateless part of the graph (``spark.sparkwal.receiver.precompute``).
+
+A batch of a receiver stream costs a Spark job that reads its blocks back, runs the per-record
+functions and, for a ``reduceByKey``, a shuffle: about 135-200 ms on two cores before any
+streaming engine, more than a 100 ms batch interval. Yet the receiver's long-running task holds
+every record in memory as it stores it. With this setting on, that task runs the chain of
+per-record operations after the receiver stream (``map``, ``flatMap``, ``filter``,
+``mapPartitions``, ``mapValues``, ``flatMapValues``, ``glom``) up to and including the first
+``combineByKey`` (``reduceByKey``, ``countByValue``, ``count``, ``reduce``) on each block as it
+stores it: exactly the map side of that shuffle, since a batch's RDD has one partition per
+block. The block is stored (in the receiver WAL, with its fsync) before its result is reported
+with it in ``AddBlock``; a batch whose every block came with its result builds the combined
+stream's RDD on the driver from those results (``mergeCombiners`` over the blocks, then
+``parallelize``): no block read, no Python task, no shuffle. Any other batch (a block without a
+result, a restarted driver, a result too large) takes the ordinary path from the blocks, which
+computes the same records: the blocks stay the source of truth, the results only a shortcut.
+
+Results travel as msgpack, never pickled: only tuples of ``str``, ``bytes``, ``int`` (64-bit),
+``float``, ``bool`` and ``None`` are sent (they come back exactly as they were); a result with
+anything else is not sent and its batch takes the ordinary path. The wire field is described in
+:mod:`sparkwal.engine.receiver.wire` (``AddBlock``'s ``results``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+_INT_RANGE = (-(1 << 63), 1 << 64)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """What a receiver runs on each block for one combined stream: ``steps`` (each
+    ``records -> records``, per partition), then the map side of ``combineByKey``."""
+
+    plan_id: int  #: the combined stream's index in the graph
+    steps: tuple[Callable, ...]
+    create_combiner: Callable
+    merge_value: Callable
+
+
+def _exact(value) -> bool:
+    """Whether ``value`` comes back from msgpack (``use_list=False``) exactly as it is."""
+    kind = type(value)
+    if kind is tuple:
+        return all(_exact(v) for v in value)
+    if kind is int:
+        return _INT_RANGE[0] <= value < _INT_RANGE[1]
+    return kind in (str, bytes, float, bool, type(None))
+
+
+def per_record(step: Callable) -> Callable:
+    """Mark a per-partition function that maps each record on its own (``map``, ``flatMap``,
+    ``filter``): a receiver may run it on records as they arrive, not only on a whole block."""
+    step.per_record = True  # type: ignore[attr-defined]
+    return step
+
+
+def combine_into(combiners: dict, plan: BlockPlan, records) -> dict:
+    """Run ``records`` through the plan's steps into ``combiners`` (the map side of its combineByKey)."""
+    out = records
+    for step in plan.steps:
+        out = step(iter(out))
+    create, merge = plan.create_combiner, plan.merge_value
+    for key, value in out:
+        combiners[key] = merge(combiners[key], value) if key in combiners else create(value)
+    return combiners
+
+
+def run_plan(plan: BlockPlan, records: list) -> list:
+    """The combiners of one block."""
+    return list(combine_into({}, plan, records).items())
+
+
+class RunningResults:
+    """The plans' combiners of the records added since the last :meth:`take`, built as records
+    arrive, so a block's result is ready when it is cut: only for plans whose every step is
+    :func:`per_record` (a ``mapPartitions`` function sees a whole block, as its partition)."""
+
+    def __init__(self, stream_id: int, plans: tuple[BlockPlan, ...], max_bytes: int, failed: set):
+        self._stream_id, self._plans, self._max_bytes, self._failed = stream_id, plans, max_bytes, failed
+        self._combiners: dict[int, dict] = {p.plan_id: {} for p in plans}
+
+    @staticmethod
+    def possible(plans: tuple[BlockPlan, ...]) -> bool:
+        return bool(plans) and all(getattr(s, "per_record", False) for p in plans for s in p.steps)
+
+    def add(self, records: list) -> None:
+        for plan in self._plans:
+            if plan.plan_id not in self._failed:
+                try:
+                    combine_into(self._combiners[plan.plan_id], plan, records)
+                except Exception as e:  # noqa: BLE001  (the user's function: its batch reports it)
+                    _stopped(self._stream_id, plan, e, self._failed)
+
+    def take(self) -> list:
+        """``AddBlock``'s results for the records added since the last take; starts anew."""
+        out, room = [], self._max_bytes
+        for plan in self._plans:
+            combiners, self._combiners[plan.plan_id] = self._combiners[plan.plan_id], {}
+            data = None if plan.plan_id in self._failed else encode_result(list(combiners.items()), room)
+            if data is not None:
+                out.append([plan.plan_id, data])
+                room -= len(data)
+        return out
+
+
+def _stopped(stream_id: int, plan: BlockPlan, error: Exception, failed: set) -> None:
+    failed.add(plan.plan_id)
+    log.warning("receiver precompute of stream %d's plan %d stopped: %s: %s (its batches read their blocks "
+                "instead)", stream_id, plan.plan_id, type(error).__name__, error)
+
+
+def encode_result(items: list, max_bytes: int) -> bytes | None:
+    """``items`` as msgpack, or None when they would not come back exactly or exceed ``max_bytes``."""
+    if not all(_exact(item) for item in items):
+        return None
+    data = msgpack.packb(items, use_bin_type=True)
+    return data if len(data) <= max_bytes else None
+
+
+def decode_result(data: bytes) -> tuple:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def block_results(stream_id: int, plans: tuple[BlockPlan, ...], records: list, max_bytes: int,
+                  failed: set) -> list:
+    """``[[plan_id, bytes], ...]`` for ``AddBlock``, at most ``max_bytes`` in all. A plan whose
+    function raises is logged once and skipped (its batches take the ordinary path, where the
+    error surfaces as the batch's own)."""
+    out, room = [], max_bytes
+    for plan in plans:
+        if plan.plan_id in failed:
+            continue
+        try:
+            data = encode_result(run_plan(plan, records), room)
+        except Exception as e:  # noqa: BLE001  (the user's function: its batch reports it)
+            _stopped(stream_id, plan, e, failed)
+            continue
+        if data is not None:
+            out.append([plan.plan_id, data])
+            room -= len(data)
+    return out
+
+
+def checked_results(results: list) -> list:
+    """``AddBlock``'s results as sent: ``[[plan_id, bytes], ...]``; ValueError on anything else."""
+    for r in results:
+        if not (isinstance(r, list) and len(r) == 2 and type(r[0]) is int and isinstance(r[1], bytes)):
+            raise ValueError(f"a result must be [plan_id, bytes], got {type(r).__name__}")
+    return results
+
+
+def find_plans(graph, inputs) -> dict[int, list]:
+    """Each receiver stream's ``[(combined stream, BlockPlan), ...]``: every branch from it through
+    per-record operations (none persisted or checkpointed, none feeding another stream) to a
+    ``combineByKey`` that only an output or later streams use."""
+    children: dict[int, list] = {}
+    seen, todo = set(), list(graph.outputs)
+    while todo:
+        stream = todo.pop()
+        for parent in stream.dependencies:
+            children.setdefault(id(parent), []).append(stream)
+            if id(parent) not in seen:
+                seen.add(id(parent))
+                todo.append(parent)
+    index = {id(s): i for i, s in enumerate(graph.streams)}
+    plans: dict[int, list] = {}
+    for stream in inputs:
+        for child in children.get(id(stream), []):
+            steps, cur = [], child
+            while getattr(cur, "block_step", None) is not None and _plain(cur):
+                steps.append(cur.block_step)
+                kids = children.get(id(cur), [])
+                if len(kids) != 1:
+                    break
+                cur = kids[0]
+            combine = getattr(cur, "block_combine", None)
+            if combine is None or len(cur.dependencies) != 1 or cur.slide_ms != stream.slide_ms:
+                continue
+            plans.setdefault(stream.input_id, []).append(
+                (cur, BlockPlan(index[id(cur)], tuple(steps), combine[0], combine[1])))
+    return plans
+
+
+def _plain(stream) -> bool:
+    """A per-record stream the receiver may run in place of the batch (its RDD is never built)."""
+    return (len(stream.dependencies) == 1 and stream.storage_level is None and not stream.checkpoint_ms
+            and not stream.must_checkpoint)
+
+
+class Precomputed:
+    """The driver's side: the plans, the results the receivers sent with their blocks (at most
+    ``max_held`` bytes, the oldest dropped first: their batches read their blocks), and each
+    combined stream's RDD from them."""
+
+    def __init__(self, host, plans: dict[int, list], max_held: int):
+        self._host = host
+        self._heads = [(head, (sid, plan)) for sid, pairs in plans.items() for head, plan in pairs]
+        self._plans = {id(head): entry for head, entry in self._heads}
+        self._by_stream = {sid: tuple(plan for _, plan in pairs) for sid, pairs in plans.items()}
+        self._results: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._held, self._max_held = 0, max_held
+        self._lock = threading.Lock()
+        self.batches = self.fallbacks = 0
+
+    def describe(self) -> str:
+        """One line for the log: which receiver streams run what (or why nothing qualifies)."""
+        if not self._by_stream:
+            return ("no receiver stream has per-record operations ending in a combineByKey/reduceByKey "
+                    "(not persisted, checkpointed, nor used twice): every batch reads its blocks")
+        return "; ".join(f"stream {sid} runs the per-record operations up to {head.creation_site}"
+                         for head, (sid, _) in self._heads)
+
+    def plans_of(self, stream_id: int) -> tuple[BlockPlan, ...]:
+        return self._by_stream.get(stream_id, ())
+
+    def add(self, stream_id: int, block_id: str, results: list) -> None:
+        """Keep a recorded block's results (``AddBlock``'s, checked: known plans of its stream)."""
+        known = {p.plan_id for p in self.plans_of(stream_id)}
+        with self._lock:
+            for plan_id, data in results:
+                if plan_id in known:
+                    self._results[(block_id, plan_id)] = data
+                    self._held += len(data)
+            while self._held > self._max_held and self._results:
+                self._held -= len(self._results.popitem(last=False)[1])
+
+    def rdd(self, head, time_ms: int):
+        """``head``'s RDD at ``time_ms`` from its blocks' results, or None (the ordinary path)."""
+        entry = self._plans.get(id(head))
+        if entry is None:
+            return None
+        sid, plan = entry
+        stream = next(s for s in self._host.graph.inputs if s.input_id == sid)
+        blocks = self._host.block_tracker.get_blocks_of_batch_and_stream(time_ms, sid)
+        with self._lock:
+            found = [self._results.pop((b.block_id, plan.plan_id), None) for b in blocks]
+            self._held -= sum(len(d) for d in found if d is not None)
+        if not blocks:
+            return None  # the ordinary path's empty batch
+        if any(d is None for d in found):
+            self.fallbacks += 1
+            return None
+        try:
+            parts = [decode_result(d) for d in found]
+        except Exception as e:  # noqa: BLE001  (msgpack raises several types on garbage)
+            log.warning("batch %d: a receiver's result did not decode (%s); reading its blocks", time_ms, e)
+            self.fallbacks += 1
+            return None
+        self._host.report_input(time_ms, stream, sum(b.num_records or 0 for b in blocks),
+                                {"blocks": len(blocks), "precomputed": True})
+        self.batches += 1
+        merge = head.block_combine[2]
+        merged: dict = {}
+        for part in parts:
+            for key, combiner in part:
+                merged[key] = merge(merged[key], combiner) if key in merged else combiner
+        return self._host.sc.parallelize(list(merged.items()), head.block_combine[3])

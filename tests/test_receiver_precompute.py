@@ -1,0 +1,140 @@
+"""``spark.sparkwal.receiver.precompute``: receivers run the per-record operations up to the first
+``reduceByKey`` on each block as they store it, and a batch whose every block came with its result
+builds that stream's RDD from the results. The output must be exactly the ordinary path's."""
+
+from __future__ import annotations
+
+import operator
+import sys
+from collections import Counter
+
+import pytest
+from pyspark import cloudpickle
+
+from sparkwal.engine import StreamingContext
+from sparkwal.engine.receiver.supervisor import next_cut_ms
+from sparkwal.engine.receiver.precompute import (BlockPlan, block_results, decode_result, encode_result,
+                                                 run_plan)
+
+from test_receivers import LineServer, wait_until
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KEY = "spark.sparkwal.receiver.precompute"
+
+
+def _conf(sc, **values):
+    conf = sc._jsc.sc().conf()
+    for key, value in values.items():
+        conf.set(key, value)
+    return lambda: [conf.remove(key) for key in values]
+
+
+def _words(line: str) -> list:
+    return line.split()
+
+
+def run_counts(sc, tmp_path, lines, build, batches_needed=None, **conf):
+    """Run ``build(stream)`` (a keyed stream) over ``lines`` and return the summed counts and the
+    receiver tracker's statistics."""
+    undo = _conf(sc, **conf)
+    server = LineServer(lines)
+    ssc = StreamingContext(sc, 0.5)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    totals: Counter = Counter()
+    batches: list = []
+
+    def take(rdd):
+        items = rdd.collect()
+        batches.append(items)
+        for key, value in items:
+            totals[key] += value
+
+    build(ssc.socketTextStream("127.0.0.1", server.port)).foreachRDD(take)
+    ssc.start()
+    try:
+        expected = sum(len(_words(line)) for line in lines)
+        wait_until(lambda: sum(totals.values()) >= expected, what="every word")
+        stats = ssc.receiverTracker.statistics()
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=True)
+        server.close()
+        undo()
+    return totals, stats, batches
+
+
+LINES = [f"a b{i % 7} c{i % 13} é{i % 3}" for i in range(4000)]
+EXPECTED = Counter(w for line in LINES for w in _words(line))
+
+
+def test_a_word_count_built_from_the_receivers_results_is_exactly_the_ordinary_paths(spark_context, tmp_path):
+    totals, stats, batches = run_counts(
+        spark_context, tmp_path, LINES,
+        lambda s: s.flatMap(_words).map(lambda w: (w, 1)).filter(lambda kv: kv[0]).reduceByKey(operator.add),
+        **{KEY: "true"})
+    assert totals == EXPECTED
+    assert stats.precomputed_batches >= 1 and stats.precompute_fallbacks == 0
+    assert all(len({k for k, _ in b}) == len(b) for b in batches)  # one row per key in a batch
+
+
+def test_off_by_default_every_batch_reads_its_blocks(spark_context, tmp_path):
+    totals, stats, _ = run_counts(spark_context, tmp_path, LINES,
+                                  lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add))
+    assert totals == EXPECTED
+    assert stats.precomputed_batches == 0
+
+
+def test_results_too_large_to_send_fall_back_to_reading_the_blocks(spark_context, tmp_path):
+    lines = [f"u{i} v{i}" for i in range(3000)]  # every word distinct: results as large as the data
+    totals, stats, _ = run_counts(
+        spark_context, tmp_path, lines, lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add),
+        **{KEY: "true", "spark.sparkwal.receiver.precompute.maxBytes": "64"})
+    assert totals == Counter(w for line in lines for w in _words(line))
+    assert stats.precomputed_batches == 0 and stats.precompute_fallbacks >= 1
+
+
+def test_a_function_that_fails_on_the_receiver_fails_its_batch_as_on_the_ordinary_path():
+    def bad(_w):
+        raise ValueError("no")
+    plan = BlockPlan(3, (lambda it: map(lambda w: (bad(w), 1), it),), lambda v: v, operator.add)
+    failed: set = set()
+    assert block_results(0, (plan,), ["x"], 1 << 10, failed) == [] and failed == {3}
+    assert block_results(0, (plan,), ["x"], 1 << 10, failed) == []  # not run again
+
+
+@pytest.mark.parametrize("items, sent", [
+    ([("a", 1), ("b", 2.5), (None, True), (b"k", (1, ("x", None)))], True),
+    ([("a", [1, 2])], False),  # a list would come back a tuple: not sent
+    ([("a", {"k": 1})], False),
+    ([("a", 1 << 70)], False),  # beyond msgpack's integers
+])
+def test_only_results_that_come_back_exactly_are_sent(items, sent):
+    data = encode_result(items, 1 << 20)
+    assert (data is not None) == sent
+    if sent:
+        assert list(decode_result(data)) == items
+
+
+def test_a_plan_is_the_map_side_of_combine_by_key():
+    plan = BlockPlan(0, (lambda it: (w for line in it for w in line.split()), lambda it: ((w, 1) for w in it)),
+                     lambda v: [v], lambda c, v: c + [v])
+    assert dict(run_plan(plan, ["a b", "a"])) == {"a": [1, 1], "b": [1]}
+
+
+def test_a_whole_partition_function_runs_on_whole_blocks_as_on_the_ordinary_path(spark_context, tmp_path):
+    lines = [f"x y{i % 5}" for i in range(3000)]
+    def build(s):  # glom sees a block as its partition: per-block sizes add up
+        return s.glom().map(lambda b: ("records", 2 * len(b))).reduceByKey(operator.add)
+    totals, stats, _ = run_counts(spark_context, tmp_path, lines, build, **{KEY: "true"})
+    assert totals == {"records": 2 * len(lines)}
+    assert stats.precomputed_batches >= 1 and stats.precompute_fallbacks == 0
+
+
+@pytest.mark.parametrize("now, block, batch, lead, cut", [
+    (1003, 50, 100, 10, 1040), (1040, 50, 100, 10, 1090), (1090, 50, 100, 10, 1140),  # one cut 10 ms before 1100
+    (1003, 300, 1000, 20, 1080), (1980, 300, 1000, 20, 2080),  # 1980 before 2000, then every 300 to 2980
+    (1095, 50, 100, 10, 1140),  # the cut before 1100 has passed: the next batch's grid
+    (1003, 200, None, 5, 1200),  # no batch interval: Spark's multiples of the block interval
+])
+def test_blocks_are_cut_just_before_each_batch_time(now, block, batch, lead, cut):
+    assert next_cut_ms(now, block, batch, lead) == cut
