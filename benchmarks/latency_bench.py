@@ -1,7 +1,7 @@
 """Record-to-output latency: sparkwal, pyspark.streaming and Structured Streaming in one run.
 
     python -m benchmarks.latency_bench [--seconds 20] [--warmup 10] [--intervals 100,250,500,1000]
-        [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,pyspark,structured]
+        [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,sparkwal-precompute,pyspark,structured]
         [--conf KEY=VALUE ...] [--json FILE]
 
 A paced TCP source in this process sends ``--rates`` lines a second (10 words each, stamped with
@@ -40,6 +40,10 @@ one plain PySpark job, warmed, nothing else running: what no engine that runs a 
 can go under on this machine), and where the median batch's time went in each sparkwal row (its
 ``BatchInfo.breakdown`` and its output operation's ``submit``/``tasks``/``collect``, in ms).
 
+``sparkwal-precompute`` is sparkwal with ``spark.sparkwal.receiver.precompute`` on (the receiver
+runs the per-record operations and the map side of ``reduceByKey`` on each block as its records
+arrive; docs/receivers.md) and one block a batch interval, cut just before each batch time.
+
 A row keeps up when the median latency of the window's last fifth is within the median of its
 first fifth plus one batch interval (a backlog that grows shows as growing latency).
 """
@@ -61,7 +65,8 @@ import time
 WORDS = "spark stream wal checkpoint batch driver executor record block offset"
 TS_KEY = "\x00ts:"  # the key each line also counts under: its send time's slot
 SLOT_MS = 10
-DURABILITY = {"sparkwal": "receiver WAL, fsync per block", "pyspark": "receiver WAL, hflush (no fsync)",
+DURABILITY = {"sparkwal": "receiver WAL, fsync per block", "sparkwal-precompute": "receiver WAL, fsync per block",
+              "pyspark": "receiver WAL, hflush (no fsync)",
               "structured": "no data log (socket source)"}
 
 
@@ -169,9 +174,14 @@ def dstream_app(args) -> None:
     from pyspark import SparkConf, SparkContext
 
     conf = _conf(SparkConf(), args).set("spark.streaming.receiver.writeAheadLog.enable", "true")
-    if not any(c.startswith("spark.streaming.blockInterval=") for c in args.conf):
+    if args.engine == "sparkwal-precompute":  # blocks cut just before each batch time: one a batch
+        conf.set("spark.sparkwal.receiver.precompute", "true")
+        conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms)}ms")
+    if not any(c.startswith("spark.streaming.blockInterval=") for c in args.conf) and not conf.contains(
+            "spark.streaming.blockInterval"):
         conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms // 2)}ms")
-    if args.engine == "sparkwal":
+    engine_is_sparkwal = args.engine.startswith("sparkwal")
+    if engine_is_sparkwal:
         from sparkwal import StreamingContext, StreamingListener
         from sparkwal.engine import StateSpec
     else:
@@ -192,10 +202,9 @@ def dstream_app(args) -> None:
                    "processing_ms": info.processingDelay(), "scheduling_ms": info.schedulingDelay(),
                    "breakdown": phases})
 
-    engine_is_sparkwal = args.engine == "sparkwal"
     ssc.addStreamingListener(Delays())
     counts = ssc.socketTextStream("127.0.0.1", args.port).flatMap(_keys).reduceByKey(lambda a, b: a + b)
-    if args.pipeline == "stateful" and args.engine == "sparkwal":
+    if args.pipeline == "stateful" and engine_is_sparkwal:
         counts = counts.mapWithState(StateSpec.function(_running_total))
     elif args.pipeline == "stateful":
         counts = counts.updateStateByKey(_touched_total)
@@ -414,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intervals", default="100,250,500,1000")
     ap.add_argument("--rates", default="20000")
     ap.add_argument("--pipelines", default="stateless,stateful")
-    ap.add_argument("--engines", default="sparkwal,pyspark,structured")
+    ap.add_argument("--engines", default="sparkwal,sparkwal-precompute,pyspark,structured")
     ap.add_argument("--json", help="also write every row here")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark conf setting for the sparkwal and pyspark.streaming apps (repeatable)")

@@ -13,7 +13,7 @@ from pyspark import cloudpickle
 
 from sparkwal.engine import StreamingContext
 from sparkwal.engine.receiver.supervisor import next_cut_ms
-from sparkwal.engine.receiver.precompute import (BlockPlan, block_results, decode_result, encode_result,
+from sparkwal.engine.receiver.precompute import (BlockPlan, Precomputed, block_results, decode_result, encode_result,
                                                  run_plan)
 
 from test_receivers import LineServer, wait_until
@@ -138,3 +138,14 @@ def test_a_whole_partition_function_runs_on_whole_blocks_as_on_the_ordinary_path
 ])
 def test_blocks_are_cut_just_before_each_batch_time(now, block, batch, lead, cut):
     assert next_cut_ms(now, block, batch, lead) == cut
+
+
+def test_the_driver_holds_a_bounded_amount_of_results_dropping_the_oldest_first():
+    class Head:
+        creation_site = "reduceByKey at app.py:1"
+    plan = BlockPlan(7, (), lambda v: v, operator.add)
+    held = Precomputed(host=None, plans={0: [(Head(), plan)]}, max_held=250)
+    for i in range(5):
+        held.add(0, f"input-0-{i}", [[7, bytes(100)], [99, bytes(100)]])  # plan 99 is not this stream's
+    assert held.held_bytes == 200  # the two newest blocks' results of plan 7
+    assert "stream 0 runs the per-record operations up to reduceByKey at app.py:1" in held.describe()

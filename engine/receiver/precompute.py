@@ -220,6 +220,10 @@ class Precomputed:
         return "; ".join(f"stream {sid} runs the per-record operations up to {head.creation_site}"
                          for head, (sid, _) in self._heads)
 
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
     def plans_of(self, stream_id: int) -> tuple[BlockPlan, ...]:
         return self._by_stream.get(stream_id, ())
 
