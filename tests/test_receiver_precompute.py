@@ -34,7 +34,7 @@ def _words(line: str) -> list:
     return line.split()
 
 
-def run_counts(sc, tmp_path, lines, build, batches_needed=None, **conf):
+def run_counts(sc, tmp_path, lines, build, expected=None, **conf):
     """Run ``build(stream)`` (a keyed stream) over ``lines`` and return the summed counts and the
     receiver tracker's statistics."""
     undo = _conf(sc, **conf)
@@ -53,7 +53,7 @@ def run_counts(sc, tmp_path, lines, build, batches_needed=None, **conf):
     build(ssc.socketTextStream("127.0.0.1", server.port)).foreachRDD(take)
     ssc.start()
     try:
-        expected = sum(len(_words(line)) for line in lines)
+        expected = expected or sum(len(_words(line)) for line in lines)
         wait_until(lambda: sum(totals.values()) >= expected, what="every word")
         stats = ssc.receiverTracker.statistics()
     finally:
@@ -149,3 +149,13 @@ def test_the_driver_holds_a_bounded_amount_of_results_dropping_the_oldest_first(
         held.add(0, f"input-0-{i}", [[7, bytes(100)], [99, bytes(100)]])  # plan 99 is not this stream's
     assert held.held_bytes == 200  # the two newest blocks' results of plan 7
     assert "stream 0 runs the per-record operations up to reduceByKey at app.py:1" in held.describe()
+
+
+def test_two_branches_each_with_its_own_plan_count_and_count_by_value(spark_context, tmp_path):
+    lines = [f"p q{i % 4}" for i in range(3000)]
+
+    def build(s):  # one output of both: the lines counted (count: a whole-block step) and the words
+        return s.flatMap(_words).countByValue().union(s.count().map(lambda n: ("lines", n)))
+    totals, stats, _ = run_counts(spark_context, tmp_path, lines, build, expected=3 * len(lines), **{KEY: "true"})
+    assert totals == Counter({"p": 3000, "q0": 750, "q1": 750, "q2": 750, "q3": 750, "lines": 3000})
+    assert stats.precomputed_batches >= 2 and stats.precompute_fallbacks == 0
