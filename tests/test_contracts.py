@@ -204,6 +204,7 @@ CONF_KEYS = [
     "spark.sparkwal.standby.preloadState", "spark.sparkwal.storage.deadline", "spark.sparkwal.ui.port",
     "spark.sparkwal.shipCode", "spark.sparkwal.shipEnvironment", "spark.sparkwal.backlog.warnIntervals",
     "spark.sparkwal.recovery.coalesceDowntime",  # issue 44
+    "spark.sparkwal.receiver.precompute", "spark.sparkwal.receiver.precompute.maxBytes",  # issue 44's continuous half
 ]
 
 #: the main job's JSON-line events, which tools read (issues 11, 18, 30, 32)
