@@ -155,9 +155,10 @@ class BlockGenerator:
             self._queue.put((self._new_block_id(), records, self._clock.now_ms(), results))  # waits while full
 
     def lead_ms(self) -> int:
-        """How long before a batch time to cut its last block: the slowest of the last blocks'
-        times to being recorded (store, fsync, report) and 3 ms, within 2 ms .. half a block."""
-        return int(min(max(2, max(self._recorded_after) + 3), self._interval // 2))
+        """How long before a batch time to cut its last block: twice the slowest of the last
+        blocks' times to being recorded (store, fsync, report) plus 5 ms, within 2 ms .. half a
+        block (a block that misses its batch waits a whole batch more)."""
+        return int(min(max(2, 2 * max(self._recorded_after) + 5), self._interval // 2))
 
     def _timer_loop(self) -> None:
         next_ms = next_cut_ms(self._clock.now_ms(), self._interval, self._batch_ms, self.lead_ms())
