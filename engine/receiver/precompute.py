@@ -136,19 +136,9 @@ def block_results(stream_id: int, plans: tuple[BlockPlan, ...], records: list, m
     """``[[plan_id, bytes], ...]`` for ``AddBlock``, at most ``max_bytes`` in all. A plan whose
     function raises is logged once and skipped (its batches take the ordinary path, where the
     error surfaces as the batch's own)."""
-    out, room = [], max_bytes
-    for plan in plans:
-        if plan.plan_id in failed:
-            continue
-        try:
-            data = encode_result(run_plan(plan, records), room)
-        except Exception as e:  # noqa: BLE001  (the user's function: its batch reports it)
-            _stopped(stream_id, plan, e, failed)
-            continue
-        if data is not None:
-            out.append([plan.plan_id, data])
-            room -= len(data)
-    return out
+    running = RunningResults(stream_id, plans, max_bytes, failed)  # the same steps, on the whole block
+    running.add(records)
+    return running.take()
 
 
 def checked_results(results: list) -> list:
