@@ -30,6 +30,9 @@ class RecordingHandler:
     def on_report_error(self, conn, *args):
         self.calls.append(("report_error", *args))
 
+    def on_recorded_up_to(self, conn, *args):
+        self.calls.append(("recorded_up_to", *args))
+
     def on_deregister(self, conn, *args):
         self.calls.append(("deregister", *args))
 
@@ -68,11 +71,13 @@ def test_an_authenticated_receiver_registers_and_gets_replies(endpoint):
                             on_close=lambda: None)
     assert conn.request(wire.REGISTER, [0, "R", "127.0.0.1", "driver", 123], timeout_s=5) == (True, "")
     conn.tell(wire.REPORT_ERROR, [0, "oops", None])
-    assert _wait_for(lambda: len(handler.calls) == 2)
-    assert handler.calls == [("register", 0, "R", "127.0.0.1", "driver", 123), ("report_error", 0, "oops", None)]
+    conn.tell(wire.RECORDED_UP_TO, [0, 1_700_000_000_000])
+    assert _wait_for(lambda: len(handler.calls) == 3)
+    assert handler.calls == [("register", 0, "R", "127.0.0.1", "driver", 123), ("report_error", 0, "oops", None),
+                             ("recorded_up_to", 0, 1_700_000_000_000)]
     conn.close()
     assert handler.disconnected.wait(5)
-    assert ep.statistics().messages == 2
+    assert ep.statistics().messages == 3
 
 
 def test_a_client_with_the_wrong_secret_is_dropped_before_any_message(endpoint):
@@ -149,6 +154,7 @@ def _body(v) -> bytes:
     (lambda b: struct.pack(">I", len(b)) + b)(_body([2, wire.REGISTER, 1, [0, "R", "h", "e", 1]])),  # version
     (lambda b: struct.pack(">I", len(b)) + b)(_body([1, wire.REGISTER, 1, ["0", "R", "h", "e", 1]])),  # types
     (lambda b: struct.pack(">I", len(b)) + b)(_body([1, wire.REGISTER, 1, [0, "R"]])),  # arity
+    (lambda b: struct.pack(">I", len(b)) + b)(_body([1, wire.RECORDED_UP_TO, 0, [0, "1000"]])),  # a time not an int
     (lambda b: struct.pack(">I", len(b)) + b)(_body({"kind": 1})),  # not a list
     (lambda b: struct.pack(">I", len(b)) + b)(_body([1, wire.STOP_RECEIVER, 0, []])),  # driver's message
 ])

@@ -12,9 +12,8 @@ import pytest
 from pyspark import cloudpickle
 
 from sparkwal.engine import StreamingContext
-from sparkwal.engine.receiver.supervisor import next_cut_ms
-from sparkwal.engine.receiver.precompute import (BlockPlan, Precomputed, block_results, decode_result, encode_result,
-                                                 run_plan)
+from sparkwal.engine.receiver.precompute import (BlockPlan, DriverRowsRDD, Precomputed, block_results, decode_result,
+                                                 encode_result, run_plan)
 
 from test_receivers import LineServer, wait_until
 
@@ -46,7 +45,7 @@ def run_counts(sc, tmp_path, lines, build, expected=None, **conf):
 
     def take(rdd):
         items = rdd.collect()
-        batches.append(items)
+        batches.append((items, isinstance(rdd, DriverRowsRDD)))
         for key, value in items:
             totals[key] += value
 
@@ -74,7 +73,25 @@ def test_a_word_count_built_from_the_receivers_results_is_exactly_the_ordinary_p
         **{KEY: "true"})
     assert totals == EXPECTED
     assert stats.precomputed_batches >= 1 and stats.precompute_fallbacks == 0
-    assert all(len({k for k, _ in b}) == len(b) for b in batches)  # one row per key in a batch
+    assert all(len({k for k, _ in b}) == len(b) for b, _ in batches)  # one row per key in a batch
+    assert sum(from_driver for _, from_driver in batches) == stats.precomputed_batches
+
+
+def test_a_precomputed_batchs_rows_are_read_on_the_driver_without_a_spark_job(spark_context):
+    rows = [(f"k{i}", i) for i in range(10)]
+    rdd = DriverRowsRDD(spark_context.parallelize(rows, 3), rows)
+    spark_context.setJobGroup("driver-rows", "reads of rows the driver holds")
+    try:
+        assert (rdd.collect(), rdd.take(4), rdd.first(), rdd.count(), rdd.isEmpty()) == (rows, rows[:4], rows[0], 10,
+                                                                                           False)
+        assert spark_context.statusTracker().getJobIdsForGroup("driver-rows") == []
+        assert rdd.map(lambda kv: kv[1]).sum() == 45 and rdd.getNumPartitions() == 3  # the parallelized RDD's own
+        assert rdd.glom().collect() == spark_context.parallelize(rows, 3).glom().collect()
+        assert len(spark_context.statusTracker().getJobIdsForGroup("driver-rows")) == 3
+    finally:
+        spark_context.setLocalProperty("spark.jobGroup.id", None)
+    empty = DriverRowsRDD(spark_context.parallelize([], 2), [])
+    assert (empty.isEmpty(), empty.take(1), empty.count()) == (True, [], 0)
 
 
 def test_off_by_default_every_batch_reads_its_blocks(spark_context, tmp_path):
@@ -82,6 +99,7 @@ def test_off_by_default_every_batch_reads_its_blocks(spark_context, tmp_path):
                                   lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add))
     assert totals == EXPECTED
     assert stats.precomputed_batches == 0
+    assert stats.cut_waits >= 1  # batches waited for the receiver's block cut at their time (test_batch_cuts.py)
 
 
 def test_results_too_large_to_send_fall_back_to_reading_the_blocks(spark_context, tmp_path):
@@ -128,16 +146,6 @@ def test_a_whole_partition_function_runs_on_whole_blocks_as_on_the_ordinary_path
     totals, stats, _ = run_counts(spark_context, tmp_path, lines, build, **{KEY: "true"})
     assert totals == {"records": 2 * len(lines)}
     assert stats.precomputed_batches >= 1 and stats.precompute_fallbacks == 0
-
-
-@pytest.mark.parametrize("now, block, batch, lead, cut", [
-    (1003, 50, 100, 10, 1040), (1040, 50, 100, 10, 1090), (1090, 50, 100, 10, 1140),  # one cut 10 ms before 1100
-    (1003, 300, 1000, 20, 1080), (1980, 300, 1000, 20, 2080),  # 1980 before 2000, then every 300 to 2980
-    (1095, 50, 100, 10, 1140),  # the cut before 1100 has passed: the next batch's grid
-    (1003, 200, None, 5, 1200),  # no batch interval: Spark's multiples of the block interval
-])
-def test_blocks_are_cut_just_before_each_batch_time(now, block, batch, lead, cut):
-    assert next_cut_ms(now, block, batch, lead) == cut
 
 
 def test_the_driver_holds_a_bounded_amount_of_results_dropping_the_oldest_first():

@@ -54,14 +54,16 @@ class StreamInputInfo:
 OPERATION_PHASES = ("submit", "tasks", "collect")
 
 #: A batch's phases on the driver (``BatchInfo.breakdown``), in order, in ms. ``generation``: the
-#: batch turned into jobs on the generator's thread, made of ``blockAllocation`` (the receivers'
-#: blocks allocated to it, the allocation written to the block tracker's WAL and synced),
+#: batch turned into jobs on the generator's thread, made of ``receiverCuts`` (the wait for the
+#: receivers' blocks cut at the batch time to be recorded: engine/receiver/batch_cuts.py; present
+#: with receivers), ``blockAllocation`` (the receivers' blocks allocated to it, the allocation
+#: written to the block tracker's WAL and synced),
 #: ``batchLog`` (a direct stream's ranges planned and logged, synced), ``leadership`` (the
 #: driver's epoch confirmed) and ``graph`` (the batch's RDDs built); ``checkpointWrite``: its
 #: checkpoint written (off the batch's path, on the checkpoint writer's thread; present once
 #: written by the time the batch completes); ``commit``: what follows its last output (its batch
 #: log's done mark, state snapshots, the direct streams' and receivers' completion steps).
-BATCH_PHASES = ("generation", "blockAllocation", "batchLog", "leadership", "graph", "checkpointWrite",
+BATCH_PHASES = ("generation", "receiverCuts", "blockAllocation", "batchLog", "leadership", "graph", "checkpointWrite",
                 "commit")
 
 

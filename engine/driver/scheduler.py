@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
     from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker
 
+    from ..receiver.receiver_tracker import ReceiverTracker
     from ..state import StateSnapshots
     from .events import EventBus
 
@@ -51,6 +52,8 @@ class SchedulerHost(DriverFacts, Protocol):
     def input_infos(self) -> InputInfoTracker: ...
     @property
     def block_tracker(self) -> ReceivedBlockTracker | None: ...
+    @property
+    def receiver_tracker(self) -> ReceiverTracker | None: ...
     @property
     def checkpoint_writer(self) -> CheckpointWriter | None: ...
     @property
@@ -362,7 +365,10 @@ class JobGenerator:
         phases = Phases()
         try:
             with phases.phase("generation"):
-                with phases.phase("blockAllocation"):  # first: the batch's blocks
+                if driver.receiver_tracker is not None:  # the receivers' blocks cut at the batch time
+                    with phases.phase("receiverCuts"):
+                        driver.receiver_tracker.batch_cuts.wait_for(time_ms)
+                with phases.phase("blockAllocation"):  # then the batch's blocks
                     driver.block_tracker.allocate_blocks_to_batch(time_ms)
                 with phases.phase("batchLog"):  # ranges planned and logged, unless committed
                     if not driver.plan_batch(time_ms):

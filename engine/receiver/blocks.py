@@ -44,10 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.tracker import ReceivedBlockInfo
+from sparkwal.tracker.events import EventFormatError, block_from_raw
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FileBasedWriteAheadLog, LogLockedError, RecordHandle,
                           StorageLocation, resolve)
 
 from .wire import MAX_BLOCK_BYTES, TAG_LEN  # noqa: F401  (re-exported: the block file's bounds)
+from .wire import ProtocolError
 from ..errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,28 @@ class BlockCopy:
 
 
 MAX_COPIES = 16
+
+
+def block_from_wire(raw: list) -> ReceivedBlockInfo:
+    """A reported block, checked field by field (a malformed one drops the connection)."""
+    if len(raw) != 5:
+        raise ProtocolError(f"a block has 5 fields, got {len(raw)}")
+    sid, n, bid, handle, _meta = raw
+    if not isinstance(sid, int) or isinstance(sid, bool) or not (n is None or isinstance(n, int)):
+        raise ProtocolError(f"bad block stream id or record count: {sid!r}, {n!r}")
+    if not isinstance(bid, str) or not 0 < len(bid) <= 200:
+        raise ProtocolError(f"bad block id {bid!r}")
+    if handle is not None and not (isinstance(handle, list) and len(handle) == 3
+                                   and isinstance(handle[0], str) and is_wal_block_name(handle[0])
+                                   and all(isinstance(x, int) and x >= 0 for x in handle[1:])):
+        raise ProtocolError(f"bad WAL handle {handle!r} in block {bid}")
+    try:
+        block_time_ms(bid)
+        info = block_from_raw(raw)
+        info.__post_init__()
+    except (ValueError, IndexError, EventFormatError) as e:
+        raise ProtocolError(f"bad block {bid!r}: {e}") from None
+    return info
 
 
 def copies_from_wire(raw: list, executor_id: str, host: str) -> tuple[BlockCopy, ...]:

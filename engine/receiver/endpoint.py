@@ -43,6 +43,8 @@ class Handler(Protocol):
 
     def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None: ...
 
+    def on_recorded_up_to(self, conn: Connection, stream_id: int, batch_ms: int) -> None: ...
+
     def on_deregister(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None: ...
 
     def on_disconnect(self, conn: Connection) -> None: ...
@@ -144,8 +146,8 @@ class ReceiverEndpoint:
             ok, message = h.on_register(conn, *args)
         elif kind == wire.ADD_BLOCK:
             ok, message = h.on_add_block(conn, *args)
-        elif kind == wire.REPORT_ERROR:
-            h.on_report_error(conn, *args)
+        elif kind in (wire.REPORT_ERROR, wire.RECORDED_UP_TO):  # one-way
+            (h.on_report_error if kind == wire.REPORT_ERROR else h.on_recorded_up_to)(conn, *args)
             return
         elif kind == wire.DEREGISTER:
             h.on_deregister(conn, *args)

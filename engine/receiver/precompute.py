@@ -11,7 +11,9 @@ stores it: exactly the map side of that shuffle, since a batch's RDD has one par
 block. The block is stored (in the receiver WAL, with its fsync) before its result is reported
 with it in ``AddBlock``; a batch whose every block came with its result builds the combined
 stream's RDD on the driver from those results (``mergeCombiners`` over the blocks, then
-``parallelize``): no block read, no Python task, no shuffle. Any other batch (a block without a
+``parallelize``): no block read, no Python task, no shuffle, and an output operation that
+only reads the rows (``collect``, ``take``, ``count``, ``isEmpty``, ``first``) runs no Spark job
+either (:class:`DriverRowsRDD`). Any other batch (a block without a
 result, a restarted driver, a result too large) takes the ordinary path from the blocks, which
 computes the same records: the blocks stay the source of truth, the results only a shortcut.
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
+from pyspark import RDD
 
 log = logging.getLogger(__name__)
 
@@ -258,4 +261,28 @@ class Precomputed:
         for part in parts:
             for key, combiner in part:
                 merged[key] = merge(merged[key], combiner) if key in merged else combiner
-        return self._host.sc.parallelize(list(merged.items()), head.block_combine[3])
+        return DriverRowsRDD(self._host.sc.parallelize(rows := list(merged.items()), head.block_combine[3]), rows)
+
+
+class DriverRowsRDD(RDD):
+    """A parallelized RDD whose rows the driver still holds: the actions that only read them
+    answer from those rows without a Spark job, as Spark SQL answers ``collect`` on a local
+    relation (sql/core/.../execution/LocalTableScanExec.scala, ``executeCollect``/``executeTake``).
+    Any other use (a transformation, ``persist``, ``saveAs*``) is the parallelized RDD's own; its
+    partitions hold the rows in this order, so ``collect``/``take`` return what Spark would."""
+
+    def __init__(self, parallelized: RDD, rows: list):
+        super().__init__(parallelized._jrdd, parallelized.ctx, parallelized._jrdd_deserializer)
+        self._rows = rows
+
+    def collect(self) -> list:
+        return list(self._rows)
+
+    def take(self, num: int) -> list:
+        return self._rows[:max(num, 0)]
+
+    def count(self) -> int:
+        return len(self._rows)
+
+    def isEmpty(self) -> bool:
+        return not self._rows

@@ -25,18 +25,17 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from sparkwal.service import Service, spawn
-from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceivedBlockInfo,
-                     ReceiverSchedulingPolicy, ReceiverState, ReceiverTrackingInfo,
-                     create_rate_estimator)
-from sparkwal.tracker.events import EventFormatError, block_from_raw
+from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceiverSchedulingPolicy, ReceiverState,
+                              ReceiverTrackingInfo, create_rate_estimator)
 
 from .. import config
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
+from .batch_cuts import BatchCuts
 from .block_server import discover_block_servers
-from .blocks import (BlockCopy, block_time_ms, copies_from_wire, is_wal_block_name,
-                     oldest_kept_block_ms, remove_local_blocks)
+from .blocks import (BlockCopy, block_from_wire, block_time_ms, copies_from_wire, oldest_kept_block_ms,
+                     remove_local_blocks)
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
@@ -73,6 +72,8 @@ class ReceiverTrackerStatistics:
     add_block_waits: int  #: AddBlocks held back until batches caught up
     precomputed_batches: int = 0  #: batches built from the receivers' results (precompute.py)
     precompute_fallbacks: int = 0  #: batches with a block that came without its result: read back
+    cut_waits: int = 0  #: batches that waited for a receiver's block cut at their time (batch_cuts.py)
+    cuts_late: int = 0  #: of those, batches allocated with a receiver's cut still unrecorded
 
 
 def _receiver_partition(config: SupervisorConfig, receiver, _rows):
@@ -109,6 +110,7 @@ class ReceiverTracker:
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
         self.precomputed: Precomputed | None = None
+        self.batch_cuts = BatchCuts(driver.batch_ms)  #: each batch waits (briefly) for its time's cuts
         if settings[config.RECEIVER_PRECOMPUTE]:
             self.precomputed = Precomputed(driver, find_plans(driver.graph, inputs),
                                            min(64 << 20, self._max_unprocessed))
@@ -256,6 +258,7 @@ class ReceiverTracker:
             pre = self.precomputed
             return ReceiverTrackerStatistics(
                 unprocessed_bytes=sum(self._unprocessed.values()), **self._counts,
+                cut_waits=self.batch_cuts.waits, cuts_late=self.batch_cuts.late,
                 **(dict(precomputed_batches=pre.batches, precompute_fallbacks=pre.fallbacks) if pre else {}))
 
     def receiver_infos(self) -> dict[int, ReceiverInfo]:
@@ -293,7 +296,7 @@ class ReceiverTracker:
             sid = self._conn_stream.get(conn)
         if sid is None:
             raise wire.ProtocolError("AddBlock before RegisterReceiver")
-        info = _block(block)
+        info = block_from_wire(block)
         if size < 0:
             raise wire.ProtocolError(f"negative block size {size}")
         try:
@@ -342,6 +345,10 @@ class ReceiverTracker:
         log.warning("receiver of stream %d reported: %s %s", stream_id, message, error or "")
         self._driver.events.post(StreamingListenerReceiverError(info))
 
+    def on_recorded_up_to(self, conn: Connection, stream_id: int, batch_ms: int) -> None:
+        if self._conn_stream.get(conn) == stream_id:  # (a stopped receiver's late report: dropped)
+            self.batch_cuts.recorded_up_to(stream_id, batch_ms)
+
     def on_deregister(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
         if self._conn_stream.get(conn) == stream_id:
             self._deactivate(conn, message, error)
@@ -358,6 +365,7 @@ class ReceiverTracker:
             if self._conns.get(sid) is conn:
                 del self._conns[sid]
             self._tracking[sid] = ReceiverTrackingInfo(sid, ReceiverState.INACTIVE)
+            self.batch_cuts.forget(sid)
             old = self._infos[sid]
             info = self._infos[sid] = ReceiverInfo(
                 sid, old.name_, False, old.location_, old.executor_id_,
@@ -419,25 +427,3 @@ class ReceiverTracker:
 class _Placement:
     def __init__(self, stream_id: int, preferred: str | None):
         self.stream_id, self.preferred_location = stream_id, preferred
-
-
-def _block(raw: list) -> ReceivedBlockInfo:
-    """A reported block, checked field by field (a malformed one drops the connection)."""
-    if len(raw) != 5:
-        raise wire.ProtocolError(f"a block has 5 fields, got {len(raw)}")
-    sid, n, bid, handle, _meta = raw
-    if not isinstance(sid, int) or isinstance(sid, bool) or not (n is None or isinstance(n, int)):
-        raise wire.ProtocolError(f"bad block stream id or record count: {sid!r}, {n!r}")
-    if not isinstance(bid, str) or not 0 < len(bid) <= 200:
-        raise wire.ProtocolError(f"bad block id {bid!r}")
-    if handle is not None and not (isinstance(handle, list) and len(handle) == 3
-                                   and isinstance(handle[0], str) and is_wal_block_name(handle[0])
-                                   and all(isinstance(x, int) and x >= 0 for x in handle[1:])):
-        raise wire.ProtocolError(f"bad WAL handle {handle!r} in block {bid}")
-    try:
-        block_time_ms(bid)
-        info = block_from_raw(raw)
-        info.__post_init__()
-    except (ValueError, IndexError, EventFormatError) as e:
-        raise wire.ProtocolError(f"bad block {bid!r}: {e}") from None
-    return info

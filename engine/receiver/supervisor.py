@@ -18,7 +18,6 @@ import os
 import queue
 import threading
 import traceback
-from collections import deque
 from dataclasses import dataclass
 
 from sparkwal.service import Service, spawn
@@ -68,20 +67,18 @@ class SupervisorConfig:
     replication: int = 1  #: copies of each WAL-off block (the receiver's storage level's)
     plans: tuple = ()  #: what to run on each block for the driver (precompute.py; empty: nothing)
     precompute_max_bytes: int = 256 << 10
-    batch_interval_ms: int | None = None  #: blocks are cut just before each batch time (next_cut_ms)
+    batch_interval_ms: int | None = None  #: a block is cut on each batch time (next_cut_ms)
 
 
-def next_cut_ms(now_ms: int, block_ms: int, batch_ms: int | None, lead_ms: int) -> int:
-    """When to cut the next block: every ``block_ms``, on a grid that puts one cut ``lead_ms``
-    before each batch time (a multiple of ``batch_ms``), so that the block is recorded when the
-    driver allocates that batch's blocks instead of one batch later (Spark cuts on multiples of
-    the block interval, so its block cut at a batch time races the batch). Without a batch
-    interval: on multiples of ``block_ms``, as Spark."""
+def next_cut_ms(now_ms: int, block_ms: int, batch_ms: int | None) -> int:
+    """When to cut the next block: every ``block_ms``, on a grid that puts a cut on each batch
+    time (a multiple of ``batch_ms``), where the driver waits for it (batch_cuts.py) instead of
+    allocating whatever is recorded (Spark cuts on multiples of the block interval, so its block
+    cut at a batch time races the allocation and its records wait a whole batch more). Without a
+    batch interval: on multiples of ``block_ms``, as Spark."""
     if not batch_ms:
         return (now_ms // block_ms + 1) * block_ms
-    cut = (now_ms // batch_ms + 1) * batch_ms - lead_ms
-    while cut <= now_ms:
-        cut += batch_ms
+    cut = (now_ms // batch_ms + 1) * batch_ms
     return cut - (cut - now_ms - 1) // block_ms * block_ms
 
 
@@ -94,13 +91,13 @@ class BlockGenerator:
 
     def __init__(self, push, *, interval_ms: int, queue_size: int, max_buffered: int,
                  rate_limiter: RateLimiter, clock: Clock, on_error, new_block_id, batch_ms: int | None = None,
-                 running: RunningResults | None = None):
+                 running: RunningResults | None = None, on_batch_cut=None):
         if interval_ms <= 0:
             raise ValueError(f"spark.streaming.blockInterval must be positive, got {interval_ms} ms")
         self._push, self._on_error, self._new_block_id = push, on_error, new_block_id
         self._interval, self._max, self._batch_ms, self._running = interval_ms, max_buffered, batch_ms, running
-        #: the last blocks' times from cut to recorded: the lead of a cut before a batch time
-        self._recorded_after: deque[int] = deque([5], maxlen=20)
+        #: told ``batch_ms`` once every record added before the cut at that batch time is recorded
+        self._on_batch_cut, self._last_batch_cut = on_batch_cut, -1
         self.rate_limiter, self._clock = rate_limiter, clock
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._buffer: list = []
@@ -134,8 +131,8 @@ class BlockGenerator:
             with self._cond:
                 while len(self._buffer) >= self._max and self._adding:
                     try:
-                        self._queue.put_nowait((self._new_block_id(), self._buffer, self._clock.now_ms(),
-                                                self._running.take() if self._running else None))
+                        self._queue.put_nowait((self._new_block_id(), self._buffer,
+                                                self._running.take() if self._running else None, None))
                         self._buffer = []
                         break
                     except queue.Full:
@@ -146,43 +143,46 @@ class BlockGenerator:
                 if self._running is not None:
                     self._running.add(part)
 
-    def _cut(self) -> None:
+    def _cut(self, now_ms: int) -> None:
+        """Cut a block of the records added so far; on or after a batch time, it carries that time
+        (a marker alone when there are no records): the pusher reports it once it is recorded."""
+        batch_cut = now_ms // self._batch_ms * self._batch_ms if self._batch_ms and self._on_batch_cut else -1
+        if batch_cut <= self._last_batch_cut:
+            batch_cut = -1
         with self._cond:
             records, self._buffer = self._buffer, []
             results = self._running.take() if self._running is not None else None
             self._cond.notify_all()
-        if records:
-            self._queue.put((self._new_block_id(), records, self._clock.now_ms(), results))  # waits while full
-
-    def lead_ms(self) -> int:
-        """How long before a batch time to cut its last block: twice the slowest of the last
-        blocks' times to being recorded (store, fsync, report) plus 5 ms, within 2 ms .. half a
-        block (a block that misses its batch waits a whole batch more)."""
-        return int(min(max(2, 2 * max(self._recorded_after) + 5), self._interval // 2))
+        if records or batch_cut >= 0:
+            self._last_batch_cut = max(self._last_batch_cut, batch_cut)
+            self._queue.put((self._new_block_id() if records else None, records, results,
+                             batch_cut if batch_cut >= 0 else None))  # waits while full
 
     def _timer_loop(self) -> None:
-        next_ms = next_cut_ms(self._clock.now_ms(), self._interval, self._batch_ms, self.lead_ms())
+        next_ms = next_cut_ms(self._clock.now_ms(), self._interval, self._batch_ms)
         while not self._generating.is_set():
             now = self._clock.wait_till_ms(next_ms, timeout_s=0.05)
             if now >= next_ms:
-                self._cut()
-                next_ms = next_cut_ms(max(now, next_ms), self._interval, self._batch_ms, self.lead_ms())
-        self._cut()  # the final block: what was added before stop()
+                self._cut(now)
+                next_ms = next_cut_ms(max(now, next_ms), self._interval, self._batch_ms)
+        self._cut(self._clock.now_ms())  # the final block: what was added before stop()
 
     def _push_loop(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=0.05)
+                block_id, records, results, batch_cut = self._queue.get(timeout=0.05)
             except queue.Empty:
                 if self._generating.is_set() and not self._timer.is_alive():
                     return
                 continue
             try:
-                self._push(item[0], item[1], None, item[3])
-                self._recorded_after.append(self._clock.now_ms() - item[2])
+                if records:
+                    self._push(block_id, records, None, results)
+                if batch_cut is not None:
+                    self._on_batch_cut(batch_cut)
             except Exception as e:  # noqa: BLE001
-                self._on_error(f"Error in block pushing thread: {len(item[1])} records of block "
-                               f"{item[0]} were not stored", e)
+                self._on_error(f"Error in block pushing thread: {len(records)} records of block "
+                               f"{block_id} were not stored", e)
 
     def stop(self) -> None:
         with self._cond:
@@ -246,7 +246,7 @@ class ReceiverSupervisor:
                 self._store_and_report, interval_ms=c.block_interval_ms, queue_size=c.block_queue_size,
                 max_buffered=c.max_buffered_records, clock=self._clock, on_error=self.report_error,
                 rate_limiter=RateLimiter(c.max_rate, c.initial_rate, clock=self._clock),
-                new_block_id=self._new_block_id, batch_ms=c.batch_interval_ms,
+                new_block_id=self._new_block_id, batch_ms=c.batch_interval_ms, on_batch_cut=self._report_batch_cut,
                 running=RunningResults(c.stream_id, c.plans, c.precompute_max_bytes, self._failed_plans)
                 if RunningResults.possible(c.plans) else None)
             self._generator.start()
@@ -368,6 +368,15 @@ class ReceiverSupervisor:
         try:
             if self._conn is not None:
                 self._conn.tell(wire.REPORT_ERROR, [self.config.stream_id, message, _describe(error)])
+        except DriverUnreachableError:
+            pass
+
+    def _report_batch_cut(self, batch_ms: int) -> None:
+        """Every record added before the cut at batch time ``batch_ms`` is recorded: the driver may
+        allocate that batch's blocks (it waits for this, briefly: batch_cuts.py)."""
+        try:
+            if self._conn is not None:
+                self._conn.tell(wire.RECORDED_UP_TO, [self.config.stream_id, batch_ms])
         except DriverUnreachableError:
             pass
 

@@ -55,6 +55,9 @@ ADD_BLOCK = 2  # [block, host, executor_id, size_bytes, holders, results] -> REP
 #   maxBytes in all, each the block's combiners for one plan (engine/receiver/precompute.py)
 REPORT_ERROR = 3  # [stream_id, message, error] (one-way)
 DEREGISTER = 4  # [stream_id, message, error] -> REPLY [ok, message]
+RECORDED_UP_TO = 5  # [stream_id, batch_ms] (one-way): every record the receiver added before its
+#   block cut at batch time batch_ms is recorded (its AddBlock replied); only ends the driver's
+#   wait for that batch's blocks (engine/receiver/batch_cuts.py), never decides what a batch holds
 # driver -> receiver
 STOP_RECEIVER = 10  # []
 CLEANUP_OLD_BLOCKS = 11  # [thresh_ms]
@@ -80,6 +83,7 @@ SCHEMAS: dict[int, tuple] = {
     ADD_BLOCK: ((list,), _str, _str, _int, (list,), (list,)),
     REPORT_ERROR: (_int, _str, _opt_str),
     DEREGISTER: (_int, _str, _opt_str),
+    RECORDED_UP_TO: (_int, _int),
     STOP_RECEIVER: (),
     CLEANUP_OLD_BLOCKS: (_int,),
     UPDATE_RATE_LIMIT: (_num,),
@@ -91,7 +95,7 @@ SCHEMAS: dict[int, tuple] = {
     BLOCK_CHUNK: (_bin,),
 }
 NAMES = {REGISTER: "RegisterReceiver", ADD_BLOCK: "AddBlock", REPORT_ERROR: "ReportError",
-         DEREGISTER: "DeregisterReceiver", STOP_RECEIVER: "StopReceiver",
+         DEREGISTER: "DeregisterReceiver", RECORDED_UP_TO: "RecordedUpTo", STOP_RECEIVER: "StopReceiver",
          CLEANUP_OLD_BLOCKS: "CleanupOldBlocks", UPDATE_RATE_LIMIT: "UpdateRateLimit", REPLY: "Reply",
          FETCH_BLOCK: "FetchBlock", PUT_BLOCK: "PutBlock", CLEAN_BLOCKS: "CleanBlocks",
          BLOCK_HEADER: "BlockHeader", BLOCK_CHUNK: "BlockChunk"}
