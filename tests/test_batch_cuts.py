@@ -57,3 +57,24 @@ def test_the_wait_is_bounded_and_a_late_cut_is_counted():
     cuts.recorded_up_to(7, 1000)
     assert cuts.wait_for(2000) == (7,)
     assert (cuts.waits, cuts.late) == (1, 1)
+
+
+def test_a_receiver_whose_block_the_driver_holds_back_is_not_waited_for():
+    waiting = threading.Event()
+
+    def monotonic():
+        waiting.set()
+        return 0.0
+
+    cuts = BatchCuts(100, max_wait_s=60, monotonic=monotonic)
+    cuts.recorded_up_to(1, 1000)
+    cuts.hold(1, True)  # maxUnprocessedBytes: its AddBlock waits for earlier batches to run
+    assert cuts.wait_for(1100) == () and cuts.waits == 0
+    cuts.hold(1, False)
+    result: list = []
+    waiter = threading.Thread(target=lambda: result.append(cuts.wait_for(1100)))
+    waiter.start()
+    assert waiting.wait(10)
+    cuts.hold(1, True)  # held back while a batch waits for it: the wait ends
+    waiter.join(10)
+    assert result == [()] and (cuts.waits, cuts.late) == (1, 0)

@@ -8,8 +8,9 @@ added before that cut is recorded (its ``AddBlock`` replied), tells the driver `
 (``wire.py``). Allocating batch ``T``'s blocks first waits until each receiver that reported the
 batch before ``T`` has reported ``T`` (it is alive and on time: its cut at ``T`` is due in
 milliseconds), for at most half a batch interval. A receiver that did not report the batch before
-(just started, stopped, stuck behind the driver's backpressure, or on a clock far from the
-driver's) is not waited for.
+(just started, stopped, or on a clock far from the driver's) is not waited for, nor is one whose
+``AddBlock`` the driver is holding back (``spark.streaming.receiver.maxUnprocessedBytes``): its
+cut cannot be recorded before earlier batches run, so the wait would only delay this one.
 
 The reports only end the wait: which blocks a batch holds is still what the block tracker has
 recorded when the wait ends, so a late or lost report costs at most the wait, never a record.
@@ -31,6 +32,7 @@ class BatchCuts:
         self._max_wait_s = batch_ms / 2000 if max_wait_s is None else max_wait_s
         self._monotonic = monotonic
         self._recorded: dict[int, int] = {}
+        self._held: set[int] = set()  # streams whose AddBlock the driver is holding back
         self._cond = threading.Condition()
         self.waits = 0  #: batches that waited for a receiver's cut
         self.late = 0  #: of those, batches whose wait ended with a receiver's cut still missing
@@ -47,8 +49,15 @@ class BatchCuts:
             self._recorded.pop(stream_id, None)
             self._cond.notify_all()
 
+    def hold(self, stream_id: int, held: bool) -> None:
+        """The driver holds back (or no longer holds back) an ``AddBlock`` of the stream."""
+        with self._cond:
+            (self._held.add if held else self._held.discard)(stream_id)
+            self._cond.notify_all()
+
     def _behind(self, time_ms: int) -> list[int]:
-        return [sid for sid, t in self._recorded.items() if time_ms - self._batch_ms <= t < time_ms]
+        return [sid for sid, t in self._recorded.items()
+                if time_ms - self._batch_ms <= t < time_ms and sid not in self._held]
 
     def wait_for(self, time_ms: int) -> tuple[int, ...]:
         """Wait until every receiver that recorded up to the batch before ``time_ms`` has recorded

@@ -313,8 +313,12 @@ class ReceiverTracker:
             waited = False
             while (self._active and not self._stopped.is_set() and self._unprocessed[sid] > 0
                    and self._unprocessed[sid] + size > self._max_unprocessed):
+                if not waited:
+                    self.batch_cuts.hold(sid, True)  # no batch waits for its cut meanwhile
                 waited = True
                 self._lock.wait(0.5)
+            if waited:
+                self.batch_cuts.hold(sid, False)
             self._counts["add_block_waits"] += waited
         if not self._driver.block_tracker.add_block(info):
             with self._lock:
