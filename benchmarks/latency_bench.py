@@ -42,7 +42,7 @@ can go under on this machine), and where the median batch's time went in each sp
 
 ``sparkwal-precompute`` is sparkwal with ``spark.sparkwal.receiver.precompute`` on (the receiver
 runs the per-record operations and the map side of ``reduceByKey`` on each block as its records
-arrive; docs/receivers.md) and one block a batch interval, cut just before each batch time.
+arrive; docs/receivers.md) and one block a batch interval, cut on each batch time.
 
 A row keeps up when the median latency of the window's last fifth is within the median of its
 first fifth plus one batch interval (a backlog that grows shows as growing latency).
@@ -174,7 +174,7 @@ def dstream_app(args) -> None:
     from pyspark import SparkConf, SparkContext
 
     conf = _conf(SparkConf(), args).set("spark.streaming.receiver.writeAheadLog.enable", "true")
-    if args.engine == "sparkwal-precompute":  # blocks cut just before each batch time: one a batch
+    if args.engine == "sparkwal-precompute":  # one block a batch, cut on its time
         conf.set("spark.sparkwal.receiver.precompute", "true")
         conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms)}ms")
     if not any(c.startswith("spark.streaming.blockInterval=") for c in args.conf) and not conf.contains(
