@@ -146,8 +146,11 @@ class ReceiverEndpoint:
             ok, message = h.on_register(conn, *args)
         elif kind == wire.ADD_BLOCK:
             ok, message = h.on_add_block(conn, *args)
-        elif kind in (wire.REPORT_ERROR, wire.RECORDED_UP_TO):  # one-way
-            (h.on_report_error if kind == wire.REPORT_ERROR else h.on_recorded_up_to)(conn, *args)
+        elif kind == wire.REPORT_ERROR:  # one-way
+            h.on_report_error(conn, *args)
+            return
+        elif kind == wire.RECORDED_UP_TO:  # one-way
+            h.on_recorded_up_to(conn, *args)
             return
         elif kind == wire.DEREGISTER:
             h.on_deregister(conn, *args)

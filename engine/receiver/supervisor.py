@@ -146,17 +146,18 @@ class BlockGenerator:
     def _cut(self, now_ms: int) -> None:
         """Cut a block of the records added so far; on or after a batch time, it carries that time
         (a marker alone when there are no records): the pusher reports it once it is recorded."""
-        batch_cut = now_ms // self._batch_ms * self._batch_ms if self._batch_ms and self._on_batch_cut else -1
-        if batch_cut <= self._last_batch_cut:
-            batch_cut = -1
+        batch_cut = None
+        if self._batch_ms and self._on_batch_cut:
+            time_ms = now_ms // self._batch_ms * self._batch_ms
+            if time_ms > self._last_batch_cut:  # (not reported already)
+                batch_cut = self._last_batch_cut = time_ms
         with self._cond:
             records, self._buffer = self._buffer, []
             results = self._running.take() if self._running is not None else None
             self._cond.notify_all()
-        if records or batch_cut >= 0:
-            self._last_batch_cut = max(self._last_batch_cut, batch_cut)
-            self._queue.put((self._new_block_id() if records else None, records, results,
-                             batch_cut if batch_cut >= 0 else None))  # waits while full
+        if records or batch_cut is not None:
+            block_id = self._new_block_id() if records else None
+            self._queue.put((block_id, records, results, batch_cut))  # waits while full
 
     def _timer_loop(self) -> None:
         next_ms = next_cut_ms(self._clock.now_ms(), self._interval, self._batch_ms)
