@@ -43,6 +43,11 @@ class BatchCuts:
                 self._recorded[stream_id] = batch_ms
                 self._cond.notify_all()
 
+    def recorded_batch(self, stream_id: int) -> int | None:
+        """The latest batch time the stream's receiver reported its cut at (None: none yet)."""
+        with self._cond:
+            return self._recorded.get(stream_id)
+
     def forget(self, stream_id: int) -> None:
         """The stream's receiver stopped: no batch waits for it until it reports again."""
         with self._cond:
