@@ -303,6 +303,47 @@ def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_p
         fresh.write_partitions(2000, [OffsetRange("log", "p1", 3, 4)], spark_context.parallelize([7], 1))
 
 
+def test_a_consumer_that_does_not_know_a_listed_partition_is_asked_again_not_taken_for_empty(broker, topic):
+    """A kept consumer's stale "unknown partition" for a topic the broker lists (its metadata older
+    than the topic) would make the marker topic look empty, and every batch look unwritten: the
+    watermarks are asked of a new consumer; (0, 0) only for a partition the broker does not list."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+    from sparkwal.engine.sinks.kafka_markers import Watermarks
+
+    producer = Producer({"bootstrap.servers": broker, "log_level": 0})
+    producer.produce(topic, b"one", partition=0)
+    producer.flush(30)
+
+    class Stale:
+        def get_watermark_offsets(self, _partition, _timeout):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+
+        def close(self):
+            pass
+
+    made = []
+
+    def stale_first(_sink):
+        made.append(len(made))
+        if len(made) == 1:
+            return Stale()
+        return Consumer({"bootstrap.servers": broker, "group.id": "wm", "isolation.level": "read_committed",
+                         "log_level": 0})
+
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "wm")
+    watermarks = Watermarks(stale_first)
+    assert watermarks.of(sink, topic, 0) == (0, 1) and len(made) == 2
+    assert watermarks.of(sink, topic, 0) == (0, 1) and len(made) == 2  # the new consumer is kept
+    watermarks.close()
+    always_stale = Watermarks(lambda _sink: Stale())
+    assert always_stale.of(sink, f"{topic}-never-created", 0) == (0, 0)
+    assert always_stale.of(sink, topic, TOPIC_PARTITIONS) == (0, 0)  # a partition the topic does not have
+    impatient = KafkaSink(topic, {"bootstrap.servers": broker}, "wm", timeout_s=0.3)
+    with pytest.raises(KafkaSinkError, match=rf"wm: Kafka watermarks \({topic} at .*\) failed: _UNKNOWN_PARTITION"):
+        always_stale.of(impatient, topic, 0)  # a listed partition never known: an error, not (0, 0)
+
+
 def test_per_partition_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, broker, topic):
     from sparkwal.engine.apps.direct_wordcount import append_lines
 

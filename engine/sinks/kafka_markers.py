@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparkwal.wal import StorageUnavailableError
@@ -160,9 +160,18 @@ def read_to_end(sink, starts: dict[tuple[str, int], int]) -> Iterator:
 class Watermarks:
     """Partitions' low and high watermarks, asked of one ``read_committed`` consumer kept until
     :meth:`close` (the sink's): opening a consumer for each question costs about 4 ms, asking a
-    kept one under 1 ms, and every per-partition batch asks. Never pickled."""
+    kept one under 1 ms, and every per-partition batch asks. Never pickled.
 
-    def __init__(self):
+    A consumer's answer "unknown topic or partition" may come from its own stale metadata (a
+    topic created moments before, a broker that had not yet listed it): the sink would then read
+    an empty marker topic, take every batch for unwritten and write it again. Such an answer is
+    (0, 0) only once the broker's own topic list confirms it; otherwise a new consumer is asked,
+    within the sink's ``timeout_s``. ``new_consumer(sink)`` makes the consumer (tests inject one)."""
+
+    UNKNOWN = ("_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART")
+
+    def __init__(self, new_consumer: Callable[[Any], Any] | None = None):
+        self._new_consumer = new_consumer or _reader
         self._consumer: Any = None
         self._lock = threading.Lock()
 
@@ -170,22 +179,28 @@ class Watermarks:
         return {}
 
     def __setstate__(self, _state: dict) -> None:
-        self._consumer, self._lock = None, threading.Lock()
+        self._new_consumer, self._consumer, self._lock = _reader, None, threading.Lock()
 
     def of(self, sink, topic: str, partition: int) -> tuple[int, int]:
-        """The partition's low and high watermarks; (0, 0) if the topic does not exist (yet)."""
+        """The partition's low and high watermarks; (0, 0) if the broker does not list the partition."""
         kafka = import_confluent_kafka()
         start = time.monotonic()
         with self._lock:
-            if self._consumer is None:
-                self._consumer = _reader(sink)
-            try:
-                return self._consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition), sink.timeout_s)
-            except kafka.KafkaException as e:
-                self._close()  # (the next question asks a new consumer, with no metadata cached)
-                if e.args[0].name() in ("_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART"):
-                    return 0, 0
-                raise sink.error_of("watermarks", e, start) from e
+            while True:
+                if self._consumer is None:
+                    self._consumer = self._new_consumer(sink)
+                try:
+                    return self._consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition),
+                                                                sink.timeout_s)
+                except kafka.KafkaException as e:
+                    self._close()  # (the next question asks a new consumer, with no metadata cached)
+                    if e.args[0].name() not in self.UNKNOWN or time.monotonic() - start > sink.timeout_s:
+                        raise sink.error_of("watermarks", e, start) from e
+                    if not partition_listed(sink, topic, partition):
+                        return 0, 0
+                    log.info("%s: a consumer did not know %s[%d], which the broker lists; asking again",
+                             sink.name, topic, partition)
+                    time.sleep(0.05)  # (a backoff between two questions to the broker, not a wait for an event)
 
     def close(self) -> None:
         with self._lock:
@@ -195,6 +210,19 @@ class Watermarks:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def partition_listed(sink, topic: str, partition: int) -> bool:
+    """Whether the broker's list of every topic (a request that never creates one) holds the partition."""
+    kafka = import_confluent_kafka()
+    from confluent_kafka.admin import AdminClient
+
+    start = time.monotonic()
+    try:
+        listed = AdminClient(client_conf(sink)).list_topics(timeout=sink.timeout_s).topics.get(topic)
+    except kafka.KafkaException as e:
+        raise sink.error_of("metadata", e, start) from e
+    return listed is not None and listed.error is None and partition in listed.partitions
 
 
 def _watermarks(sink, topic: str, partition: int) -> tuple[int, int]:
