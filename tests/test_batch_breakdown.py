@@ -1,0 +1,64 @@
+"""An output operation's phases (``submit``, ``tasks``, ``collect``) come from the submission
+times of the stages its Spark jobs ran, asked of Spark's status tracker. A state's lineage grows
+by a skipped stage per batch; the question must not grow with it (each stage asked is two Py4J
+calls on the batch's job thread)."""
+
+from __future__ import annotations
+
+import time
+
+from sparkwal.engine.driver.breakdown import SparkJobs
+
+
+class CountingTracker:
+    """Spark's Java status tracker, with the stages asked of it counted."""
+
+    def __init__(self, tracker):
+        self._tracker, self.stages_asked = tracker, 0
+
+    def getJobIdsForGroup(self, group):
+        return self._tracker.getJobIdsForGroup(group)
+
+    def getJobInfo(self, job_id):
+        return self._tracker.getJobInfo(job_id)
+
+    def getStageInfo(self, stage_id):
+        self.stages_asked += 1
+        return self._tracker.getStageInfo(stage_id)
+
+
+class CountedJobs(SparkJobs):
+    def __init__(self, sc):
+        super().__init__(sc)
+        self.counting = CountingTracker(sc._jsc.statusTracker())
+
+    def tracker(self):
+        return self.counting
+
+
+def test_phases_ask_only_the_stages_a_job_ran_however_long_its_lineage(spark_context):
+    sc = spark_context
+    state = sc.parallelize(range(100), 2).map(lambda x: (x % 5, x)).reduceByKey(lambda a, b: a + b).cache()
+    state.count()
+    for _batch in range(8):  # as a state does: each batch's shuffle over the previous, cached
+        state = state.union(sc.parallelize([(1, 1)], 1)).reduceByKey(lambda a, b: a + b).cache()
+        state.count()
+    group = f"breakdown-{time.monotonic_ns()}"
+    sc.setJobGroup(group, "the batch")
+    start_ms = time.time() * 1000
+    state.union(sc.parallelize([(2, 2)], 1)).reduceByKey(lambda a, b: a + b).collect()
+    end_ms = time.time() * 1000
+    sc.setLocalProperty("spark.jobGroup.id", None)
+
+    jobs = CountedJobs(sc)
+    job_ids = jobs.job_ids(group)
+    phases = jobs.operation_phases(job_ids, start_ms, end_ms)
+    tracker = sc._jsc.statusTracker()
+    stage_ids = [s for j in job_ids for s in tracker.getJobInfo(j).stageIds()]
+    ran = sorted(tracker.getStageInfo(s).submissionTime() for s in stage_ids
+                 if tracker.getStageInfo(s).submissionTime() > 0)
+    assert len(stage_ids) >= 10 and len(ran) == 2  # the lineage's 9 shuffles skipped; this batch's shuffle and result
+    assert jobs.counting.stages_asked == len(ran) + 1  # the stages that ran, and the first skipped one
+    assert phases == {"submit": round(ran[0] - start_ms, 1), "tasks": round(ran[-1] - ran[0], 1),
+                      "collect": round(end_ms - ran[-1], 1)}
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= end_ms - start_ms + 0.5
