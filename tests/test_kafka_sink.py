@@ -344,6 +344,17 @@ def test_a_consumer_that_does_not_know_a_listed_partition_is_asked_again_not_tak
         always_stale.of(impatient, topic, 0)  # a listed partition never known: an error, not (0, 0)
 
 
+def test_reading_a_sink_whose_topics_do_not_exist_creates_none(broker):
+    """``read()`` is an inspector: on a broker that creates a topic when a
+    client names it (Kafka's default; this broker too), asking for one by name would create it."""
+    from confluent_kafka.admin import AdminClient
+
+    sink = KafkaSink("never-written", {"bootstrap.servers": broker}, "typo")
+    assert sink.read() == []
+    listed = AdminClient({"bootstrap.servers": broker, "log_level": 0}).list_topics(timeout=30).topics
+    assert "never-written" not in listed and sink.marker_topic not in listed
+
+
 def test_per_partition_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, broker, topic):
     from sparkwal.engine.apps.direct_wordcount import append_lines
 

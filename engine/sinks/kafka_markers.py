@@ -213,7 +213,15 @@ class Watermarks:
 
 
 def partition_listed(sink, topic: str, partition: int) -> bool:
-    """Whether the broker's list of every topic (a request that never creates one) holds the partition."""
+    """Whether the broker lists the partition."""
+    listed = listed_topic(sink, topic)
+    return listed is not None and partition in listed.partitions
+
+
+def listed_topic(sink, topic: str):
+    """The topic's metadata from the broker's list of every topic, None if it is not there. Asking
+    for the one topic instead would create it on a broker that creates topics on first mention
+    (Kafka's default, and Tansu's): a reader must not."""
     kafka = import_confluent_kafka()
     from confluent_kafka.admin import AdminClient
 
@@ -222,7 +230,7 @@ def partition_listed(sink, topic: str, partition: int) -> bool:
         listed = AdminClient(client_conf(sink)).list_topics(timeout=sink.timeout_s).topics.get(topic)
     except kafka.KafkaException as e:
         raise sink.error_of("metadata", e, start) from e
-    return listed is not None and listed.error is None and partition in listed.partitions
+    return listed if listed is not None and listed.error is None else None
 
 
 def _watermarks(sink, topic: str, partition: int) -> tuple[int, int]:
@@ -268,16 +276,9 @@ def read_newest_marker(sink) -> dict | None:
 
 def read_records(sink) -> Iterator[tuple[int, int, bytes | None, bytes | None, bytes | None]]:
     """``(partition, offset, key, value, its sparkwal.attempt header)`` of every committed record
-    of the data topic, in partition then offset order."""
-    kafka = import_confluent_kafka()
-    from confluent_kafka.admin import AdminClient
-
-    start = time.monotonic()
-    try:
-        metadata = AdminClient(client_conf(sink)).list_topics(sink.topic, timeout=sink.timeout_s)
-    except kafka.KafkaException as e:
-        raise sink.error_of("metadata", e, start) from e
-    partitions = sorted(metadata.topics[sink.topic].partitions)
+    of the data topic, in partition then offset order; none if the topic does not exist."""
+    listed = listed_topic(sink, sink.topic)
+    partitions = sorted(listed.partitions) if listed is not None else []  # (no topic: nothing committed)
     starts = {(sink.topic, p): _watermarks(sink, sink.topic, p)[0] for p in partitions}
     by_partition: dict[int, list] = {p: [] for p in partitions}
     for msg in read_to_end(sink, starts):
