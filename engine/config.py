@@ -208,6 +208,9 @@ MAX_LINEAGE_BATCHES = _entry("spark.sparkwal.state.maxLineageBatches", "int", 50
                              minimum=1)
 LIVE_KEYS = _entry("spark.sparkwal.state.liveKeysPerWorker", "int", 4_000_000,
                    "mapWithState keys a Python worker keeps live between batches", minimum=0)
+DRIVER_STATE_KEYS = _entry("spark.sparkwal.state.driverMaxKeys", "int", 100_000,
+                           "mapWithState after a precomputed reduceByKey keeps a state of at most this many keys "
+                           "on the driver, and runs its batches there (0: never)", minimum=0)
 
 # ---------------------------------------------------------------- UI, metrics, event log
 UI_ENABLED = _entry("spark.ui.enabled", "bool", True,

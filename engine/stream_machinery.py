@@ -172,8 +172,9 @@ class StreamMachinery:
                 if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
                     self._host.checkpoint_rdd(self, time_ms, rdd)
                 self.generated_rdds[time_ms] = rdd
-                if self.must_checkpoint:  # a state built on the one before it, if any
-                    self.lineage_from[time_ms] = self.lineage_from.get(self.previous_batch_ms(time_ms), time_ms)
+                if self.must_checkpoint:  # a state built on the one before it, if any (rows the driver holds: none)
+                    self.lineage_from[time_ms] = (self.lineage_from.get(self.previous_batch_ms(time_ms), time_ms)
+                                                  if getattr(rdd, "has_lineage", True) else time_ms)
             return rdd
 
     def lineage_start(self, time_ms: int) -> int | None:

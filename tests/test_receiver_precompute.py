@@ -82,18 +82,19 @@ def test_a_word_count_built_from_the_receivers_results_is_exactly_the_ordinary_p
 
 def test_a_precomputed_batchs_rows_are_read_on_the_driver_without_a_spark_job(spark_context):
     rows = [(f"k{i}", i) for i in range(10)]
-    rdd = DriverRowsRDD(spark_context.parallelize(rows, 3), rows)
+    rdd = DriverRowsRDD(spark_context, rows, num_partitions=3)
     spark_context.setJobGroup("driver-rows", "reads of rows the driver holds")
     try:
         assert (rdd.collect(), rdd.take(4), rdd.first(), rdd.count(), rdd.isEmpty()) == (rows, rows[:4], rows[0], 10,
                                                                                            False)
         assert spark_context.statusTracker().getJobIdsForGroup("driver-rows") == []
-        assert rdd.map(lambda kv: kv[1]).sum() == 45 and rdd.getNumPartitions() == 3  # the parallelized RDD's own
+        assert rdd.getNumPartitions() == 3 and not rdd.jvm_side_built
+        assert rdd.map(lambda kv: kv[1]).sum() == 45 and rdd.jvm_side_built  # the parallelized RDD's own
         assert rdd.glom().collect() == spark_context.parallelize(rows, 3).glom().collect()
         assert len(spark_context.statusTracker().getJobIdsForGroup("driver-rows")) == 3
     finally:
         spark_context.setLocalProperty("spark.jobGroup.id", None)
-    empty = DriverRowsRDD(spark_context.parallelize([], 2), [])
+    empty = DriverRowsRDD(spark_context, [], num_partitions=2)
     assert (empty.isEmpty(), empty.take(1), empty.count()) == (True, [], 0)
 
 

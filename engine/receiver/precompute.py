@@ -10,10 +10,11 @@ per-record operations after the receiver stream (``map``, ``flatMap``, ``filter`
 stores it: exactly the map side of that shuffle, since a batch's RDD has one partition per
 block. The block is stored (in the receiver WAL, with its fsync) before its result is reported
 with it in ``AddBlock``; a batch whose every block came with its result builds the combined
-stream's RDD on the driver from those results (``mergeCombiners`` over the blocks, then
-``parallelize``): no block read, no Python task, no shuffle, and an output operation that
+stream's RDD on the driver from those results (``mergeCombiners`` over the blocks; ``parallelize``
+only if a Spark job needs them): no block read, no Python task, no shuffle, and an output operation that
 only reads the rows (``collect``, ``take``, ``count``, ``isEmpty``, ``first``) runs no Spark job
-either (:class:`DriverRowsRDD`). Any other batch (a block without a
+either (:class:`~sparkwal.engine.driver_rows.DriverRowsRDD`), nor does a ``mapWithState`` after it
+while its state is small (:mod:`sparkwal.engine.state.driver_state`). Any other batch (a block without a
 result, a restarted driver, a result too large) takes the ordinary path from the blocks, which
 computes the same records: the blocks stay the source of truth, the results only a shortcut.
 
@@ -32,7 +33,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
-from pyspark import RDD
+from pyspark.rdd import portable_hash
+
+from ..driver_rows import DriverRowsRDD
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ def combine_into(combiners: dict, plan: BlockPlan, records) -> dict:
 
 
 def run_plan(plan: BlockPlan, records: list) -> list:
-    """The combiners of one block."""
+    """The combiners of one block, as ``(key, combiner)``."""
     return list(combine_into({}, plan, records).items())
 
 
@@ -109,7 +112,7 @@ class RunningResults:
         out, room = [], self._max_bytes
         for plan in self._plans:
             combiners, self._combiners[plan.plan_id] = self._combiners[plan.plan_id], {}
-            data = None if plan.plan_id in self._failed else encode_result(list(combiners.items()), room)
+            data = None if plan.plan_id in self._failed else encode_result(with_hashes(combiners), room)
             if data is not None:
                 out.append([plan.plan_id, data])
                 room -= len(data)
@@ -120,6 +123,21 @@ def _stopped(stream_id: int, plan: BlockPlan, error: Exception, failed: set) -> 
     failed.add(plan.plan_id)
     log.warning("receiver precompute of stream %d's plan %d stopped: %s: %s (its batches read their blocks "
                 "instead)", stream_id, plan.plan_id, type(error).__name__, error)
+
+
+def key_hash(key) -> int | None:
+    """``portable_hash(key)`` as the executors' Python workers work it out (it depends on their
+    ``PYTHONHASHSEED``, which a driver may not share): the partition a state run on the driver puts
+    the key in (:mod:`sparkwal.engine.state.driver_state`). None where it cannot be worked out."""
+    try:
+        return portable_hash(key)
+    except Exception:  # noqa: BLE001  (no PYTHONHASHSEED: not in a Spark worker; an unhashable key)
+        return None
+
+
+def with_hashes(combiners: dict) -> list:
+    """A block's result items: ``(key, combiner, key_hash(key))``."""
+    return [(key, combiner, key_hash(key)) for key, combiner in combiners.items()]
 
 
 def encode_result(items: list, max_bytes: int) -> bytes | None:
@@ -258,31 +276,10 @@ class Precomputed:
         self.batches += 1
         merge = head.block_combine[2]
         merged: dict = {}
+        hashes: dict = {}
         for part in parts:
-            for key, combiner in part:
+            for key, combiner, hashed in part:
                 merged[key] = merge(merged[key], combiner) if key in merged else combiner
-        return DriverRowsRDD(self._host.sc.parallelize(rows := list(merged.items()), head.block_combine[3]), rows)
-
-
-class DriverRowsRDD(RDD):
-    """A parallelized RDD whose rows the driver still holds: the actions that only read them
-    answer from those rows without a Spark job, as Spark SQL answers ``collect`` on a local
-    relation (sql/core/.../execution/LocalTableScanExec.scala, ``executeCollect``/``executeTake``).
-    Any other use (a transformation, ``persist``, ``saveAs*``) is the parallelized RDD's own; its
-    partitions hold the rows in this order, so ``collect``/``take`` return what Spark would."""
-
-    def __init__(self, parallelized: RDD, rows: list):
-        super().__init__(parallelized._jrdd, parallelized.ctx, parallelized._jrdd_deserializer)
-        self._rows = rows
-
-    def collect(self) -> list:
-        return list(self._rows)
-
-    def take(self, num: int) -> list:
-        return self._rows[:max(num, 0)]
-
-    def count(self) -> int:
-        return len(self._rows)
-
-    def isEmpty(self) -> bool:
-        return not self._rows
+                hashes[key] = hashed
+        return DriverRowsRDD(self._host.sc, list(merged.items()), num_partitions=head.block_combine[3],
+                             key_hashes=hashes if None not in hashes.values() else None)

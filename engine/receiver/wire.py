@@ -52,7 +52,8 @@ REGISTER = 1  # [stream_id, type_name, host, executor_id, worker_pid] -> REPLY [
 ADD_BLOCK = 2  # [block, host, executor_id, size_bytes, holders, results] -> REPLY; block as in
 #   tracker/events.py; holders (WAL off): [[executor_id, host, block_server_port], ...], the copies;
 #   results (spark.sparkwal.receiver.precompute): [[plan_id, msgpack bytes], ...], at most
-#   maxBytes in all, each the block's combiners for one plan (engine/receiver/precompute.py)
+#   maxBytes in all, each the block's combiners for one plan, as items [key, combiner, portable_hash(key)
+#   in the receiver's worker, or nil] (engine/receiver/precompute.py)
 REPORT_ERROR = 3  # [stream_id, message, error] (one-way)
 DEREGISTER = 4  # [stream_id, message, error] -> REPLY [ok, message]
 RECORDED_UP_TO = 5  # [stream_id, batch_ms] (one-way): every record the receiver added before its

@@ -25,8 +25,10 @@ from functools import partial
 from pyspark import RDD, StorageLevel
 
 from .. import config
+from ..driver_rows import DriverRowsRDD
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
+from .driver_state import DriverParts, DriverState, driver_batch
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 
@@ -211,7 +213,9 @@ def _by_partition(rdd: RDD, n: int) -> RDD:
 class InternalMapWithStateDStream(DStream):
     """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
 
-    transient_fields = (*DStream.transient_fields, "_initial")  # a restart restores the state instead
+    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms")  # a restart restores the state
+    #: a batch before this time does not try to bring the state back to the driver (driver_state.py)
+    driver_retry_ms: int | None = None
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
 
@@ -238,39 +242,53 @@ class InternalMapWithStateDStream(DStream):
             partial(_build_partition, time_ms=time_ms, uid=self._uid, live_keys=self._live_keys()),
             preservesPartitioning=True)
 
+    @property
+    def has_initial_state(self) -> bool:
+        return self._initial is not None
+
     def compute(self, time_ms: int) -> RDD | None:
         previous = self.previous_batch_ms(time_ms)
         state = self.get_or_compute(previous) if previous > self.zero_time_ms else None
+        data = self.dependencies[0].get_or_compute(time_ms)
+        update = self._update(time_ms)
+        on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS])
+        if on_driver is not None:
+            return on_driver
         if state is None:
             state = self._first_state(time_ms)
         n = self.num_partitions
-        data = self.dependencies[0].get_or_compute(time_ms)
         both = state
         if data is not None:  # the state's records are keyed by partition i: portable_hash(i) == i
             both = state.union(data.partitionBy(n))
         if both.getNumPartitions() != n:
             raise StateError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")
+        return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+
+    def _update(self, time_ms: int):
+        """The batch's function of (partition index, records): the state record first."""
         keep_removals = 2 * (self.checkpoint_ms or self.slide_ms) + self.slide_ms
         delta_since = None  # a checkpoint batch works out its delta from the previous one's
         if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
             delta_since = time_ms - self.checkpoint_ms
-        update = partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
-                         timeout_ms=self.timeout_ms,
-                         forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
-                         live_keys=self._live_keys())
-        return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+        return partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
+                       timeout_ms=self.timeout_ms,
+                       forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
+                       live_keys=self._live_keys())
 
     def _live_keys(self) -> int:
         return self._host.settings[config.LIVE_KEYS]
 
     def clear_metadata(self, time_ms: int) -> None:
         """Each batch's state is a full copy (PySpark caches pickles): keep only the newest
-        cached; older ones stay as lineage (back to the last snapshot) if a cache is lost."""
+        cached; older ones stay as lineage (back to the last snapshot) if a cache is lost. A state
+        held on the driver has no lineage: older ones are released."""
         with self._lock:
             for rdds in (self.generated_rdds, self._superseded):
                 for t, rdd in rdds.items():
-                    if t < time_ms and rdd.is_cached:
+                    if t < time_ms and isinstance(rdd, DriverState):
+                        rdd.release()
+                    elif t < time_ms and rdd.is_cached:
                         rdd.unpersist(blocking=False)
         super().clear_metadata(time_ms)
 
@@ -282,12 +300,16 @@ class InternalMapWithStateDStream(DStream):
     def state_partitioned(self, rdd: RDD) -> bool:
         return True
 
-    def state_rows(self, rdd: RDD, time_ms: int) -> RDD:
+    def state_rows(self, rdd: RDD, time_ms: int) -> RDD | DriverParts:
+        if isinstance(rdd, DriverState):  # written by the driver, in the same layout
+            return rdd.partition_rows(lambda record: record.state.rows())
         return rdd.flatMap(lambda r: r[1].state.rows(), preservesPartitioning=True)
 
-    def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | None:
+    def state_delta_rows(self, rdd: RDD, since_ms: int, time_ms: int) -> RDD | DriverParts | None:
         if since_ms < time_ms - 2 * (self.checkpoint_ms or self.slide_ms):
             return None  # removals that old are forgotten
+        if isinstance(rdd, DriverState):
+            return rdd.partition_rows(lambda record: record.rows_since(since_ms))
         return rdd.flatMap(lambda r: r[1].rows_since(since_ms))
 
     def state_from_rows(self, rows: RDD, partitioned: bool) -> RDD:
@@ -309,17 +331,25 @@ class MapWithStateDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         rdd = self._state_stream.get_or_compute(time_ms)
+        if isinstance(rdd, DriverState):  # read on the driver, no job
+            return DriverRowsRDD(self._sc, compute=rdd.mapped, num_partitions=rdd.getNumPartitions())
         return None if rdd is None else rdd.flatMap(lambda r: r[1].mapped)
 
     def stateSnapshots(self) -> DStream:
         """``(key, state)`` of every key after each batch."""
-        return TransformedDStream(self._ssc, [self._state_stream],
-                                  lambda _t, rdds: rdds[0].flatMap(lambda r: r[1].state.values.items()))
+        return TransformedDStream(self._ssc, [self._state_stream], _state_items)
 
     def checkpoint(self, interval: float) -> DStream:
         """The state's snapshot interval (Spark forwards it to the internal state stream)."""
         self._state_stream.checkpoint(interval)
         return self
+
+
+def _state_items(_time_ms, rdds) -> RDD:
+    state = rdds[0]
+    if isinstance(state, DriverState):  # read on the driver, no job
+        return DriverRowsRDD(state.ctx, compute=state.items, num_partitions=state.getNumPartitions())
+    return state.flatMap(lambda r: r[1].state.values.items())
 
 
 @DStream.operation("mapWithState")

@@ -39,11 +39,13 @@ def is_hash_partitioned(rdd: RDD) -> bool:
     return rdd.partitioner == Partitioner(n, portable_hash)
 
 
-def write_snapshot(rows: RDD, url: str | StorageLocation, *, time_ms: int, base_ms: int | None, partitioned: bool,
+def write_snapshot(rows, url: str | StorageLocation, *, time_ms: int, base_ms: int | None, partitioned: bool,
                    storage_options: dict | None = None, fence=None) -> dict:
-    """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` as
-    snapshot ``url`` (a delta when ``base_ms`` is set), replacing an incomplete one a killed run
-    left (of any epoch: none is referenced, or this one would not be written); return its manifest.
+    """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` (an RDD,
+    written by its tasks, or rows the driver holds: ``.context`` and ``.parts``, one list per
+    partition, written here) as snapshot ``url`` (a delta when ``base_ms`` is set), replacing an
+    incomplete one a killed run left (of any epoch: none is referenced, or this one would not be
+    written); return its manifest.
     ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's
     leadership, checked before the driver deletes or writes anything (its epoch is recorded;
     ``url`` names it, see :mod:`sparkwal.checkpoint.state_files`)."""
@@ -65,7 +67,10 @@ def write_snapshot(rows: RDD, url: str | StorageLocation, *, time_ms: int, base_
         data = encode_part(rows_table(keys, values, times, removed if delta else None))
         yield index, [len(keys), *put_part(where, index, data)]
 
-    parts = sorted(rows.mapPartitionsWithIndex(write_part).collect())
+    if isinstance(rows, RDD):
+        parts = sorted(rows.mapPartitionsWithIndex(write_part).collect())
+    else:  # rows the driver holds, one list per partition (a state held on the driver)
+        parts = [entry for index, part in enumerate(rows.parts) for entry in write_part(index, iter(part))]
     manifest = {"version": VERSION, "format": "arrow-ipc", "compression": "zstd",
                 "kind": "delta" if delta else "full", "time_ms": time_ms, "base_ms": base_ms,
                 "num_partitions": len(parts), "partitioned": partitioned,

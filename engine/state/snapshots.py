@@ -326,7 +326,7 @@ class StateSnapshots:
                 "fullBytes" if base is None else "deltaBytes"] = state.snapshots[time_ms].bytes
             if base is None:
                 self.sizes[state.name]["keys"] = sum(p[0] for p in manifest["parts"])
-            if base is None:  # a full snapshot ends the lineage (deltas do not: see above)
+            if base is None and getattr(rdd, "has_lineage", True):  # a full snapshot ends the lineage (not deltas)
                 stream.replace_rdd(time_ms, rdd, self._read(stream, state, time_ms))
             self._retire(state)
 

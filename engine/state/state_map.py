@@ -177,19 +177,20 @@ class StateRecord:
     the layers that lead from each of its tokens to the new base. Readers of the mapped records
     unpickle only bytes objects, never the state's objects."""
 
-    __slots__ = ("time_ms", "base", "layers", "tokens", "mapped", "delta", "bridge")
+    __slots__ = ("time_ms", "base", "layers", "tokens", "mapped", "delta", "bridge", "keys")
 
     def __init__(self, time_ms: int, base: bytes, layers: list[bytes], mapped: list,
                  delta: tuple[int, list] | None = None, tokens: list[bytes] | None = None,
-                 bridge: tuple[list[bytes], list[bytes]] | None = None):
+                 bridge: tuple[list[bytes], list[bytes]] | None = None, keys: int = -1):
         self.time_ms, self.base, self.layers, self.mapped = time_ms, base, layers, mapped
+        self.keys = keys  # how many keys the state holds (-1: not known)
         self.tokens = tokens if tokens is not None else [_token() for _ in range(len(layers) + 1)]
         self.delta = delta  # (since_ms, rows_since(since_ms)), worked out by a checkpoint batch
         self.bridge = bridge
 
     @classmethod
     def of(cls, time_ms: int, state: StateMap, mapped: list) -> StateRecord:
-        return cls(time_ms, _dumps(state), [], mapped)
+        return cls(time_ms, _dumps(state), [], mapped, keys=len(state.values))
 
     @property
     def token(self) -> bytes:
@@ -220,10 +221,12 @@ class StateRecord:
         return self.state.rows_since(since_ms)
 
     def __getstate__(self):
-        return self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge
+        return (self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge,
+                self.keys)
 
     def __setstate__(self, state):
-        self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge = state
+        (self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge,
+         self.keys) = state
 
 
 def take_state(uid: str, index: int, record: StateRecord) -> StateMap:
@@ -250,11 +253,11 @@ def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, la
     layers = [*previous.layers, _dumps(layer)]
     if len(layers) <= MAX_LAYERS and sum(map(len, layers)) * 2 < len(previous.base):
         record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()],
-                             previous.bridge)
+                             previous.bridge, keys=len(state.values))
     else:
         base = _dumps(state)
         bridge = (previous.tokens, layers) if sum(map(len, layers)) <= len(base) else None
-        record = StateRecord(time_ms, base, [], mapped, delta, bridge=bridge)
+        record = StateRecord(time_ms, base, [], mapped, delta, bridge=bridge, keys=len(state.values))
     keep_live(uid, index, record.token, state, live_keys)
     return record
 

@@ -1,0 +1,160 @@
+"""mapWithState run on the driver, for batches whose records the driver already holds.
+
+With ``spark.sparkwal.receiver.precompute``, a batch of a receiver stream's ``reduceByKey`` is rows
+the driver holds (:mod:`sparkwal.engine.receiver.precompute`): no Spark job. A ``mapWithState``
+after it would still cost one (the state's partitions zipped with the batch's, a Python task each,
+the mapped records collected: 300-480 ms a batch on two cores, measured in docs/benchmarks.md),
+longer than a 100 ms batch. So while its state holds at most ``spark.sparkwal.state.driverMaxKeys``
+keys (100,000), the state lives on the driver, in the same ``n`` partitions and records as in the
+executors (:class:`~sparkwal.engine.state.state_map.StateRecord`, the driver keeping each
+partition's map live), and such a batch runs the mapping function there, once per record, in a few
+milliseconds: the batch's RDDs are :class:`DriverState` (the state) and the mapped records'
+:class:`~sparkwal.engine.driver_rows.DriverRowsRDD`, and the output that collects them runs no job.
+The state's snapshots are written by the driver, in the same files and layout as the executors'
+(:func:`sparkwal.engine.state.snapshot_tasks.write_snapshot`), so a restart, a standby or a batch
+in the executors reads them alike.
+
+The state moves to the executors (its records parallelized, partitioned as an executor state is,
+at the next batch that needs them there) when a batch is not precomputed (a block without its
+result, a re-run batch of a restart) or when the state outgrows the bound; it comes back (its
+records collected, after a job that counts its keys) at a precomputed batch while it fits, tried
+again at most once a checkpoint interval (10 s at least) after a refusal. Keys are placed by the
+executors' own ``portable_hash`` (which depends on their ``PYTHONHASHSEED``, not necessarily the
+driver's): the receivers send each key's hash with its combined value, so the driver never hashes a key.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from itertools import chain
+from typing import Callable, NamedTuple
+
+from pyspark import RDD, SparkContext
+from pyspark.rdd import Partitioner, portable_hash
+
+from ..driver_rows import DriverRowsRDD
+from ..errors import StateError
+from ..stream_machinery import known_empty
+from .state_map import StateMap, StateRecord
+
+log = logging.getLogger(__name__)
+
+_RETRY_AFTER_MS = 10_000
+
+
+class DriverParts(NamedTuple):
+    """Snapshot rows the driver holds, one list per state partition (for ``write_snapshot``)."""
+
+    context: SparkContext
+    parts: list
+
+
+def _released() -> list:
+    raise StateError("mapWithState: this batch's state was released on the driver (a newer batch's "
+                     "state replaced it)")
+
+
+class DriverState(DriverRowsRDD):
+    """A state stream's RDD for one batch, held on the driver: ``(i, StateRecord)`` for each of its
+    ``n`` partitions, worked out when first used. Its JVM side, for a batch in the executors after
+    it, is the records parallelized and partitioned as an executor state is."""
+
+    def __init__(self, sc: SparkContext, n: int, compute: Callable[[], list]):
+        super().__init__(sc, compute=compute, num_partitions=n, partitioner=Partitioner(n, portable_hash),
+                         build=lambda records: sc.parallelize(records, n).partitionBy(n))
+        self._mapped: list | None = None
+
+    @property
+    def keys(self) -> int | None:
+        """How many keys the state holds, once worked out."""
+        with self._lock:
+            return sum(r.keys for _, r in self._rows) if self.rows_known else None
+
+    def mapped(self) -> list:
+        """The batch's mapped records, in partition order (kept after :meth:`release`)."""
+        with self._lock:
+            if self._mapped is None:
+                self._mapped = [m for _, record in self.rows() for m in record.mapped]
+            return self._mapped
+
+    def items(self) -> list:
+        """``(key, state)`` of every key (``stateSnapshots()``)."""
+        return [item for _, record in self.rows() for item in record.state.values.items()]
+
+    def partition_rows(self, rows_of: Callable[[StateRecord], list]) -> DriverParts:
+        return DriverParts(self.ctx, [list(rows_of(record)) for _, record in self.rows()])
+
+    def release(self) -> None:
+        """Forget the state once a newer batch's replaced it (its mapped records stay)."""
+        with self._lock:
+            if self.rows_known:
+                self.mapped()
+            self._rows, self._compute = None, _released
+            self.unpersist()
+
+
+def _empty_records(n: int) -> list:
+    return [(i, StateRecord.of(-1, StateMap(), [])) for i in range(n)]
+
+
+def _partitioned(data, n: int) -> list[list]:
+    """The batch's records by state partition, placed by the hashes the executors worked out."""
+    parts: list[list] = [[] for _ in range(n)]
+    if isinstance(data, DriverRowsRDD):
+        hashes = data.key_hashes
+        for row in data.rows():
+            parts[hashes[row[0]] % n].append(row)
+    return parts
+
+
+def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, update: Callable,
+                 bound: int) -> DriverState | None:
+    """The state of ``stream`` (an ``InternalMapWithStateDStream``) at ``time_ms`` worked out on the
+    driver from ``previous`` (the state before, None at the first batch) and ``data`` (the batch's
+    records), calling ``update(i, records)`` per partition; None when the batch must run in the
+    executors (see the module's docstring). ``bound``: ``spark.sparkwal.state.driverMaxKeys``."""
+    held = isinstance(data, DriverRowsRDD) and data.key_hashes is not None
+    if bound <= 0 or not (held or known_empty(data)):
+        return None
+    if not held and previous is not None and not isinstance(previous, DriverState):
+        return None  # an empty batch does not bring a state to the driver
+    sc, n = stream.context().sparkContext, stream.num_partitions
+    if isinstance(previous, DriverState):
+        keys = previous.keys
+        if keys is not None and keys > bound:
+            log.info("%s: the state holds %d keys, more than spark.sparkwal.state.driverMaxKeys (%d): "
+                     "it moves to the executors", stream.creation_site, keys, bound)
+            stream.driver_retry_ms = time_ms + max(stream.checkpoint_ms or 0, _RETRY_AFTER_MS)
+            return None
+        records = previous.rows
+    elif previous is None:
+        if stream.has_initial_state:
+            return None
+        records = partial(_empty_records, n)
+    else:
+        fetched = _fetch(stream, previous, time_ms, bound)
+        if fetched is None:
+            return None
+        records = partial(list, fetched)
+
+    def run() -> list:
+        parts, out = _partitioned(data, n), []
+        for i, record in records():
+            out.extend(update(i, chain([(i, record)], parts[i])))
+        return out
+
+    return DriverState(sc, n, run)
+
+
+def _fetch(stream, previous: RDD, time_ms: int, bound: int) -> list | None:
+    """An executor state's records, collected to the driver when it holds at most ``bound`` keys
+    (counted first, by a job that moves no state); None when it does not, or not yet."""
+    if time_ms < (stream.driver_retry_ms or 0):
+        return None
+    keys = sum(previous.map(lambda r: r[1].keys).collect())
+    if not 0 <= keys <= bound:
+        stream.driver_retry_ms = time_ms + max(stream.checkpoint_ms or 0, _RETRY_AFTER_MS)
+        return None
+    log.info("%s: the state (%d keys) moves to the driver", stream.creation_site, keys)
+    return sorted(previous.collect(), key=lambda r: r[0])
