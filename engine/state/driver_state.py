@@ -18,7 +18,7 @@ The state moves to the executors (its records parallelized, partitioned as an ex
 at the next batch that needs them there) when a batch is not precomputed (a block without its
 result, a re-run batch of a restart) or when the state outgrows the bound; it comes back (its
 records collected, after a job that counts its keys) at a precomputed batch while it fits, tried
-again at most once a checkpoint interval (10 s at least) after a refusal. Keys are placed by the
+again at most once a checkpoint interval (10 s by default) after a refusal. Keys are placed by the
 executors' own ``portable_hash`` (which depends on their ``PYTHONHASHSEED``, not necessarily the
 driver's): the receivers send each key's hash with its combined value, so the driver never hashes a key.
 """
@@ -66,7 +66,7 @@ class DriverState(DriverRowsRDD):
         self._mapped: list | None = None
 
     @property
-    def keys(self) -> int | None:
+    def key_count(self) -> int | None:
         """How many keys the state holds, once worked out."""
         with self._lock:
             return sum(r.keys for _, r in self._rows) if self.rows_known else None
@@ -121,11 +121,11 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
         return None  # an empty batch does not bring a state to the driver
     sc, n = stream.context().sparkContext, stream.num_partitions
     if isinstance(previous, DriverState):
-        keys = previous.keys
+        keys = previous.key_count
         if keys is not None and keys > bound:
             log.info("%s: the state holds %d keys, more than spark.sparkwal.state.driverMaxKeys (%d): "
                      "it moves to the executors", stream.creation_site, keys, bound)
-            stream.driver_retry_ms = time_ms + max(stream.checkpoint_ms or 0, _RETRY_AFTER_MS)
+            stream.driver_retry_ms = time_ms + (stream.checkpoint_ms or _RETRY_AFTER_MS)
             return None
         records = previous.rows
     elif previous is None:
@@ -154,7 +154,7 @@ def _fetch(stream, previous: RDD, time_ms: int, bound: int) -> list | None:
         return None
     keys = sum(previous.map(lambda r: r[1].keys).collect())
     if not 0 <= keys <= bound:
-        stream.driver_retry_ms = time_ms + max(stream.checkpoint_ms or 0, _RETRY_AFTER_MS)
+        stream.driver_retry_ms = time_ms + (stream.checkpoint_ms or _RETRY_AFTER_MS)
         return None
     log.info("%s: the state (%d keys) moves to the driver", stream.creation_site, keys)
     return sorted(previous.collect(), key=lambda r: r[0])

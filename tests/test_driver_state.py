@@ -1,0 +1,151 @@
+"""mapWithState after receivers that precompute a ``reduceByKey``: while the state is small
+(``spark.sparkwal.state.driverMaxKeys``) it is held on the driver and a batch runs no Spark job;
+its snapshots are the executors' files; it moves to the executors when it outgrows the bound and
+comes back once it fits again, with every total exact throughout. Under SIGKILL:
+tests/test_driver_state_crash.py."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pyspark import cloudpickle
+
+from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
+from sparkwal.engine import StateSpec, StreamingContext, read_state
+from sparkwal.engine.driver_rows import DriverRowsRDD
+from sparkwal.engine.receiver.acked_lines import AckedLineReceiver, AckedLineSource
+
+from test_receivers import wait_until
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its functions run in tasks
+
+SECRET = "driver-state-test"
+
+
+def _conf(sc, **values):
+    conf = sc._jsc.sc().conf()
+    for key, value in values.items():
+        conf.set(key, value)
+    return lambda: [conf.remove(key) for key in values]
+
+
+def running_total(key, value, state):
+    if value is None:
+        return ("timed out", key)
+    total = (state.getOption() or 0) + value
+    state.update(total)
+    return (key, total)
+
+
+class App:
+    """``lines -> (word, 1) -> reduceByKey -> mapWithState(running_total)`` at 0.5 s batches, with
+    the mapped records, whether each batch's came from the driver, and the state after each batch."""
+
+    def __init__(self, sc, tmp_path, spec, interval=1.0, **conf):
+        self.undo = _conf(sc, **{"spark.sparkwal.receiver.precompute": "true",
+                                 "spark.streaming.blockInterval": "100ms", **conf})
+        self.source = AckedLineSource(SECRET)
+        self.ssc = ssc = StreamingContext(sc, 0.5)
+        self.ckpt = str(tmp_path / "ckpt")
+        ssc.checkpoint(self.ckpt)
+        lines = ssc.receiverStream(AckedLineReceiver("127.0.0.1", self.source.address[1], SECRET))
+        mapped = (lines.flatMap(str.split).map(lambda w: (w, 1)).reduceByKey(lambda a, b: a + b)
+                  .mapWithState(spec).checkpoint(interval))
+        # (batch ms, mapped records, held on the driver); the functions close over these, not the app
+        self.batches = batches = []  # type: list[tuple[int, list, bool]]
+        self.states = states = {}  # type: dict[int, dict]
+        mapped.foreachRDD(lambda t, rdd: batches.append(
+            (int(t.timestamp() * 1000), rdd.collect(), isinstance(rdd, DriverRowsRDD))))
+        mapped.stateSnapshots().foreachRDD(
+            lambda t, rdd: states.__setitem__(int(t.timestamp() * 1000), dict(rdd.collect())))
+        self.offered = 0
+        ssc.start()
+
+    def offer(self, lines: list[str]) -> None:
+        self.source.offer(lines)
+        self.offered += len(lines)
+        assert self.source.wait_acked(self.offered, 60)
+
+    def totals(self) -> dict:
+        out: dict = {}
+        for _, records, _ in sorted(self.batches, key=lambda b: b[0]):
+            out.update(r for r in records if r[0] != "timed out")
+        return out
+
+    def stop(self) -> None:
+        try:
+            self.ssc.stop(stopSparkContext=False, stopGraceFully=True)
+        finally:
+            self.source.close()
+            self.undo()
+
+
+def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_executors(spark_context, tmp_path):
+    app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(3))
+    expected: dict = {}
+    try:
+        for step in range(6):
+            lines = [f"w{(step * 50 + i) % 40} é{i % 3}" for i in range(200)]
+            app.offer(lines)
+            for line in lines:
+                for w in line.split():
+                    expected[w] = expected.get(w, 0) + 1
+            time.sleep(0.3)  # a source's pace: the steps land in several batches
+        wait_until(lambda: app.totals() == expected, what="every running total")
+        newest = max(app.states)
+        wait_until(lambda: any(t > newest for t in app.states), what="one more batch")
+    finally:
+        app.stop()
+    with_records = [b for b in app.batches if b[1]]
+    assert len(with_records) >= 3 and all(on_driver for _, _, on_driver in with_records), with_records
+    assert app.states[max(app.states)] == expected
+    (summary,) = summarize_state({str(i): s.to_json() for i, s in checkpoint_state(app.ckpt).items()}, verify=True)
+    assert summary.problems == [] and summary.chain[-1]["time_ms"] in app.states
+    table = read_state(app.ckpt)[summary.name]  # written by the driver, read as any snapshot
+    assert dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist())) == \
+        app.states[summary.chain[-1]["time_ms"]]
+
+
+def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(spark_context, tmp_path):
+    spec = StateSpec.function(running_total).numPartitions(2).timeout(1.5)
+    app = App(spark_context, tmp_path, spec, interval=0.5, **{"spark.sparkwal.state.driverMaxKeys": "4"})
+    counts: dict = {}
+
+    def offer(lines):
+        app.offer(lines)
+        for w in (w for line in lines for w in line.split()):
+            counts[w] = counts.get(w, 0) + 1
+
+    def sequence() -> list[bool]:
+        """Where each batch with records ran, runs of the same place merged."""
+        out: list[bool] = []
+        for _, records, on_driver in sorted(app.batches, key=lambda b: b[0]):
+            if records and (not out or out[-1] != on_driver):
+                out.append(on_driver)
+        return out
+
+    def feed_a_until(done, what: str) -> None:
+        """Offer "a" lines every 0.25 s (never idle long enough to time out) until ``done()``."""
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, f"no {what}: {sequence()}"
+            offer(["a"] * 5)
+            time.sleep(0.25)
+
+    try:
+        offer(["a b"] * 50)  # two keys: on the driver
+        wait_until(lambda: app.totals().get("a") == 50, what="the first batch")
+        offer([" ".join(f"k{i}" for i in range(10))] * 20 + ["a"] * 10)  # 12 keys: past the bound
+        feed_a_until(lambda: sequence()[-1:] == [False], "batch in the executors")
+        # only "a" goes on: the rest times out, the state fits again, and comes back
+        feed_a_until(lambda: sequence()[-1:] == [True], "batch back on the driver")
+        wait_until(lambda: app.totals().get("a") == counts["a"], what="a's every line")
+    finally:
+        app.stop()
+    assert sequence()[:3] == [True, False, True], sequence()
+    totals = app.totals()
+    assert {k: totals[k] for k in counts} == counts  # exact across both moves
+    timed_out = [r[1] for _, records, _ in app.batches for r in records if r[0] == "timed out"]
+    assert sorted(k for k in timed_out if k != "a") == sorted(k for k in counts if k != "a")  # each exactly once
+    assert timed_out.count("a") <= 1  # (idle once the feeding stopped, before the graceful stop ended)
