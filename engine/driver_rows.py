@@ -72,6 +72,10 @@ class DriverRowsRDD(RDD):
     def getNumPartitions(self) -> int:
         return self._num_partitions
 
+    def __repr__(self) -> str:  # (RDD's asks the JVM side, which would build it)
+        rows = f"{len(self._rows)} rows" if self._rows is not None else "rows not worked out yet"
+        return f"{type(self).__name__}[{rows} on the driver, {self._num_partitions} partitions]"
+
     # ------------------------------------------------------------------ the JVM side, on demand
 
     @property

@@ -12,6 +12,9 @@ state's size; and a partition is carried from batch to batch as a base plus per-
 in the Python worker that last updated it (:mod:`sparkwal.engine.state.state_map`), so that a batch neither
 unpickles nor pickles the whole state when its worker kept it.
 
+A batch whose records the driver holds (receivers that precompute a ``reduceByKey``) runs on the
+driver while the state is small, with the same records (:mod:`sparkwal.engine.state.driver_state`).
+
 Differences from Spark, on purpose: idle keys time out in the first batch after their timeout,
 not only at checkpoint batches (Spark's full scan); the mapping function's return value is the
 mapped record whatever it is (``None`` included).
