@@ -149,3 +149,14 @@ def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(s
     timed_out = [r[1] for _, records, _ in app.batches for r in records if r[0] == "timed out"]
     assert sorted(k for k in timed_out if k != "a") == sorted(k for k in counts if k != "a")  # each exactly once
     assert timed_out.count("a") <= 1  # (idle once the feeding stopped, before the graceful stop ended)
+
+
+def test_driver_max_keys_zero_keeps_the_state_in_the_executors(spark_context, tmp_path):
+    app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(2),
+              **{"spark.sparkwal.state.driverMaxKeys": "0"})
+    try:
+        app.offer(["x y", "x"] * 100)
+        wait_until(lambda: app.totals() == {"x": 200, "y": 100}, what="every running total")
+    finally:
+        app.stop()
+    assert not any(on_driver for _, records, on_driver in app.batches if records)
