@@ -73,8 +73,6 @@ def main() -> None:
     logging.getLogger("driver_state_crash_app").warning("run %d starts", os.getpid())
     from pyspark import SparkConf, SparkContext
 
-    from sparkwal.engine import StreamingContext
-
     conf = (SparkConf().setMaster("local[2]").setAppName("driver-state-crash")
             .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
             .set("spark.driver.host", "127.0.0.1")
@@ -85,12 +83,9 @@ def main() -> None:
             .set("spark.sparkwal.state.deltasPerFull", "3"))  # (local: the workers inherit the secret)
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
-    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), setup(sc, workdir, port, total))
-    ssc.start()
-    final = os.path.join(workdir, "final.json")
-    while not os.path.exists(final) and not ssc.awaitTerminationOrTimeout(0.1):
-        pass
-    ssc.stop(stopSparkContext=True, stopGraceFully=False)
+    from state_crash_app import run_until_final  # (this script's folder; the driver's alone)
+
+    run_until_final(workdir, setup(sc, workdir, port, total))
 
 
 if __name__ == "__main__":

@@ -57,8 +57,6 @@ def main() -> None:
     workdir, total = sys.argv[1], int(sys.argv[2])
     from pyspark import SparkConf, SparkContext
 
-    from sparkwal.engine import StreamingContext
-
     conf = (SparkConf().setMaster("local[2]").setAppName("state-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1")
@@ -66,7 +64,14 @@ def main() -> None:
             .set("spark.sparkwal.state.deltasPerFull", "3"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
-    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), setup(sc, workdir, total))
+    run_until_final(workdir, setup(sc, workdir, total))
+
+
+def run_until_final(workdir: str, create) -> None:
+    """Run the app of WORKDIR/ckpt (``create`` makes a new one) until WORKDIR/final.json exists."""
+    from sparkwal.engine import StreamingContext
+
+    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create)
     ssc.start()
     final = os.path.join(workdir, "final.json")
     while not os.path.exists(final) and not ssc.awaitTerminationOrTimeout(0.1):

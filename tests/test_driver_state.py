@@ -16,18 +16,12 @@ from sparkwal.engine import StateSpec, StreamingContext, read_state
 from sparkwal.engine.driver_rows import DriverRowsRDD
 from sparkwal.engine.receiver.acked_lines import AckedLineReceiver, AckedLineSource
 
+from test_receiver_precompute import with_conf
 from test_receivers import wait_until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its functions run in tasks
 
 SECRET = "driver-state-test"
-
-
-def _conf(sc, **values):
-    conf = sc._jsc.sc().conf()
-    for key, value in values.items():
-        conf.set(key, value)
-    return lambda: [conf.remove(key) for key in values]
 
 
 def running_total(key, value, state):
@@ -43,7 +37,7 @@ class App:
     the mapped records, whether each batch's came from the driver, and the state after each batch."""
 
     def __init__(self, sc, tmp_path, spec, interval=1.0, **conf):
-        self.undo = _conf(sc, **{"spark.sparkwal.receiver.precompute": "true",
+        self.undo = with_conf(sc, **{"spark.sparkwal.receiver.precompute": "true",
                                  "spark.streaming.blockInterval": "100ms", **conf})
         self.source = AckedLineSource(SECRET)
         self.ssc = ssc = StreamingContext(sc, 0.5)

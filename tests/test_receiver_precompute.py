@@ -22,7 +22,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 KEY = "spark.sparkwal.receiver.precompute"
 
 
-def _conf(sc, **values):
+def with_conf(sc, **values):
+    """Set ``values`` on the live SparkConf (read by the next StreamingContext); returns the undo."""
     conf = sc._jsc.sc().conf()
     for key, value in values.items():
         conf.set(key, value)
@@ -36,7 +37,7 @@ def _words(line: str) -> list:
 def run_counts(sc, tmp_path, lines, build, expected=None, **conf):
     """Run ``build(stream)`` (a keyed stream) over ``lines`` and return the summed counts and the
     receiver tracker's statistics."""
-    undo = _conf(sc, **conf)
+    undo = with_conf(sc, **conf)
     server = LineServer(lines)
     ssc = StreamingContext(sc, 0.5)
     ssc.checkpoint(str(tmp_path / "ckpt"))
