@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+import pytest
 from pyspark import cloudpickle
 
 from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
@@ -75,6 +76,7 @@ class App:
             self.undo()
 
 
+@pytest.mark.compat
 def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_executors(spark_context, tmp_path):
     app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(3))
     expected: dict = {}
@@ -101,6 +103,7 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
         app.states[summary.chain[-1]["time_ms"]]
 
 
+@pytest.mark.compat
 def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(spark_context, tmp_path):
     spec = StateSpec.function(running_total).numPartitions(2).timeout(1.5)
     app = App(spark_context, tmp_path, spec, interval=0.5, **{"spark.sparkwal.state.driverMaxKeys": "4"})
