@@ -29,8 +29,15 @@ def running_total(key, value, state):
     if value is None:
         return ("timed out", key)
     total = (state.getOption() or 0) + value
+    if total < 0:  # a word "-k" removes k (its count is -1,000,000)
+        state.remove()
+        return ("removed", key)
     state.update(total)
     return (key, total)
+
+
+def word_count(word: str) -> tuple:
+    return (word[1:], -1_000_000) if word.startswith("-") else (word, 1)
 
 
 class App:
@@ -45,7 +52,7 @@ class App:
         self.ckpt = str(tmp_path / "ckpt")
         ssc.checkpoint(self.ckpt)
         lines = ssc.receiverStream(AckedLineReceiver("127.0.0.1", self.source.address[1], SECRET))
-        mapped = (lines.flatMap(str.split).map(lambda w: (w, 1)).reduceByKey(lambda a, b: a + b)
+        mapped = (lines.flatMap(str.split).map(word_count).reduceByKey(lambda a, b: a + b)
                   .mapWithState(spec).checkpoint(interval))
         # (batch ms, mapped records, held on the driver); the functions close over these, not the app
         self.batches = batches = []  # type: list[tuple[int, list, bool]]
@@ -65,7 +72,7 @@ class App:
     def totals(self) -> dict:
         out: dict = {}
         for _, records, _ in sorted(self.batches, key=lambda b: b[0]):
-            out.update(r for r in records if r[0] != "timed out")
+            out.update(r for r in records if r[0] not in ("timed out", "removed"))
         return out
 
     def stop(self) -> None:
@@ -105,13 +112,13 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
 
 @pytest.mark.compat
 def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(spark_context, tmp_path):
-    spec = StateSpec.function(running_total).numPartitions(2).timeout(1.5)
-    app = App(spark_context, tmp_path, spec, interval=0.5, **{"spark.sparkwal.state.driverMaxKeys": "4"})
+    app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(2), interval=0.5,
+              **{"spark.sparkwal.state.driverMaxKeys": "4"})
     counts: dict = {}
 
     def offer(lines):
         app.offer(lines)
-        for w in (w for line in lines for w in line.split()):
+        for w in (w for line in lines for w in line.split() if not w.startswith("-")):
             counts[w] = counts.get(w, 0) + 1
 
     def sequence() -> list[bool]:
@@ -123,19 +130,20 @@ def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(s
         return out
 
     def feed_a_until(done, what: str) -> None:
-        """Offer "a" lines every 0.25 s (never idle long enough to time out) until ``done()``."""
+        """Offer "a" lines every 0.25 s (batches with records) until ``done()``."""
         deadline = time.monotonic() + 60
         while not done():
             assert time.monotonic() < deadline, f"no {what}: {sequence()}"
             offer(["a"] * 5)
             time.sleep(0.25)
 
+    removed = ["b", *(f"k{i}" for i in range(10))]
     try:
         offer(["a b"] * 50)  # two keys: on the driver
         wait_until(lambda: app.totals().get("a") == 50, what="the first batch")
         offer([" ".join(f"k{i}" for i in range(10))] * 20 + ["a"] * 10)  # 12 keys: past the bound
         feed_a_until(lambda: sequence()[-1:] == [False], "batch in the executors")
-        # only "a" goes on: the rest times out, the state fits again, and comes back
+        offer([" ".join(f"-{k}" for k in removed)])  # all but "a" removed: the state fits again
         feed_a_until(lambda: sequence()[-1:] == [True], "batch back on the driver")
         wait_until(lambda: app.totals().get("a") == counts["a"], what="a's every line")
     finally:
@@ -143,9 +151,24 @@ def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(s
     assert sequence()[:3] == [True, False, True], sequence()
     totals = app.totals()
     assert {k: totals[k] for k in counts} == counts  # exact across both moves
-    timed_out = [r[1] for _, records, _ in app.batches for r in records if r[0] == "timed out"]
-    assert sorted(k for k in timed_out if k != "a") == sorted(k for k in counts if k != "a")  # each exactly once
-    assert timed_out.count("a") <= 1  # (idle once the feeding stopped, before the graceful stop ended)
+    assert sorted(r[1] for _, records, _ in app.batches for r in records if r[0] == "removed") == sorted(removed)
+    assert app.states[max(app.states)] == {"a": counts["a"]}
+
+
+def test_an_idle_key_times_out_once_in_a_batch_on_the_driver(spark_context, tmp_path):
+    app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(2).timeout(1.0))
+    try:
+        app.offer(["t"])
+        wait_until(lambda: any(("timed out", "t") in records for _, records, _ in app.batches),
+                   what="the idle key's timeout")
+        timed_out = [b for b in app.batches if ("timed out", "t") in b[1]]
+        wait_until(lambda: max(app.states) > timed_out[0][0], what="a batch after it")
+    finally:
+        app.stop()
+    (batch_ms, records, on_driver), = timed_out
+    assert records == [("timed out", "t")] and on_driver
+    assert [r for _, records, _ in app.batches for r in records] == [("t", 1), ("timed out", "t")]
+    assert batch_ms - min(t for t, records, _ in app.batches if records) > 1000  # idle for longer than the timeout
 
 
 def test_driver_max_keys_zero_keeps_the_state_in_the_executors(spark_context, tmp_path):
