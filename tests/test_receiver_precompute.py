@@ -171,3 +171,30 @@ def test_two_branches_each_with_its_own_plan_count_and_count_by_value(spark_cont
     totals, stats, _ = run_counts(spark_context, tmp_path, lines, build, expected=3 * len(lines), **{KEY: "true"})
     assert totals == Counter({"p": 3000, "q0": 750, "q1": 750, "q2": 750, "q3": 750, "lines": 3000})
     assert stats.precomputed_batches >= 2 and stats.precompute_fallbacks == 0
+
+
+def test_results_carry_each_keys_hash_and_a_malformed_one_falls_back_to_the_blocks(spark_context):
+    class Head:
+        creation_site = "reduceByKey at app.py:1"
+        block_combine = (None, None, operator.add, 2)  # (create, merge value, merge combiners, partitions)
+
+    class Block:
+        block_id, num_records = "input-0-1", 3
+
+    class Driver:  # what Precomputed reads of the driver
+        sc = spark_context
+        graph = type("Graph", (), {"inputs": [type("Input", (), {"input_id": 0})()]})()
+        block_tracker = type("Blocks", (), {"get_blocks_of_batch_and_stream": staticmethod(lambda t, sid: [Block()])})()
+
+        def report_input(self, *args):
+            pass
+
+    head, plan = Head(), BlockPlan(7, (), lambda v: v, operator.add)
+    held = Precomputed(Driver(), plans={0: [(head, plan)]}, max_held=1 << 20)
+    held.add(0, "input-0-1", [[7, encode_result([("a", 1)], 1024)]])  # [key, combiner]: no hash
+    assert held.rdd(head, 1000) is None and held.fallbacks == 1
+    held.add(0, "input-0-1", [[7, encode_result([("a", 1, 5), ("b", 2, None)], 1024)]])
+    rdd = held.rdd(head, 1500)  # a hash not worked out: the rows, and no hashes for any key
+    assert rdd.collect() == [("a", 1), ("b", 2)] and rdd.key_hashes is None
+    held.add(0, "input-0-1", [[7, encode_result([("a", 1, 5)], 1024)]])
+    assert held.rdd(head, 2000).key_hashes == {"a": 5}

@@ -267,6 +267,8 @@ class Precomputed:
             return None
         try:
             parts = [decode_result(d) for d in found]
+            if not all(type(item) is tuple and len(item) == 3 for part in parts for item in part):
+                raise ValueError("an item is not [key, combiner, hash]")
         except Exception as e:  # noqa: BLE001  (msgpack raises several types on garbage)
             log.warning("batch %d: a receiver's result did not decode (%s); reading its blocks", time_ms, e)
             self.fallbacks += 1
