@@ -205,6 +205,7 @@ CONF_KEYS = [
     "spark.sparkwal.shipCode", "spark.sparkwal.shipEnvironment", "spark.sparkwal.backlog.warnIntervals",
     "spark.sparkwal.recovery.coalesceDowntime",  # issue 44
     "spark.sparkwal.receiver.precompute", "spark.sparkwal.receiver.precompute.maxBytes",  # issue 44's continuous half
+    "spark.sparkwal.state.driverMaxKeys",  # issue 44: a small mapWithState state on the driver
 ]
 
 #: the main job's JSON-line events, which tools read (issues 11, 18, 30, 32)
