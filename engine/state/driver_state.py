@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 from itertools import chain
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
@@ -36,18 +36,12 @@ from pyspark.rdd import Partitioner, portable_hash
 from ..driver_rows import DriverRowsRDD
 from ..errors import StateError
 from ..stream_machinery import known_empty
+from .snapshot_tasks import DriverParts
 from .state_map import StateMap, StateRecord
 
 log = logging.getLogger(__name__)
 
 _RETRY_AFTER_MS = 10_000
-
-
-class DriverParts(NamedTuple):
-    """Snapshot rows the driver holds, one list per state partition (for ``write_snapshot``)."""
-
-    context: SparkContext
-    parts: list
 
 
 def _released() -> list:
@@ -94,6 +88,11 @@ class DriverState(DriverRowsRDD):
             self.unpersist()
 
 
+def _refused(stream, time_ms: int) -> None:
+    """The state stays in the executors: not brought back before a checkpoint interval has passed."""
+    stream.driver_retry_ms = time_ms + (stream.checkpoint_ms or _RETRY_AFTER_MS)
+
+
 def _empty_records(n: int) -> list:
     return [(i, StateRecord.of(-1, StateMap(), [])) for i in range(n)]
 
@@ -125,7 +124,7 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
         if keys is not None and keys > bound:
             log.info("%s: the state holds %d keys, more than spark.sparkwal.state.driverMaxKeys (%d): "
                      "it moves to the executors", stream.creation_site, keys, bound)
-            stream.driver_retry_ms = time_ms + (stream.checkpoint_ms or _RETRY_AFTER_MS)
+            _refused(stream, time_ms)
             return None
         records = previous.rows
     elif previous is None:
@@ -154,7 +153,7 @@ def _fetch(stream, previous: RDD, time_ms: int, bound: int) -> list | None:
         return None
     keys = sum(previous.map(lambda r: r[1].keys).collect())
     if not 0 <= keys <= bound:
-        stream.driver_retry_ms = time_ms + (stream.checkpoint_ms or _RETRY_AFTER_MS)
+        _refused(stream, time_ms)
         return None
     log.info("%s: the state (%d keys) moves to the driver", stream.creation_site, keys)
     return sorted(previous.collect(), key=lambda r: r[0])

@@ -31,7 +31,8 @@ from .. import config
 from ..driver_rows import DriverRowsRDD
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
-from .driver_state import DriverParts, DriverState, driver_batch
+from .driver_state import DriverState, driver_batch
+from .snapshot_tasks import DriverParts
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 

@@ -15,6 +15,8 @@ with them, credentials never (the executors take theirs from their environment).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
 
@@ -25,8 +27,16 @@ from sparkwal.checkpoint.state_files import (VERSION, SnapshotError, delete_snap
 from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
-__all__ = ["SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
+__all__ = ["DriverParts", "SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
            "read_chain", "write_snapshot"]
+
+
+class DriverParts(NamedTuple):
+    """Snapshot rows the driver holds, one list per state partition (a state held on the driver:
+    :mod:`sparkwal.engine.state.driver_state`), written by :func:`write_snapshot` on the driver."""
+
+    context: SparkContext
+    parts: list
 
 
 def hash_seed(sc: SparkContext) -> str | None:
@@ -39,13 +49,12 @@ def is_hash_partitioned(rdd: RDD) -> bool:
     return rdd.partitioner == Partitioner(n, portable_hash)
 
 
-def write_snapshot(rows, url: str | StorageLocation, *, time_ms: int, base_ms: int | None, partitioned: bool,
-                   storage_options: dict | None = None, fence=None) -> dict:
+def write_snapshot(rows: RDD | DriverParts, url: str | StorageLocation, *, time_ms: int, base_ms: int | None,
+                   partitioned: bool, storage_options: dict | None = None, fence=None) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` (an RDD,
-    written by its tasks, or rows the driver holds: ``.context`` and ``.parts``, one list per
-    partition, written here) as snapshot ``url`` (a delta when ``base_ms`` is set), replacing an
-    incomplete one a killed run left (of any epoch: none is referenced, or this one would not be
-    written); return its manifest.
+    written by its tasks, or :class:`DriverParts`, written here) as snapshot ``url`` (a delta when
+    ``base_ms`` is set), replacing an incomplete one a killed run left (of any epoch: none is
+    referenced, or this one would not be written); return its manifest.
     ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's
     leadership, checked before the driver deletes or writes anything (its epoch is recorded;
     ``url`` names it, see :mod:`sparkwal.checkpoint.state_files`)."""
