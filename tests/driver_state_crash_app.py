@@ -9,7 +9,8 @@ The source's secret is in the environment variable ``DRIVER_STATE_SECRET``. The 
 WORKDIR/batches.jsonl, per batch with records, whether its state was held on the driver (and its
 process id, which names the run), and stops
 once the state counts TOTAL_LINES, after writing it to WORKDIR/final.json. Tests SIGKILL it at
-random moments and run it again: a restart must restore the state exactly.
+random moments, or inside a batch held by WORKDIR/hold, and run it again: a restart must restore the
+state exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def count(key, value, state):
     return key, total
 
 
+def hold_until_released(workdir: str) -> None:
+    """The test's way to kill the driver inside a batch with records: while WORKDIR/hold exists, a
+    batch's output waits (after saying so in WORKDIR/held), so the batch is never completed."""
+    import time
+
+    open(os.path.join(workdir, "held"), "w").close()
+    while os.path.exists(os.path.join(workdir, "hold")):
+        time.sleep(0.05)
+
+
 def setup(sc, workdir: str, port: int, total: int):
     from sparkwal.engine import StateSpec, StreamingContext
     from sparkwal.engine.driver_rows import DriverRowsRDD
@@ -45,6 +56,8 @@ def setup(sc, workdir: str, port: int, total: int):
 
         def note(t, rdd):
             rows = rdd.collect()
+            if rows and os.path.exists(os.path.join(workdir, "hold")):
+                hold_until_released(workdir)
             if rows:
                 with open(os.path.join(workdir, "batches.jsonl"), "a") as f:
                     f.write(json.dumps({"batch_ms": int(t.timestamp() * 1000), "keys": len(rows), "run": os.getpid(),
