@@ -134,13 +134,11 @@ def test_mistakes_are_named(spark_context, broker, topic):
         KafkaSink(topic, {"bootstrap.servers": "127.0.0.1:9"}, timeout_s=2).offsets()
 
 
-def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_holds_them(monkeypatch, broker, topic):
+def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_holds_them(broker, topic):
     """produce_records places records itself, so that only each partition's first and last
     record report their delivery (not one Python callback per record): keyed records land where
-    librdkafka's default partitioner puts them (a key seen again too, from the keys it remembers,
-    and past the bound of those), records without a key (or with an empty one) stick to one
-    partition for a while, and the span of every partition is its first and last offset."""
-    from sparkwal.engine.sinks import kafka_records
+    librdkafka's default partitioner puts them, records without a key (or with an empty one)
+    stick to one partition for a while, and the span of every partition is its first and last offset."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -166,8 +164,6 @@ def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_hol
     spans = Counted()
     elements = [(k, f"v{i}") for i, k in enumerate(keys)] + [f"plain-{i}" for i in range(30)]
     elements += [(b"", bytearray(b"empty key")), (keys[0].encode(), None), (None, "no key")]
-    elements += [(k, "again") for k in keys[::-1]] + [(bytearray(keys[1].encode()), "a bytearray key")]
-    monkeypatch.setattr(kafka_records, "PLACES_KEPT", 16)  # 40 keys: remembered ones forgotten on the way
     assert partition_count(producer, topic, {}, 30) == TOPIC_PARTITIONS
     assert produce_records(producer, topic, elements, spans, TOPIC_PARTITIONS) == len(elements)
     assert producer.flush(30) == 0 and spans.failed is None

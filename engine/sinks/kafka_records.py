@@ -17,8 +17,6 @@ _PER_RECORD_OVERHEAD = 64  # bytes of a pickled (bytes, bytes) pair beyond its c
 #: records without a key go to one partition this many at a time, then to another one chosen at random
 #: (librdkafka's sticky partitioner switches after ``sticky.partitioning.linger.ms``, 10 ms)
 STICKY_RECORDS = 1000
-#: keys whose partition :func:`produce_records` remembers (a key seen again skips its encoding and CRC)
-PLACES_KEPT = 4096
 _FIRST = object()  # a partition no record went to yet
 
 
@@ -98,51 +96,34 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
             n += 1
         return n
     held: list = [_FIRST] * partitions  # per partition: its newest record not produced yet (None: none)
-    places: dict = {}  # a str or bytes key -> its partition (bounded: cleared at PLACES_KEPT keys)
     sticky, keyless, crc32 = random.randrange(partitions), 0, zlib.crc32
-
-    def place(key) -> tuple:
-        """``(partition, key as librdkafka takes it)`` of a key not in ``places``."""
-        nonlocal sticky, keyless
-        if key is not None and type(key) is not str and type(key) is not bytes:
+    for element in elements:
+        key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
+        if type(key) is str:
+            key = key.encode()
+        elif key is not None and type(key) is not bytes:
             key = _bytes(key)
         if key:
-            partition = crc32(key.encode() if type(key) is str else key) % partitions
-            if len(places) >= PLACES_KEPT:
-                places.clear()
-            places[key] = partition
-            return partition, key
-        keyless += 1  # (an empty key too, as librdkafka)
-        if keyless % STICKY_RECORDS == 0 and partitions > 1:
-            sticky = (sticky + random.randrange(1, partitions)) % partitions
-        return sticky, key
-
-    for element in elements:
-        if type(element) is tuple and len(element) == 2:
-            key, value = element
-        else:
-            key, value = None, element
-            element = (None, value)
-        try:
-            partition = places.get(key)
-        except TypeError:  # an unhashable key (a bytearray): placed as bytes
-            partition = None
-        if partition is None:
-            partition, key = place(key)
-            element = (key, value)
+            partition = crc32(key) % partitions
+        else:  # (an empty key too, as librdkafka)
+            keyless += 1
+            if keyless % STICKY_RECORDS == 0 and partitions > 1:
+                sticky = (sticky + random.randrange(1, partitions)) % partitions
+            partition = sticky
         earlier = held[partition]
-        held[partition] = element
         if earlier is _FIRST:  # the partition's first record
             held[partition] = None
             send(key, value, partition, on_delivery)
-        elif earlier is not None:
-            try:
-                if headers is None:
-                    produce(topic, earlier[1], earlier[0], partition)
-                else:
-                    produce(topic, earlier[1], earlier[0], partition, None, None, 0, headers)
-            except (BufferError, TypeError):
-                send(earlier[0], earlier[1], partition, None)
+        else:
+            held[partition] = (key, value)
+            if earlier is not None:
+                try:
+                    if headers is None:
+                        produce(topic, earlier[1], earlier[0], partition)
+                    else:
+                        produce(topic, earlier[1], earlier[0], partition, None, None, 0, headers)
+                except (BufferError, TypeError):
+                    send(earlier[0], earlier[1], partition, None)
         n += 1
     for partition, last in enumerate(held):
         if last is not None and last is not _FIRST:
