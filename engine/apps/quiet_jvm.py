@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 
 from sparkwal.service import spawn
 
@@ -16,6 +17,16 @@ from sparkwal.service import spawn
 NOISE = re.compile(r"WARNING: Using incubator modules: .*|Setting default log level to .*"
                    r"|To adjust logging level use sc\.setLogLevel\(newLevel\)\..*"
                    r"|Using Spark's default log4j profile: .*")
+
+
+#: set once the job stops on a failure it has named in its one line: the JVM's errors from tasks
+#: still running as its context stops (Spark 3.5: a NullPointerException of ``SparkEnv.get()``) are dropped
+_stopping = threading.Event()
+
+
+def stopping_after_failure() -> None:
+    """From now on, the JVM's standard error is left out unless ``--verbose``."""
+    _stopping.set()
 
 
 def start_spark(conf, verbose: bool):
@@ -31,6 +42,6 @@ def start_spark(conf, verbose: bool):
 def _pass_on(stream, verbose: bool) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace")
-        if verbose or not NOISE.match(line.rstrip("\n")):
+        if verbose or not (_stopping.is_set() or NOISE.match(line.rstrip("\n"))):
             sys.stderr.write(line)
             sys.stderr.flush()

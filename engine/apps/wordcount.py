@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     stop = signals.requested
     from pyspark import SparkConf
 
-    from sparkwal.engine.apps.quiet_jvm import start_spark
+    from sparkwal.engine.apps.quiet_jvm import start_spark, stopping_after_failure
 
     from sparkwal.engine import EnvironmentShippingError, prepare_conf
     receiver = source = None
@@ -368,6 +368,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
                      a.STORAGE if a.storage_fault(e) else a.FENCED)
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
         emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
+        stopping_after_failure()
         ssc.stop(stopSparkContext=True, stopGraceFully=False)
         status = a.STORAGE if a.storage_fault(e) else a.FAILED
         return _fail(f"{'the storage failed' if status == a.STORAGE else 'a batch failed'}, the job stopped "
