@@ -34,6 +34,7 @@ def start_spark(conf, verbose: bool):
     from pyspark import SparkContext
     from pyspark.java_gateway import launch_gateway
 
+    _stopping.clear()  # (a new job in this process)
     gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
     spawn("sparkwal-jvm-stderr", _pass_on, gateway.proc.stderr, verbose)
     return SparkContext(conf=conf, gateway=gateway)

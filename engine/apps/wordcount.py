@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
                 break
     except FencedError as e:
         emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
+        stopping_after_failure()
         ssc.stop(stopSparkContext=True, stopGraceFully=False)  # 4 if its lease lapsed on the storage
         return _fail(f"this driver was fenced and wrote nothing more: {e}",
                      a.STORAGE if a.storage_fault(e) else a.FENCED)
