@@ -190,6 +190,42 @@ def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_hol
         produce_records(producer, topic, [("k", 1.5)], DeliverySpans(), TOPIC_PARTITIONS)
 
 
+def test_records_keep_their_order_in_each_partition_across_chunks_and_a_full_queue(broker, topic):
+    """produce_records works a chunk at a time (CHUNK records placed and produced in C): whatever
+    the mix of keys and values, and with librdkafka's queue full again and again, each partition
+    gets its records in the order they came, each once, and its span holds them exactly."""
+    from confluent_kafka import Producer
+
+    from sparkwal.engine.sinks.kafka_partitions import DeliverySpans
+    from sparkwal.engine.sinks.kafka_records import CHUNK, produce_records
+
+    elements: list = [("same", str(i)) for i in range(CHUNK)]  # a key repeated: placed once per chunk
+    elements += [(f"key-{i}".encode(), str(i)) for i in range(CHUNK, 2 * CHUNK)]  # bytes keys, each its own
+    elements += [str(i) for i in range(2 * CHUNK, 3 * CHUNK)]  # values alone: one partition per chunk
+    elements += [(None, bytearray(str(i).encode())) if i % 3 == 0 else (f"k{i % 7}", str(i)) if i % 3 == 1
+                 else str(i).encode() for i in range(3 * CHUNK, 3 * CHUNK + 500)]  # a mix, record by record
+
+    class Counted(DeliverySpans):
+        calls = 0
+
+        def __call__(self, err, msg):
+            self.calls += 1
+            super().__call__(err, msg)
+
+    spans = Counted()
+    producer = Producer({"bootstrap.servers": broker, "log_level": 0, "queue.buffering.max.messages": 300})
+    assert produce_records(producer, topic, elements, spans, TOPIC_PARTITIONS) == len(elements)
+    assert producer.flush(30) == 0 and spans.failed is None and spans.calls <= 2 * TOPIC_PARTITIONS
+    written = sorted(records_of(broker, topic), key=lambda r: (r[0], r[3]))
+    assert sorted(int(v) for _p, _k, v, _o in written) == list(range(len(elements)))
+    for partition in range(TOPIC_PARTITIONS):
+        numbers = [int(v) for p, _k, v, _o in written if p == partition]
+        assert numbers == sorted(numbers), f"partition {partition} out of order"
+        offsets = [o for p, _k, _v, o in written if p == partition]
+        assert spans.written[partition] == [min(offsets), max(offsets)]
+    assert len({p for p, k, v, _o in written if int(v) < CHUNK}) == 1  # (one key)
+
+
 def test_secrets_never_go_into_checkpoints(monkeypatch, broker, topic):
     sink = KafkaSink(topic, {"bootstrap.servers": broker, "sasl.password": "s3cret-pw"})
     data = pickle.dumps(sink)

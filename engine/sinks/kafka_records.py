@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice, repeat
+from operator import length_hint
 
 from ..errors import EngineError
 
@@ -17,7 +20,9 @@ _PER_RECORD_OVERHEAD = 64  # bytes of a pickled (bytes, bytes) pair beyond its c
 #: records without a key go to one partition this many at a time, then to another one chosen at random
 #: (librdkafka's sticky partitioner switches after ``sticky.partitioning.linger.ms``, 10 ms)
 STICKY_RECORDS = 1000
-_FIRST = object()  # a partition no record went to yet
+#: records placed and produced at a time by :func:`produce_records` (a whole chunk without keys
+#: goes to one partition)
+CHUNK = STICKY_RECORDS
 
 
 class KafkaRecordError(EngineError, TypeError):
@@ -71,64 +76,151 @@ def produce_records(producer, topic: str, elements: Iterable, on_delivery, parti
     back until the next comes, so that the span a transaction wrote costs two Python callbacks per
     partition, not one per record. A failed delivery of a record between them still fails the
     transaction's commit. ``partitions`` None (a partitioner of the user's): librdkafka places the
-    records and every one calls ``on_delivery``."""
-    produce, n = producer.produce, 0
+    records and every one calls ``on_delivery``.
 
-    def send(key, value, partition: int, callback) -> None:
+    The records go :data:`CHUNK` at a time, placed and produced by loops that run in C (``map``
+    over the chunk, a key's partition computed once per chunk where keys repeat): the Python
+    bytecode of a loop per record cost as much as the ``produce`` calls themselves
+    (docs/benchmarks.md, "Exactly-once sinks")."""
+    out = _Producing(producer, topic, on_delivery, headers)
+    if partitions is None:
+        for element in elements:
+            key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
+            out.send(_bytes(key), value, -1, on_delivery)
+            out.n += 1
+        return out.n
+    placer = _Placer(partitions)
+    elements = iter(elements)
+    while chunk := list(islice(elements, CHUNK)):
+        out.chunk(*placer.placed(chunk))
+    out.finish()
+    return out.n
+
+
+class _Producing:
+    """The held-back records of :func:`produce_records` and its calls of ``produce``."""
+
+    def __init__(self, producer, topic: str, on_delivery, headers: list | None):
+        self.producer, self.topic, self.on_delivery, self.n = producer, topic, on_delivery, 0
+        self.extra = () if headers is None else (None, 0, headers)  # produce's on_delivery, timestamp, headers
+        self.held: dict[int, tuple | None] = {}  # per partition seen: its newest record, not produced yet
+
+    def send(self, key, value, partition: int, callback) -> None:
+        """One record, waiting while librdkafka's queue is full; a value of another type as bytes."""
         while True:
             try:
-                if headers is None:
-                    produce(topic, value, key, partition, callback)
-                else:  # (positional: a keyword argument doubles produce's cost)
-                    produce(topic, value, key, partition, callback, None, 0, headers)
+                self.producer.produce(self.topic, value, key, partition, callback, *self.extra)
                 return
             except BufferError:  # librdkafka's queue is full: let it drain
-                producer.poll(0.05)
+                self.producer.poll(0.05)
             except TypeError:  # librdkafka takes bytes, str and None; anything else is ours to say
                 if value is None or type(value) in (bytes, str):
                     raise
                 value = _bytes(value)
 
-    if partitions is None:
-        for element in elements:
+    def chunk(self, keys: Sequence, values: Sequence, parts: Sequence[int]) -> None:
+        """A chunk's records: each partition's held record first, then the chunk in order, the
+        first record a partition ever had reporting its delivery, each partition's last held back."""
+        size = len(parts)
+        self.n += size
+        last = dict(zip(parts, range(size)))  # per partition: its last record in the chunk
+        special = {i: p for p, i in last.items()}
+        for p in last:
+            if p not in self.held:
+                special[parts.index(p)] = p
+            elif (earlier := self.held[p]) is not None:
+                self.send(earlier[0], earlier[1], p, None)
+                self.held[p] = None
+        start = 0
+        for i in sorted(special):
+            if i > start:
+                self.run(keys[start:i], values[start:i], parts[start:i])
+            p = parts[i]
+            if p not in self.held:  # the partition's first record
+                self.send(keys[i], values[i], p, self.on_delivery)
+                self.held[p] = None
+            else:
+                self.held[p] = (keys[i], values[i])
+            start = i + 1
+        if start < size:
+            self.run(keys[start:], values[start:], parts[start:])
+
+    def run(self, keys: Sequence, values: Sequence, parts: Sequence[int]) -> None:
+        """Records with no delivery report, produced by ``map`` (no Python bytecode per record);
+        where a call fails (a full queue, a value's type), that record goes through :meth:`send`
+        and the rest through ``map`` again."""
+        extra = [repeat(x) for x in (None, *self.extra)]
+        vs = iter(values)
+        while True:
+            try:
+                deque(map(self.producer.produce, repeat(self.topic), vs, iter(keys[len(values) - length_hint(vs):]),
+                          iter(parts[len(values) - length_hint(vs):]), *extra), 0)
+                return
+            except (BufferError, TypeError):
+                i = len(values) - length_hint(vs) - 1  # (map took the failed record's arguments)
+                self.send(keys[i], values[i], parts[i], None)
+
+    def finish(self) -> None:
+        for partition, record in self.held.items():
+            if record is not None:
+                self.send(record[0], record[1], partition, self.on_delivery)
+
+
+class _Placer:
+    """Keys and partitions of a chunk of elements, as librdkafka's ``consistent_random`` places them."""
+
+    def __init__(self, partitions: int):
+        self.partitions, self.keyless = partitions, 0
+        self.sticky = random.randrange(partitions)  # where records without a key go for now
+
+    def placed(self, chunk: list) -> tuple[Sequence, Sequence, list[int]]:
+        """``(keys, values, partitions)`` of ``chunk``: in C where every element is a pair with a
+        str key, or every one with a bytes key, or none has a key; else record by record."""
+        size, kinds = len(chunk), set(map(type, chunk))
+        if tuple not in kinds:  # values alone
+            return [None] * size, chunk, self._keyless(size)
+        if kinds == {tuple} and set(map(len, chunk)) == {2}:
+            keys, values = zip(*chunk)
+            kinds = set(map(type, keys))
+            if (kinds == {str} and "" not in keys) or (kinds == {bytes} and b"" not in keys):
+                return keys, values, self._of_keys(keys, kinds == {str})
+            if kinds == {type(None)}:
+                return keys, values, self._keyless(size)
+        return self._one_by_one(chunk)
+
+    def _keyless(self, size: int) -> list[int]:
+        """``size`` records without a key: to the sticky partition, which changes once
+        :data:`STICKY_RECORDS` more have gone."""
+        parts = [self.sticky] * size
+        before, self.keyless = self.keyless, self.keyless + size
+        if self.keyless // STICKY_RECORDS > before // STICKY_RECORDS and self.partitions > 1:
+            self.sticky = (self.sticky + random.randrange(1, self.partitions)) % self.partitions
+        return parts
+
+    def _of_keys(self, keys: Sequence, encode: bool) -> list[int]:
+        n, crc32 = self.partitions, zlib.crc32
+        distinct = set(keys)
+        if len(distinct) * 8 <= len(keys):  # keys repeat: each one's partition once
+            where = {k: crc32(k.encode() if encode else k) % n for k in distinct}
+            return list(map(where.__getitem__, keys))
+        return [crc32(k) % n for k in (map(str.encode, keys) if encode else keys)]
+
+    def _one_by_one(self, chunk: list) -> tuple[list, list, list[int]]:
+        keys, values, parts = [], [], []
+        n, crc32 = self.partitions, zlib.crc32
+        for element in chunk:
             key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
-            send(_bytes(key), value, -1, on_delivery)
-            n += 1
-        return n
-    held: list = [_FIRST] * partitions  # per partition: its newest record not produced yet (None: none)
-    sticky, keyless, crc32 = random.randrange(partitions), 0, zlib.crc32
-    for element in elements:
-        key, value = element if type(element) is tuple and len(element) == 2 else (None, element)
-        if type(key) is str:
-            key = key.encode()
-        elif key is not None and type(key) is not bytes:
-            key = _bytes(key)
-        if key:
-            partition = crc32(key) % partitions
-        else:  # (an empty key too, as librdkafka)
-            keyless += 1
-            if keyless % STICKY_RECORDS == 0 and partitions > 1:
-                sticky = (sticky + random.randrange(1, partitions)) % partitions
-            partition = sticky
-        earlier = held[partition]
-        if earlier is _FIRST:  # the partition's first record
-            held[partition] = None
-            send(key, value, partition, on_delivery)
-        else:
-            held[partition] = (key, value)
-            if earlier is not None:
-                try:
-                    if headers is None:
-                        produce(topic, earlier[1], earlier[0], partition)
-                    else:
-                        produce(topic, earlier[1], earlier[0], partition, None, None, 0, headers)
-                except (BufferError, TypeError):
-                    send(earlier[0], earlier[1], partition, None)
-        n += 1
-    for partition, last in enumerate(held):
-        if last is not None and last is not _FIRST:
-            send(last[0], last[1], partition, on_delivery)
-    return n
+            if type(key) is str:
+                key = key.encode()
+            elif key is not None and type(key) is not bytes:
+                key = _bytes(key)
+            if key:
+                parts.append(crc32(key) % n)
+            else:  # (an empty key too, as librdkafka)
+                parts.extend(self._keyless(1))
+            keys.append(key)
+            values.append(value)
+        return keys, values, parts
 
 
 def partition_count(producer, topic: str, conf: dict, timeout_s: float) -> int | None:
