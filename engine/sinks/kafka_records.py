@@ -102,7 +102,8 @@ class _Producing:
 
     def __init__(self, producer, topic: str, on_delivery, headers: list | None):
         self.producer, self.topic, self.on_delivery, self.n = producer, topic, on_delivery, 0
-        self.extra = () if headers is None else (None, 0, headers)  # produce's on_delivery, timestamp, headers
+        # produce's on_delivery, timestamp and headers, positional: as keywords they double produce's cost
+        self.extra = () if headers is None else (None, 0, headers)
         self.held: dict[int, tuple | None] = {}  # per partition seen: its newest record, not produced yet
 
     def send(self, key, value, partition: int, callback) -> None:
@@ -150,14 +151,13 @@ class _Producing:
         where a call fails (a full queue, a value's type), that record goes through :meth:`send`
         and the rest through ``map`` again."""
         extra = [repeat(x) for x in (None, *self.extra)]
-        vs = iter(values)
+        vs, ks, ps = iter(values), iter(keys), iter(parts)  # (map takes a record's arguments before its call)
         while True:
             try:
-                deque(map(self.producer.produce, repeat(self.topic), vs, iter(keys[len(values) - length_hint(vs):]),
-                          iter(parts[len(values) - length_hint(vs):]), *extra), 0)
+                deque(map(self.producer.produce, repeat(self.topic), vs, ks, ps, *extra), 0)
                 return
             except (BufferError, TypeError):
-                i = len(values) - length_hint(vs) - 1  # (map took the failed record's arguments)
+                i = len(values) - length_hint(vs) - 1  # the failed record: the iterators are past it
                 self.send(keys[i], values[i], parts[i], None)
 
     def finish(self) -> None:
