@@ -43,39 +43,50 @@ def test_local_leadership_is_an_os_lock_with_a_growing_epoch(tmp_path):
         second.check()
 
 
-def test_an_object_store_lease_is_taken_over_only_once_expired_and_fences_its_old_holder(memory_url):
+def test_an_object_store_lease_is_taken_over_only_once_seen_unchanged_for_a_whole_lease(memory_url):
+    """The taker decides on its own monotonic clock, never on the holder's ``expires_ms``: it must
+    see the lease object unchanged for a whole lease; a renewal since its first look means alive."""
     storage, path = resolve(f"{memory_url}/ckpt")
     clock = ManualClock(1_000_000)
     old = storage.lead(path, clock=clock, lease_ms=3000)
     assert old.epoch == 1 and old.renew_every_ms == 1000
+    taker, _ = resolve(f"{memory_url}/ckpt")  # another driver's
     with pytest.raises(LeaderHeldError, match="epoch 1.*lease until") as caught:
-        storage.lead(path, clock=clock, lease_ms=3000)
-    assert caught.value.info.expires_ms == 1_003_000
+        taker.lead(path, clock=clock, lease_ms=3000)
+    assert caught.value.wait_ms == 3000  # first seen now: a whole lease from here
     clock.advance(1500)
-    old.check()  # due: renewed, so the lease now runs until 1_004_500
-    clock.advance(2000)
-    with pytest.raises(LeaderHeldError):
-        storage.lead(path, clock=clock, lease_ms=3000)
-    clock.advance(1001)  # 1_004_501: expired, as the holder stopped renewing (paused, dead)
-    new = storage.lead(path, clock=clock, lease_ms=3000)
-    assert new.epoch == 2 and storage.leader(path, clock=clock).epoch == 2
+    old.check()  # due: renewed, a new version of its object
+    with pytest.raises(LeaderHeldError) as caught:
+        taker.lead(path, clock=clock, lease_ms=3000)
+    assert caught.value.wait_ms is None  # it changed since the first look: its holder lives
+    clock.advance(2999)
+    with pytest.raises(LeaderHeldError) as caught:
+        taker.lead(path, clock=clock, lease_ms=3000)
+    assert caught.value.wait_ms == 1
     with pytest.raises(FencedError, match="epoch 1"):
-        old.check()  # it lapsed before anyone could take it over: fenced by itself
+        old.check()  # it stopped writing a fifth of a lease before anyone could take over
+    clock.advance(1)
+    new = taker.lead(path, clock=clock, lease_ms=3000)
+    assert new.epoch == 2 and storage.leader(path, clock=clock).epoch == 2
     with pytest.raises(FencedError):
         old.confirm()
     new.confirm()
     new.release()
     assert storage.leader(path, clock=clock).released
-    assert storage.lead(path, clock=clock, lease_ms=3000).epoch == 3  # a released lease: at once
+    assert taker.lead(path, clock=clock, lease_ms=3000).epoch == 3  # a released lease: at once
 
 
 def test_a_holder_whose_lease_was_superseded_is_fenced_at_its_next_renewal(memory_url):
     storage, path = resolve(f"{memory_url}/ckpt")
-    clock = ManualClock(0)
-    old = storage.lead(path, clock=clock, lease_ms=30_000)
-    # another driver took epoch 2 (say, after a clock jump on its machine): it superseded epoch
-    # 1's object (conditional on the version it read), then created epoch 2's
-    new = storage.lead(path, clock=ManualClock(10**9), lease_ms=30_000)
+    old = storage.lead(path, clock=ManualClock(0), lease_ms=30_000)
+    # another driver, whose own clock saw the object unchanged for a whole lease (its holder
+    # paused), took epoch 2: it superseded epoch 1's object (conditional on the version it
+    # read), then created epoch 2's
+    taker, taker_clock = resolve(f"{memory_url}/ckpt")[0], ManualClock(10**9)
+    with pytest.raises(LeaderHeldError):
+        taker.lead(path, clock=taker_clock, lease_ms=30_000)
+    taker_clock.advance(30_000)
+    new = taker.lead(path, clock=taker_clock, lease_ms=30_000)
     assert new.epoch == 2 and "superseded_by" in storage.read_file(lease_path(storage, path, 1)).decode()
     with pytest.raises(FencedError, match="epoch 2 was taken by another driver"):
         old.renew()  # one conditional PUT: the object is no longer the version it wrote
@@ -105,7 +116,10 @@ def test_a_driver_that_loses_its_directory_says_so_on_its_event_bus_and_stops(sp
     try:
         assert ssc.leaderEpoch == 1
         storage, path = resolve(f"{memory_url}/ckpt")
-        storage.lead(path, clock=ManualClock(4 * 10**12))  # in 2096: the lease looks expired
+        # a taker superseded epoch 1's object and created epoch 2's (as lease_lead does)
+        record = json.loads(storage.read_file(lease_path(storage, path, 1)))
+        storage.put(lease_path(storage, path, 1), json.dumps({**record, "superseded_by": 2}).encode())
+        storage.put(lease_path(storage, path, 2), json.dumps({**record, "epoch": 2}).encode())
         with pytest.raises(FencedError, match="epoch 2 was taken by another driver"):
             ssc.awaitTermination(30)
         assert ssc.driver.events.wait_until_empty(30)  # heard on the listener bus's thread

@@ -13,7 +13,7 @@ Public API::
 from .base import Durability, RecordHandle, WalStatistics, WriteAheadLog
 from .batched import BatchedWriteAheadLog
 from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from .errors import (CorruptRecordError, FencedError, LeaderHeldError, LogLockedError,
+from .errors import (CorruptRecordError, FencedError, LeaderHeldError, LeadershipRefusedError, LogLockedError,
                      StorageUnavailableError, WalError)
 from .file_log import FileBasedWriteAheadLog
 from .location import StorageLocation
@@ -30,6 +30,7 @@ __all__ = [
     "FileInfo",
     "LeaderHeldError",
     "LeaderInfo",
+    "LeadershipRefusedError",
     "Leadership",
     "LogLockedError",
     "ManualClock",

@@ -84,7 +84,8 @@ def object_put_if_absent(storage, path: str, data: bytes) -> bool:
         _warned_non_atomic.add(storage.protocol)
         log.warning("%s:// has no atomic create-if-absent; concurrent writers may race", storage.protocol)
     try:  # a retry after an answer lost comes back "exists": settled by _created_by_us
-        storage.retrying("create", path, lambda: storage.fs.pipe_file(path, bytes(data), mode="create"))
+        storage.retrying("create", path, lambda: storage.fs.pipe_file(path, bytes(data), mode="create"),
+                         bounded=True)
     except FileExistsError:
         return _created_by_us(storage, path, data)
     except OSError as e:  # some clients surface HTTP 412 as a generic OSError
@@ -111,7 +112,7 @@ def object_put(storage, path: str, data: bytes) -> None:
         with MEMORY_LOCK:
             storage.fs.pipe_file(path, bytes(data))
         return
-    storage.retrying("put", path, lambda: storage.fs.pipe_file(path, bytes(data)))
+    storage.retrying("put", path, lambda: storage.fs.pipe_file(path, bytes(data)), bounded=True)
     storage.fs.invalidate_cache(path)
 
 

@@ -44,6 +44,18 @@ class Storage(ABC):
     is_local: bool = False
     #: True when ``put_if_absent`` is atomic against other processes.
     atomic_create: bool = True
+    #: True when ``put_if_version`` is one conditional request (a lease can be held safely)
+    conditional_writes: bool = False
+    #: the leadership this storage writes for, set by :meth:`lead`: while it is set every
+    #: ``put``, ``put_if_absent`` and ``delete`` checks it first, and on a remote store each
+    #: attempt does and the retries stop where it could lapse (:func:`sparkwal.wal.retry.call`)
+    fence: Leadership | None = None
+
+    def check_fence(self) -> None:
+        """FencedError if this storage writes for a leadership that is over."""
+        fence = self.fence
+        if fence is not None:
+            fence.remaining_ms()
 
     @abstractmethod
     def join(self, directory: str, name: str) -> str: ...
@@ -124,9 +136,14 @@ class Storage(ABC):
         (inspectors never lock); None when no writer ever locked it."""
         return None
 
-    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000, min_epoch: int = 0,
+             network_filesystem_ok: bool = False) -> Leadership:
         """Become ``directory``'s leader at the next epoch, or raise :class:`LeaderHeldError`
-        at once (naming the holder) while a live leader holds it."""
+        at once (naming the holder) while a live leader holds it. ``min_epoch``: an epoch the
+        caller knows was taken (the newest checkpoint's): the epoch taken is above it.
+        :class:`LeadershipRefusedError` where leading cannot be made safe (see
+        :mod:`sparkwal.wal.storage`). From then on this storage's writes are bounded by it
+        (:attr:`fence`)."""
         raise NotImplementedError
 
     def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
@@ -220,9 +237,11 @@ class LocalStorage(Storage):
         return MappedAppendFile(path, fd) if mapped else LocalAppendFile(path, fd)
 
     def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        self.check_fence()
         return atomic.local_put_if_absent(path, data, sync)
 
     def put(self, path: str, data: bytes) -> None:
+        self.check_fence()
         atomic.local_put(path, data)
 
     def read_file(self, path: str) -> bytes:
@@ -281,6 +300,7 @@ class LocalStorage(Storage):
                 self._retire(entry)
 
     def delete(self, path: str) -> None:
+        self.check_fence()
         self._forget_fd(path)
         atomic.unlink_quietly(path)
 
@@ -298,8 +318,10 @@ class LocalStorage(Storage):
     def writer(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> WriterInfo | None:
         return locks.local_writer(directory)
 
-    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
-        return locks.local_lead(self, directory, clock)
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000, min_epoch: int = 0,
+             network_filesystem_ok: bool = False) -> Leadership:
+        return locks.local_lead(self, directory, clock, min_epoch=min_epoch,
+                                network_filesystem_ok=network_filesystem_ok)
 
     def leader(self, directory: str, *, clock: Clock = SYSTEM_CLOCK) -> LeaderInfo | None:
         return locks.local_leader(self, directory)
@@ -328,6 +350,7 @@ class FsspecStorage(Storage):
             fs.retries = 1
         self.supports_append = self.is_memory or isinstance(fs, LocalFileSystem)
         self.atomic_create = self.is_memory or self.is_s3
+        self.conditional_writes = self.is_memory or self.is_s3
 
     def join(self, directory: str, name: str) -> str:
         return f"{directory.rstrip('/')}/{name}"
@@ -335,9 +358,11 @@ class FsspecStorage(Storage):
     def url(self, path: str) -> str:
         return f"{self.protocol}://{path.lstrip('/') if self.protocol != 'memory' else path}"
 
-    def retrying(self, operation: str, path: str, fn):
-        """``fn()`` under :mod:`sparkwal.wal.retry`'s policy: transient faults retried until the deadline."""
-        return retry.call(operation, self.url(path), fn, policy=self.policy)
+    def retrying(self, operation: str, path: str, fn, *, bounded: bool = False):
+        """``fn()`` under :mod:`sparkwal.wal.retry`'s policy: transient faults retried until the
+        deadline; ``bounded`` (a write): each attempt within :attr:`fence`'s validity."""
+        return retry.call(operation, self.url(path), fn, policy=self.policy,
+                          fence=self.fence if bounded else None)
 
     def list_files(self, directory: str) -> list[FileInfo]:
         self.fs.invalidate_cache(directory)
@@ -381,9 +406,11 @@ class FsspecStorage(Storage):
         return FsspecAppendFile(path, f)
 
     def put_if_absent(self, path: str, data: bytes, *, sync: bool = True) -> bool:
+        self.check_fence()
         return atomic.object_put_if_absent(self, path, data)
 
     def put(self, path: str, data: bytes) -> None:
+        self.check_fence()
         atomic.object_put(self, path, data)
 
     def read_file(self, path: str) -> bytes:  # start=0: s3fs then skips a HEAD before its GET
@@ -402,8 +429,9 @@ class FsspecStorage(Storage):
         return io.BytesIO(self.read_file(path))  # objects are read whole: one GET
 
     def delete(self, path: str) -> None:
+        self.check_fence()
         try:
-            self.retrying("delete", path, lambda: self.fs.rm_file(path))
+            self.retrying("delete", path, lambda: self.fs.rm_file(path), bounded=True)
         except FileNotFoundError:  # also a retried delete whose first try took effect
             pass
         finally:
@@ -421,8 +449,9 @@ class FsspecStorage(Storage):
     def seed_epoch(self, directory: str, epoch: int, holder: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
         leases.lease_seed_epoch(self, directory, epoch, holder, clock)
 
-    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000) -> Leadership:
-        return leases.lease_lead(self, directory, clock, lease_ms)
+    def lead(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 30_000, min_epoch: int = 0,
+             network_filesystem_ok: bool = False) -> Leadership:
+        return leases.lease_lead(self, directory, clock, lease_ms, min_epoch=min_epoch)
 
     def lock(self, directory: str, *, clock: Clock = SYSTEM_CLOCK, lease_ms: int = 60_000) -> Lock:
         return leases.lease_lock(self, directory, clock, lease_ms)

@@ -11,6 +11,10 @@ class Clock(Protocol):
     def now_ms(self) -> int:
         """Milliseconds since the epoch (or since any fixed origin, for manual clocks)."""
 
+    def monotonic_ms(self) -> int:
+        """Milliseconds on a clock that never jumps (leases count on it: a wall clock set back
+        or forward must not lengthen or shorten one); a manual clock's own time."""
+
     def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
         """Block until ``now_ms() >= target_ms`` (or ``timeout_s`` of real time passed);
         return the time reached, which is before ``target_ms`` only after a timeout."""
@@ -21,6 +25,9 @@ class SystemClock:
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def monotonic_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
 
     def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -47,6 +54,9 @@ class ManualClock:
         with self._cond:
             return self._now
 
+    def monotonic_ms(self) -> int:
+        return self.now_ms()
+
     def set_ms(self, ms: int) -> None:
         with self._cond:
             self._now = ms
@@ -64,3 +74,9 @@ class ManualClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def monotonic_ms(clock: Clock) -> int:
+    """``clock``'s monotonic time (its ``now_ms`` for a clock that has no separate one)."""
+    read = getattr(clock, "monotonic_ms", None)
+    return read() if read is not None else clock.now_ms()

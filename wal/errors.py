@@ -34,15 +34,26 @@ class LogLockedError(WalError):
 
 class LeaderHeldError(LogLockedError):
     """A live driver leads the checkpoint directory; ``info`` (a ``sparkwal.wal.storage.LeaderInfo``) says
-    who, since when, at which epoch and, for a lease, until when it holds unless renewed."""
+    who, since when, at which epoch and, for a lease, until when it holds unless renewed.
+    ``wait_ms``: how long (on the lease's monotonic clock) before another attempt may find the
+    lease lapsed; None when the holder is known to be alive (a live process's flock, or a lease
+    renewed since this process first saw it)."""
 
-    def __init__(self, path: str, info):
+    def __init__(self, path: str, info, wait_ms: int | None = None):
         self.info = info
+        self.wait_ms = wait_ms
         super().__init__(path, info.describe())
         self.args = (f"{path} is led by another live driver: {info.describe()}",)
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class LeadershipRefusedError(WalError):
+    """Leading this directory could not be made safe, so it was refused: a network filesystem
+    whose ``flock`` is not a lock between machines, a store without a conditional write, or an
+    epoch that would go backwards (the leader records were lost). The message names the
+    directory, the reason and what to do."""
 
 
 class FencedError(WalError):

@@ -9,80 +9,114 @@ import logging
 import threading
 import uuid
 
-from .clock import Clock
-from .errors import FencedError, LeaderHeldError, LogLockedError
-from .locks import (LEADER_LEASES, LEASE_FILE, LeaderInfo, Leadership, Lock, WriterInfo, holder_description,
-                    iso)
+from .clock import Clock, monotonic_ms
+from .errors import FencedError, LeaderHeldError, LeadershipRefusedError, LogLockedError
+from .locks import (LEADER_LEASES, LEASE_FILE, LeaderInfo, Leadership, Lock, WriterInfo, holder_description)
 
 log = logging.getLogger(__name__)
 
 
+#: the holder stops writing this part of a lease before anyone may take it over: room for clock
+#: rates that differ and for its last request to land (each request's timeout is kept below it:
+#: :func:`request_timeout_s`)
+MARGIN_FRACTION = 5
+
+
+def margin_ms(lease_ms: int) -> int:
+    return lease_ms // MARGIN_FRACTION
+
+
+def request_timeout_s(lease_ms: int) -> float:
+    """The longest a leader's single request may wait for an answer (connect plus read), so that
+    a request sent while the lease held ends before the holder's margin does."""
+    return margin_ms(lease_ms) / 1000 * 0.9
+
+
 class Lease(Lock):
-    """An object-store lease: ``{"owner", "holder", "expires_ms"}`` renewed by ``check``."""
+    """An object-store lease, ``{"owner", "holder", "expires_ms", "lease_ms"}``, renewed by
+    ``check`` with one conditional PUT on the version its holder last wrote (a taker's
+    conditional replace makes the renewal fail: the holder learns it lost the lease), trusted on
+    the holder's monotonic clock between renewals up to a fifth of a lease before it would lapse,
+    and fenced by itself from then on."""
 
     def __init__(self, storage, path: str, owner: str, clock: Clock, lease_ms: int):
         self._storage, self._path, self._owner = storage, path, owner
         self._clock, self._lease_ms = clock, lease_ms
-        self._renewed_at = clock.now_ms()
+        self._version: str | None = None
+        self._renewed(monotonic_ms(clock))
 
-    def body(self) -> bytes:
+    def _renewed(self, sent_at: int) -> None:
+        self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - margin_ms(self._lease_ms)
+
+    def body(self, released: bool = False) -> bytes:
+        now = self._clock.now_ms()
         return json.dumps(
-            {"owner": self._owner, "holder": holder_description(),
-             "expires_ms": self._clock.now_ms() + self._lease_ms}
+            {"owner": self._owner, "holder": holder_description(), "lease_ms": self._lease_ms,
+             "expires_ms": now if released else now + self._lease_ms, "released": released}
         ).encode()
 
     def check(self) -> None:
-        now = self._clock.now_ms()
+        now = monotonic_ms(self._clock)
+        if now >= self._valid_until:
+            raise LogLockedError(self._path, f"its lease lapsed unrenewed since {self._lease_ms} ms "
+                                 "(this writer fenced itself)")
         if now - self._renewed_at < self._lease_ms // 3:
             return
-        current = read_lease(self._storage, self._path)
-        if current is None or current.get("owner") != self._owner:
+        version = self._storage.put_if_version(self._path, self.body(), self._version)
+        if version is None:
+            current = read_lease(self._storage, self._path)
             holder = current.get("holder", "") if current else "nobody (lease deleted)"
+            self._valid_until = now  # never trusted again
             raise LogLockedError(self._path, f"lease lost; now held by {holder}")
-        self._storage.put(self._path, self.body())
-        self._renewed_at = now
+        self._version = version
+        self._renewed(now)
 
     def release(self) -> None:
-        try:
-            current = read_lease(self._storage, self._path)
-            if current is not None and current.get("owner") == self._owner:
-                self._storage.delete(self._path)
-        except Exception as e:  # a lease that cannot be released simply expires
+        self._valid_until = 0
+        try:  # conditional: a lease already taken over is left to its new holder
+            self._storage.put_if_version(self._path, self.body(released=True), self._version)
+        except Exception as e:  # noqa: BLE001  a lease that cannot be released simply expires
             log.warning("could not release lease %s: %s", self._path, e)
 
 
 class EpochLease(Leadership):
     """An object-store leadership: the lease object of one epoch, renewed by its owner with one
     conditional PUT (``If-Match`` the version it last wrote). A taker first supersedes the
-    expired object (conditional on the version it read), so a renewal that comes too late finds
+    lapsed object (conditional on the version it read), so a renewal that comes too late finds
     the object changed and fences its sender; between renewals the holder trusts its lease on
-    its own clock, up to a fifth of a lease before it expires: confirming costs no request."""
+    its own monotonic clock, from when the renewal was sent, up to a fifth of a lease before it
+    expires: confirming costs no request. While it holds, it bounds every write of its storage
+    (:meth:`remaining_ms`: each attempt checked, the retries of each capped)."""
 
     def __init__(self, storage, directory: str, epoch: int, clock: Clock, lease_ms: int):
         self._storage, self._dir, self.epoch = storage, directory, epoch
         self._path = lease_path(storage, directory, epoch)
         self._owner, self._clock, self._lease_ms = uuid.uuid4().hex, clock, lease_ms
         self.renew_every_ms = max(1, lease_ms // 3)
-        now = clock.now_ms()
-        self._since, self._renewed_at = now, now
+        now = monotonic_ms(clock)
+        self._since, self._renewed_at = clock.now_ms(), now
         #: the holder stops writing a fifth of a lease before others may take it over
-        self._valid_until = now + lease_ms - lease_ms // 5
+        self._valid_until = now + lease_ms - margin_ms(lease_ms)
         self._version: str | None = None  # of the object as this holder last wrote it
         self._renew_error: BaseException | None = None  # why the last renewal failed, if it did
         self._fenced: str | None = None
         self._renew_lock = threading.Lock()
-        self.info = LeaderInfo("lease", epoch, holder_description(), now, True, now + lease_ms)
+        self.info = LeaderInfo("lease", epoch, holder_description(), self._since, True, self._since + lease_ms)
 
-    def body(self, released: bool = False, now: int | None = None) -> bytes:
-        now = self._clock.now_ms() if now is None else now
+    def body(self, released: bool = False) -> bytes:
+        now = self._clock.now_ms()  # wall times, for people and inspectors; nobody decides on them
         return json.dumps({"epoch": self.epoch, "owner": self._owner, "holder": holder_description(),
                            "since_ms": self._since, "expires_ms": now if released else now + self._lease_ms,
-                           "released": released}).encode()
+                           "lease_ms": self._lease_ms, "released": released}).encode()
 
     def create(self) -> bool:
         """Take this epoch: create its object if absent (one conditional PUT)."""
-        self._version = self._storage.put_if_version(self._path, self.body(now=self._since), None)
-        return self._version is not None
+        sent_at = monotonic_ms(self._clock)
+        self._version = self._storage.put_if_version(self._path, self.body(), None)
+        if self._version is None:
+            return False
+        self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - margin_ms(self._lease_ms)
+        return True
 
     def _fence(self, reason: str) -> None:
         if self._fenced is None:
@@ -90,14 +124,22 @@ class EpochLease(Leadership):
             log.error("%s", self._fenced)
         raise FencedError(self._fenced)
 
-    def check(self) -> None:
+    def _lapsed(self, now: int, in_flight: bool = False) -> None:
+        self._fence(f"its lease was last renewed {now - self._renewed_at} ms ago and may be taken over "
+                    f"{self._lease_ms} ms after that{self._why_not_renewed(in_flight)}")
+
+    def remaining_ms(self) -> int | None:
+        """How long this holder may still write (no request, no renewal); FencedError once none."""
         if self._fenced is not None:
             raise FencedError(self._fenced)
-        now = self._clock.now_ms()
+        now = monotonic_ms(self._clock)
         if now >= self._valid_until:
-            self._fence(f"its lease was last renewed at {iso(self._renewed_at)} and lapses "
-                        f"at {iso(self._renewed_at + self._lease_ms)}"
-                        f"{self._why_not_renewed(in_flight=self._renew_lock.locked())}")
+            self._lapsed(now, in_flight=self._renew_lock.locked())
+        return self._valid_until - now
+
+    def check(self) -> None:
+        self.remaining_ms()
+        now = monotonic_ms(self._clock)
         if now - self._renewed_at >= (self.renew_every_ms or 0) and self._renew_lock.acquire(blocking=False):
             try:  # due, and no renewal under way (a slow one never stalls the checks: they fence)
                 self._renew()
@@ -117,11 +159,13 @@ class EpochLease(Leadership):
     def _renew(self) -> None:
         if self._fenced is not None:
             raise FencedError(self._fenced)
-        sent_at = self._clock.now_ms()
+        sent_at = monotonic_ms(self._clock)
         if sent_at >= self._valid_until:
-            self._fence(f"its lease lapsed (last renewed at {iso(self._renewed_at)}){self._why_not_renewed()}")
+            self._lapsed(sent_at)
         try:
-            version = self._storage.put_if_version(self._path, self.body(now=sent_at), self._version)
+            version = self._storage.put_if_version(self._path, self.body(), self._version)
+        except FencedError:
+            raise
         except Exception as e:
             self._renew_error = e
             raise
@@ -133,7 +177,7 @@ class EpochLease(Leadership):
                         "its lease object was replaced or deleted")
         self._version = version
         if self._fenced is None:  # validity counts from the send: a slow answer shortens it
-            self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - self._lease_ms // 5
+            self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - margin_ms(self._lease_ms)
 
     def _why_not_renewed(self, in_flight: bool = False) -> str:
         """A lapse's cause when the store would not take the renewals: a storage fault, not a taker."""
@@ -143,12 +187,14 @@ class EpochLease(Leadership):
         return "" if error is None else f"; renewing it failed: {' '.join(str(error).split())[:300]}"
 
     def release(self) -> None:
+        if getattr(self._storage, "fence", None) is self:
+            self._storage.fence = None
         if self._fenced is not None:
             return
         self._fenced = f"leadership epoch {self.epoch} was released"
         try:
             self._storage.put_if_version(self._path, self.body(released=True), self._version)
-        except Exception as e:  # a lease that cannot be released simply expires
+        except Exception as e:  # noqa: BLE001  a lease that cannot be released simply expires
             log.warning("could not release lease %s: %s", self._path, e)
 
 
@@ -201,47 +247,104 @@ def lease_leader(storage, directory: str, clock: Clock) -> LeaderInfo | None:
     return lease_info(record, epochs[-1], clock)
 
 
-def lease_lead(storage, directory: str, clock: Clock, lease_ms: int) -> Leadership:
+HIGH_WATER = "high-water"  # under .leader/: the newest epoch ever taken, read without a listing
+
+
+def _sighting_wait(storage, path: str, version: str, record: dict, clock: Clock, lease_ms: int) -> int | None:
+    """How long before the lease object at ``path`` (now at ``version``) may be taken over: a
+    taker must have seen it unchanged for a whole lease on its own monotonic clock (the holder's
+    wall clock, and so ``expires_ms``, decides nothing). None: it changed since this process
+    first saw it (its holder renews it: alive)."""
+    sightings = storage.__dict__.setdefault("_lease_sightings", {})
+    now = monotonic_ms(clock)
+    lease = max(lease_ms, int(record.get("lease_ms") or 0))  # the holder's lease if longer
+    seen = sightings.get(path)
+    if seen is None or seen[0] != version:
+        sightings[path] = (version, now)
+        return lease if seen is None else None
+    return max(0, seen[1] + lease - now)
+
+
+def _high_water(storage, directory: str) -> tuple[int, str | None]:
+    found = storage.read_versioned(storage.join(storage.join(directory, LEADER_LEASES), HIGH_WATER))
+    if found is None:
+        return 0, None
+    try:
+        return int(json.loads(found[0])["epoch"]), found[1]
+    except (ValueError, KeyError, TypeError):
+        return 0, found[1]
+
+
+def lease_lead(storage, directory: str, clock: Clock, lease_ms: int, *, min_epoch: int = 0) -> Leadership:
+    if not getattr(storage, "conditional_writes", False):
+        raise LeadershipRefusedError(
+            f"{storage.url(directory)}: {storage.protocol}:// has no conditional write that sparkwal uses "
+            "(S3's If-Match and If-None-Match), so two drivers could lead it at once: put the checkpoint "
+            "on S3 (or a store that speaks its API) or on a local disk")
+    storage.fence = None  # a storage writes for one leadership at a time: the one taken now
     storage.makedirs(directory)
     epochs = leader_epochs(storage, directory)
+    high, high_version = _high_water(storage, directory)
+    newest = epochs[-1] if epochs else 0
+    if max(high, min_epoch) > newest:  # epochs only grow: a lost record must not restart them
+        raise LeadershipRefusedError(
+            f"{storage.url(directory)}: its newest leader object is epoch {newest}, but epoch "
+            f"{max(high, min_epoch)} was taken ({'the high-water mark' if high > newest else 'the checkpoint'} "
+            f"says so): leader objects under {LEADER_LEASES}/ were deleted or a listing missed them; a "
+            "driver may still lead it. Stop every driver of this checkpoint, then restore the objects "
+            f"or write {LEADER_LEASES}/epoch-{max(high, min_epoch):010d} with \"released\": true")
     current = None
     if epochs:
-        path = lease_path(storage, directory, epochs[-1])
+        path = lease_path(storage, directory, newest)
         found = storage.read_versioned(path)
         record = _parse_lease(found[0]) if found else {"holder": "deleted lease"}
-        current = lease_info(record, epochs[-1], clock)
-        if current.held:
-            raise LeaderHeldError(storage.url(directory), current)
+        current = lease_info(record, newest, clock)
+        if found is not None and not record.get("released") and not record.get("superseded_by"):
+            wait = _sighting_wait(storage, path, found[1], record, clock, lease_ms)
+            if wait is None or wait > 0:
+                raise LeaderHeldError(storage.url(directory), current, wait)
         if found is not None and not record.get("superseded_by"):  # its holder's renewals now fail
-            superseded = json.dumps({**record, "superseded_by": epochs[-1] + 1}).encode()
+            superseded = json.dumps({**record, "superseded_by": newest + 1}).encode()
             if storage.put_if_version(path, superseded, found[1]) is None:  # renewed meanwhile
                 raise LeaderHeldError(storage.url(directory), lease_leader(storage, directory, clock) or current)
-    lease = EpochLease(storage, directory, (current.epoch if current else 0) + 1, clock, lease_ms)
+    lease = EpochLease(storage, directory, newest + 1, clock, lease_ms)
     if not lease.create():
         winner = lease_leader(storage, directory, clock) or current
         raise LeaderHeldError(storage.url(directory), winner)
+    mark = json.dumps({"epoch": lease.epoch}).encode()
+    if storage.put_if_version(storage.join(storage.join(directory, LEADER_LEASES), HIGH_WATER), mark,
+                              high_version) is None:
+        log.warning("%s: the leader high-water mark changed while epoch %d was taken", storage.url(directory),
+                    lease.epoch)
     if current is not None:
         log.warning("%s: took over leadership at epoch %d from %s", storage.url(directory), lease.epoch,
                     current.describe())
     for old in leader_epochs(storage, directory)[:-3]:  # the newest few stay, for inspectors
         storage.delete(lease_path(storage, directory, old))
+    storage.fence = lease  # every write of this storage is bounded by the lease from now on
     return lease
 
 
 def lease_lock(storage, directory: str, clock: Clock, lease_ms: int) -> Lock:
+    """The single-writer lease of ``directory``: created if absent, or taken over from a holder
+    whose lease expired (on the holders' wall clocks: the writer lease has no standby polling
+    it) by a conditional replace of the version read, so that of two takers one wins and the
+    old holder's next renewal fails."""
     storage.makedirs(directory)
     path = storage.join(directory, LEASE_FILE)
     lease = Lease(storage, path, uuid.uuid4().hex, clock, lease_ms)
     for _ in range(2):
-        if storage.put_if_absent(path, lease.body()):
+        found = storage.read_versioned(path)
+        if found is not None:
+            current = _parse_lease(found[0])
+            if current.get("expires_ms", 0) > clock.now_ms() and not current.get("released"):
+                raise LogLockedError(storage.url(directory), current.get("holder", ""))
+            if not current.get("released"):
+                log.warning("taking over expired lease %s of %s", path, current.get("holder"))
+        version = storage.put_if_version(path, lease.body(), found[1] if found else None)
+        if version is not None:
+            lease._version = version
             return lease
-        current = read_lease(storage, path)
-        if current is None:
-            continue  # released in between: try again
-        if current.get("expires_ms", 0) > clock.now_ms():
-            raise LogLockedError(storage.url(directory), current.get("holder", ""))
-        log.warning("taking over expired lease %s of %s", path, current.get("holder"))
-        storage.delete(path)
     raise LogLockedError(storage.url(directory), "lease contended")
 
 
@@ -251,3 +354,5 @@ def lease_seed_epoch(storage, directory: str, epoch: int, holder: str, clock: Cl
     body = json.dumps({"epoch": epoch, "owner": "", "holder": holder, "since_ms": now,
                        "expires_ms": now, "released": True}).encode()
     storage.put_if_absent(lease_path(storage, directory, epoch), body)
+    storage.put_if_absent(storage.join(storage.join(directory, LEADER_LEASES), HIGH_WATER),
+                          json.dumps({"epoch": epoch}).encode())

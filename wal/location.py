@@ -191,9 +191,11 @@ def s3_defaults(storage_options: dict | None, policy: retry.RetryPolicy | None =
     in ``config_kwargs`` stays)."""
     options = dict(storage_options or {})
     config = dict(options.get("config_kwargs") or {})
-    deadline = (policy or retry.default_policy()).deadline_s
+    policy = policy or retry.default_policy()
+    deadline = policy.deadline_s
     config.setdefault("retries", {"max_attempts": 1})
     config.setdefault("connect_timeout", min(10.0, deadline / 2))
-    config.setdefault("read_timeout", min(30.0, deadline / 2))
+    # a request not yet connected cannot land later; one sent waits at most this for its answer
+    config.setdefault("read_timeout", min(30.0, deadline / 2, policy.request_timeout_s or 30.0))
     options["config_kwargs"] = config
     return options

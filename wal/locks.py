@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .clock import Clock
-from .errors import FencedError, LeaderHeldError, LogLockedError, WalError
+from .errors import FencedError, LeaderHeldError, LeadershipRefusedError, LogLockedError, WalError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,9 @@ class LeaderInfo:
 class Leadership(Lock):
     """A held leadership of a directory at ``epoch``. ``check()`` (cheap, before each write)
     raises :class:`FencedError` once the epoch is no longer current; ``confirm()`` asks the store
-    now; ``renew()`` keeps a lease alive (call it every ``renew_every_ms``)."""
+    now; ``renew()`` keeps a lease alive, or looks at the lock again (call it every
+    ``renew_every_ms``); ``remaining_ms()`` bounds a write: how long the leadership surely holds
+    (None: while this process lives), FencedError once it does not."""
 
     epoch: int
     info: LeaderInfo
@@ -87,6 +89,10 @@ class Leadership(Lock):
 
     def renew(self) -> None:
         self.check()
+
+    def remaining_ms(self) -> int | None:
+        self.check()
+        return None
 
 
 def iso(ms: int) -> str:
@@ -129,22 +135,49 @@ class LocalLock(Lock):
 
 
 class LocalLeadership(Leadership):
-    """The flock of ``.leader.lock``: nobody can take it while this process lives, so it is
-    never fenced and needs no renewal."""
+    """The flock of ``.leader.lock``: nobody can take it while this process lives, so long as the
+    lock file stays the one locked. A deleted or replaced lock file (an operator, a temp cleaner,
+    ``rsync --delete``) lets another driver flock a new inode and lead: every check compares the
+    held descriptor's file with the path's (``fstat`` against ``stat``, microseconds), and a
+    leader whose lock file is gone or replaced fences itself. ``renew()`` (every
+    ``renew_every_ms``) looks again when no write does."""
 
-    needs_check = False
+    renew_every_ms = 500
 
-    def __init__(self, fd: int, info: LeaderInfo):
-        self._fd, self.info, self.epoch = fd, info, info.epoch
+    def __init__(self, fd: int, info: LeaderInfo, path: str, storage=None):
+        self._fd, self.info, self.epoch, self._path = fd, info, info.epoch, path
+        self._storage = storage  # whose writes it bounds while held
+        self._fenced: str | None = None
 
     def check(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
         if self._fd < 0:
             raise FencedError(f"leadership epoch {self.epoch} was released")
+        lost = lock_file_lost(self._fd, self._path)
+        if lost is not None:
+            self._fenced = f"{os.path.dirname(self._path)}: leadership epoch {self.epoch} is over: {lost}"
+            log.error("%s", self._fenced)
+            raise FencedError(self._fenced)
 
     def release(self) -> None:
+        if self._storage is not None and getattr(self._storage, "fence", None) is self:
+            self._storage.fence = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+
+def lock_file_lost(fd: int, path: str) -> str | None:
+    """Why the file locked through ``fd`` is no longer the lock at ``path`` (None: it is)."""
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return f"its lock file {path} was deleted, so another driver may lock a new one"
+    if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        return f"its lock file {path} was replaced, so another driver may hold the new one"
+    return None
 
 
 def local_lock(storage, directory: str) -> Lock:
@@ -176,39 +209,119 @@ def local_writer(directory: str) -> WriterInfo | None:
     return WriterInfo("lock", holder, flock_held(st.st_dev, st.st_ino))
 
 
-def local_lead(storage, directory: str, clock: Clock) -> Leadership:
+#: file systems whose ``flock`` is not a lock between machines (NFS under ``nolock`` or
+#: ``local_lock=flock``, an NFSv4 client cut off past its lease, SMB, FUSE mounts of remote stores)
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre", "afs", "ncpfs", "glusterfs", "gpfs",
+    "beegfs", "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "fuse.juicefs",
+    "fuse.mountpoint-s3", "fuse.goofys", "fuse.blobfuse", "fuse.blobfuse2", "fuse.cephfs"})
+#: the mount table read to find a directory's file system (Linux)
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def filesystem_type(directory: str) -> str | None:
+    """The type of the file system holding ``directory`` (or its nearest existing parent), from
+    the mount table; None where there is none to read."""
+    try:
+        with open(MOUNTINFO) as f:
+            table = f.read()
+    except OSError:
+        return None
+    path = os.path.realpath(directory)
+    best, kind = -1, None
+    for line in table.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        after = line.split(" - ", 1)[1].split(" ")
+        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best:  # the innermost mount holding the path
+            best, kind = len(mount), after[0]
+    return kind
+
+
+def _epoch_record(data: bytes) -> int:
+    try:
+        return int(json.loads(data)["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def local_lead(storage, directory: str, clock: Clock, *, min_epoch: int = 0,
+               network_filesystem_ok: bool = False) -> Leadership:
+    kind = filesystem_type(directory)
+    if kind in NETWORK_FILESYSTEMS and not network_filesystem_ok:
+        raise LeadershipRefusedError(
+            f"{directory} is on a network file system ({kind}), where flock is not a lock between machines, "
+            "so two drivers could lead it at once: put the checkpoint on a local disk or an object store "
+            "(s3://...), or set spark.sparkwal.leader.allowNetworkFilesystem=true if nothing else ever "
+            "starts a driver on it")
+    storage.fence = None  # a storage writes for one leadership at a time: the one taken now
     storage.makedirs(directory)
-    fd = os.open(os.path.join(directory, LEADER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = os.path.join(directory, LEADER_LOCK)
+    for _ in range(10):  # the file flocked must still be the one at the path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = local_leader(storage, directory)
+            raise LeaderHeldError(directory, info or LeaderInfo("lock", 0, "unknown", 0, True)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if lock_file_lost(fd, path) is None:
+            break
+        os.close(fd)  # deleted or replaced between the open and the flock: lock the new one
+    else:
+        raise LeadershipRefusedError(f"{path} keeps being replaced while it is locked: something else "
+                                     "is removing the checkpoint directory's files")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        info = local_leader(storage, directory)
-        raise LeaderHeldError(directory, info or LeaderInfo("lock", 0, "unknown", 0, True)) from None
+        # the epochs taken so far, from both records (a temp cleaner may delete one), never below
+        # what the caller knows was used (the newest checkpoint's epoch)
+        last = _epoch_record(os.pread(fd, 4096, 0))
+        record = local_leader(storage, directory)
+        last = max(last, record.epoch if record else 0)
+        if last < min_epoch:
+            log.warning("%s: the leader's epoch records say %d but epoch %d wrote the checkpoint "
+                        "(the records were deleted?): leading at epoch %d", directory, last, min_epoch,
+                        min_epoch + 1)
+            last = min_epoch
+        info = LeaderInfo("lock", last + 1, holder_description(), clock.now_ms(), True)
+        body = json.dumps({"epoch": info.epoch, "holder": info.holder, "pid": os.getpid(),
+                           "host": socket.gethostname(), "since_ms": info.since_ms}).encode()
+        storage.put(os.path.join(directory, LEADER_EPOCH), body)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body, 0)
+        os.fsync(fd)
     except BaseException:
         os.close(fd)
         raise
-    try:
-        last = local_leader(storage, directory)
-        info = LeaderInfo("lock", (last.epoch if last else 0) + 1, holder_description(),
-                          clock.now_ms(), True)
-        storage.put(os.path.join(directory, LEADER_EPOCH), json.dumps(
-            {"epoch": info.epoch, "holder": info.holder, "pid": os.getpid(),
-             "host": socket.gethostname(), "since_ms": info.since_ms}).encode())
-    except BaseException:
-        os.close(fd)
-        raise
-    return LocalLeadership(fd, info)
+    lead = LocalLeadership(fd, info, path, storage)
+    storage.fence = lead  # every write of this storage checks the lock file from now on
+    return lead
 
 
 def local_leader(storage, directory: str) -> LeaderInfo | None:
+    path = os.path.join(directory, LEADER_EPOCH)
     try:
-        record = json.loads(storage.read_file(os.path.join(directory, LEADER_EPOCH)))
+        data = storage.read_file(path)
+    except FileNotFoundError:  # the lock file's copy of the record (newer releases write both)
+        try:
+            with open(os.path.join(directory, LEADER_LOCK), "rb") as f:
+                data = f.read(4096)
+        except FileNotFoundError:
+            return None
+        if not data:
+            return None
+    try:
+        record = json.loads(data)
         st = os.stat(os.path.join(directory, LEADER_LOCK))
     except FileNotFoundError:
         return None
     except ValueError:
-        raise WalError(f"{os.path.join(directory, LEADER_EPOCH)}: not a leader record") from None
+        raise WalError(f"{path}: not a leader record") from None
     return LeaderInfo("lock", int(record["epoch"]), str(record.get("holder", "")),
                       int(record.get("since_ms", 0)), flock_held(st.st_dev, st.st_ino))
 

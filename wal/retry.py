@@ -56,9 +56,15 @@ TRANSIENT_CLASS_NAMES = frozenset({
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """``deadline_s``: how long an operation may keep failing transiently; ``request_timeout_s``:
+    the longest one request may wait for its answer (None: half the deadline, at most 30 s) — a
+    leader's is kept below its lease's margin, so that no request it sent lands after the lease
+    could be taken over (:func:`sparkwal.wal.leases.request_timeout_s`)."""
+
     deadline_s: float = 60.0
     first_backoff_s: float = 0.1
     max_backoff_s: float = 5.0
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0 or self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
@@ -151,21 +157,32 @@ def default_policy() -> RetryPolicy:
 
 def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy | None = None,
          sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-         rng: random.Random | None = None) -> T:
+         rng: random.Random | None = None, fence=None) -> T:
     """Run ``fn`` until it succeeds, fails with a non-transient error (raised as is), or keeps
-    failing transiently past the deadline (:class:`StorageUnavailableError`)."""
+    failing transiently past the deadline (:class:`StorageUnavailableError`). ``fence``: the
+    leadership a write is made under (``remaining_ms()``): checked before every attempt and
+    after every failure (:class:`sparkwal.wal.FencedError` comes first: a paused leader that
+    resumes learns that before it learns of the store), and the retries stop where it could
+    lapse."""
     policy = policy or _default
     uniform = (rng or random).uniform
     start, attempts = monotonic(), 0
+    deadline_s = policy.deadline_s
     while True:
         attempts += 1
+        if fence is not None:
+            remaining = fence.remaining_ms()
+            if remaining is not None:
+                deadline_s = min(policy.deadline_s, monotonic() - start + remaining / 1000)
         try:
             result = fn()
         except BaseException as e:
             if not isinstance(e, Exception) or not is_transient(e):
                 raise
+            if fence is not None:
+                fence.remaining_ms()
             elapsed = monotonic() - start
-            given_up = elapsed >= policy.deadline_s
+            given_up = elapsed >= deadline_s
             with _counters.lock:
                 _counters.operations += attempts == 1
                 kind = error_kind(e)
@@ -177,7 +194,7 @@ def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy |
             if given_up:
                 raise StorageUnavailableError(operation, url, attempts, elapsed, e) from e
             backoff = min(policy.max_backoff_s, policy.first_backoff_s * 2 ** min(attempts - 1, 30))
-            pause = min(uniform(0, backoff), policy.deadline_s - elapsed)
+            pause = min(uniform(0, backoff), deadline_s - elapsed)
             sleep(pause)
             continue
         if attempts > 1:

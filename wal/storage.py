@@ -40,17 +40,45 @@ is the same lock with a number:
 
 * local: ``flock`` on ``<dir>/.leader.lock`` (the kernel releases it the instant its holder dies:
   no timeout), then the epoch, one more than the last, recorded in ``<dir>/.leader.epoch``
-  (``{"epoch", "holder", "pid", "host", "since_ms"}``, replaced atomically). An flock cannot be
-  taken from a live holder, so a local leader is never fenced while it lives.
+  (``{"epoch", "holder", "pid", "host", "since_ms"}``, replaced atomically) and the same record in
+  the lock file itself, so that a deleted record cannot restart the numbering (nor can both: the
+  caller's ``min_epoch``, the newest checkpoint's epoch, is a floor). An flock cannot be taken from
+  a live holder, but its *file* can be deleted or replaced, after which another driver flocks a new
+  inode: every check of a local leadership compares the held descriptor's file with the path's
+  (``fstat`` against ``stat``) and fences the holder whose file is gone, and its renewal thread
+  looks every 500 ms. A directory on a network file system (NFS, SMB, FUSE mounts of remote
+  stores: their flock is not a lock between machines) is refused with one line, unless the caller
+  says nothing else can start a driver there (``network_filesystem_ok``).
 * object stores: one lease object per epoch, ``<dir>/.leader/epoch-<epoch, 10 digits>`` holding
-  ``{"epoch", "owner", "holder", "since_ms", "expires_ms", "released"}`` and, once a taker
-  superseded it, ``"superseded_by"`` (the next epoch). Taking over, allowed once the newest object
-  expired (or was released), is two conditional requests: the expired object rewritten with
-  ``superseded_by`` on the condition that it is still the version read (``put_if_version``: S3's
-  ``If-Match``), then the next epoch's object created if absent. The holder renews its own object
-  every third of the lease with one conditional PUT on the version it last wrote, so a renewal after
-  a takeover is refused and fences it; between renewals it trusts the lease on its own clock, and
-  stops writing (fences itself) a fifth of the lease before it would expire unrenewed.
+  ``{"epoch", "owner", "holder", "since_ms", "expires_ms", "lease_ms", "released"}`` and, once a
+  taker superseded it, ``"superseded_by"`` (the next epoch); ``<dir>/.leader/high-water``
+  (``{"epoch"}``) records the newest epoch taken, read with a GET, so a listing that misses the
+  objects (or their deletion) cannot make an epoch be taken twice: that is refused. Only a store
+  whose ``put_if_version`` is one conditional request (S3 and stores speaking its API: ``If-Match``
+  / ``If-None-Match``; ``memory://``) may be led: elsewhere (``gs://``, ``abfs://``, ...) a
+  read-compare-write lets two takers win, so ``lead`` is refused, naming the store. Taking over
+  is allowed once the newest object was released, or once the taker has seen it *unchanged for a
+  whole lease on its own monotonic clock* (the holder's ``expires_ms`` is for people: wall clocks
+  decide nothing); it is two conditional requests: the object rewritten with ``superseded_by`` on
+  the condition that it is still the version seen, then the next epoch's object created if absent.
+  The holder renews its own object every third of the lease with one conditional PUT on the
+  version it last wrote, so a renewal after a takeover is refused and fences it; between renewals
+  it trusts the lease on its own monotonic clock, counted from when the renewal was *sent*, and
+  stops writing (fences itself) a fifth of the lease before it could be taken over.
+
+Writes bounded by the leadership: a storage that took a leadership keeps it as its ``fence``; its
+``put``, ``put_if_absent`` and ``delete`` check it first, and on a remote store every attempt of a
+write checks it again and the write's retries stop where the leadership could lapse
+(:func:`sparkwal.wal.retry.call`): a write is never retried past its leader's lease, and a paused
+leader that resumes hears ``FencedError`` before any storage error. A leader's requests each wait
+at most 0.9 of the margin for an answer (``RetryPolicy.request_timeout_s``), so one sent while the
+lease held is answered, or abandoned, before anyone may take over. The single-writer lease of a
+WAL directory (``.writer.lease``) is renewed and taken over the same way (conditional on the
+version read; the holder fences itself at the margin), its expiry read on the holders' clocks.
+
+Readers do the rest: a write of an old epoch that lands anyway (a request held in the network
+past every timeout) is ignored or replaced by what the current epoch wrote (the checkpoint
+reader, the batch log and snapshot clean-up compare epochs: see their modules).
 
 Transient faults of remote stores (5xx, SlowDown, resets, timeouts) are retried by
 :mod:`sparkwal.wal.retry` under a per-operation deadline; on S3 each attempt is one request (botocore's and

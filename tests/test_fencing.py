@@ -1,0 +1,145 @@
+"""Fencing in the storage seam (wal/locks.py, wal/leases.py, wal/retry.py): no two leaders, and no
+write of a leader whose leadership is over. Each test is a way two drivers led at once, or an
+old leader's write landed after a takeover, before this was closed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from sparkwal.wal import FencedError, LeadershipRefusedError, LogLockedError, ManualClock, resolve
+from sparkwal.wal import locks
+from sparkwal.wal.leases import lease_lock, lease_path
+from sparkwal.wal.retry import RetryPolicy, call
+from sparkwal.wal.storage import LEADER_EPOCH, LEADER_LOCK, FsspecStorage
+
+# ------------------------------------------------------------------ local: the flock's file
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_leader_whose_lock_file_is_deleted_or_replaced_fences_itself(tmp_path, how):
+    directory = str(tmp_path / "ckpt")
+    old_storage, path = resolve(directory)
+    old = old_storage.lead(path)
+    lock_file = os.path.join(path, LEADER_LOCK)
+    if how == "deleted":  # an operator, a temp cleaner, rsync --delete from a backup
+        os.unlink(lock_file)
+    else:
+        spare = os.path.join(path, "spare")
+        open(spare, "w").close()
+        os.replace(spare, lock_file)
+    with pytest.raises(FencedError, match=f"epoch 1 is over: its lock file .* was {how}"):
+        old.renew()  # the renewal thread's look (every 500 ms), before anyone else leads
+    standby_storage, _ = resolve(directory)
+    new = standby_storage.lead(path)  # flocks the new inode: it leads
+    assert new.epoch == 2
+    with pytest.raises(FencedError, match="epoch 1 is over: its lock file .* was (deleted|replaced)"):
+        old.check()
+    with pytest.raises(FencedError):
+        old_storage.put(os.path.join(path, "checkpoint-1000"), b"zombie")  # every write checks
+    assert not os.path.exists(os.path.join(path, "checkpoint-1000"))
+    new.check()
+    standby_storage.put(os.path.join(path, "checkpoint-1000"), b"leader")
+    new.release()
+
+
+def test_local_epochs_only_grow_when_a_record_is_deleted(tmp_path):
+    storage, path = resolve(str(tmp_path / "ckpt"))
+    storage.lead(path).release()
+    storage.lead(path).release()
+    os.unlink(os.path.join(path, LEADER_EPOCH))  # the lock file keeps a copy of the record
+    third = storage.lead(path)
+    assert third.epoch == 3
+    third.release()
+    os.unlink(os.path.join(path, LEADER_EPOCH))
+    os.unlink(os.path.join(path, LEADER_LOCK))
+    # both gone: the caller knows the newest checkpoint was written at epoch 7
+    assert storage.lead(path, min_epoch=7).epoch == 8
+
+
+def test_a_network_file_system_is_refused_with_one_line(tmp_path, monkeypatch):
+    directory = tmp_path / "ckpt"
+    assert locks.filesystem_type(str(directory)) is not None  # this machine's table reads
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+                     f"97 22 0:53 / {tmp_path} rw,relatime shared:50 - nfs4 server:/export rw,vers=4.2\n")
+    monkeypatch.setattr(locks, "MOUNTINFO", str(table))
+    storage, path = resolve(str(directory))
+    with pytest.raises(LeadershipRefusedError, match=r"ckpt is on a network file system \(nfs4\).*"
+                       r"spark.sparkwal.leader.allowNetworkFilesystem") as refused:
+        storage.lead(path)
+    assert "\n" not in str(refused.value)
+    assert not directory.exists()  # refused before writing anything
+    storage.lead(path, network_filesystem_ok=True).release()
+
+
+# ------------------------------------------------------------------ object stores
+
+
+def test_a_store_without_a_conditional_write_is_refused(tmp_path):
+    storage = FsspecStorage(LocalFileSystem())  # read, compare, then write: not one request
+    with pytest.raises(LeadershipRefusedError, match="file:// has no conditional write"):
+        storage.lead(str(tmp_path / "ckpt"))
+
+
+def test_lease_epochs_only_grow_when_leader_objects_are_lost(memory_url):
+    storage, path = resolve(f"{memory_url}/ckpt")
+    for _ in range(5):
+        storage.lead(path, lease_ms=3000).release()
+    for epoch in (3, 4, 5):  # what a listing might miss, or a clean-up might delete
+        storage.delete(lease_path(storage, path, epoch))
+    with pytest.raises(LeadershipRefusedError, match="newest leader object is epoch 0, but epoch 5 was taken"):
+        storage.lead(path, lease_ms=3000)
+    fresh, fresh_path = resolve(f"{memory_url}/other")
+    with pytest.raises(LeadershipRefusedError, match="epoch 4 was taken"):
+        fresh.lead(fresh_path, lease_ms=3000, min_epoch=4)  # the checkpoint says epoch 4 wrote it
+
+
+def test_the_writers_lease_is_conditional_and_fences_itself_once_it_lapses(memory_url):
+    storage, path = resolve(f"{memory_url}/wal")
+    clock = ManualClock(0)
+    holder = storage.lock(path, clock=clock, lease_ms=3000)
+    clock.advance(2400)  # a fifth of the lease before it lapses: no write may start
+    with pytest.raises(LogLockedError, match="lapsed"):
+        holder.check()
+    clock.advance(700)
+    # two takers read the same expired lease; the one whose conditional replace comes second loses
+    first_reader, _ = resolve(f"{memory_url}/wal")
+    stale = storage.read_versioned(f"{path}/.writer.lease")
+
+    class StaleRead:  # the second taker's read happened before the first taker's replace
+        def __getattr__(self, name):
+            return getattr(first_reader, name)
+
+        def read_versioned(self, p):
+            return stale
+    taker = lease_lock(first_reader, path, clock, 3000)
+    with pytest.raises(LogLockedError, match="contended|locked"):
+        lease_lock(StaleRead(), path, clock, 3000)
+    taker.check()
+    clock.advance(1000)
+    taker.check()  # renewed: one conditional PUT on its own version
+    assert json.loads(storage.read_file(f"{path}/.writer.lease"))["owner"] == taker._owner
+
+
+def test_a_retried_write_stops_at_the_leases_validity_and_says_fenced(memory_url):
+    storage, path = resolve(f"{memory_url}/ckpt")
+    clock = ManualClock(0)
+    lead = storage.lead(path, clock=clock, lease_ms=3000)
+    attempts = []
+
+    def put():  # the store keeps timing out (a partition holds the leader's requests)
+        attempts.append(clock.now_ms())
+        raise TimeoutError("read timed out")
+
+    def sleep(seconds):
+        clock.advance(int(seconds * 1000) + 1)
+    with pytest.raises(FencedError, match="epoch 1 is over"):
+        call("put", f"{path}/checkpoint-1000", put, policy=RetryPolicy(deadline_s=60), sleep=sleep,
+             monotonic=lambda: clock.now_ms() / 1000, fence=lead)
+    assert attempts and max(attempts) < 2400  # no attempt after the holder's margin began
+    with pytest.raises(FencedError):
+        storage.put(f"{path}/checkpoint-2000", b"late")  # nor a later write of this storage
