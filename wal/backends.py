@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -28,6 +26,7 @@ from .append_files import (
 )
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import WalError
+from .read_fds import ReadFds
 from .locks import LeaderInfo, Leadership, Lock, WriterInfo
 
 
@@ -164,30 +163,14 @@ class Storage(ABC):
 # ------------------------------------------------------------------ local filesystem
 
 
-class _ReadFd:
-    """A cached read descriptor, closed once evicted (``retired``) and no reader uses it, so a
-    reader can never ``pread`` a descriptor number the OS has already handed to another file.
-
-    ``users`` is a list used as a counter: ``append``/``pop`` are atomic under the GIL, so a
-    reader registers without taking a lock (a reader appends, then checks ``retired``; a retirer
-    sets ``retired``, then checks ``users``: one of the two always sees the other)."""
-
-    __slots__ = ("fd", "users", "retired", "closed")
-
-    def __init__(self, fd: int):
-        self.fd, self.retired, self.closed = fd, False, False
-        self.users: list = []
-
-
 class LocalStorage(Storage):
     """Plain ``os`` calls. Random reads go through a small cache of open descriptors + ``pread``."""
 
     is_local = True
-    _MAX_READ_FDS = 64
 
     def __init__(self) -> None:
-        self._read_fds: OrderedDict[str, _ReadFd] = OrderedDict()
-        self._fd_lock = threading.Lock()
+        self._read_fds = ReadFds()
+
     def join(self, directory: str, name: str) -> str:
         return os.path.join(directory, name)
 
@@ -251,57 +234,12 @@ class LocalStorage(Storage):
     def open_read(self, path: str) -> BinaryIO:
         return open(path, "rb", buffering=0)
 
-    def _acquire_fd(self, path: str) -> _ReadFd:
-        entry = self._read_fds.get(path)  # the hot path: no lock (see _ReadFd)
-        if entry is not None:
-            entry.users.append(None)
-            if not entry.retired:
-                return entry
-            self._release_fd(entry)  # evicted meanwhile: back out, open it anew
-        with self._fd_lock:
-            entry = self._read_fds.get(path)
-            if entry is None:
-                entry = _ReadFd(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
-                self._read_fds[path] = entry
-                if len(self._read_fds) > self._MAX_READ_FDS:  # evict the oldest opened
-                    self._retire(self._read_fds.popitem(last=False)[1])
-            entry.users.append(None)
-            return entry
-
-    def _release_fd(self, entry: _ReadFd) -> None:
-        entry.users.pop()
-        if entry.retired:
-            with self._fd_lock:
-                self._close_if_unused(entry)
-
-    @staticmethod
-    def _close_if_unused(entry: _ReadFd) -> None:
-        """Call with ``_fd_lock`` held."""
-        if not entry.users and not entry.closed:
-            entry.closed = True
-            os.close(entry.fd)
-
-    def _retire(self, entry: _ReadFd) -> None:
-        """Call with ``_fd_lock`` held."""
-        entry.retired = True
-        self._close_if_unused(entry)
-
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        entry = self._acquire_fd(path)
-        try:
-            return os.pread(entry.fd, length, offset)
-        finally:
-            self._release_fd(entry)
-
-    def _forget_fd(self, path: str) -> None:
-        with self._fd_lock:
-            entry = self._read_fds.pop(path, None)
-            if entry is not None:
-                self._retire(entry)
+        return self._read_fds.pread(path, length, offset)
 
     def delete(self, path: str) -> None:
         self.check_fence()
-        self._forget_fd(path)
+        self._read_fds.forget(path)
         atomic.unlink_quietly(path)
 
     def truncate(self, path: str, size: int) -> None:
@@ -330,10 +268,7 @@ class LocalStorage(Storage):
         locks.local_seed_epoch(self, directory, epoch, holder, clock)
 
     def close(self) -> None:
-        with self._fd_lock:
-            for entry in self._read_fds.values():
-                self._retire(entry)
-            self._read_fds.clear()
+        self._read_fds.close()
 
 
 # ------------------------------------------------------------------ any fsspec filesystem

@@ -55,6 +55,15 @@ class Lease(Lock):
              "expires_ms": now if released else now + self._lease_ms, "released": released}
         ).encode()
 
+    def take(self, version: str | None) -> bool:
+        """Write this lease over the object at ``version`` (None: create it), one conditional PUT."""
+        sent_at = monotonic_ms(self._clock)
+        self._version = self._storage.put_if_version(self._path, self.body(), version)
+        if self._version is None:
+            return False
+        self._renewed(sent_at)
+        return True
+
     def check(self) -> None:
         now = monotonic_ms(self._clock)
         if now >= self._valid_until:
@@ -341,9 +350,7 @@ def lease_lock(storage, directory: str, clock: Clock, lease_ms: int) -> Lock:
                 raise LogLockedError(storage.url(directory), current.get("holder", ""))
             if not current.get("released"):
                 log.warning("taking over expired lease %s of %s", path, current.get("holder"))
-        version = storage.put_if_version(path, lease.body(), found[1] if found else None)
-        if version is not None:
-            lease._version = version
+        if lease.take(found[1] if found else None):
             return lease
     raise LogLockedError(storage.url(directory), "lease contended")
 

@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
                     help="a hot standby driver always runs beside the active one and takes over "
                     "when it is killed (files mode: engine/apps/standby_drill.py)")
     ap.add_argument("--nemesis", action="store_true",
-                    help="checkpoint on S3 behind a fault proxy; kills, storms and outages at random")
+                    help="checkpoint on S3 behind a fault proxy; kills, storms, outages and zombies (a driver "
+                         "paused past its lease, its writes landing late) at random")
     ap.add_argument("--faults", type=a.positive_count, default=None,
                     help="--nemesis: nemeses to strike (default 6; with --duration: until it ends)")
     args = ap.parse_args(argv)

@@ -6,12 +6,16 @@ forwarding (the request took effect; the client cannot tell), or delay by a chos
 Faults come from rates and a seed (reproducible: the same seed and the same request sequence
 give the same faults) or from a plan of the next requests matching a method and a path part.
 Every request is logged with its fault and status, so tests and the object-store bill can count
-requests by kind.
+requests by kind. ``hold()`` plays a network partition that keeps a client's writes: every write
+request arriving from then on waits in the proxy (its client waits, then times out) until
+``release()`` forwards them all, whether their client still listens or not: a paused leader's
+writes landing after a takeover (``stop_holding()`` first lets new requests through again).
 
     proxy = FaultProxy(upstream="http://127.0.0.1:5000", seed=7, rates={"503": 0.1})
     proxy.url  # give this to s3fs as its endpoint_url
     proxy.plan("PUT", "/checkpoint-", "reset_after")  # the next matching request
     proxy.log  # [Request(method, path, fault, status), ...]
+    proxy.hold(); ...; proxy.stop_holding(); ...; proxy.release()  # writes held, landing late
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._plans: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
+        self._holding: frozenset[str] = frozenset()  # the methods held (see hold())
+        self._released = threading.Event()
+        self.held = 0  # requests held so far
         self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -88,6 +95,29 @@ class FaultProxy:
             raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
         with self._lock:
             self._plans.append((method, path_part, fault))
+
+    def hold(self, methods: tuple[str, ...] = ("PUT", "POST", "DELETE")) -> None:
+        """From now on, requests with these methods wait in the proxy until :meth:`release`."""
+        self._released.clear()
+        self._holding = frozenset(methods)
+
+    def stop_holding(self) -> None:
+        """New requests pass again; those held so far stay held until :meth:`release`."""
+        self._holding = frozenset()
+
+    def release(self) -> None:
+        """Forward every held request now (late: their clients may have given up on them)."""
+        self._holding = frozenset()
+        self._released.set()
+
+    def wait_if_held(self, method: str) -> bool:
+        """True, once released, for a request that was held (see :meth:`hold`)."""
+        if method not in self._holding:
+            return False
+        with self._lock:
+            self.held += 1
+        self._released.wait()
+        return True
 
     def choose(self, method: str, path: str) -> str | None:
         with self._lock:
@@ -116,6 +146,8 @@ class FaultProxy:
         return out
 
     def stop(self) -> None:
+        self._holding = frozenset()
+        self._released.set()  # no handler left waiting
         self._server.shutdown()
         self._server.server_close()
 
@@ -157,6 +189,10 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if proxy.wait_if_held(self.command):
+            response, data = self._forward(body)
+            proxy.record(Request(self.command, self.path, "held", response.status))
+            return self._send(response.status, response.getheaders(), data)
         fault = proxy.choose(self.command, self.path)
         if fault == "delay":
             time.sleep(proxy.delay_s)

@@ -21,7 +21,13 @@ later (the seed fixes the sequence) one nemesis strikes:
 * ``outage``: every request answered 503 for longer than the deadline: the active driver must
   stop with its storage exit status (4) and one line naming the operation and the object, a
   standby must wait it out; once the store is back the standby takes over, or the drill restarts
-  the job.
+  the job;
+* ``zombie``: the active driver's writes are held in the proxy (a partition that keeps them), and
+  half a second later its process group is paused (SIGSTOP) past its lease; its standby takes
+  over (or the drill starts a new driver, which waits the lease out); once the new leader has
+  completed a batch, the held writes are forwarded (landing after the takeover: a checkpoint,
+  offsets, a lease renewal of the old epoch), then the old driver resumes: it must exit fenced
+  (status 3), and the new leader must not stop.
 
 Then the job runs until everything offered is counted, and the outputs are checked as in the kill
 drills: exactly once for files (every file in exactly one batch, word totals exact) and direct
@@ -36,13 +42,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import signal
 import time
 
 from .drill_runs import DrillError, AppRun, kill_remaining
 from .nemesis_workloads import WORKLOADS
 
-NEMESES = ("kill", "storm", "outage")
+NEMESES = ("kill", "storm", "outage", "zombie")
 STORM = {"503": 0.12, "500": 0.06, "reset_before": 0.05, "reset_after": 0.05, "delay": 0.05}
 DEADLINE_S = 4
 LEASE_S = 10
@@ -68,22 +76,28 @@ def _store(seed: int):
     return server, FaultProxy(f"http://{host}:{port}", seed=seed, delay_s=1.0), bucket
 
 
-def plan(faults: int, rng: random.Random) -> list[str]:
-    """The nemeses in order: every kind at least once when there are enough, the rest at random."""
-    kinds = list(NEMESES[:faults]) + [rng.choice(NEMESES) for _ in range(max(0, faults - len(NEMESES)))]
+def plan(faults: int, rng: random.Random, kinds_first: tuple[str, ...] = NEMESES) -> list[str]:
+    """The nemeses in order: every kind of ``kinds_first`` at least once when there are enough,
+    the rest at random."""
+    kinds = list(kinds_first[:faults]) + [rng.choice(NEMESES) for _ in range(max(0, faults - len(NEMESES)))]
     rng.shuffle(kinds)
     return kinds
 
 
 def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
-        duration_s: float | None = None, mode: str = "files", standby: bool = False) -> dict:
-    """``mode``: the job's source (files, receiver, direct: :mod:`sparkwal.engine.apps.nemesis_workloads`).
+        duration_s: float | None = None, mode: str = "files", standby: bool = False,
+        kinds: tuple[str, ...] = NEMESES) -> dict:
+    """``mode``: the job's source (files, receiver, direct: :mod:`sparkwal.engine.apps.nemesis_workloads`);
+    ``kinds``: the nemeses that come first, in a random order, the rest drawn from all.
     ``standby``: a hot standby always runs beside the active driver; a killed or stopped active
     driver's stream is taken over by it, and a fresh standby is started."""
     rng = random.Random(seed)
     began = time.monotonic()
     until = began + duration_s if duration_s else None
-    nemeses = plan(faults if faults is not None else (1 << 20 if until else 6), rng)
+    unknown = set(kinds) - set(NEMESES)
+    if unknown:
+        raise DrillError(f"unknown nemeses {sorted(unknown)}; known: {', '.join(NEMESES)}")
+    nemeses = plan(faults if faults is not None else (1 << 20 if until else 6), rng, kinds)
     server, proxy, bucket = _store(seed)
     args = ("--checkpoint", f"s3://{bucket}/ckpt", "--storage-option", "use_listings_cache=false",
             "--storage-option", "client_kwargs=" + json.dumps({"endpoint_url": proxy.url, "region_name": "us-east-1"}),
@@ -94,7 +108,8 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     workload = WORKLOADS[mode](workdir, files, batch, seed)
     env = {"AWS_ACCESS_KEY_ID": "nemesis", "AWS_SECRET_ACCESS_KEY": "nemesis", **workload.env}
     pair = _Pair(workdir, batch, (*args, *workload.args), env, standby)
-    counts = {"kills": 0, "storms": 0, "outages": 0, "clean_stops": 0, "unclean_stops": 0}
+    counts = {"kills": 0, "storms": 0, "outages": 0, "zombies": 0, "zombies_fenced": 0, "zombie_writes_late": 0,
+              "clean_stops": 0, "unclean_stops": 0}
     unclean: list[str] = []
     struck: list[str] = []
     try:
@@ -113,6 +128,15 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
             if nemesis == "kill":
                 pair.active.kill()
                 counts["kills"] += 1
+            elif nemesis == "zombie":
+                counts["zombies"] += 1
+                status, late = pair.zombie(proxy)
+                counts["zombie_writes_late"] += late
+                if status == 3:
+                    counts["zombies_fenced"] += 1
+                else:
+                    counts["unclean_stops"] += 1
+                    unclean.append(f"zombie: the resumed driver ended with status {status}, not 3 (fenced)")
             elif nemesis == "storm":
                 proxy.rates = dict(STORM)
                 time.sleep(rng.uniform(3, 6))
@@ -211,6 +235,37 @@ class _Pair:
             if not self.spare.standby_seen.wait(180):
                 self.failures.append("a standby did not report that it waits")
 
+    def zombie(self, proxy) -> tuple[int | None, int]:
+        """The active driver paused past its lease with writes in flight, a new leader, the old
+        writes landing late, the old driver resumed: (its exit status, the writes that landed)."""
+        old = self.active
+        proxy.hold()
+        time.sleep(0.5)  # its writes of these moments wait in the "network"
+        os.killpg(old.proc.pid, signal.SIGSTOP)
+        proxy.stop_holding()
+        try:
+            if self.spare is not None and self.spare.proc.poll() is None:
+                if not self.spare.took_over.wait(LEASE_S + 60):
+                    self.failures.append("zombie: the standby did not take over from the paused driver")
+                    return None, 0
+                self.active, self.spare = self.spare, None
+                self.takeovers += 1
+            else:  # a new driver waits the paused one's lease out, then leads
+                self.active = self._start()
+            _await_progress(self.active, self.runs)
+            proxy.release()  # the old epoch's writes land now, after the new leader began
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and _landed(proxy) < proxy.held:
+                time.sleep(0.1)
+            late = _landed(proxy)
+        finally:
+            os.killpg(old.proc.pid, signal.SIGCONT)
+        try:
+            return old.proc.wait(60), late
+        except Exception:  # noqa: BLE001  it did not stop: a zombie that goes on is a failure
+            old.kill()
+            return None, late
+
     def ended_by_themselves(self) -> list[str]:
         out = []
         if self.active.proc.poll() is not None:
@@ -235,6 +290,10 @@ def _await_progress(app: AppRun, runs: list[AppRun], timeout_s: float = 120) -> 
         if any(b > newest for _, b in app.batches()):
             return
         time.sleep(0.1)
+
+
+def _landed(proxy) -> int:
+    return sum(r.fault == "held" for r in proxy.log)
 
 
 def _last_line(app: AppRun) -> str:
