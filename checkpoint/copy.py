@@ -14,7 +14,8 @@ as what the files copied before it need:
 4. the event logs (a record: copied as found);
 5. the leadership epoch: the copy's first driver takes the epoch after every one the copy names,
    so the files that carry an epoch in their names never clash (:meth:`sparkwal.wal.Storage.seed_epoch`);
-6. C itself, last: until it is there, the copy recovers nothing.
+6. the copy's record of its source, ``copied-from.json`` (below);
+7. C itself, last: until it is there, the copy recovers nothing.
 
 What C names is named relative to the checkpoint (:mod:`sparkwal.checkpoint.layout`), so the copy reads
 its own files wherever it is. A driver running meanwhile deletes what no newer checkpoint needs:
@@ -23,10 +24,28 @@ before it was copied, C is no longer whole in the source and the copy starts aga
 newest checkpoint, up to ``attempts`` times. The copy is verified at the end as ``checkpoint
 verify`` would. The destination must be a new (or empty) directory, neither inside the source
 nor containing it. Files are read whole, one at a time (a WAL segment is bounded by its roll).
+
+A copy is a fork: a driver started on it leads a new epoch of the copy's directory, not of the
+source's, so nothing fences it against a driver on the source, and both would read the same inputs
+(the same Kafka topics, the same files) and write the same sinks. The copy says so
+(:attr:`CopyReport.fork`, when a live driver led the source while it was copied) and records where
+it came from in ``copied-from.json`` (:data:`sparkwal.checkpoint.layout.COPIED_FROM`), one JSON
+object::
+
+    {"source": "<the source's URL>", "copied_ms": <when, ms since the epoch>,
+     "checkpoint_time_ms": <C's batch time, or null>, "epoch": <the epoch seeded>,
+     "source_leader": "<the source's live leader as LeaderInfo.describe() gives it, or null>"}
+
+No credentials are recorded. :func:`live_source` reads it: a driver starting on the copy looks at
+the source's leader (taking nothing) and refuses to start while a live one holds it, unless
+``spark.sparkwal.copy.allowLiveSource`` is true (:mod:`sparkwal.engine.context`). A copy made from
+a copy records its own source only; deleting the record detaches the copy from its source.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -34,7 +53,9 @@ from dataclasses import dataclass, field
 
 from sparkwal.wal.inspect import segment_bytes
 from sparkwal.wal.segment import SEGMENT_NAME
-from sparkwal.wal.storage import Storage, resolve
+from sparkwal.wal.location import resolve_url
+from sparkwal.wal.retry import RetryPolicy
+from sparkwal.wal.storage import LeaderInfo, Storage, resolve
 
 from . import layout
 from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
@@ -48,6 +69,10 @@ from .state_files import snapshot_files
 LOGS = (layout.RECEIVED_BLOCK_METADATA, layout.RECEIVED_DATA, layout.OFFSETS, layout.COMMITS, layout.SOURCES)
 _SKIPPED = re.compile(r"\..*\.tmp|\.writer\.lock|\.writer\.lease|.*\.damaged-\d+")
 _EPOCH = re.compile(r"-e(\d+)(?:$|[./])")
+#: how long :func:`live_source` keeps trying a source store that fails transiently
+SOURCE_CHECK_DEADLINE_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class CopyError(CheckpointError):
@@ -64,6 +89,11 @@ class CopyReport:
     attempts: int
     trimmed_bytes: int = 0  #: torn or preallocated WAL tails left out
     problems: list[str] = field(default_factory=list)  #: what verifying the copy found
+    #: the live driver that led the source while it was copied (``LeaderInfo.describe()``); None: none did
+    source_leader: str | None = None
+    #: when ``source_leader`` is set: the copy is a fork of a running stream, said in one sentence
+    fork: str | None = None
+    copied_from: str = ""  #: the copy's record of its source (``copied-from.json``)
 
 
 class _Race(CopyError):
@@ -249,6 +279,7 @@ def copy_checkpoint(source: str, destination: str, *, source_options: dict | Non
         raise CopyError(f"{destination} and {source} overlap: copy a checkpoint to a directory of its own")
     if dst.exists(copier.dst_root) and (dst.list_files(copier.dst_root) or dst.list_dirs(copier.dst_root)):
         raise CopyError(f"{destination} is not empty: a checkpoint is copied into a new directory")
+    live = _live_leader(src, copier.src_root)
     why = ""
     for attempt in range(1, attempts + 1):
         try:
@@ -264,15 +295,108 @@ def copy_checkpoint(source: str, destination: str, *, source_options: dict | Non
         raise CopyError(f"could not copy {source}: the driver writing it kept deleting what its newest "
                         f"checkpoint needed ({attempts} attempts; the last: {why})")
     leader = src.leader(copier.src_root)
+    live = live or (leader if leader is not None and leader.held else None)
     epoch = max([*copier.epochs, leader.epoch if leader is not None else 0, 0])
     if epoch:
         dst.seed_epoch(copier.dst_root, epoch, f"a copy of {src_url} (no driver)")
     time_ms = newest[0].checkpoint_time_ms if newest is not None else None
+    record = {"source": src_url, "copied_ms": int(time.time() * 1000), "checkpoint_time_ms": time_ms,
+              "epoch": epoch, "source_leader": live.describe() if live is not None else None}
+    copier.put(layout.COPIED_FROM, json.dumps(record, sort_keys=True).encode())
     if newest is not None:
         copier.put(f"{layout.CHECKPOINT_PREFIX}{time_ms}", newest[1])
     report = inspect_checkpoint(dst_url, destination_options, verify_state=True)
+    fork = None
+    if live is not None:
+        fork = (f"a driver led {src_url} while it was copied ({live.describe()}): {dst_url} is a fork of that "
+                "stream; a driver started on the copy while that one runs would consume the same inputs and "
+                "write the same sinks, so it refuses to start while the source has a live leader (unless "
+                "spark.sparkwal.copy.allowLiveSource=true)")
     return CopyReport(src_url, dst_url, time_ms, copier.files, copier.bytes, attempt, copier.trimmed,
-                      list(report.problems))
+                      list(report.problems), live.describe() if live is not None else None, fork,
+                      dst.url(dst.join(copier.dst_root, layout.COPIED_FROM)))
+
+
+def _live_leader(storage: Storage, root: str) -> LeaderInfo | None:
+    leader = storage.leader(root)
+    return leader if leader is not None and leader.held else None
+
+
+def read_copy_record(url: str, storage_options: dict | None = None) -> dict | None:
+    """The record ``checkpoint copy`` left in the checkpoint directory ``url`` (see the module's
+    docstring); None when it holds none (not a copy, or one made by hand)."""
+    storage, root = resolve(url, storage_options)
+    path = storage.join(root, layout.COPIED_FROM)
+    try:
+        record = json.loads(storage.read_file(path))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise CopyError(f"{storage.url(path)}: not a copy's record ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("source"), str):
+        raise CopyError(f"{storage.url(path)}: not a copy's record (no source named)")
+    return record
+
+
+def live_source(url: str, storage_options: dict | None = None) -> tuple[str, LeaderInfo] | None:
+    """When the checkpoint directory ``url`` is a copy whose source a live driver leads now: the
+    source's URL and that leader, looked at without taking anything. None when ``url`` is no copy,
+    or nobody leads its source now; also when the source cannot be looked at (gone, another
+    machine's path, a store not reachable with ``storage_options``, which are the copy's and are
+    used for a source of the same protocol only): one WARNING then says it could not be checked."""
+    try:
+        record = read_copy_record(url, storage_options)
+    except CopyError as e:
+        log.warning("%s; where the checkpoint was copied from is not known, so whether a driver still runs "
+                    "there could not be checked", e)
+        return None
+    if record is None:
+        return None
+    source = record["source"]
+    if layout.CheckpointLayout(url).relative(source) == "":
+        return None  # the copy was moved back where its source was
+    options = storage_options if _protocol(source) == _protocol(url) else None
+    why = None
+    try:
+        storage, root = resolve_url(source, options, RetryPolicy(deadline_s=SOURCE_CHECK_DEADLINE_S))
+        if not storage.exists(root):
+            why = "it does not exist here"
+        else:
+            leader = storage.leader(root)
+            if leader is not None and leader.held is None:
+                why = "its leader's lock cannot be read from here"
+            elif leader is not None and leader.held:
+                return source, leader
+    except Exception as e:  # noqa: BLE001  the check must not stop a driver: it says so instead
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    if why is not None:
+        log.warning("%s is a copy of %s, whose leader could not be checked (%s): if a driver still runs "
+                    "on %s, a driver on the copy consumes the same inputs and writes the same sinks",
+                    url, source, why, source)
+    return None
+
+
+def fork_refusal(url: str, storage_options: dict | None, allowed: bool) -> tuple[str, str, LeaderInfo] | None:
+    """Before a driver leads the checkpoint directory ``url`` (or writes anything there): when it is
+    a copy whose source a live driver leads (:func:`live_source`), the one line that refuses its
+    start, the source's URL and its leader; with ``allowed``, one warning instead (and None)."""
+    found = live_source(url, storage_options)
+    if found is None:
+        return None
+    source, leader = found
+    if allowed:
+        log.warning("%s is a copy of %s, which a live driver leads (%s): this driver starts anyway "
+                    "(spark.sparkwal.copy.allowLiveSource), and both consume the same inputs and write "
+                    "the same sinks", url, source, leader.describe())
+        return None
+    return (f"{url} is a copy of {source}, which a live driver still leads ({leader.describe()}): a driver on "
+            "the copy would consume the same inputs and write the same sinks (the copy is a fork). Stop the "
+            f"driver of {source} first, or set spark.sparkwal.copy.allowLiveSource=true (getOrCreate(..., "
+            "allow_live_source=True)) to run both; nothing was written", source, leader)
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
 
 
 def _empty(storage: Storage, root: str) -> None:

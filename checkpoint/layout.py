@@ -18,6 +18,8 @@ below).
   (:mod:`sparkwal.checkpoint.event_log`)
 * ``.leader.lock``, ``.leader.epoch``, ``.leader/``: the driver's leadership, a lock or leases
   (:mod:`sparkwal.wal.locks`)
+* ``copied-from.json``: in a copy made by ``sparkwal checkpoint copy``, where it was copied from
+  (:mod:`sparkwal.checkpoint.copy`)
 
 A checkpoint names the files it references (state snapshots, received blocks' WAL records) by
 *relative* names, ``state/3-20000-e1`` or ``receivedData/0-e1/log-...``, resolved against where
@@ -49,6 +51,7 @@ RECEIVED_BLOCK_METADATA = "receivedBlockMetadata"
 RECEIVED_DATA = "receivedData"
 RDDS = "rdds"
 EVENTS = "events"
+COPIED_FROM = "copied-from.json"
 
 #: Subdirectories a checkpoint directory may hold, for the inspectors.
 SUBDIRECTORIES = (STATE, OFFSETS, COMMITS, SOURCES, RECEIVED_BLOCK_METADATA, RECEIVED_DATA, RDDS, EVENTS)
@@ -76,7 +79,7 @@ def _under(path: str, root: str) -> str | None:
     prefix = root if root.endswith("/") else root + "/"
     return path[len(prefix):] if path.startswith(prefix) else None
 
-__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "CheckpointLayout", "EVENTS", "LEADER_EPOCH",
+__all__ = ["CHECKPOINT_PREFIX", "CODE_PREFIX", "COMMITS", "COPIED_FROM", "CheckpointLayout", "EVENTS", "LEADER_EPOCH",
            "LEADER_LEASES", "LEADER_LOCK", "METADATA", "OFFSETS", "RDDS", "RECEIVED_BLOCK_METADATA", "RECEIVED_DATA",
            "SOURCES", "STATE", "SUBDIRECTORIES"]
 
@@ -215,3 +218,8 @@ class CheckpointLayout:
     def events(self) -> str:
         """The driver runs' event log (:mod:`sparkwal.checkpoint.event_log`)."""
         return self._join(EVENTS)
+
+    @property
+    def copied_from(self) -> str:
+        """A copy's record of its source (:mod:`sparkwal.checkpoint.copy`)."""
+        return self._join(COPIED_FROM)

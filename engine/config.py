@@ -125,6 +125,10 @@ FILE_MIN_REMEMBER = _entry("spark.streaming.fileStream.minRememberDuration", "du
                            unit="s", minimum=1, fallback=MIN_REMEMBER.key)
 LEASE_TIMEOUT = _entry("spark.streaming.driver.leaseTimeout", "duration", 30_000,
                        "how long a dead driver's leadership lease holds on an object store", unit="s", minimum=1)
+LEADER_STALL_INTERVALS = _entry(
+    "spark.sparkwal.leader.stallIntervals", "int", 0,
+    "a leader that completes no batch for this many batch intervals while batches are due gives its leadership "
+    "up to a standby and stops as fenced (0: never; set it well above the longest batch)", minimum=0)
 COALESCE_DOWNTIME = _entry(
     "spark.sparkwal.recovery.coalesceDowntime", "bool", False,
     "a restart runs the input of the batch times it missed while down as one batch, the first new one, "
@@ -145,6 +149,10 @@ MIN_BATCHES_TO_RETAIN = _entry("spark.sql.streaming.minBatchesToRetain", "int", 
                                "Spark's: batch log entries kept", minimum=1)
 STANDBY_PRELOAD_STATE = _entry("spark.sparkwal.standby.preloadState", "bool", True,
                                "a hot standby reads and caches the leader's state ahead of a takeover")
+ALLOW_LIVE_SOURCE = _entry(
+    "spark.sparkwal.copy.allowLiveSource", "bool", False,
+    "a driver starts on a copy (sparkwal checkpoint copy) while a live driver leads the copy's source, both then "
+    "consuming the same inputs; false: start() refuses, naming both directories and the source's driver")
 
 # ---------------------------------------------------------------- storage
 STORAGE_DEADLINE = _entry("spark.sparkwal.storage.deadline", "duration", 60_000,

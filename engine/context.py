@@ -9,14 +9,17 @@ from collections.abc import Callable, Sequence
 from pyspark import RDD, SparkContext
 
 from sparkwal.checkpoint import read_checkpoint
+from sparkwal.checkpoint.copy import fork_refusal
 from sparkwal.checkpoint.errors import CheckpointMismatchError, MissingCodePartError
 from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import Clock, resolve
 
+from . import config
 from .driver import Driver
 from .driver.program import load_program, warm_active_workers
 from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
+from .errors import EngineError
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener
 from .receiver.input import ReceiverInputDStream
@@ -26,8 +29,18 @@ from .sources.direct import DirectInputDStream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "INITIALIZED", "STOPPED", "CheckpointMismatchError", "StreamingContext",
-           "StreamingContextStateError"]
+__all__ = ["ACTIVE", "INITIALIZED", "STOPPED", "CheckpointMismatchError", "CopySourceActiveError",
+           "StreamingContext", "StreamingContextStateError"]
+
+
+class CopySourceActiveError(EngineError, RuntimeError):
+    """start() on a copy (``sparkwal checkpoint copy``) whose source a live driver leads, refused:
+    ``source`` (its URL) and ``leader`` (a ``sparkwal.wal.storage.LeaderInfo``) say which."""
+
+    def __init__(self, message: str, source: str, leader):
+        super().__init__(message)
+        self.source = source
+        self.leader = leader
 
 
 def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:
@@ -69,6 +82,8 @@ class StreamingContext:
         if batchDuration is None or batchDuration <= 0:
             raise ValueError(f"batchDuration must be a positive number of seconds, got {batchDuration!r}")
         self._driver = Driver(self, sparkContext, to_ms(batchDuration), clock, concurrentJobs)
+        #: start() on a copy whose source a live driver leads runs anyway (see start())
+        self.allow_live_source = False
 
     # ------------------------------------------------------------------ properties
 
@@ -249,8 +264,19 @@ class StreamingContext:
         :mod:`sparkwal.engine.driver.leadership`): a directory led by a live driver makes this raise
         :class:`DriverAlreadyActiveError`, having written nothing, unless the context came from
         ``getOrCreate(..., standby=True)``: it then returns at once as a standby
-        (:meth:`isStandby`), which takes over when the leader dies (:meth:`awaitLeadership`)."""
-        self._driver.start()
+        (:meth:`isStandby`), which takes over when the leader dies (:meth:`awaitLeadership`).
+
+        A checkpoint directory copied by ``sparkwal checkpoint copy`` whose source a live driver
+        still leads makes this raise :class:`CopySourceActiveError` first, having written nothing
+        (the copy is a fork: both drivers would consume the same inputs), unless
+        ``spark.sparkwal.copy.allowLiveSource`` or :attr:`allow_live_source` is true."""
+        driver = self._driver
+        if driver.state == INITIALIZED and driver.checkpoint_dir is not None:
+            refused = fork_refusal(driver.checkpoint_dir, driver.storage_options,
+                                   self.allow_live_source or driver.settings[config.ALLOW_LIVE_SOURCE])
+            if refused is not None:
+                raise CopySourceActiveError(*refused)
+        driver.start()
 
     def isStandby(self) -> bool:
         """True while this context is a started standby, waiting to take over its checkpoint
@@ -302,7 +328,8 @@ class StreamingContext:
     @staticmethod
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
                     *, upgrade: bool = False, storage_options: dict | None = None,
-                    standby: bool = False, clock: Clock | None = None) -> StreamingContext:
+                    standby: bool = False, clock: Clock | None = None,
+                    allow_live_source: bool = False) -> StreamingContext:
         """pyspark's contract: ``setupFunc()`` makes the context only when ``checkpointPath``
         holds no valid checkpoint (the context is then checkpointed there); otherwise the context
         is rebuilt from the checkpoint: its graph with every function, its inputs, state and
@@ -321,7 +348,11 @@ class StreamingContext:
         ``standby=True``: if a live driver leads ``checkpointPath``, the context's ``start()``
         returns at once and it waits as a hot standby (``isStandby()``), writing nothing, until
         it takes the stream over from the newest checkpoint when that driver dies (see
-        :mod:`sparkwal.engine.driver.standby`); with no live leader it starts as the active driver."""
+        :mod:`sparkwal.engine.driver.standby`); with no live leader it starts as the active driver.
+
+        ``allow_live_source=True`` (as ``spark.sparkwal.copy.allowLiveSource``): ``start()`` on a
+        copy whose source a live driver leads runs anyway (see :meth:`start`), two drivers then
+        consuming the same inputs."""
         path = _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         if path is None:
@@ -330,18 +361,21 @@ class StreamingContext:
             return _setup(setupFunc)
         ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
         ssc.driver.request_standby(standby)
+        ssc.allow_live_source = allow_live_source
         return ssc
 
     @staticmethod
     def getActiveOrCreate(checkpointPath: str | os.PathLike | None,
                           setupFunc: Callable[[], StreamingContext], *, upgrade: bool = False,
-                          storage_options: dict | None = None, standby: bool = False) -> StreamingContext:
+                          storage_options: dict | None = None, standby: bool = False,
+                          allow_live_source: bool = False) -> StreamingContext:
         """The active context if there is one, else :meth:`getOrCreate`'s (``checkpointPath``
         may be None, as in pyspark)."""
         _checkpoint_path(checkpointPath)
         _check_setup_func(setupFunc)
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
-            checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options, standby=standby)
+            checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options, standby=standby,
+            allow_live_source=allow_live_source)
 
 
 def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> StreamingContext:

@@ -210,5 +210,7 @@ def checkpoint_copy(args) -> int:
                                        if r.trimmed_bytes else "")
                  + (f", {r.attempts} attempts (its driver cleaned up meanwhile)" if r.attempts > 1 else "")
                  + f"; {resumes}")
+    if r.fork is not None:  # a copy of a running stream: a second driver on it would consume its inputs
+        lines.append(f"FORK: {r.fork}")
     emit(args, {**dataclasses.asdict(r), "ok": not r.problems}, lines)
     return PROBLEM if r.problems else OK
