@@ -19,6 +19,17 @@ ahead), and its checkpoints must replace that file, not hide behind it. So a nam
 twice; the second write first moves the first to ``.bk``. Both steps are atomic replaces, so at every instant the newest
 name or its ``.bk`` is a complete file. Listing accepts regular files matching the exact grammar
 only (SPARK-28912).
+
+Which file wins: ``data["leader_epoch"]`` (:data:`LEADER_EPOCH_KEY`) is the leadership epoch of
+the driver that wrote it (absent, in an earlier release's files, or None, from a driver not
+leading: epoch 0). A reader takes, of the files that verify (mains and ``.bk`` alike), the one of
+the highest epoch, then of the highest name, then the main file before its ``.bk``. The name alone
+is not enough: a driver that lost its leadership (a "zombie": paused past its lease, its PUT held
+in a partition) may land a file after the next leader listed the directory, under a higher name
+than the ones that leader goes on writing, or under the very name it writes (moving the new
+leader's checkpoint to the ``.bk``). Within one epoch this is the order of the names as before (a
+writer's names never go down), so a damaged main file still falls back to its ``.bk``, then to
+older names.
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ MAGIC = b"SWCK"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">4sHHQI")
 CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)(\.bk)?")
+#: the key of ``Checkpoint.data`` holding the writing driver's leadership epoch (the engine fills it)
+LEADER_EPOCH_KEY = "leader_epoch"
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,12 @@ class Checkpoint:
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
             raise CheckpointError(f"{path}: undecodable body ({e})") from None
 
+    @property
+    def leader_epoch(self) -> int:
+        """The writing driver's leadership epoch; 0 when the file has none."""
+        epoch = self.data.get(LEADER_EPOCH_KEY) if isinstance(self.data, dict) else None
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+
 
 def _checkpoint_files(storage: Storage, directory: str) -> list[tuple[int, bool, str]]:
     """(time, is_main, path), oldest first; at equal time the .bk sorts before the main file."""
@@ -87,54 +106,115 @@ def _checkpoint_files(storage: Storage, directory: str) -> list[tuple[int, bool,
     return out
 
 
-def read_checkpoint(directory: str | StorageLocation, *, storage_options: dict | None = None) -> Checkpoint | None:
-    """The newest checkpoint that reads and verifies: newest main file, its ``.bk``, then older
-    ones. None if there is none; CheckpointError naming every file tried if none is valid."""
-    storage, path = resolve(directory, storage_options)
-    tried = []
-    for _time, _main, file_path in reversed(_checkpoint_files(storage, path)):
+#: how readers order checkpoint files: (leader epoch, name's time, main file): the highest wins
+_Rank = tuple[int, int, bool]
+
+
+def _best(storage: Storage, files: list[tuple[int, bool, str]]
+          ) -> tuple[tuple[_Rank, Checkpoint] | None, list[str]]:
+    """Of ``files`` ``(time, is_main, path)``, the checkpoint that ranks highest, with its rank
+    (None: no file verifies), and what is wrong with each file that does not."""
+    best: tuple[_Rank, Checkpoint] | None = None
+    failed = []
+    for time_ms, main, file_path in reversed(files):
         url = storage.url(file_path)
         try:
-            return Checkpoint.decode(storage.read_file(file_path), url)
+            checkpoint = Checkpoint.decode(storage.read_file(file_path), url)
         except FileNotFoundError:
-            reason = f"{url}: deleted while reading"
+            failed.append(f"{url}: deleted while reading")
+            continue
         except CheckpointError as e:
-            reason = str(e)
+            failed.append(str(e))
+            continue
+        rank = (checkpoint.leader_epoch, time_ms, main)
+        if best is None or rank > best[0]:
+            best = (rank, checkpoint)
+    return best, failed
+
+
+def _choose(storage: Storage, path: str, directory: str | StorageLocation) -> tuple[_Rank, Checkpoint] | None:
+    """What :func:`read_checkpoint` takes (with its rank), each file that does not verify logged."""
+    files = _checkpoint_files(storage, path)
+    best, failed = _best(storage, files)
+    for reason in failed:
         log.warning("skipping checkpoint file: %s", reason)
-        tried.append(reason)
-    if tried:
-        raise CheckpointError(f"no valid checkpoint in {directory}; tried: " + "; ".join(tried))
-    return None
+    if best is None:
+        if failed:
+            raise CheckpointError(f"no valid checkpoint in {directory}; tried: " + "; ".join(failed))
+        return None
+    (epoch, time_ms, _main), _checkpoint = best
+    if epoch > 0 and any(t > time_ms for t, _m, _p in files):
+        log.warning("%s: taking leader epoch %d's checkpoint-%d over files named after later times (of "
+                    "older epochs: late writes of a driver that had lost the leadership, or damaged)",
+                    storage.url(path), epoch, time_ms)
+    return best
+
+
+def read_checkpoint(directory: str | StorageLocation, *, storage_options: dict | None = None) -> Checkpoint | None:
+    """The checkpoint a restart takes: of the files that verify, the one of the newest leader
+    epoch, then of the newest name, then a main file before its ``.bk`` (see the module's
+    docstring). Every file is read (at most the writer's ``keep``, unless late writes of an old
+    leader added some). None if there is none; CheckpointError naming every file tried if none
+    is valid."""
+    storage, path = resolve(directory, storage_options)
+    best = _choose(storage, path, directory)
+    return None if best is None else best[1]
 
 
 class CheckpointFollower:
     """Reads a directory's newest checkpoint again only when it changed (a standby's look every
-    half second: one listing, and a read only when the newest file's name, size or time moved)."""
+    half second: one listing, and reads only when a file's name, size or time moved).
+
+    A look reads the newest main file and the files new or changed since the last look (in
+    steady state, the newest only); it takes the one that ranks highest as :func:`read_checkpoint`
+    ranks them. It falls back to :func:`read_checkpoint`'s full choice on its first look, when the
+    newest file is a ``.bk`` (its main being replaced) or does not verify, and when what it would
+    return ranks below what it returned last: a late write of an older leader epoch never
+    replaces a newer epoch's checkpoint, whether the follower saw that one or not."""
 
     def __init__(self, directory: str | StorageLocation, storage_options: dict | None = None):
         self.directory, self._options = directory, storage_options
         self._storage, self._path = resolve(directory, storage_options)
-        self._seen: tuple | None = None
+        self._seen: dict[str, tuple] | None = None  # path -> (size, mtime) of every file at the last look
+        self._rank: _Rank | None = None  # of the checkpoint returned last
 
     def read_if_changed(self, force: bool = False) -> Checkpoint | None:
-        """The newest valid checkpoint if the newest file changed since the last call (or
+        """The newest valid checkpoint if a checkpoint file was written since the last call (or
         ``force``: read it anyway), else None."""
         entries = sorted((int(m.group(1)), m.group(2) is None, f) for f in self._storage.list_files(self._path)
                          if (m := CHECKPOINT_FILE.fullmatch(f.name)))
-        key = tuple((f.name, f.size, f.mtime_ms) for _t, _m, f in entries[-2:])
-        if key == self._seen and not force:
-            return None
-        checkpoint = None
-        if entries and entries[-1][1]:  # the newest file is a main one: read it alone
-            newest = entries[-1][2]
-            try:
-                checkpoint = Checkpoint.decode(self._storage.read_file(newest.path), self._storage.url(newest.path))
-            except (FileNotFoundError, CheckpointError):
-                pass
-        if checkpoint is None:  # being replaced, or damaged: the reader's fallbacks
-            checkpoint = read_checkpoint(self.directory, storage_options=self._options)
-        self._seen = key
+        seen = {f.path: (f.size, f.mtime_ms) for _t, _m, f in entries}
+        checkpoint = self._look(entries, seen, force)
+        self._seen = seen  # (not after an error: the next look tries again)
         return checkpoint
+
+    def _look(self, entries: list, seen: dict[str, tuple], force: bool) -> Checkpoint | None:
+        if self._seen is None:  # the first look
+            return self._full_choice()
+        fresh = [(t, m, f.path) for t, m, f in entries if self._seen.get(f.path) != seen[f.path]]
+        returned_gone = self._rank is not None and all((t, m) != self._rank[1:] for t, m, _f in entries)
+        if not fresh and not returned_gone and not force:
+            return None  # nothing written (older files retired at most)
+        if not entries or not entries[-1][1]:  # none, or the newest main being replaced
+            return self._full_choice()
+        newest_time, _main, newest = entries[-1]
+        try:
+            checkpoint = Checkpoint.decode(self._storage.read_file(newest.path), self._storage.url(newest.path))
+        except (FileNotFoundError, CheckpointError):
+            return self._full_choice()  # being replaced, or damaged: the reader's fallbacks
+        best = ((checkpoint.leader_epoch, newest_time, True), checkpoint)
+        other, _failed = _best(self._storage, [e for e in fresh if e[2] != newest.path])
+        if other is not None and other[0] > best[0]:
+            best = other
+        if self._rank is not None and best[0] < self._rank:
+            return self._full_choice()  # an older epoch's late write (or the newest files set aside)
+        self._rank = best[0]
+        return best[1]
+
+    def _full_choice(self) -> Checkpoint | None:
+        best = _choose(self._storage, self._path, self.directory)
+        self._rank = None if best is None else best[0]
+        return None if best is None else best[1]
 
 
 def set_aside_damaged(directory: str, storage_options: dict | None = None, apply: bool = False

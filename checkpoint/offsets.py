@@ -16,6 +16,16 @@ one tolerated on reading)::
 
     OffsetSeqMetadata JSON: {"batchWatermarkMs":<long>,"batchTimestampMs":<long>,"conf":{<str>:<str>}}
 
+sparkwal's one addition, the leadership epoch of the driver that wrote a file
+(:data:`LEADER_EPOCH_FIELD`, ``"sparkwal.leaderEpoch"``): in an offsets file, a conf entry (a
+string, ``"2"``); in a commit file, a field of the JSON object after the others
+(``{"nextBatchWatermarkMs":0,"sparkwal.leaderEpoch":2}``), which Spark's reader (json4s, reading
+a case class) ignores. A file without one (Spark's own, or an earlier release's) has epoch 0
+(:func:`offsets_epoch`) or none (``CommitMetadata.leader_epoch`` None). The engine's batch log
+(:mod:`sparkwal.engine.sources.batch_log`) tells by them a late write of a driver that lost its
+leadership from the current leader's, and replaces it (``replace``: the logs' one write that is
+not a create-if-absent).
+
 Offsets stay opaque JSON strings: only the source that wrote one can interpret it. Reading follows
 Spark: missing metadata fields default to 0/0/{}, unknown fields and trailing text after the object
 are ignored, numeric conf values become strings.
@@ -29,11 +39,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .metadata_log import MetadataLog
 
 _COMPACT: dict[str, Any] = dict(separators=(",", ":"), ensure_ascii=False)
+#: where an offsets file's metadata conf, and a commit file's JSON, hold the writer's leadership epoch
+LEADER_EPOCH_FIELD = "sparkwal.leaderEpoch"
+_V = TypeVar("_V")
 _decoder = json.JSONDecoder()
 
 
@@ -92,7 +105,23 @@ class OffsetMap(_Remembers):
     source_bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
 
-class OffsetSeqLog(MetadataLog["OffsetSeq | OffsetMap"]):
+def offsets_epoch(value: OffsetSeq | OffsetMap) -> int:
+    """The leadership epoch an offsets file records; 0 without one (or an unreadable one)."""
+    conf = value.metadata.conf if value.metadata is not None else {}
+    try:
+        return int(conf.get(LEADER_EPOCH_FIELD, 0))
+    except ValueError:
+        return 0
+
+
+class _ReplaceableLog(MetadataLog[_V]):
+    def replace(self, batch_id: int, value: _V) -> None:
+        """Write ``value`` as batch ``batch_id`` whether or not it exists (one atomic replace):
+        only for a leader replacing a file an older leader epoch's late write left there."""
+        self._storage.put(self.file_path(batch_id), self.serialize(value))
+
+
+class OffsetSeqLog(_ReplaceableLog["OffsetSeq | OffsetMap"]):
     """``<checkpoint>/offsets``: the input of each batch, written before the batch runs."""
 
     max_version = 2
@@ -133,10 +162,12 @@ class CommitMetadata(_Remembers):
     next_batch_watermark_ms: int = 0
     #: Spark 4.x checkpoint format v2: operator id -> per-partition state store unique ids
     state_unique_ids: dict[int, list[list[str]]] | None = None
+    #: the writing driver's leadership epoch (sparkwal's field; None: the file has none)
+    leader_epoch: int | None = None
     source_bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
 
-class CommitLog(MetadataLog[CommitMetadata]):
+class CommitLog(_ReplaceableLog[CommitMetadata]):
     """``<checkpoint>/commits``: written after a batch's sink committed it."""
 
     max_version = 2
@@ -145,10 +176,11 @@ class CommitLog(MetadataLog[CommitMetadata]):
         if value.source_bytes is not None:
             return value.source_bytes
         body: dict = {"nextBatchWatermarkMs": value.next_batch_watermark_ms}
-        if value.state_unique_ids is None:
-            return f"v1\n{json.dumps(body, **_COMPACT)}".encode()
-        body["stateUniqueIds"] = {str(k): v for k, v in value.state_unique_ids.items()}
-        return f"v2\n{json.dumps(body, **_COMPACT)}".encode()
+        if value.state_unique_ids is not None:
+            body["stateUniqueIds"] = {str(k): v for k, v in value.state_unique_ids.items()}
+        if value.leader_epoch is not None:
+            body[LEADER_EPOCH_FIELD] = value.leader_epoch
+        return f"v{1 if value.state_unique_ids is None else 2}\n{json.dumps(body, **_COMPACT)}".encode()
 
     def decode(self, data: bytes, path: str) -> CommitMetadata:
         return super().decode(data, path).with_source_bytes(data)
@@ -156,5 +188,7 @@ class CommitLog(MetadataLog[CommitMetadata]):
     def parse(self, version: int, lines: list[str], path: str) -> CommitMetadata:
         obj = _read_json_object(lines[0]) if lines and lines[0].strip() else {}
         ids = obj.get("stateUniqueIds")
+        epoch = obj.get(LEADER_EPOCH_FIELD)
         return CommitMetadata(int(obj.get("nextBatchWatermarkMs", 0)),
-                              None if ids is None else {int(k): v for k, v in ids.items()})
+                              None if ids is None else {int(k): v for k, v in ids.items()},
+                              None if epoch is None else int(epoch))

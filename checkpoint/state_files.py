@@ -30,6 +30,12 @@ epoch's name, which no later driver's checkpoint references:
 
 A delta holds the keys updated or removed since the snapshot ``base_ms``; the state at ``t`` is
 the newest full snapshot at or before ``t`` with every delta after it applied in order (a *chain*).
+
+Clean-up: writing a batch's snapshot first deletes what its own and OLDER epochs (and unsuffixed
+names, epoch 0) left of that stream and batch time, never a newer epoch's
+(:func:`delete_snapshot` ``every_epoch=True, up_to_epoch=<the writer's>``): a driver that lost its
+leadership, still writing (a zombie), cannot delete the snapshot the next leader wrote of the same
+batch, which that leader's checkpoints reference.
 """
 
 from __future__ import annotations
@@ -223,10 +229,11 @@ def merge_chain(parts: Iterable[Iterable[tuple]]) -> dict:
 _EPOCH_SUFFIX = re.compile(r"-e\d+$")
 
 
-def snapshot_files(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False
-                   ) -> list[str]:
+def snapshot_files(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False,
+                   up_to_epoch: int | None = None) -> list[str]:
     """The files of snapshot ``url``; ``every_epoch``: of every epoch's snapshot of its stream
-    and batch time."""
+    and batch time, or with ``up_to_epoch``, of every epoch up to that one (a name without an
+    epoch is epoch 0)."""
     storage, path = resolve(url, storage_options)
     directory, _, base = path.rpartition("/")
     try:
@@ -235,14 +242,17 @@ def snapshot_files(url: str | StorageLocation, storage_options: dict | None = No
         return []
     if not every_epoch:
         return [i.path for i in infos if i.name.startswith(f"{base}.")]
-    named = re.compile(re.escape(_EPOCH_SUFFIX.sub("", base)) + r"(-e\d+)?\.")
-    return [i.path for i in infos if named.match(i.name)]
+    named = re.compile(re.escape(_EPOCH_SUFFIX.sub("", base)) + r"(?:-e(\d+))?\.")
+    return [i.path for i in infos if (m := named.match(i.name))
+            and (up_to_epoch is None or int(m.group(1) or 0) <= up_to_epoch)]
 
 
-def delete_snapshot(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False) -> None:
+def delete_snapshot(url: str | StorageLocation, storage_options: dict | None = None, every_epoch: bool = False,
+                    up_to_epoch: int | None = None) -> None:
     """Delete the manifest first (the snapshot stops being complete), then the parts;
-    ``every_epoch``: every epoch's snapshot of its stream and batch time."""
+    ``every_epoch``: every epoch's snapshot of its stream and batch time (up to ``up_to_epoch``
+    when given: a writer never deletes a newer epoch's)."""
     storage, _ = resolve(url, storage_options)
-    files = snapshot_files(url, storage_options, every_epoch)
+    files = snapshot_files(url, storage_options, every_epoch, up_to_epoch)
     for f in sorted(files, key=lambda f: not f.endswith(".manifest")):
         storage.delete(f)

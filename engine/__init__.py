@@ -15,7 +15,7 @@ import importlib
 _HOMES = {
     "sparkwal.tracker": ["BatchInfo"],
     "sparkwal.checkpoint.state_chains": ["read_state"],
-    ".context": ["CheckpointMismatchError", "StreamingContext", "StreamingContextStateError"],
+    ".context": ["CheckpointMismatchError", "CopySourceActiveError", "StreamingContext", "StreamingContextStateError"],
     ".dstream": ["DStream"],
     ".listener": [
         "OutputOperationInfo", "ReceiverInfo", "StreamingListener", "StreamingListenerBatchCompleted",

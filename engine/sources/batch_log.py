@@ -34,6 +34,22 @@ On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
 * ``sources/<input id>/0``: ``v1`` and the same JSON: where the input started (Spark's Kafka
   source keeps its initial offsets there too).
 * ``commits/<id>``: :class:`sparkwal.checkpoint.CommitMetadata` version 1, ``{"nextBatchWatermarkMs":0}``.
+
+Both carry the writing driver's leadership epoch (the offsets' conf ``sparkwal.leaderEpoch``, a
+field of the commit's JSON: :mod:`sparkwal.checkpoint.offsets`), so that a late write of a driver
+that lost its leadership (a *zombie*: paused past its lease, its PUT held in a partition, landing
+after the next leader took over) cannot pass for the current leader's:
+
+* **writing** ``offsets/<id>`` or ``commits/<id>`` over an existing file of an older epoch (or of
+  none) replaces it, with a warning: the leader owns the directory. One of the same epoch is a
+  concurrent update (:class:`ConcurrentUpdateError`, as Spark's), one of a newer epoch means this
+  driver is the zombie (:class:`FencedError`);
+* **recovering**, the offsets files count in id order while their epochs do not go down: one of an
+  older epoch than the batch before it, and every later one, is a zombie's (not logged; the batch
+  is logged again, replacing it). A commit counts only if its epoch is at least its batch's
+  offsets' (a zombie's commit of its own batch, whose offsets the next leader replaced, does
+  not), a commit without an epoch as before; the newest commit that counts is the last batch
+  committed (normally the newest commit: one read).
 """
 
 from __future__ import annotations
@@ -46,8 +62,9 @@ from dataclasses import dataclass
 from sparkwal.checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
 from sparkwal.checkpoint.errors import ConcurrentUpdateError
 from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.checkpoint.offsets import LEADER_EPOCH_FIELD, offsets_epoch
 from sparkwal.checkpoint.resume import resolve_restart
-from sparkwal.wal import StorageLocation
+from sparkwal.wal import FencedError, StorageLocation
 
 from .protocol import OffsetRange, TopicPartition
 
@@ -123,7 +140,8 @@ class BatchLog:
 
     def recover(self) -> None:
         """Read the logs: ids and times of the logged batches, the last commit, what re-runs."""
-        point = resolve_restart(self.offsets, self.commits)
+        resolve_restart(self.offsets, self.commits)  # Spark's rules: refuses logs it cannot resume from
+        newest_epoch = 0
         for i in self.offsets.batch_ids():
             entry = self.offsets.get(i)
             if entry is None:
@@ -135,16 +153,40 @@ class BatchLog:
                 raise ValueError(
                     f"{self.offsets.file_url(i)} has offsets of {len(entry.offsets)} direct inputs, "
                     f"this graph has {len(self.inputs)}: the graph changed since it was written")
+            epoch = offsets_epoch(entry)
+            if epoch < newest_epoch:
+                log.warning("%s was written at leader epoch %d after batch %d at epoch %d: a late write of a "
+                            "driver that had lost the leadership; batches from %d are logged again",
+                            self.offsets.file_url(i), epoch, i - 1, newest_epoch, i)
+                break
+            newest_epoch = epoch
             t = entry.metadata.batch_timestamp_ms
             self._ids[t], self._times[i], self._raw[i] = i, t, entry
         ids = sorted(self._times)
         self._next_id = ids[-1] + 1 if ids else 0
-        commit_ids = self.commits.batch_ids()
-        self._committed = commit_ids[-1] if commit_ids else -1
-        self.rerun_times = [self._times[i] for i in point.rerun_batches]
+        self._committed = self._counted_commit(self._next_id - 1)
+        rerun = [i for i in ids if i > self._committed]  # (resolve_restart checked there is no hole)
+        self.rerun_times = [self._times[i] for i in rerun]
         if ids:
             log.info("batch log: batches %d..%d logged, committed up to %d, re-running %s",
-                     ids[0], ids[-1], self._committed, point.rerun_batches)
+                     ids[0], ids[-1], self._committed, rerun)
+
+    def _counted_commit(self, last_logged: int) -> int:
+        """The newest commit that counts (-1: none), looking from the newest down: one of a batch
+        not logged, or of an older epoch than its batch's offsets, does not (see the module's
+        docstring)."""
+        for i in reversed(self.commits.batch_ids()):
+            commit = self.commits.get(i) if i <= last_logged else None
+            if commit is None:
+                continue
+            offsets = self._raw.get(i)
+            theirs = offsets_epoch(offsets) if offsets is not None else 0
+            if commit.leader_epoch is None or commit.leader_epoch >= theirs:
+                return i
+            log.warning("%s was written at leader epoch %d for the batch that epoch %d logged again: a late "
+                        "write of a driver that had lost the leadership; batch %d is not committed",
+                        self.commits.file_url(i), commit.leader_epoch, theirs, i)
+        return -1
 
     def latest_logged_id(self) -> int:
         return self._next_id - 1
@@ -217,17 +259,36 @@ class BatchLog:
             i = self._next_id
             if self._fence is not None:
                 self._fence.check()
-                conf = {**conf, "sparkwal.leaderEpoch": str(self._fence.epoch)}
+                conf = {**conf, LEADER_EPOCH_FIELD: str(self._fence.epoch)}
             entry = OffsetSeq([offsets_json(e) for e in ends], OffsetSeqMetadata(0, time_ms, conf))
             if not self.offsets.add(i, entry):
-                raise ConcurrentUpdateError(
-                    f"Concurrent update to the log: {self.offsets.file_url(i)} exists. Multiple "
-                    f"streaming contexts are writing batch {i} of {self.directory}")
+                existing = self.offsets.get(i)
+                if not self._replaces(self.offsets, i, None if existing is None else offsets_epoch(existing)):
+                    raise ConcurrentUpdateError(
+                        f"Concurrent update to the log: {self.offsets.file_url(i)} exists. Multiple "
+                        f"streaming contexts are writing batch {i} of {self.directory}")
+                self.offsets.replace(i, entry)
             self._ids[time_ms], self._times[i], self._raw[i] = i, time_ms, entry
             self._ends[i] = [dict(e) for e in ends]
             self._next_id = i + 1
             self._offsets_written += 1
             return i
+
+    def _replaces(self, log_: MetadataLog, i: int, theirs: int | None) -> bool:
+        """Whether this writer replaces batch ``i`` of ``log_``, which exists, written at leader
+        epoch ``theirs`` (None: unknown, gone meanwhile): yes when that is older than this
+        writer's (a late write of a driver that lost the leadership; this one owns the directory),
+        no when it is the same; FencedError when it is newer (this writer is the late one)."""
+        if self._fence is None or theirs is None:
+            return False
+        mine = self._fence.epoch
+        if theirs > mine:
+            raise FencedError(f"{log_.file_url(i)} was written at leader epoch {theirs}; this driver leads "
+                              f"epoch {mine}, which is over: another driver took {self.directory} over")
+        if theirs < mine:
+            log.warning("%s was written at leader epoch %d, late (that driver had lost the leadership): "
+                        "replaced by epoch %d's", log_.file_url(i), theirs, mine)
+        return theirs < mine
 
     def batch_done(self, time_ms: int, succeeded: bool) -> None:
         """Step 3 ended (every output succeeded, or not: a failed batch is never committed)."""
@@ -254,7 +315,11 @@ class BatchLog:
             if self._fence is not None:
                 self._fence.check()
             del self._done[i]
-            self.commits.add(i, CommitMetadata(0))  # False: a re-run of a committed batch
+            commit = CommitMetadata(0, leader_epoch=None if self._fence is None else self._fence.epoch)
+            if not self.commits.add(i, commit):  # else a re-run of a committed batch, but for:
+                existing = self.commits.get(i)
+                if existing is not None and self._replaces(self.commits, i, existing.leader_epoch or 0):
+                    self.commits.replace(i, commit)
             self._committed = i
             self._commits_written += 1
             committed.append(i)

@@ -53,17 +53,20 @@ def write_snapshot(rows: RDD | DriverParts, url: str | StorageLocation, *, time_
                    partitioned: bool, storage_options: dict | None = None, fence=None) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` (an RDD,
     written by its tasks, or :class:`DriverParts`, written here) as snapshot ``url`` (a delta when
-    ``base_ms`` is set), replacing an incomplete one a killed run left (of any epoch: none is
-    referenced, or this one would not be written); return its manifest.
+    ``base_ms`` is set), replacing an incomplete one a killed run left (of this epoch or an older
+    one: none is referenced, or this one would not be written); return its manifest.
     ``storage_options`` go to the tasks too, but for credentials. ``fence``: the driver's
     leadership, checked before the driver deletes or writes anything (its epoch is recorded;
-    ``url`` names it, see :mod:`sparkwal.checkpoint.state_files`)."""
+    ``url`` names it, see :mod:`sparkwal.checkpoint.state_files`). A newer epoch's snapshot of the
+    same batch is never deleted: this driver may be the one that lost the leadership, still
+    writing, and the new leader's checkpoints reference that one (without a ``fence``, every
+    epoch's is replaced)."""
     if fence is not None:
         fence.check()
     where = StorageLocation.of(url, storage_options)
     storage, path = resolve(where)
     storage.makedirs(path.rpartition("/")[0])
-    delete_snapshot(where, every_epoch=True)
+    delete_snapshot(where, every_epoch=True, up_to_epoch=None if fence is None else fence.epoch)
     delta = base_ms is not None
 
     def write_part(index, records):
