@@ -110,6 +110,12 @@ def _checkpoint_files(storage: Storage, directory: str) -> list[tuple[int, bool,
 _Rank = tuple[int, int, bool]
 
 
+def checkpoint_rank(checkpoint: Checkpoint, time_ms: int, main: bool) -> _Rank:
+    """Where a verified checkpoint file ranks among a directory's (the highest is the one a
+    restart takes; ``time_ms`` and ``main`` from its name)."""
+    return (checkpoint.leader_epoch, time_ms, main)
+
+
 def _best(storage: Storage, files: list[tuple[int, bool, str]]
           ) -> tuple[tuple[_Rank, Checkpoint] | None, list[str]]:
     """Of ``files`` ``(time, is_main, path)``, the checkpoint that ranks highest, with its rank
@@ -126,7 +132,7 @@ def _best(storage: Storage, files: list[tuple[int, bool, str]]
         except CheckpointError as e:
             failed.append(str(e))
             continue
-        rank = (checkpoint.leader_epoch, time_ms, main)
+        rank = checkpoint_rank(checkpoint, time_ms, main)
         if best is None or rank > best[0]:
             best = (rank, checkpoint)
     return best, failed

@@ -58,7 +58,7 @@ from sparkwal.wal.retry import RetryPolicy
 from sparkwal.wal.storage import LeaderInfo, Storage, resolve
 
 from . import layout
-from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
+from .checkpoint_file import CHECKPOINT_FILE, Checkpoint, checkpoint_rank
 from .code import CODE_FILE
 from .errors import CheckpointError
 from .offsets import OffsetSeqLog
@@ -245,17 +245,20 @@ def _needed(rel: str, floor: int, times: dict[int, int]) -> bool:
 
 
 def _newest_checkpoint(storage: Storage, root: str) -> tuple[Checkpoint, bytes] | None:
-    """The newest DStream checkpoint file that reads and verifies (as a restart takes it), and
-    its bytes."""
+    """The DStream checkpoint file a restart takes (of those that read and verify, the highest
+    :func:`checkpoint_rank`: a late write of an old leader does not win), and its bytes."""
     files = sorted(((int(m.group(1)), m.group(2) is None, f.path) for f in storage.list_files(root)
                     if (m := CHECKPOINT_FILE.fullmatch(f.name))), reverse=True)
-    for _t, _main, path in files:
+    best = None
+    for t, main, path in files:
         try:
             raw = storage.read_file(path)
-            return Checkpoint.decode(raw, storage.url(path)), raw
+            checkpoint = Checkpoint.decode(raw, storage.url(path))
         except (FileNotFoundError, CheckpointError):
             continue
-    return None
+        if best is None or checkpoint_rank(checkpoint, t, main) > best[0]:
+            best = (checkpoint_rank(checkpoint, t, main), checkpoint, raw)
+    return None if best is None else (best[1], best[2])
 
 
 def copy_checkpoint(source: str, destination: str, *, source_options: dict | None = None,

@@ -17,7 +17,7 @@ from sparkwal.wal.storage import LeaderInfo, resolve
 
 from . import layout
 from .code import CODE_FILE, read_code
-from .checkpoint_file import CHECKPOINT_FILE, Checkpoint
+from .checkpoint_file import CHECKPOINT_FILE, Checkpoint, checkpoint_rank
 from .errors import CheckpointError
 from .event_log import LOG_DIR
 from .offsets import CommitLog, OffsetSeqLog
@@ -104,13 +104,15 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
     dstream_files = sorted((int(m.group(1)), m.group(2) is None, e.path)
                            for e in entries if (m := CHECKPOINT_FILE.fullmatch(e.name)))
     report.files = [storage.url(p) for _t, _main, p in dstream_files]
-    for _t, _main, path in reversed(dstream_files):  # newest main, its .bk, older ones
+    best = None  # the one a restart takes: see checkpoint_rank
+    for t, main, path in reversed(dstream_files):
         try:
             checkpoint = Checkpoint.decode(storage.read_file(path), storage.url(path))
         except CheckpointError as e:
             report.problems.append(str(e))
             continue
-        if report.newest is None:
+        if best is None or checkpoint_rank(checkpoint, t, main) > best:
+            best = checkpoint_rank(checkpoint, t, main)
             report.newest, report.newest_file = checkpoint, storage.url(path)
     report.code_parts = sorted(n for n in names if CODE_FILE.fullmatch(n))
     for name in report.code_parts:

@@ -50,6 +50,19 @@ def write(directory, *checkpoints: Checkpoint) -> None:
 # ------------------------------------------------------------------ DStream checkpoints
 
 
+def test_inspect_and_copy_take_the_checkpoint_a_restart_takes_not_a_zombies_newer_name(tmp_path):
+    from sparkwal.checkpoint.copy import copy_checkpoint
+    from sparkwal.checkpoint.inspect import inspect_checkpoint
+
+    source = tmp_path / "source"
+    write(source, cp(4000, 2, who="new leader"))
+    write(source, cp(5000, 1, who="zombie"))
+    assert inspect_checkpoint(str(source)).newest.data["who"] == "new leader"
+    copy_checkpoint(str(source), str(tmp_path / "copy"))
+    assert read_checkpoint(str(tmp_path / "copy")).data["who"] == "new leader"
+
+
+
 def test_a_late_checkpoint_of_an_older_epoch_under_a_higher_name_does_not_win_recovery(tmp_path):
     write(tmp_path, cp(4000, 1, who="old leader"))
     new = CheckpointWriter(str(tmp_path))  # epoch 2 takes over; its first write lists the directory
