@@ -99,6 +99,7 @@ class Driver:
         self.leader_event = threading.Event()  # set once this driver is the active one
         self.observer: observability.Observer | None = None  # the UI, metrics and event log
         self.succeeded_ms = -1  # the newest batch whose outputs all succeeded
+        self.progress_ms: int | None = None  # when a batch last completed (or one fell due): leadership.StallWatch
         self.skip_outputs_ms: set[int] = set()  # regenerated without outputs (see recovery.rerun)
         self.stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self.graceful_deadline: float | None = None  # set by stop()
@@ -116,8 +117,7 @@ class Driver:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Lead the checkpoint directory (or stand by) and start the stream; see
-        ``StreamingContext.start``."""
+        """Lead the checkpoint directory (or stand by) and start the stream; see ``StreamingContext.start``."""
         with Driver.active_lock:
             if self.state == ACTIVE:
                 log.warning("StreamingContext has already been started")
@@ -135,7 +135,7 @@ class Driver:
             try:
                 if self.checkpoint_dir is not None:
                     self.leadership = leadership.DriverLeadership(self.location, None,
-                                                                  self.lease_timeout_ms())
+                                                                  self.settings[config.LEASE_TIMEOUT])
                     if self.standby_requested and self.leadership.try_take() is None:
                         self.standby = standby.Standby(self)
                         self.activate()
@@ -175,6 +175,7 @@ class Driver:
         if kind is not None:
             self.recovery = kind
         try:
+            self.keep_leadership()  # (a standby's already is kept)
             if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 prepared = self.standby.program if self.standby is not None else None
                 code, self.conf_pairs = prepared or self.prepare_program()
@@ -201,8 +202,10 @@ class Driver:
             self.skipped_batch_times = list(plan.skipped_batch_times)
             self.coalesced_batch_times = list(plan.coalesced_batch_times)
             self.skip_outputs_ms = set(plan.skip_outputs_ms)
-            self.generator.rerun(list(plan.regenerate))
+            leadership.stream_started(self)  # the leadership lost since it was taken: the start fails here
             first = plan.first_ms
+            self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
+            self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
                 self.checkpointing.write_first(first)
         except BaseException:
@@ -212,8 +215,6 @@ class Driver:
             if self.leadership is not None:
                 self.leadership.release()
             raise
-        if self.leadership is not None:
-            self.leadership.keep(self.on_fenced)
         self.receiver_tracker = receiver_lifecycle.start_receivers(self)
         self.generator.timer.start(first)
         self.activate()
@@ -287,8 +288,8 @@ class Driver:
         """Why this driver lost its leadership (None: it did not)."""
         return self.leadership.fenced if self.leadership is not None else None
 
-    def lease_timeout_ms(self) -> int:
-        return self.settings[config.LEASE_TIMEOUT]
+    def keep_leadership(self) -> None:  # renewed from when it is taken (and given up on a stall)
+        leadership.keep(self)
 
     def on_fenced(self, error: BaseException) -> None:
         leadership.fence(self, error)
@@ -370,10 +371,9 @@ class Driver:
         return not self.batches_left_for_restart
 
     def raise_error(self) -> None:
-        if self.fenced is not None:  # the cause of whatever failed after it (a write refused, ...)
-            raise self.fenced
-        if self.error is not None:
-            raise self.error
+        error = self.fenced or self.error  # a fence first: the cause of whatever failed after it (a write refused)
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------ batches
 
@@ -384,6 +384,7 @@ class Driver:
         ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
         if ok:
             self.succeeded_ms = max(self.succeeded_ms, time_ms)
+        self.progress_ms = self.clock.now_ms()
         if self.batch_log is not None:
             self.batch_log.batch_done(time_ms, ok)
         self.snapshots.on_batch_done(time_ms)
@@ -401,6 +402,8 @@ class Driver:
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping:
             log.info("batch %s ended by stop(): %s", time_ms, error)
+            return
+        if leadership.fenced_first(self, error, time_ms):  # a lost leadership is the cause: fenced first
             return
         log.error("error in batch %s: %s", time_ms, one_line(error))  # the app gets the whole error
         if self.error is None:

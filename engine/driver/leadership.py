@@ -7,29 +7,41 @@ leadership, so no second, longer lock can hold a takeover up.
 
 * A driver started without ``standby`` takes the leadership at ``start()``. A live holder makes
   ``start()`` fail with :class:`DriverAlreadyActiveError` naming it, having written nothing; an
-  object-store lease that may belong to a dead holder is waited out first (logging the holder and
-  the expiry), and the start fails only if the holder keeps renewing it.
+  object-store lease that may belong to a dead holder is waited out first (as long as the store's
+  ``LeaderHeldError.wait_ms`` says, logging the holder), and the start fails only if the holder
+  renewed it meanwhile (``wait_ms`` None).
 * A standby polls for it: every 10 ms on a local directory (the kernel frees a dead holder's lock
-  at once), and at the expiry of the holder's lease on an object store.
-* The leader renews its lease (object stores) on a thread every third of
-  ``spark.streaming.driver.leaseTimeout`` (default 30s); when renewal shows it lost the leadership,
-  or it could not renew in time, the context is fenced: it stops at once and
-  ``awaitTermination`` raises :class:`sparkwal.wal.FencedError`.
+  at once), and on an object store when the store says the lease may have lapsed (``wait_ms`` of
+  :class:`sparkwal.wal.LeaderHeldError`). A poll that fails on the storage (an ``OSError``, a
+  :class:`sparkwal.wal.WalError` such as :class:`sparkwal.wal.StorageUnavailableError`) is logged
+  once per kind of failure and tried again after a short backoff: a standby is there for when the
+  store, and so the leader's lease, comes back.
+* The leader renews its leadership on a thread (an object store's lease every third of
+  ``spark.streaming.driver.leaseTimeout``, default 30s; a local lock is looked at again) from the
+  moment it takes it, so that a long recovery keeps it. When renewal shows it lost the leadership,
+  or it could not renew in time, the context is fenced: it stops at once and ``awaitTermination``
+  raises :class:`sparkwal.wal.FencedError`. A loss before the stream runs (during a recovery or a
+  takeover) is raised by :meth:`DriverLeadership.stream_started` instead: the start fails.
+* A leader alive but stalled (no batch completed for ``spark.sparkwal.leader.stallIntervals`` batch
+  intervals, :class:`StallWatch`) gives its leadership up for a standby and stops as fenced.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.service import Service
-from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership,
-                          StorageLocation, StorageUnavailableError, resolve)
+from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, LeadershipRefusedError,
+                          StorageLocation, WalError, resolve)
 
+from .. import config
 from ..listener import StreamingListenerDriverFenced
-from ..errors import EngineError
+from ..errors import EngineError, one_line
 
 from ..host import DriverFacts
 
@@ -52,10 +64,20 @@ class FencingHost(DriverFacts, Protocol):
     def leadership(self) -> DriverLeadership | None: ...
     @property
     def fenced(self) -> BaseException | None: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def progress_ms(self) -> int | None: ...
     def lead(self) -> Leadership | None: ...
+    def on_fenced(self, error: BaseException) -> None: ...
     def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 LOCAL_POLL_S = 0.01
+#: a standby's wait after a poll of the leadership failed on the storage, doubling up to MAX_POLL_S
+FAILED_POLL_S = 0.05
+MAX_POLL_S = 1.0
+#: how often a stall is looked for (spark.sparkwal.leader.stallIntervals)
+STALL_CHECK_S = 1.0
 
 
 class DriverAlreadyActiveError(EngineError, RuntimeError):
@@ -81,83 +103,125 @@ class DriverLeadership:
         self.held: Leadership | None = None
         self.fenced: BaseException | None = None  # why the leadership was lost (first cause)
         self._fence_lock = threading.Lock()
+        self.started = False  # the stream runs under it (stream_started): a loss now fences the driver
+        self._lost: BaseException | None = None  # a loss before that, which stream_started raises
 
     def record_fence(self, error: BaseException) -> bool:
-        """Note that the leadership is lost, because of ``error``; True the first time only."""
+        """Note that the leadership is lost, because of ``error``; True the first time only, and
+        only once the stream runs (before, :meth:`stream_started` raises it: the start fails)."""
         with self._fence_lock:
+            if not self.started:
+                self._lost = self._lost or error
+                return False
             if self.fenced is not None:
                 return False
             self.fenced = error
             return True
 
+    def stream_started(self) -> None:
+        """The stream is about to run under the leadership: raise the loss a renewal or a write
+        found since it was taken (a recovery or a takeover then fails), else a loss fences from now."""
+        with self._fence_lock:
+            if self._lost is not None:
+                raise self._lost
+            self.started = True
+
+    def _lead(self) -> Leadership:
+        self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
+        return self.held
+
     def try_take(self) -> Leadership | None:
         try:
-            self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
-            return self.held
+            return self._lead()
         except LeaderHeldError:
             return None
 
     def take(self) -> Leadership:
-        """Take it now, waiting out a lease that may be a dead holder's; raise
-        :class:`DriverAlreadyActiveError` while a live driver holds it."""
-        seen_expiry = None
+        """Take it now, waiting out a lease that may be a dead holder's (as long as the store's
+        ``wait_ms`` says); raise :class:`DriverAlreadyActiveError` while a live driver holds it."""
         while True:
             try:
-                self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
-                return self.held
+                return self._lead()
             except LeaderHeldError as e:
-                info = e.info
-                if info.kind != "lease" or info.expires_ms is None or (
-                        seen_expiry is not None and info.expires_ms > seen_expiry):
+                info, wait_ms = e.info, e.wait_ms
+                if wait_ms is None:  # a live process's lock, or a lease renewed since first seen
                     raise DriverAlreadyActiveError(
                         f"{self.url} is the checkpoint directory of a running driver: {info.describe()}. "
                         "Stop it first, or start this one with getOrCreate(..., standby=True) to take "
                         "over when it stops; nothing was written", info) from None
-                seen_expiry = info.expires_ms
-                log.warning("%s: waiting for the lease of %s to expire (a dead driver's lease stays "
-                            "until then)", self.url, info.describe())
-                self._clock.wait_till_ms(info.expires_ms + 1)
+                log.warning("%s: waiting up to %d ms for the lease of %s to lapse (a dead driver's lease "
+                            "stays until then)", self.url, wait_ms, info.describe())
+                self._clock.wait_till_ms(self._clock.now_ms() + max(1, wait_ms))
 
     def wait_for(self, stopped: threading.Event, on_poll: Callable[[], None] | None = None
                  ) -> Leadership | None:
-        """Block until this process leads (the leadership) or ``stopped`` is set (None). A store
-        that is unavailable (each call already retried to its deadline) is waited out: a standby
-        is there for when the store, and so the leader's lease, comes back."""
-        unavailable: StorageUnavailableError | None = None
+        """Block until this process leads (the leadership) or ``stopped`` is set (None). A poll
+        that fails on the storage (OSError, WalError: S3's 409 between racing standbys, a full
+        disk, a store unavailable past its deadline) is logged once per kind and tried again
+        after a short backoff; a FencedError or a refused leadership ends the wait."""
+        failing: set[str] = set()  # the kinds of failure logged since the last poll that worked
+        backoff_s = FAILED_POLL_S
         while not stopped.is_set():
             try:
-                lead = self.try_take()
-                if lead is not None:
-                    return lead
-                if on_poll is not None:
-                    on_poll()
-                if self.storage.is_local:
-                    stopped.wait(LOCAL_POLL_S)
-                    continue
-                info = self.storage.leader(self.path, clock=self._clock)
-            except StorageUnavailableError as e:
-                if unavailable is None:
-                    log.warning("%s: waiting as a standby while the store is unavailable (%s)", self.url, e)
-                unavailable = e
-                stopped.wait(1.0)
+                lead: Leadership | None = self._lead()
+            except LeaderHeldError as e:
+                lead, held = None, e
+            except (FencedError, LeadershipRefusedError):
+                raise
+            except (OSError, WalError) as e:  # (StorageUnavailableError is a WalError)
+                if failure_kind(e) not in failing:
+                    failing.add(failure_kind(e))
+                    log.warning("%s: waiting as a standby; polling the leadership failed, trying again: %s",
+                                self.url, one_line(e))
+                stopped.wait(backoff_s)
+                backoff_s = min(MAX_POLL_S, 2 * backoff_s)
                 continue
-            if unavailable is not None:
-                log.warning("%s: the store answers again; still waiting as a standby", self.url)
-                unavailable = None
-            wait_ms = 250 if info is None or info.expires_ms is None else (
-                min(1000, max(10, info.expires_ms + 1 - self._clock.now_ms())))
-            stopped.wait(wait_ms / 1000)
+            if failing:
+                log.warning("%s: polling the leadership works again", self.url)
+                failing.clear()
+                backoff_s = FAILED_POLL_S
+            if lead is not None:
+                return lead
+            if on_poll is not None:
+                on_poll()
+            stopped.wait(self._poll_delay_s(held))
         return None
 
-    def keep(self, on_fenced: Callable[[FencedError], None]) -> None:
-        """Renew the lease on a thread until :meth:`release`; ``on_fenced`` once it is lost."""
+    def _poll_delay_s(self, held: LeaderHeldError) -> float:
+        """How long before the next poll: 10 ms on a local directory; on an object store when
+        the lease may have lapsed (from 10 ms to 1 s; 1 s while its holder is known alive)."""
+        if self.storage.is_local:
+            return LOCAL_POLL_S
+        wait_ms = held.wait_ms
+        return MAX_POLL_S if wait_ms is None else min(MAX_POLL_S, max(0.01, wait_ms / 1000))
+
+    def keep(self, on_fenced: Callable[[FencedError], None], stalled: Callable[[], str | None] | None = None
+             ) -> None:
+        """Renew the leadership on a thread until :meth:`release`; ``on_fenced`` once it is lost.
+        With ``stalled`` (a :class:`StallWatch`), a stall it reports gives the leadership up:
+        ``on_fenced`` with a FencedError naming the stall, then the lease is released (a standby
+        takes it at once). Calling it again while it keeps does nothing."""
         lead = self.held
-        if lead is None or lead.renew_every_ms is None:
+        if lead is None or self._renewer is not None or (lead.renew_every_ms is None and stalled is None):
             return
-        every_s = lead.renew_every_ms / 1000
+        every_s = lead.renew_every_ms / 1000 if lead.renew_every_ms is not None else float("inf")
+        stop = self._stop = threading.Event()
 
         def renew() -> None:
-            while not self._stop.wait(every_s):
+            due = time.monotonic() + every_s
+            while True:
+                wait_s = due - time.monotonic()
+                if stop.wait(max(0.0, wait_s if stalled is None else min(wait_s, STALL_CHECK_S))):
+                    return
+                stall = stalled() if stalled is not None else None
+                if stall is not None:
+                    on_fenced(FencedError(f"{self.url}: {stall}: this driver gave its leadership up "
+                                          "for a standby to take over"))
+                    lead.release()
+                    return
+                if time.monotonic() < due:
+                    continue
+                due = time.monotonic() + every_s
                 try:
                     lead.renew()
                 except FencedError as e:
@@ -169,12 +233,79 @@ class DriverLeadership:
         self._renewer = Service("leader-lease", renew).start()
 
     def release(self) -> None:
+        """Give the leadership up (a standby's failed takeover may take it again later)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
+            self._renewer = None
         if self.held is not None:
             self.held.release()
             self.held = None
+        with self._fence_lock:
+            self.started, self._lost = False, None
+
+
+def failure_kind(error: BaseException) -> str:
+    """A failure's kind, logged once while it lasts: its type and its errno."""
+    code = getattr(error, "errno", None)
+    return type(error).__name__ if code is None else f"{type(error).__name__}({errno.errorcode.get(code, code)})"
+
+
+class StallWatch:
+    """A leader alive but making no progress: no batch completed for ``intervals`` batch
+    intervals (``spark.sparkwal.leader.stallIntervals``) while batches were due. ``progress()`` is
+    when, on ``clock`` (the driver's), the last batch completed, or the first one fell due; None
+    while none is due (not running yet, stopping). Called, it says the stall, or None."""
+
+    def __init__(self, clock: Clock, batch_ms: int, intervals: int, progress: Callable[[], int | None]):
+        self._clock, self.batch_ms, self.intervals, self._progress = clock, batch_ms, intervals, progress
+
+    def __call__(self) -> str | None:
+        since = self._progress()
+        if since is None:
+            return None
+        idle_ms = self._clock.now_ms() - since
+        if idle_ms < self.intervals * self.batch_ms:
+            return None
+        return (f"no batch completed for {idle_ms / 1000:.1f} s while batches were due "
+                f"({config.LEADER_STALL_INTERVALS.key}={self.intervals}, batches of {self.batch_ms} ms)")
+
+
+def keep(driver: FencingHost) -> None:
+    """``driver``'s leadership renewed from now on, and given up if its stream stalls."""
+    intervals = driver.settings[config.LEADER_STALL_INTERVALS]
+    watch = StallWatch(driver.clock, driver.batch_ms, intervals,
+                       lambda: None if driver.stopping else driver.progress_ms) if intervals > 0 else None
+    if driver.leadership is not None:
+        driver.leadership.keep(driver.on_fenced, stalled=watch)
+
+
+def stream_started(driver: FencingHost) -> None:
+    """See :meth:`DriverLeadership.stream_started` (nothing without a checkpoint directory)."""
+    if driver.leadership is not None:
+        driver.leadership.stream_started()
+
+
+def fenced_first(driver: FencingHost, error: BaseException, time_ms: int | None) -> bool:
+    """Before ``error`` is reported: when the leadership is lost (a driver paused past its lease
+    whose storage call failed on waking), fence first, so that the fence is the driver's error,
+    not what failed after it; True when it did (``error`` is then only logged). The check makes
+    no request (a store that just failed would only hold the report up)."""
+    lead = driver.lead()
+    if lead is None or isinstance(error, FencedError) or driver.fenced is not None:
+        return False
+    try:
+        lead.remaining_ms()  # (the check without a request: a lapse on this driver's clock)
+        return False
+    except FencedError as e:
+        e.__context__ = None  # raised while ``error`` was handled, not because of it (exit status 3, not 4)
+        fence(driver, e)
+    except Exception:  # noqa: BLE001  the check could not tell: the error stands as it is
+        return False
+    if driver.fenced is None:  # not running yet: the start fails with the error
+        return False
+    log.info("batch %s failed after this driver was fenced: %s", time_ms, one_line(error))
+    return True
 
 
 def fence(driver: FencingHost, error: BaseException) -> None:

@@ -23,8 +23,12 @@ takeover's first batch needs it), the newest checkpoint (and the
 offsets/commits logs, the tracker's WAL) is read and
 Spark's restart rule applied, exactly as a cold restart does (every pending or missed batch
 re-runs with its logged inputs, committed batches are not output again), then the next batch
-runs. Listeners get ``onDriverTakeover``. A standby that loses a race for the leadership stays a
-standby; a fenced leader never becomes a standby again (its context has stopped).
+runs. Listeners get ``onDriverTakeover``. The leadership is renewed from the moment it is taken,
+through the takeover's reads. A standby that loses a race for the leadership stays a standby; a
+takeover that fails on the storage (an ``OSError``, a ``WalError`` or ``CheckpointError`` reading
+it, the new leadership lost) gives the leadership up, logs a warning and waits again, tailing, to
+take over later (:func:`retriable`); one the program cannot run (its graph does not match the
+checkpoint, ...) stays failed, as does a fenced leader (its context has stopped).
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from sparkwal.checkpoint import Checkpoint, CheckpointFollower
+from sparkwal.checkpoint import Checkpoint, CheckpointError, CheckpointFollower
+from sparkwal.checkpoint.errors import CheckpointMismatchError, UnsupportedLogVersionError
 from sparkwal.service import Service
+from sparkwal.wal import LeadershipRefusedError, WalError
 
 from .. import config
+from ..errors import one_line
 from ..cluster import start_python_workers
 from ..listener import (StreamingListenerDriverTakeover, StreamingListenerStandbyReady,
                        StreamingListenerStreamingStarted)
@@ -75,12 +82,23 @@ class StandbyHost(DriverFacts, Protocol):
     def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
     def start_active(self, kind: str | None = None) -> None: ...
+    def keep_leadership(self) -> None: ...
     def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 log = logging.getLogger(__name__)
 
 TAIL_EVERY_S = 0.5
 REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
+#: the wait before waiting for the leadership again after a failed takeover, doubling up to MAX_RETAKE_S
+RETAKE_AFTER_S = 1.0
+MAX_RETAKE_S = 30.0
+
+
+def retriable(error: BaseException) -> bool:
+    """Whether a takeover that failed with ``error`` is tried again: the storage failed (or the
+    leadership just taken was lost), not the program (which cannot run the checkpoint)."""
+    return isinstance(error, (OSError, WalError, CheckpointError)) and not isinstance(
+        error, (LeadershipRefusedError, CheckpointMismatchError, UnsupportedLogVersionError))
 
 
 class Standby:
@@ -109,42 +127,65 @@ class Standby:
 
     def _stand_by(self) -> None:
         driver = self._driver
-        tail = self.tail = _Tail(driver)
-        tail.start()
-        try:
-            lead = driver.leadership.wait_for(self._stop)
-        except BaseException as e:  # noqa: BLE001
-            with tail.lock:
-                tail.stop()
-            driver.report_error(e, None)
-            driver.leader_event.set()  # awaitLeadership returns, raising the error
+        retake_s = RETAKE_AFTER_S
+        while True:
+            tail = self.tail = _Tail(driver)
+            tail.start()
+            try:
+                lead = driver.leadership.wait_for(self._stop)
+            except BaseException as e:  # noqa: BLE001
+                with tail.lock:
+                    tail.stop()
+                self._fail(e)
+                return
+            if lead is None:  # stopped while waiting
+                with tail.lock:
+                    tail.stop()
+                return
+            try:
+                driver.keep_leadership()  # renewed from now on: a long recovery keeps it
+                took = self._take_over(tail)
+            except BaseException as e:  # noqa: BLE001  (what had started was stopped by start_active)
+                started = driver.leadership.started  # the stream ran: no way back to standing by
+                self.waiting = True  # stop() then ends it as the standby it still is
+                with tail.lock:
+                    tail.stop()
+                driver.leadership.release()
+                if started or not retriable(e):
+                    self._fail(e)
+                    return
+                log.warning("%s: the takeover failed, so this standby gave the leadership up and waits for it "
+                            "again in %.0f s: %s", driver.checkpoint_dir, retake_s, one_line(e))
+                if self._stop.wait(retake_s):
+                    return
+                retake_s = min(MAX_RETAKE_S, 2 * retake_s)
+                continue
+            if took is not None:
+                self._announce(*took)
             return
-        if lead is None:  # stopped while waiting
-            with tail.lock:
-                tail.stop()
-            return
-        try:
-            self._take_over(tail)
-        except BaseException as e:  # noqa: BLE001  (what had started was stopped by start_active)
-            self.waiting = True  # stop() then ends it as the standby it still is
-            driver.leadership.release()
-            driver.report_error(e, None)
-            driver.leader_event.set()  # awaitLeadership returns, raising the error
 
-    def _take_over(self, tail: _Tail) -> None:
-        """Held leadership in hand: resume the stream from the newest checkpoint, as the leader."""
+    def _fail(self, error: BaseException) -> None:
+        self._driver.report_error(error, None)
+        self._driver.leader_event.set()  # awaitLeadership returns, raising the error
+
+    def _take_over(self, tail: _Tail) -> tuple[Checkpoint | None, int] | None:
+        """Held leadership in hand: resume the stream from the newest checkpoint, as the leader;
+        ``(the checkpoint resumed from, ms it took)``, or None when stopped first."""
         driver = self._driver
         began = time.monotonic()
         with driver.active_lock, driver.lock, tail.lock:
             tail.stop(keep_preload=True)
             if self._stop.is_set():
                 driver.leadership.release()
-                return
+                return None
             tail.read_newest(preload=False, force=True)  # whatever the old leader wrote since the last look
             cp = tail.checkpoint
             self.waiting = False
             driver.start_active(kind="takeover")
-        took = int((time.monotonic() - began) * 1000)
+        return cp, int((time.monotonic() - began) * 1000)
+
+    def _announce(self, cp: Checkpoint | None, took: int) -> None:
+        driver = self._driver
         event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
                                                 took, tuple(driver.rerun_batch_times))
         log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
@@ -171,6 +212,7 @@ class _Tail:
         self._stop = threading.Event()
         self.lock = threading.Lock()  # held while the tail changes the graph (never during a job)
         self._follower: CheckpointFollower | None = None  # the directory as last looked at
+        self._failing: str | None = None  # the last failure logged, until a look works again
         self._thread = Service("standby-tail", self._run)
         self.preload_state = driver.settings[config.STANDBY_PRELOAD_STATE]
 
@@ -200,10 +242,26 @@ class _Tail:
                     self._driver.events.post(StreamingListenerStandbyReady(
                         cp.checkpoint_time_ms if cp else None,
                         int((time.monotonic() - self._began) * 1000)))
-            except Exception:  # noqa: BLE001  a cancelled job, a checkpoint being replaced, ...
+            except Exception as e:  # noqa: BLE001  a job cancelled by a stop, a store failing, ...
                 if not self._stop.is_set():
-                    log.debug("tailing %s", self._driver.checkpoint_dir, exc_info=True)
+                    self._failed(e)
+            else:
+                self._failed(None)
             self._stop.wait(TAIL_EVERY_S)
+
+    def _failed(self, error: BaseException | None) -> None:
+        """A look that failed, logged once per distinct message (a standby that cannot read the
+        leader's checkpoints must not look healthy), and once when a look works again (None)."""
+        text = one_line(error) if error is not None else None
+        if text == self._failing:
+            return
+        if text is not None:
+            log.warning("%s: the standby could not read the leader's checkpoints (it tries again every %.1f s): %s",
+                        self._driver.checkpoint_dir, TAIL_EVERY_S, text)
+            log.debug("tailing %s", self._driver.checkpoint_dir, exc_info=error)
+        else:
+            log.warning("%s: the standby reads the leader's checkpoints again", self._driver.checkpoint_dir)
+        self._failing = text
 
     def poll(self) -> None:
         now = time.monotonic()
@@ -231,15 +289,13 @@ class _Tail:
     def read_newest(self, preload: bool, force: bool = False) -> list:
         """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`
         held); with ``preload``, also register the state a takeover from it would start from,
-        and return the RDDs that still need reading."""
+        and return the RDDs that still need reading. A read that fails raises: a takeover
+        (``force``) must not start from an older checkpoint (it fails, and is tried again), and
+        the tail logs it (a checkpoint being replaced is no failure: the reader falls back)."""
         driver = self._driver
-        try:
-            if self._follower is None:
-                self._follower = CheckpointFollower(driver.location)
-            cp = self._follower.read_if_changed(force)
-        except Exception:  # noqa: BLE001  a checkpoint being replaced: the next look sees it
-            log.debug("tailing %s", driver.checkpoint_dir, exc_info=True)
-            return []
+        if self._follower is None:
+            self._follower = CheckpointFollower(driver.location)
+        cp = self._follower.read_if_changed(force)
         seen = self.checkpoint
         if cp is None or (seen is not None and cp.checkpoint_time_ms == seen.checkpoint_time_ms
                           and cp.pending_times_ms == seen.pending_times_ms
