@@ -125,6 +125,11 @@ FILE_MIN_REMEMBER = _entry("spark.streaming.fileStream.minRememberDuration", "du
                            unit="s", minimum=1, fallback=MIN_REMEMBER.key)
 LEASE_TIMEOUT = _entry("spark.streaming.driver.leaseTimeout", "duration", 30_000,
                        "how long a dead driver's leadership lease holds on an object store", unit="s", minimum=1)
+LEADER_NETWORK_FS = _entry(
+    "spark.sparkwal.leader.allowNetworkFilesystem", "bool", False,
+    "a local checkpoint directory on a network file system (NFS, SMB, a FUSE mount of a remote store) may be led "
+    "though its flock is no lock between machines: only where nothing else ever starts a driver on it; false: "
+    "start() refuses, naming the file system")
 LEADER_STALL_INTERVALS = _entry(
     "spark.sparkwal.leader.stallIntervals", "int", 0,
     "a leader that completes no batch for this many batch intervals while batches are due gives its leadership "

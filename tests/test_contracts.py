@@ -207,6 +207,7 @@ CONF_KEYS = [
     "spark.sparkwal.receiver.precompute", "spark.sparkwal.receiver.precompute.maxBytes",  # issue 44's continuous half
     "spark.sparkwal.state.driverMaxKeys",  # issue 44: a small mapWithState state on the driver
     "spark.sparkwal.leader.stallIntervals", "spark.sparkwal.copy.allowLiveSource",  # issue 62
+    "spark.sparkwal.leader.allowNetworkFilesystem",  # issue 62
 ]
 
 #: the main job's JSON-line events, which tools read (issues 11, 18, 30, 32)

@@ -143,3 +143,45 @@ def test_a_retried_write_stops_at_the_leases_validity_and_says_fenced(memory_url
     assert attempts and max(attempts) < 2400  # no attempt after the holder's margin began
     with pytest.raises(FencedError):
         storage.put(f"{path}/checkpoint-2000", b"late")  # nor a later write of this storage
+
+
+# ------------------------------------------------------------------ the driver's settings
+
+
+def driver_with(directory, restored_epoch=None, storage_options=None, **settings):
+    from types import SimpleNamespace
+
+    from sparkwal.checkpoint import Checkpoint
+    from sparkwal.engine import config
+
+    conf = {config.LEASE_TIMEOUT: 30_000, config.LEADER_NETWORK_FS: False}
+    conf.update({getattr(config, k): v for k, v in settings.items()})
+    restored = None if restored_epoch is None else Checkpoint(1000, [], {"leader_epoch": restored_epoch})
+    return SimpleNamespace(settings=conf, storage_options=storage_options, location=directory, restored=restored)
+
+
+def test_a_driver_leads_above_its_checkpoints_epoch_and_as_its_settings_say(tmp_path, monkeypatch):
+    from sparkwal.engine.driver.leadership import for_driver
+
+    role = for_driver(driver_with(str(tmp_path / "fresh"), restored_epoch=7))  # its epoch records were lost
+    assert role.take().epoch == 8
+    role.release()
+    table = tmp_path / "mountinfo"
+    table.write_text(f"97 22 0:53 / {tmp_path} rw - nfs4 server:/export rw\n")
+    monkeypatch.setattr(locks, "MOUNTINFO", str(table))
+    with pytest.raises(LeadershipRefusedError, match="nfs4"):
+        for_driver(driver_with(str(tmp_path / "nfs"))).take()
+    role = for_driver(driver_with(str(tmp_path / "nfs"), LEADER_NETWORK_FS=True))
+    assert role.take().epoch == 1
+    role.release()
+
+
+def test_a_request_timeout_longer_than_the_lease_allows_is_refused_in_one_line(memory_url):
+    from sparkwal.engine.driver.leadership import LeaseSettingsError, for_driver
+
+    options = {"config_kwargs": {"read_timeout": 10}}
+    with pytest.raises(LeaseSettingsError, match=r"config_kwargs.read_timeout=10 s .* "
+                       r"spark.streaming.driver.leaseTimeout=30s .* at most 5.40 s") as refused:
+        for_driver(driver_with(f"{memory_url}/ckpt", storage_options=options))
+    assert "\n" not in str(refused.value)
+    for_driver(driver_with(f"{memory_url}/ckpt", storage_options=options, LEASE_TIMEOUT=60_000))  # 10.8 s: fine

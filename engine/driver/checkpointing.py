@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.code import delete_code_parts_except
-from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE
+from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE, LEADER_EPOCH_KEY
 
 from ..host import DriverFacts
 from .breakdown import RecentDurations
@@ -144,7 +144,7 @@ class Checkpointing:
             # the checkpoint of a batch whose outputs all succeeded says so: a restart from it
             # (which re-runs the checkpoint's own batch, as Spark's does) skips its outputs
             "completed_ms": time_ms if clear_later and time_ms == driver.succeeded_ms else None,
-            "leader_epoch": driver.leader_epoch,
+            LEADER_EPOCH_KEY: driver.leader_epoch,
             "floor_ms": floor,
             "downtimes": driver.graph.downtimes_since(floor),
         }

@@ -26,6 +26,7 @@ from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, StorageLocation, set_default_policy
+from sparkwal.wal.leases import request_timeout_s
 from sparkwal.wal.retry import default_policy
 
 from .. import cluster, config
@@ -65,9 +66,10 @@ class Driver:
         self.context = context
         self.sc = sc
         self.settings = StreamingConf.of(sc.getConf())  # every setting, checked once (engine/config.py)
-        #: the retries of this driver's storage calls (spark.sparkwal.storage.deadline); its
-        #: checkpoint location carries it, and while it runs it is the process's default
-        self.retry_policy = RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings))
+        #: the retries of this driver's storage calls (spark.sparkwal.storage.deadline; each request's answer
+        #: within its lease's margin); its checkpoint location carries it, and while it runs it is the default
+        self.retry_policy = RetryPolicy(deadline_s=cluster.storage_deadline_s(sc, self.settings),
+                                        request_timeout_s=request_timeout_s(self.settings[config.LEASE_TIMEOUT]))
         self._policy_before: RetryPolicy | None = None
         self.batch_ms = batch_ms
         self.clock = clock or SYSTEM_CLOCK
@@ -134,8 +136,7 @@ class Driver:
             self._use_retry_policy()
             try:
                 if self.checkpoint_dir is not None:
-                    self.leadership = leadership.DriverLeadership(self.location, None,
-                                                                  self.settings[config.LEASE_TIMEOUT])
+                    self.leadership = leadership.for_driver(self)
                     if self.standby_requested and self.leadership.try_take() is None:
                         self.standby = standby.Standby(self)
                         self.activate()
@@ -234,8 +235,7 @@ class Driver:
 
     def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
         """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
-        self.location = (StorageLocation(directory, storage_options, policy=self.retry_policy)
-                         if directory is not None else None)
+        self.location = StorageLocation(directory, storage_options, policy=self.retry_policy) if directory else None
 
     @property
     def checkpoint_dir(self) -> str | None:

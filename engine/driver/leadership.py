@@ -42,6 +42,7 @@ from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Lea
 from .. import config
 from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError, one_line
+from sparkwal.wal.leases import margin_ms, request_timeout_s
 
 from ..host import DriverFacts
 
@@ -105,6 +106,10 @@ class DriverLeadership:
         self._fence_lock = threading.Lock()
         self.started = False  # the stream runs under it (stream_started): a loss now fences the driver
         self._lost: BaseException | None = None  # a loss before that, which stream_started raises
+        #: the newest epoch known to have written the checkpoint: the epoch taken is above it
+        self.min_epoch = 0
+        #: spark.sparkwal.leader.allowNetworkFilesystem
+        self.network_filesystem_ok = False
 
     def record_fence(self, error: BaseException) -> bool:
         """Note that the leadership is lost, because of ``error``; True the first time only, and
@@ -127,7 +132,8 @@ class DriverLeadership:
             self.started = True
 
     def _lead(self) -> Leadership:
-        self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms)
+        self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms, min_epoch=self.min_epoch,
+                                      network_filesystem_ok=self.network_filesystem_ok)
         return self.held
 
     def try_take(self) -> Leadership | None:
@@ -269,6 +275,28 @@ class StallWatch:
             return None
         return (f"no batch completed for {idle_ms / 1000:.1f} s while batches were due "
                 f"({config.LEADER_STALL_INTERVALS.key}={self.intervals}, batches of {self.batch_ms} ms)")
+
+
+class LeaseSettingsError(EngineError, ValueError):
+    """Settings that would let a leader's request land after its lease could be taken over."""
+
+
+def for_driver(driver) -> DriverLeadership:
+    """``driver``'s leadership of its checkpoint directory, from its settings, above the epoch of
+    the checkpoint it restores; :class:`LeaseSettingsError` when a request may outlast the lease's
+    margin (a storage option ``config_kwargs.read_timeout`` set longer than the lease allows)."""
+    lease_ms = driver.settings[config.LEASE_TIMEOUT]
+    read_timeout = ((driver.storage_options or {}).get("config_kwargs") or {}).get("read_timeout")
+    if read_timeout is not None and float(read_timeout) > request_timeout_s(lease_ms):
+        raise LeaseSettingsError(
+            f"the storage option config_kwargs.read_timeout={read_timeout} s is longer than "
+            f"spark.streaming.driver.leaseTimeout={lease_ms / 1000:g}s allows: a leader stops writing "
+            f"{margin_ms(lease_ms) / 1000:g} s before its lease may be taken over, so a request may wait at most "
+            f"{request_timeout_s(lease_ms):.2f} s for its answer; lower the one or raise the other")
+    role = DriverLeadership(driver.location, None, lease_ms)
+    role.min_epoch = driver.restored.leader_epoch if driver.restored is not None else 0
+    role.network_filesystem_ok = driver.settings[config.LEADER_NETWORK_FS]
+    return role
 
 
 def keep(driver: FencingHost) -> None:

@@ -302,6 +302,7 @@ class _Tail:
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
         driver.restore(cp)
+        driver.leadership.min_epoch = max(driver.leadership.min_epoch, cp.leader_epoch)  # epochs only grow
         self.checkpoint = cp
         if not preload:
             return []
