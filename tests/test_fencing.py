@@ -89,8 +89,11 @@ def test_lease_epochs_only_grow_when_leader_objects_are_lost(memory_url):
     storage, path = resolve(f"{memory_url}/ckpt")
     for _ in range(5):
         storage.lead(path, lease_ms=3000).release()
+    with pytest.raises(FencedError, match="released"):
+        storage.put(f"{path}/checkpoint-1000", b"after its release")
+    operator, _ = resolve(f"{memory_url}/ckpt")  # (the released leadership's storage writes no more)
     for epoch in (3, 4, 5):  # what a listing might miss, or a clean-up might delete
-        storage.delete(lease_path(storage, path, epoch))
+        operator.delete(lease_path(storage, path, epoch))
     with pytest.raises(LeadershipRefusedError, match="newest leader object is epoch 0, but epoch 5 was taken"):
         storage.lead(path, lease_ms=3000)
     fresh, fresh_path = resolve(f"{memory_url}/other")
@@ -185,3 +188,49 @@ def test_a_request_timeout_longer_than_the_lease_allows_is_refused_in_one_line(m
         for_driver(driver_with(f"{memory_url}/ckpt", storage_options=options))
     assert "\n" not in str(refused.value)
     for_driver(driver_with(f"{memory_url}/ckpt", storage_options=options, LEASE_TIMEOUT=60_000))  # 10.8 s: fine
+
+
+def test_two_standbys_racing_the_loser_is_told_held_not_refused(memory_url):
+    """A takes the next epoch (creating its object, then raising the mark) just before B reads the
+    high-water mark: B sees A's lease, held, and goes on standing by (it listed after reading the
+    mark; listing first, it saw a mark above its listing and refused for good)."""
+    holder, path = resolve(f"{memory_url}/ckpt")
+    clock = ManualClock(0)
+    holder.lead(path, clock=clock, lease_ms=3000).release()
+    a, _ = resolve(f"{memory_url}/ckpt")
+
+    class RacedByA:
+        def __getattr__(self, name):
+            return getattr(storage_b, name)
+
+        def read_versioned(self, p):
+            if p.endswith("high-water"):
+                a.lead(path, clock=clock, lease_ms=3000)  # A wins the race just before B reads the mark
+            return storage_b.read_versioned(p)
+    storage_b, _ = resolve(f"{memory_url}/ckpt")
+    from sparkwal.wal import LeaderHeldError
+    from sparkwal.wal.leases import lease_lead
+
+    with pytest.raises(LeaderHeldError, match="epoch 2"):
+        lease_lead(RacedByA(), path, clock, 3000)
+
+
+def test_a_child_forked_without_exec_does_not_keep_the_leaders_lock(tmp_path):
+    storage, path = resolve(str(tmp_path / "ckpt"))
+    lead = storage.lead(path)
+    hold_read, hold_write = os.pipe()
+    ready_read, ready_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a user's multiprocessing worker: it lives on after its parent lets go
+        os.close(hold_write)
+        os.write(ready_write, b"r")  # (the fork's hooks have run)
+        os.read(hold_read, 1)
+        os._exit(0)
+    try:
+        assert os.read(ready_read, 1) == b"r"
+        lead.release()  # the driver dies or stops
+        again, _ = resolve(str(tmp_path / "ckpt"))
+        assert again.lead(path).epoch == 2  # the child holds nothing
+    finally:
+        os.close(hold_write)
+        os.waitpid(child, 0)

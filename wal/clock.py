@@ -20,14 +20,19 @@ class Clock(Protocol):
         return the time reached, which is before ``target_ms`` only after a timeout."""
 
 
+#: Linux's monotonic clock that counts a suspended machine's sleep too (a leader whose VM was
+#: suspended past its lease must know it on waking); elsewhere the monotonic clock
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 class SystemClock:
-    """Wall-clock time."""
+    """Wall-clock time (and, for leases, a monotonic one: :meth:`monotonic_ms`)."""
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
     def monotonic_ms(self) -> int:
-        return time.monotonic_ns() // 1_000_000
+        return time.clock_gettime_ns(_BOOTTIME) // 1_000_000
 
     def wait_till_ms(self, target_ms: int, timeout_s: float | None = None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

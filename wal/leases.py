@@ -10,7 +10,7 @@ import threading
 import uuid
 
 from .clock import Clock, monotonic_ms
-from .errors import FencedError, LeaderHeldError, LeadershipRefusedError, LogLockedError
+from .errors import FencedError, LeaderHeldError, LeadershipRefusedError, LogLockedError, WalError
 from .locks import (LEADER_LEASES, LEASE_FILE, LeaderInfo, Leadership, Lock, WriterInfo, holder_description)
 
 log = logging.getLogger(__name__)
@@ -196,8 +196,7 @@ class EpochLease(Leadership):
         return "" if error is None else f"; renewing it failed: {' '.join(str(error).split())[:300]}"
 
     def release(self) -> None:
-        if getattr(self._storage, "fence", None) is self:
-            self._storage.fence = None
+        # (the storage's fence stays: the writes of this released leadership are refused from now)
         if self._fenced is not None:
             return
         self._fenced = f"leadership epoch {self.epoch} was released"
@@ -271,7 +270,10 @@ def _sighting_wait(storage, path: str, version: str, record: dict, clock: Clock,
     if seen is None or seen[0] != version:
         sightings[path] = (version, now)
         return lease if seen is None else None
-    return max(0, seen[1] + lease - now)
+    wait = max(0, seen[1] + lease - now)
+    if "lease_ms" not in record:  # an earlier release's holder: it trusts its lease on its wall clock
+        wait = max(wait, int(record.get("expires_ms", 0)) + 1 - clock.now_ms())
+    return wait
 
 
 def _high_water(storage, directory: str) -> tuple[int, str | None]:
@@ -292,8 +294,10 @@ def lease_lead(storage, directory: str, clock: Clock, lease_ms: int, *, min_epoc
             "on S3 (or a store that speaks its API) or on a local disk")
     storage.fence = None  # a storage writes for one leadership at a time: the one taken now
     storage.makedirs(directory)
-    epochs = leader_epochs(storage, directory)
+    # the mark before the listing: a taker creates its epoch's object before it raises the mark, so
+    # a mark above the listing's newest means objects were lost, not a takeover under way
     high, high_version = _high_water(storage, directory)
+    epochs = leader_epochs(storage, directory)
     newest = epochs[-1] if epochs else 0
     if max(high, min_epoch) > newest:  # epochs only grow: a lost record must not restart them
         raise LeadershipRefusedError(
@@ -320,16 +324,20 @@ def lease_lead(storage, directory: str, clock: Clock, lease_ms: int, *, min_epoc
     if not lease.create():
         winner = lease_leader(storage, directory, clock) or current
         raise LeaderHeldError(storage.url(directory), winner)
-    mark = json.dumps({"epoch": lease.epoch}).encode()
-    if storage.put_if_version(storage.join(storage.join(directory, LEADER_LEASES), HIGH_WATER), mark,
-                              high_version) is None:
-        log.warning("%s: the leader high-water mark changed while epoch %d was taken", storage.url(directory),
-                    lease.epoch)
     if current is not None:
         log.warning("%s: took over leadership at epoch %d from %s", storage.url(directory), lease.epoch,
                     current.describe())
-    for old in leader_epochs(storage, directory)[:-3]:  # the newest few stay, for inspectors
-        storage.delete(lease_path(storage, directory, old))
+    try:  # the epoch is taken: what follows only keeps records, and must not orphan it
+        mark = json.dumps({"epoch": lease.epoch}).encode()
+        if storage.put_if_version(storage.join(storage.join(directory, LEADER_LEASES), HIGH_WATER), mark,
+                                  high_version) is None:
+            log.warning("%s: the leader high-water mark changed while epoch %d was taken", storage.url(directory),
+                        lease.epoch)
+        for old in leader_epochs(storage, directory)[:-3]:  # the newest few stay, for inspectors
+            storage.delete(lease_path(storage, directory, old))
+    except (OSError, WalError) as e:
+        log.warning("%s: leading at epoch %d, but its records could not be kept up to date: %s",
+                    storage.url(directory), lease.epoch, e)
     storage.fence = lease  # every write of this storage is bounded by the lease from now on
     return lease
 

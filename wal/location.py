@@ -187,15 +187,16 @@ def resolve_url(url: str, storage_options: dict | None = None,
 
 def s3_defaults(storage_options: dict | None, policy: retry.RetryPolicy | None = None) -> dict:
     """The seam's retry loop owns retries (wal.retry): botocore makes one attempt per call, and no
-    call waits longer than half the deadline for a connection or an answer (what the caller sets
-    in ``config_kwargs`` stays)."""
+    call waits longer than half the deadline for a connection or an answer, nor a leader's longer
+    than its request timeout for both (what the caller sets in ``config_kwargs`` stays). The
+    read timeout bounds each wait for bytes, not a whole upload: a leader's writes are small."""
     options = dict(storage_options or {})
     config = dict(options.get("config_kwargs") or {})
     policy = policy or retry.default_policy()
     deadline = policy.deadline_s
+    request = policy.request_timeout_s or 40.0  # a leader's: see RetryPolicy
     config.setdefault("retries", {"max_attempts": 1})
-    config.setdefault("connect_timeout", min(10.0, deadline / 2))
-    # a request not yet connected cannot land later; one sent waits at most this for its answer
-    config.setdefault("read_timeout", min(30.0, deadline / 2, policy.request_timeout_s or 30.0))
+    config.setdefault("connect_timeout", min(10.0, deadline / 2, request / 4))
+    config.setdefault("read_timeout", min(30.0, deadline / 2, request * 3 / 4))
     options["config_kwargs"] = config
     return options

@@ -152,20 +152,43 @@ class LocalLeadership(Leadership):
     def check(self) -> None:
         if self._fenced is not None:
             raise FencedError(self._fenced)
-        if self._fd < 0:
+        fd = self._fd
+        if fd < 0:
             raise FencedError(f"leadership epoch {self.epoch} was released")
-        lost = lock_file_lost(self._fd, self._path)
+        try:
+            lost = lock_file_lost(fd, self._path)
+        except OSError:  # released (its descriptor closed) while looking
+            raise FencedError(f"leadership epoch {self.epoch} was released") from None
+        if lost is None and self._fd != fd:
+            lost = "it was released"
         if lost is not None:
             self._fenced = f"{os.path.dirname(self._path)}: leadership epoch {self.epoch} is over: {lost}"
             log.error("%s", self._fenced)
             raise FencedError(self._fenced)
 
     def release(self) -> None:
-        if self._storage is not None and getattr(self._storage, "fence", None) is self:
-            self._storage.fence = None
+        # (the storage's fence stays: the writes of this released leadership are refused from now)
+        _HELD_FDS.discard(self._fd)
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+
+#: the descriptors of the leader locks this process holds: a child forked without exec (a
+#: user's multiprocessing) closes them, or it would hold the flock after its parent died
+_HELD_FDS: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def lock_file_lost(fd: int, path: str) -> str | None:
@@ -236,7 +259,7 @@ def filesystem_type(directory: str) -> str | None:
         mount = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
         after = line.split(" - ", 1)[1].split(" ")
         inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) > best:  # the innermost mount holding the path
+        if inside and len(mount) >= best:  # the innermost (of equals, the last: mounted on top)
             best, kind = len(mount), after[0]
     return kind
 
@@ -299,6 +322,7 @@ def local_lead(storage, directory: str, clock: Clock, *, min_epoch: int = 0,
         os.close(fd)
         raise
     lead = LocalLeadership(fd, info, path, storage)
+    _HELD_FDS.add(fd)
     storage.fence = lead  # every write of this storage checks the lock file from now on
     return lead
 
@@ -316,14 +340,15 @@ def local_leader(storage, directory: str) -> LeaderInfo | None:
         if not data:
             return None
     try:
-        record = json.loads(data)
         st = os.stat(os.path.join(directory, LEADER_LOCK))
     except FileNotFoundError:
         return None
-    except ValueError:
+    try:
+        record = json.loads(data)
+        return LeaderInfo("lock", int(record["epoch"]), str(record.get("holder", "")),
+                          int(record.get("since_ms", 0)), flock_held(st.st_dev, st.st_ino))
+    except (ValueError, KeyError, TypeError):
         raise WalError(f"{path}: not a leader record") from None
-    return LeaderInfo("lock", int(record["epoch"]), str(record.get("holder", "")),
-                      int(record.get("since_ms", 0)), flock_held(st.st_dev, st.st_ino))
 
 
 def local_seed_epoch(storage, directory: str, epoch: int, holder: str, clock: Clock) -> None:

@@ -79,7 +79,8 @@ def _store(seed: int):
 def plan(faults: int, rng: random.Random, kinds_first: tuple[str, ...] = NEMESES) -> list[str]:
     """The nemeses in order: every kind of ``kinds_first`` at least once when there are enough,
     the rest at random."""
-    kinds = list(kinds_first[:faults]) + [rng.choice(NEMESES) for _ in range(max(0, faults - len(NEMESES)))]
+    first = list(kinds_first[:faults])
+    kinds = first + [rng.choice(NEMESES) for _ in range(max(0, faults - len(first)))]
     rng.shuffle(kinds)
     return kinds
 

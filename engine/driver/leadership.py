@@ -132,6 +132,8 @@ class DriverLeadership:
             self.started = True
 
     def _lead(self) -> Leadership:
+        with self._fence_lock:  # a new leadership: nothing lost or started under it yet
+            self.started, self._lost = False, None
         self.held = self.storage.lead(self.path, clock=self._clock, lease_ms=self.lease_ms, min_epoch=self.min_epoch,
                                       network_filesystem_ok=self.network_filesystem_ok)
         return self.held
@@ -223,6 +225,8 @@ class DriverLeadership:
                 if stall is not None:
                     on_fenced(FencedError(f"{self.url}: {stall}: this driver gave its leadership up "
                                           "for a standby to take over"))
+                    # a request sent just before is answered, or abandoned, within this
+                    stop.wait(request_timeout_s(self.lease_ms))
                     lead.release()
                     return
                 if time.monotonic() < due:
@@ -247,8 +251,6 @@ class DriverLeadership:
         if self.held is not None:
             self.held.release()
             self.held = None
-        with self._fence_lock:
-            self.started, self._lost = False, None
 
 
 def failure_kind(error: BaseException) -> str:

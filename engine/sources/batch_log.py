@@ -318,7 +318,8 @@ class BatchLog:
             commit = CommitMetadata(0, leader_epoch=None if self._fence is None else self._fence.epoch)
             if not self.commits.add(i, commit):  # else a re-run of a committed batch, but for:
                 existing = self.commits.get(i)
-                if existing is not None and self._replaces(self.commits, i, existing.leader_epoch or 0):
+                if existing is not None and existing.leader_epoch is not None and \
+                        self._replaces(self.commits, i, existing.leader_epoch):
                     self.commits.replace(i, commit)
             self._committed = i
             self._commits_written += 1
