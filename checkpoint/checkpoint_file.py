@@ -304,6 +304,7 @@ class CheckpointWriter:
         #: paths, listed once, then kept up to date; the last file written and its bytes
         self._files: list[tuple[int, bool, str]] | None = None
         self._last_written: tuple[str, bytes] | None = None
+        self._versions: dict[str, str] = {}  # on object stores: the version of each file it wrote
         self._progress = threading.Condition()  # notified when a checkpoint is written or fails
         self._thread = Service("CheckpointWriter", self._run).start()
 
@@ -378,9 +379,9 @@ class CheckpointWriter:
                 path = self._storage.join(self._dir, f"{CHECKPOINT_PREFIX}{self._latest}")
                 previous = self._previous(path)
                 if previous is not None:
-                    self._storage.put(path + ".bk", previous)
+                    self._put(path + ".bk", previous)
                     self._note(path + ".bk")
-                self._storage.put(path, blob)
+                self._put(path, blob)
                 self._note(path)
                 self._last_written = (path, blob)
                 break
@@ -407,6 +408,27 @@ class CheckpointWriter:
         self._retain()
         if self._on_written is not None:
             self._on_written(time_ms)
+
+    def _put(self, path: str, blob: bytes) -> None:
+        """Write ``path``; on a store with conditional writes, only over the version this writer
+        last wrote or read there (none: only if absent), so that a late write of an old leader,
+        held in the network, cannot land over what this one wrote since: it finds the object
+        changed. A condition that fails means another driver writes here: FencedError."""
+        if not self._storage.conditional_writes:  # a local disk: its leader cannot be paused and replaced
+            self._storage.put(path, blob)
+            return
+        if path in self._versions:
+            version = self._versions[path]
+        elif all(p != path for _t, _m, p in self._files or ()):  # not there when listed: create it
+            version = None
+        else:
+            found = self._storage.read_versioned(path)
+            version = found[1] if found is not None else None
+        new = self._storage.put_if_version(path, blob, version, fenced=True)
+        if new is None:
+            raise FencedError(f"{self._storage.url(path)} changed since this writer wrote or read it: "
+                              "another driver writes checkpoints here")
+        self._versions[path] = new
 
     def _previous(self, path: str) -> bytes | None:
         """What ``path`` holds now (to keep as its ``.bk``): known without a read when this
@@ -435,5 +457,6 @@ class CheckpointWriter:
             try:
                 self._storage.delete(entry[2])
                 files.remove(entry)
+                self._versions.pop(entry[2], None)
             except Exception as e:  # noqa: BLE001  tried again after the next write
                 log.warning("could not delete old checkpoint %s: %s", entry[2], e)

@@ -258,3 +258,22 @@ def test_a_zombies_snapshot_of_a_batch_leaves_the_new_leaders_snapshot_of_it(tmp
     # a newer leader still replaces what older epochs (and a killed run of its own) left of the batch
     snapshot(f"{state}/0-1000-e3", 3, "newest")
     assert sorted(p.name for p in state.iterdir()) == ["0-1000-e3.manifest", "0-1000-e3.part-00000"]
+
+
+def test_a_late_rewrite_of_an_old_leader_cannot_land_over_the_new_leaders_files(memory_url):
+    """On an object store each checkpoint PUT is conditional on the version its writer last wrote
+    or read: the old leader's second write of a name (its .bk, then the name), held in the network
+    while the new leader rewrote both, finds them changed and lands nowhere."""
+    url = f"{memory_url}/ckpt"
+    old = CheckpointWriter(url)
+    old.write(cp(2000, 1, who="old leader"))
+    old.flush()  # the old leader knows its file's version
+    new = CheckpointWriter(url)
+    new.write(cp(2000, 2, who="new leader, re-run"))  # rewrites the name: the old one goes to .bk
+    new.write(cp(2000, 2, who="new leader, its snapshot written"))
+    new.flush()
+    old.write(cp(2000, 1, who="zombie"))  # the held pair lands now
+    with pytest.raises(Exception, match="another driver writes checkpoints here"):
+        old.stop()
+    assert read_checkpoint(url).data["who"] == "new leader, its snapshot written"
+    new.stop()

@@ -150,7 +150,8 @@ def object_read_versioned(storage, path: str) -> tuple[bytes, str] | None:
         return None
 
 
-def object_put_if_version(storage, path: str, data: bytes, version: str | None) -> str | None:
+def object_put_if_version(storage, path: str, data: bytes, version: str | None, bounded: bool = False
+                          ) -> str | None:
     """Write ``data`` to ``path`` if the object is still at ``version`` (None: if it is absent):
     one conditional PUT on S3 (``If-Match`` / ``If-None-Match: *``). The new version, or None when
     the condition failed. An answer lost to a reset is settled by reading back: our own bytes
@@ -174,7 +175,7 @@ def object_put_if_version(storage, path: str, data: bytes, version: str | None) 
     def put():
         return storage.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data), **condition)["ETag"]
     try:
-        return storage.retrying("put", path, put)
+        return storage.retrying("put", path, put, bounded=bounded)
     except OSError as e:  # a failed condition: s3fs says 412 with EINVAL (404 for If-Match on none)
         if not isinstance(e, (FileExistsError, FileNotFoundError)) and e.errno != errno.EINVAL:
             raise

@@ -101,9 +101,11 @@ class Storage(ABC):
         """``(bytes, version)`` of an object store's object, in one request; None if absent."""
         raise NotImplementedError(f"{self.url(path)}: no versioned objects on this storage")
 
-    def put_if_version(self, path: str, data: bytes, version: str | None) -> str | None:
+    def put_if_version(self, path: str, data: bytes, version: str | None, *, fenced: bool = False) -> str | None:
         """Replace ``path`` only if it is still at ``version`` (None: create it only if absent),
-        in one conditional request; the new version, or None if the condition failed."""
+        in one conditional request; the new version, or None if the condition failed.
+        ``fenced``: a data write, bounded by :attr:`fence` as ``put`` is (the lease's own
+        requests are not: they carry their own conditions)."""
         raise NotImplementedError(f"{self.url(path)}: no versioned objects on this storage")
 
     @abstractmethod
@@ -354,8 +356,10 @@ class FsspecStorage(Storage):
     def read_versioned(self, path: str) -> tuple[bytes, str] | None:
         return atomic.object_read_versioned(self, path)
 
-    def put_if_version(self, path: str, data: bytes, version: str | None) -> str | None:
-        return atomic.object_put_if_version(self, path, data, version)
+    def put_if_version(self, path: str, data: bytes, version: str | None, *, fenced: bool = False) -> str | None:
+        if fenced:
+            self.check_fence()
+        return atomic.object_put_if_version(self, path, data, version, bounded=fenced)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         return bytes(self.retrying("read", path, lambda: self.fs.cat_file(path, start=offset, end=offset + length)))
