@@ -29,7 +29,9 @@ in a partition) may land a file after the next leader listed the directory, unde
 than the ones that leader goes on writing, or under the very name it writes (moving the new
 leader's checkpoint to the ``.bk``). Within one epoch this is the order of the names as before (a
 writer's names never go down), so a damaged main file still falls back to its ``.bk``, then to
-older names.
+older names. On an object store the writer's PUTs are conditional as well (on the version it last
+wrote or read there; a name it never saw: create only), so a zombie's rewrite of a name (its
+``.bk``, then the name) cannot land over what the new leader wrote there since.
 """
 
 from __future__ import annotations
