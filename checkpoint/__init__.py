@@ -4,8 +4,8 @@ Built on the storage seam of :mod:`sparkwal.wal.storage` (atomic create-if-absen
 """
 
 from .code import read_code, write_code
-from .checkpoint_file import (Checkpoint, CheckpointFollower, CheckpointWriter, CheckpointWriterStatistics,
-                              read_checkpoint)
+from .checkpoint_file import Checkpoint, CheckpointFollower, read_checkpoint
+from .checkpoint_writer import CheckpointWriter, CheckpointWriterStatistics
 from .errors import (BatchRangeError, CheckpointError, CheckpointMismatchError, MalformedLogError,
                      MissingCodePartError, RestartError, SnapshotError, UnsupportedLogVersionError)
 from .metadata_log import MetadataLog, parse_version, verify_batch_ids
