@@ -234,3 +234,38 @@ def test_a_child_forked_without_exec_does_not_keep_the_leaders_lock(tmp_path):
     finally:
         os.close(hold_write)
         os.waitpid(child, 0)
+
+
+def test_a_leader_paused_with_its_renewal_held_says_fenced_not_storage(memory_url):
+    """The renewal under way when the process was paused (held in the network) has no answer:
+    that is a fence (exit 3), not a storage fault (4), which is a store answering with errors."""
+    import threading
+
+    from sparkwal.engine.apps.arguments import storage_fault
+
+    storage, path = resolve(f"{memory_url}/ckpt")
+    clock = ManualClock(0)
+    lead = storage.lead(path, clock=clock, lease_ms=3000)
+    held, sent = threading.Event(), threading.Event()
+    real = storage.put_if_version
+
+    def held_put(*args, **kwargs):
+        sent.set()
+        held.wait(10)
+        return real(*args, **kwargs)
+    storage.put_if_version = held_put
+    clock.advance(1000)
+    def renew():
+        try:
+            lead.renew()
+        except FencedError:
+            pass
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    assert sent.wait(10)
+    clock.advance(2000)  # paused past its margin, the renewal still held
+    with pytest.raises(FencedError, match="no answer yet") as fenced:
+        lead.check()
+    assert not storage_fault(fenced.value)
+    held.set()
+    renewer.join(10)

@@ -192,7 +192,9 @@ class EpochLease(Leadership):
         """A lapse's cause when the store would not take the renewals: a storage fault, not a taker."""
         error = self._renew_error
         if error is None and in_flight:  # the store has not answered the renewal under way
-            return "; renewing it failed: its renewal has had no answer from the storage yet"
+            # (not "renewing it failed": a renewal held while this process was paused is no
+            # storage fault; one the store answered with errors is)
+            return "; its renewal under way has had no answer yet"
         return "" if error is None else f"; renewing it failed: {' '.join(str(error).split())[:300]}"
 
     def release(self) -> None:

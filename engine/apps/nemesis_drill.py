@@ -254,11 +254,12 @@ class _Pair:
             else:  # a new driver waits the paused one's lease out, then leads
                 self.active = self._start()
             _await_progress(self.active, self.runs)
+            landed_before = _landed(proxy)
             proxy.release()  # the old epoch's writes land now, after the new leader began
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and _landed(proxy) < proxy.held:
                 time.sleep(0.1)
-            late = _landed(proxy)
+            late = _landed(proxy) - landed_before
         finally:
             os.killpg(old.proc.pid, signal.SIGCONT)
         try:
