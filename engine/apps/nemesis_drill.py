@@ -23,7 +23,7 @@ later (the seed fixes the sequence) one nemesis strikes:
   standby must wait it out; once the store is back the standby takes over, or the drill restarts
   the job;
 * ``zombie``: the active driver's writes are held in the proxy (a partition that keeps them), and
-  half a second later its process group is paused (SIGSTOP) past its lease; its standby takes
+  a batch interval and a half later its process group is paused (SIGSTOP) past its lease; its standby takes
   over (or the drill starts a new driver, which waits the lease out); once the new leader has
   completed a batch, the held writes are forwarded (landing after the takeover: a checkpoint,
   offsets, a lease renewal of the old epoch), then the old driver resumes: it must exit fenced
@@ -241,7 +241,7 @@ class _Pair:
         writes landing late, the old driver resumed: (its exit status, the writes that landed)."""
         old = self.active
         proxy.hold()
-        time.sleep(0.5)  # its writes of these moments wait in the "network"
+        time.sleep(1.5 * self._batch)  # its writes of a batch and a half wait in the "network"
         os.killpg(old.proc.pid, signal.SIGSTOP)
         proxy.stop_holding()
         try:
