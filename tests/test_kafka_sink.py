@@ -438,7 +438,7 @@ def test_per_partition_refuses_records_that_do_not_keep_the_source_partitioning(
 
 def test_per_partition_an_aborted_write_interleaved_with_a_committed_one_stays_out_of_the_sinks_reader(
         spark_context, broker, topic):
-    """p0's task commits while p1's aborts at its end (a record of the wrong type after 20,000): on
+    """p0's task commits while p1's aborts at its end (a record too large for the producer after 20,000): on
     this broker p1's delivered records stay visible to plain readers, inside p0's written spans
     (both wrote to every topic partition at once); the sink's reader keeps p1's out by their tag."""
     sink = KafkaSink(topic, {"bootstrap.servers": broker}, "mixed", per_partition=True)
@@ -453,9 +453,9 @@ def test_per_partition_an_aborted_write_interleaved_with_a_committed_one_stays_o
                 time.sleep(0.005)
             yield f"k{i % 7}", f"p{index}-{i}"
         if index == 1:
-            yield 20_000  # refused: p1's transaction aborts with most of its records delivered
+            yield "big", b"x" * 2_000_000  # refused: p1's transaction aborts with most of its records delivered
 
-    with pytest.raises(KafkaSinkError, match="batch 500: a Kafka record is a value or a"):
+    with pytest.raises(KafkaSinkError, match="batch 500: .*too large"):
         sink.write_partitions(500, ranges, spark_context.parallelize([0, 1], 2).mapPartitionsWithIndex(rows))
     leaked = [line for line in plain_read_committed(broker, topic) if line.startswith("p1-")]
     assert leaked and not sink.honours_transactions  # the aborted write's records are visible to plain readers

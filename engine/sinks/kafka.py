@@ -7,25 +7,28 @@ transaction of the sink's transactional producer: the batch's records and a mark
    unless ``producer_conf`` gives one) calls ``init_transactions``: the broker fences every earlier
    producer of that id (a killed or still running earlier driver) and aborts its open transaction.
    The sink then reads its newest marker (a ``read_committed`` read of the marker topic).
-2. A batch at or before that marker's batch is in the topic already (a re-run after a crash
-   between the Kafka commit and the stream's checkpoint): nothing is written. As with
-   :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the sink's output ended.
-3. In one transaction: the batch's records, flushed (their delivery reports give the first and
-   last offset written to each partition); then the marker; then the commit. A
-   ``read_committed`` reader sees the batch whole, once, or not at all.
+2. A batch whose every range with records ends where that marker's offsets do is in the topic
+   already (a re-run after a crash between the Kafka commit and the stream's checkpoint): nothing
+   is written. Offsets decide, never batch times (an old driver on another batch grid, a clock
+   behind). As with :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the
+   sink's output ended; partly in, or elsewhere, is an error naming both offsets.
+3. The batch's Spark jobs run (:mod:`sparkwal.engine.sinks.kafka_batch`); then, in one
+   transaction: the batch's records, flushed (their delivery reports give the first and last
+   offset written to each partition); then the marker; then the commit. A ``read_committed``
+   reader sees the batch whole, once, or not at all. A transaction the broker aborted for
+   lasting past ``transaction.timeout.ms`` fails the batch in one line naming that setting.
 
 Why the driver produces: a Kafka transaction belongs to one producer, and confluent-kafka cannot
 hand an open transaction to another process (Flink's Kafka sink resumes one in the Java client
 through reflection). The executors encode the records (:mod:`sparkwal.engine.sinks.kafka_records`);
-the partitions that fit a budget (``collect_limit_bytes``, at most half of
-``spark.driver.maxResultSize``) come to the driver in one job, a larger one alone in a job of its
-own: the driver holds the budget or one partition, never a batch larger than that.
+the driver holds a budget (``collect_limit_bytes``) and one larger partition at most
+(:mod:`sparkwal.engine.sinks.kafka_batch`).
 
 The marker topic (``<topic>.<name>.sparkwal`` unless ``marker_topic`` names one; created with one
 partition and ``retention.ms=-1`` if missing) holds one JSON record per batch::
 
     {"sink": name, "batchTimeMs": t, "attempt": id, "records": n,
-     "offsets": [[topic, partition, end offset], ...],   # the source's: every partition's end so far
+     "offsets": [[topic, partition, end offset], ...],   # every partition planned so far: its end
      "written": [[partition, first offset, last offset], ...]}   # the batch's records in ``topic``
 
 :meth:`KafkaSink.offsets` resumes a direct stream from the newest one without a checkpoint.
@@ -57,13 +60,15 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
-from ..sources.protocol import OffsetRange, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
-                            RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks)
-from .kafka_partitions import FAILED, SLOTS, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition, transactional_id
-from .kafka_records import BIG, ERROR, encode_partition, parse_size, partition_count, produce_records
-from .transactional import advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
+                            RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks, partition_ends)
+from .kafka_partitions import (FAILED, marker_key, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition,
+                               transaction_timed_out, transactional_id)
+from .kafka_batch import ReadyRecords
+from .kafka_records import partition_count, produce_records
+from .transactional import SinkOffsetsError, advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +122,8 @@ class KafkaSink:
         self.per_partition = bool(per_partition)
         self._fenced: set[tuple] = set()  # source partitions whose transactional ids this driver fenced
         self._partition_ends: dict[TopicPartition, int] | None = None  # per partition: as the markers say
-        self._writers: dict[tuple, dict] = {}  # per partition: {slot: the worker whose task last wrote it}
+        self._markers_read_to = 0  # per partition: the marker topic's offset the ends were read up to
+        self._writers: dict[tuple, str] = {}  # per partition: the worker whose task last wrote it
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
         self._producer: Any = None  # confluent_kafka.Producer, started by producer()
         self._last: dict | None = None  # the newest marker, once read
@@ -127,11 +133,13 @@ class KafkaSink:
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
-                "_fenced": set(), "_partition_ends": None, "_writers": {}, "_spans": DeliverySpans(),
+                "_fenced": set(), "_partition_ends": None, "_markers_read_to": 0, "_writers": {},
+                "_spans": DeliverySpans(),
                 "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
+                              "_markers_read_to": 0,
                               "_spans": DeliverySpans(), "watermarks": Watermarks(), **state})
         self.conf = with_secrets(self.conf)
         self.conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)  # (a sink pickled before it was one)
@@ -166,8 +174,7 @@ class KafkaSink:
             return self._producer
         kafka = import_confluent_kafka()
         ensure_topics(self)
-        conf = {"logger": librdkafka_log, **self.conf}
-        conf.setdefault("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000)))
+        conf = {"logger": librdkafka_log, **self.conf, "transaction.timeout.ms": self.transaction_timeout_ms}
         producer = kafka.Producer(conf)
         self.broker_call("init_transactions", init_transactions, producer, self.topic, self.timeout_s)
         if self.honours_transactions is None:
@@ -177,6 +184,12 @@ class KafkaSink:
         self._producer = producer
         self._last = self.newest_marker()
         return producer
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        """The producers' ``transaction.timeout.ms``: ``producer_conf``'s, else twice ``timeout_s``
+        (a minute at least)."""
+        return int(self.conf.get("transaction.timeout.ms", max(60_000, int(self.timeout_s * 2000))))
 
     def close(self) -> None:
         """Let go of the producer and the kept consumer (at the end of a program; a later batch starts new ones)."""
@@ -206,13 +219,14 @@ class KafkaSink:
         marker = self._last if self._producer is not None else self.newest_marker()
         return None if marker is None else int(marker["batchTimeMs"])
 
-    def offsets(self) -> dict[TopicPartition, int]:
-        """The end offset of every partition the sink's output reached: ``directStream(fromOffsets=...)``.
-        Starts the producer: the caller becomes the sink's writer (earlier ones are fenced)."""
+    def offsets(self) -> SinkOffsets:
+        """The end offset of every partition the sink's output reached: ``directStream(fromOffsets=...)``
+        (:class:`~sparkwal.engine.sources.SinkOffsets`). Starts the producer: the caller becomes
+        the sink's writer (earlier ones are fenced)."""
         self.producer()
         if self.per_partition:
-            return dict(self._partition_ends_now())
-        return self._ends()
+            return SinkOffsets(self._partition_ends_now())
+        return SinkOffsets(self._ends())
 
     def batches_committed(self) -> int:
         """How many batches the sink committed (its markers)."""
@@ -258,18 +272,20 @@ class KafkaSink:
             if stored is not None and stored not in (r.fromOffset, r.untilOffset):
                 advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
             plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, stored == r.untilOffset,
-                         self._writers.get((r.topic, r.partition), {})))
+                         self._writers.get((r.topic, r.partition))))
+        self._mark_unseen(batch_time_ms, [r for r in ranges if r.untilOffset <= r.fromOffset], ends)
         if all(skip for *_r, skip, _writer in plan):
             log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
             return False
-        task = partial(produce_partition, plan=plan, conf=without_credentials(self.conf) or {}, topic=self.topic,
-                       tag=not self.honours_transactions,
+        conf = {**(without_credentials(self.conf) or {}), "transaction.timeout.ms": self.transaction_timeout_ms}
+        task = partial(produce_partition, plan=plan, conf=conf, topic=self.topic, tag=not self.honours_transactions,
                        marker_topic=self.marker_topic, name=self.name, batch_time_ms=batch_time_ms,
-                       markers_from=marker_topic_end(self), timeout_s=self.timeout_s)
+                       markers_from=self._markers_read_to, timeout_s=self.timeout_s,
+                       transaction_timeout_ms=self.transaction_timeout_ms)
         self._writers, writers = {}, self._writers  # forgotten unless this write succeeds (see kafka_partitions)
         outcomes = rdd.mapPartitionsWithIndex(task).collect()
         for index, outcome, _detail, _writer in outcomes:
-            if outcome == WRITTEN:
+            if outcome in (WRITTEN, SKIPPED):  # (skipped: an earlier attempt's commit, found by the task)
                 ends[TopicPartition(plan[index][0], plan[index][1])] = plan[index][3]
         for _index, outcome, detail, _writer in outcomes:
             if outcome == UNAVAILABLE:
@@ -277,17 +293,40 @@ class KafkaSink:
                                               RuntimeError(detail))
             if outcome == FAILED:
                 raise KafkaSinkError(f"{self.name}: Kafka produce ({self.topic} at {self.bootstrap}) failed: {detail}")
-        for i, outcome, _detail, (slot, worker) in (o for o in outcomes if o[1] == WRITTEN):
-            writers.setdefault((plan[i][0], plan[i][1]), {})[slot] = worker
+        for i, _outcome, _detail, worker in (o for o in outcomes if o[1] == WRITTEN):
+            writers[(plan[i][0], plan[i][1])] = worker
         self._writers = writers
         return any(outcome == WRITTEN for _i, outcome, _d, _w in outcomes)
 
+    def _mark_unseen(self, batch_time_ms: int, empty: list[OffsetRange], ends: dict[TopicPartition, int]) -> None:
+        """Per partition: a marker (no records) of each empty range whose partition has none, so
+        that :meth:`offsets` names every partition planned (see :class:`SinkOffsets`)."""
+        unseen = [r for r in empty if TopicPartition(r.topic, r.partition) not in ends]
+        if not unseen:
+            return
+        producer = self.producer()
+        self.broker_call("begin_transaction", producer.begin_transaction)
+        try:
+            for r in unseen:
+                marker = {"sink": self.name, "batchTimeMs": batch_time_ms, "source": [r.topic, r.partition],
+                          "from": r.untilOffset, "until": r.untilOffset, "records": 0, "written": []}
+                producer.produce(self.marker_topic, json.dumps(marker).encode(),
+                                 marker_key(self.name, r.topic, r.partition))
+            self.broker_call(f"commit of batch {batch_time_ms}'s empty ranges", producer.commit_transaction,
+                             self.timeout_s)
+        except BaseException:
+            self._abort(producer)
+            raise
+        for r in unseen:
+            ends.setdefault(TopicPartition(r.topic, r.partition), r.untilOffset)
+
     def _partition_ends_now(self, ranges: Sequence[OffsetRange] = ()) -> dict[TopicPartition, int]:
-        """Per partition: every source partition's end as the markers say, read again after the
-        transactional ids of partitions new to this driver are fenced (their earlier writers
-        cannot commit any more, so the markers read are final)."""
+        """Per partition: every source partition's end as the markers say. The transactional ids
+        of partitions new to this driver are fenced first (their earlier writers cannot commit
+        any more), then the markers are read: all of them the first time, afterwards those
+        written since the last read (a writer fenced out may have committed before its fence)."""
         new = {(r.topic, r.partition) for r in ranges} - self._fenced
-        if new or self._partition_ends is None:
+        if new:
             from concurrent.futures import ThreadPoolExecutor
 
             kafka = import_confluent_kafka()
@@ -296,76 +335,64 @@ class KafkaSink:
                 producer = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id": txid})
                 self.broker_call("init_transactions", init_transactions, producer, self.topic, self.timeout_s)
 
-            txids = [transactional_id(self.conf["transactional.id"], topic, partition, slot)
-                     for topic, partition in sorted(new, key=repr) for slot in range(SLOTS)]
-            with ThreadPoolExecutor(min(16, len(txids) or 1), thread_name_prefix="kafka-fence") as pool:
+            txids = [transactional_id(self.conf["transactional.id"], topic, partition)
+                     for topic, partition in sorted(new, key=repr)]
+            with ThreadPoolExecutor(min(16, len(txids)), thread_name_prefix="kafka-fence") as pool:
                 list(pool.map(fence, txids))
             self._fenced |= new
-            self._partition_ends = {TopicPartition(*m["source"]): int(m["until"])
-                                    for m in read_markers(self) if "source" in m}
+        end = marker_topic_end(self)
+        if new or self._partition_ends is None or end > self._markers_read_to:
+            since = 0 if new or self._partition_ends is None else self._markers_read_to
+            ends = {} if since == 0 else self._partition_ends
+            for m in read_markers(self, since):
+                if "source" in m:
+                    partition_ends(ends, m)
+            self._partition_ends, self._markers_read_to = ends, end
         return self._partition_ends
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Produce ``rdd``'s records and commit them with the batch's marker; False (nothing
-        written) if the topic holds the batch already, or if the batch read and wrote nothing."""
-        producer = self.producer()
-        last = self.committed_batch()
-        if last is not None and last >= batch_time_ms:
-            log.info("%s: batch %d is in %s already (the newest marker's batch is %d); not written again",
-                     self.name, batch_time_ms, self.topic, last)
+        written) if the topic holds the batch already, or if the batch read and wrote nothing.
+        Whether the batch is in is decided by the newest marker's offsets, never by batch times."""
+        self.producer()
+        if self._in_already(batch_time_ms, ranges):
             return False
+        ready = ReadyRecords(self, batch_time_ms, rdd)  # the jobs run before the transaction opens
+        producer = self.producer()
         attempt = uuid.uuid4().hex[:12]
         self.broker_call("begin_transaction", producer.begin_transaction)
+        began = time.monotonic()
         try:
-            produced = self._produce(producer, batch_time_ms, self._records(batch_time_ms, rdd))
+            produced = self._produce(producer, batch_time_ms, ready)
             if not produced and not any(r.untilOffset > r.fromOffset for r in ranges):
                 self.broker_call("abort_transaction", producer.abort_transaction, self.timeout_s)
                 return False  # nothing to make visible: no transaction
             return self.commit_batch(batch_time_ms, ranges, attempt, produced)
-        except BaseException:
+        except BaseException as e:
             self._abort(producer)
+            open_ms = (time.monotonic() - began) * 1000
+            if isinstance(e, (KafkaSinkError, StorageUnavailableError)) and open_ms > self.transaction_timeout_ms:
+                raise KafkaSinkError(f"{self.name}: batch {batch_time_ms}: " + transaction_timed_out(
+                    open_ms, self.transaction_timeout_ms, str(e))) from e
             raise
+        finally:
+            ready.release()
 
-    def _records(self, batch_time_ms: int, rdd) -> Iterator[list]:
-        """The batch's ``(key, value)`` records, encoded by the tasks, a partition's list at a time
-        as soon as its job ends: up to ``defaultParallelism`` jobs at once, each returning the
-        partitions of its share that fit their share of the driver's budget
-        (``collect_limit_bytes``, at most half of ``spark.driver.maxResultSize``); a larger
-        partition comes alone afterwards, in a job of its own (computed again), so that the
-        driver holds the budget and one such partition at most."""
-        from concurrent.futures import ThreadPoolExecutor, as_completed
-
-        sc = rdd.context
-        live_conf = sc._jsc.sc().conf()  # (SparkContext.getConf copies every setting: 20 ms a batch)
-        result_limit = parse_size(live_conf.get("spark.driver.maxResultSize", "1g")) or self.collect_limit_bytes
-        partitions = rdd.getNumPartitions()
-        budget = min(self.collect_limit_bytes, result_limit // 2) // max(1, partitions)
-        fitting = rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=budget))
-        jobs = max(1, min(partitions, sc.defaultParallelism))
-        groups = [list(range(i, partitions, jobs)) for i in range(jobs) if i < partitions]
-        big = []
-        with ThreadPoolExecutor(len(groups) or 1, thread_name_prefix="kafka-sink") as pool:
-            properties = sc._jsc.sc().getLocalProperties().clone()  # the batch's job group, its pool
-
-            def run(group: list[int]) -> list:
-                sc._jsc.sc().setLocalProperties(properties)  # (inheritable_thread_target's way, no warning)
-                return sc.runJob(fitting, _identity, group)
-
-            for done in as_completed([pool.submit(run, g) for g in groups]):
-                for index, kind, payload in done.result():
-                    if kind == BIG:
-                        big.append(index)
-                    else:
-                        yield self._checked(batch_time_ms, kind, payload)
-        whole = rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=None))
-        for index in sorted(big):
-            ((_i, kind, payload),) = sc.runJob(whole, _identity, [index])
-            yield self._checked(batch_time_ms, kind, payload)
-
-    def _checked(self, batch_time_ms: int, kind: str, payload):
-        if kind == ERROR:
-            raise KafkaSinkError(f"{self.name}: batch {batch_time_ms}: {payload}")
-        return payload
+    def _in_already(self, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
+        """Whether the newest marker's offsets hold the batch: every range with records ends
+        there (True), or none of them has begun (False); anything else is an error naming both."""
+        ends = self._ends()
+        with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        done = [ends.get(TopicPartition(r.topic, r.partition)) == r.untilOffset for r in with_data]
+        if with_data and all(done):
+            log.info("%s: batch %d is in %s already (the newest marker's offsets end where it does); "
+                     "not written again", self.name, batch_time_ms, self.topic)
+            return True
+        if any(done):
+            raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms} is partly in {self.topic} "
+                                   f"({sum(done)} of {len(done)} partitions) by the newest marker's offsets")
+        advance_ends(self.name, ends, batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")  # raises if apart
+        return False
 
     def _produce(self, producer, batch_time_ms: int, parts: Iterator[list]) -> int:
         """Every record into the open transaction, flushed (each delivered, or an error)."""
@@ -409,6 +436,3 @@ class KafkaSink:
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
-
-def _identity(results):
-    return results

@@ -247,10 +247,23 @@ def _markers(sink, messages) -> Iterator[dict]:
             yield marker
 
 
-def read_markers(sink) -> Iterator[dict]:
-    """Every committed marker of the sink, oldest first."""
+def read_markers(sink, since: int = 0) -> Iterator[dict]:
+    """Every committed marker of the sink (from the marker topic's offset ``since``), oldest first."""
     low, high = _watermarks(sink, sink.marker_topic, 0)
-    return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): low}) if high > low else ())
+    start = max(low, since)
+    return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): start}) if high > start else ())
+
+
+def partition_ends(ends: dict, marker: dict) -> None:
+    """A per-partition marker applied to ``ends`` (TopicPartition -> end): a marker of an empty
+    range (the driver's, of a partition without output) only where the partition has no end."""
+    from ..sources.protocol import TopicPartition
+
+    tp = TopicPartition(*marker["source"])
+    if int(marker["from"]) == int(marker["until"]):
+        ends.setdefault(tp, int(marker["until"]))
+    else:
+        ends[tp] = int(marker["until"])
 
 
 def marker_topic_end(sink) -> int:
@@ -309,10 +322,17 @@ def probe_transactions(sink, producer) -> bool:
 
 def committed_records(sink) -> list[tuple[bytes | None, bytes | None]]:
     """The sink's committed records, ``(key, value)`` in partition then offset order: only records
-    within a marker's ``written`` span (of their own write, where the write tagged them)."""
+    within a marker's ``written`` span (of their own write, where the write tagged them), and
+    of the first marker of each source range."""
     spans: dict[int, list[tuple[int, int]]] = {}  # untagged writes' spans, merged per partition
     tagged: dict[tuple, tuple[int, int]] = {}  # (partition, attempt) -> its span
+    ranges: set[tuple] = set()  # per partition: the source ranges kept (the first marker of each)
     for marker in read_markers(sink):
+        if "source" in marker:
+            source_range = (*marker["source"], marker["from"], marker["until"])
+            if source_range in ranges:
+                continue  # a second write of a range (a broker that did not fence its first attempt)
+            ranges.add(source_range)
         for partition, first, last in marker.get("written", ()):
             if marker.get("tagged"):
                 tagged[(partition, marker["attempt"].encode())] = (first, last)

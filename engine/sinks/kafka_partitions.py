@@ -3,25 +3,39 @@ records keep the source's partitioning, each task produces its partition's recor
 of its offset range in ONE Kafka transaction of its own, from the executor, as the PostgreSQL
 sink's per-partition way does with database transactions.
 
-* Transactional ids: ``<transactional.id>-<source topic>-<source partition>-<slot>``, :data:`SLOTS`
-  per source partition, a Python worker using the slot its identity hashes to: the ids a new
-  driver fences, all of them, before it trusts the markers. A worker keeps the producer it
-  started (``init_transactions``: 50 ms here) for the partition's later tasks, but reuses it only
-  while no other worker of the same slot may have started one since: the driver names, per
-  partition and slot, the worker whose task last wrote it (forgotten after any failed write); a
-  task elsewhere, or a task's second attempt, starts a producer of its own. (A fenced producer
-  fails only after it has taken records, and a broker that does not fence, as Tansu 0.6, lets
-  its commit hang.)
-* The driver, before its first batch and for every new source partition, fences each id (a
-  producer of it calls ``init_transactions``: an earlier driver's tasks still running cannot
-  commit, their open transactions are aborted), then reads the markers: a range whose source
-  partition's newest marker ends at the range's end is in already, and its task writes nothing.
-* A task run again within a batch (a Spark retry, a speculative copy) reads the markers written
-  since the batch began before writing: its partition may have committed in the earlier attempt.
+* Transactional ids are owned by the source partition: ``<transactional.id>-<source topic>-<source
+  partition>``, one per partition (Flink's way: ids owned by what is written, not by who writes). A
+  task that starts a producer of its range's id (``init_transactions``) fences every earlier one:
+  an earlier attempt of the same task (a Spark retry, a speculative copy, an executor declared lost
+  while its task still runs), an earlier driver's task, a paused old driver's task resumed later —
+  none of them can commit any more, and their open transactions are aborted. A worker keeps the
+  producer it started for the partition's later tasks, but reuses it only for a first attempt and
+  while the driver names this worker as the partition's last writer (forgotten after any failed
+  write): any other producer of the id started since would have fenced it, so its commit fails.
+* The check inside the fence: a task that starts a producer then reads the partition's markers
+  written since the batch began (``read_committed``, up to the marker topic's end as it was after
+  ``init_transactions``, waiting for other tasks' transactions there to end): a marker of its range
+  means it is in (an earlier attempt committed) and the task writes nothing; a marker ending
+  anywhere else than the range's start is an error naming both offsets. Nothing can commit between
+  the check and the task's own commit without fencing it (the PostgreSQL sink's re-check under a
+  lock, with Kafka's fence as the lock).
+* The driver, before its first batch and for every new source partition, fences each id, then
+  reads the markers; before each batch it reads the markers written since (a fenced-out writer
+  may have committed before the fence): a range whose source partition's newest marker ends at the
+  range's end is in already, and its task writes nothing.
+* Data first, then the transaction: a task reads and encodes its range (kept in memory up to
+  :data:`SPOOL_MEMORY_BYTES`, then in a temporary file) before it begins its transaction, so that
+  the transaction lasts as long as producing takes, not as long as reading the source; a
+  transaction the broker aborted for lasting past ``transaction.timeout.ms`` fails the batch in one
+  line naming that setting.
 * Markers (JSON, key ``<name>/<topic>/<partition>``, in the sink's marker topic)::
 
       {"sink": name, "batchTimeMs": t, "source": [topic, partition], "from": start, "until": end,
        "records": n, "written": [[partition, first offset, last offset], ...]}
+
+  A partition whose range in a batch is empty and that has no marker yet gets one from the driver
+  (``"records": 0``, nothing written): the sink's offsets name every partition it was planned.
+  Readers keep the first marker of a range (a broker that does not fence may let two commit).
 
 Concurrent tasks' records interleave in the topic's partitions, so a marker's ``written`` span
 may hold another task's records: on a broker that shows aborted records to ``read_committed``
@@ -38,22 +52,28 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from itertools import islice
 
 from .kafka_markers import (ATTEMPT_HEADER, client_settings, init_transactions, librdkafka_log, unreachable,
                             with_secrets)
-from .kafka_records import KafkaRecordError, partition_count, produce_records
+from .kafka_records import KafkaRecordError, encode, partition_count, produce_records
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
 
+#: a task's encoded records kept in memory up to this size, the rest in a temporary file
+SPOOL_MEMORY_BYTES = 32 << 20
+#: the errors of a producer that another producer of its transactional id fenced
+FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING"}
 
-SLOTS = 16
 
-
-def transactional_id(base: str, topic: str, partition, slot: int) -> str:
-    return f"{base}-{topic}-{partition}-{slot}"
+def transactional_id(base: str, topic: str, partition) -> str:
+    """The transactional id of a source partition's writes."""
+    return f"{base}-{topic}-{partition}"
 
 
 def marker_key(name: str, topic: str, partition) -> bytes:
@@ -83,110 +103,190 @@ class DeliverySpans:
             span[1] = msg.offset()
 
 
+class Spool:
+    """A task's encoded records, read whole before its transaction begins: in memory up to
+    ``memory_bytes``, the rest pickled in chunks to a temporary file (deleted on close)."""
+
+    CHUNK = 1000
+
+    def __init__(self, elements, memory_bytes: int = SPOOL_MEMORY_BYTES):
+        self.kept: list[tuple] = []
+        self.file = None
+        size = 0
+        elements = iter(elements)
+        while chunk := list(islice(elements, self.CHUNK)):
+            records = list(map(encode, chunk))
+            if self.file is not None:
+                pickle.dump(records, self.file, protocol=pickle.HIGHEST_PROTOCOL)
+                continue
+            self.kept.extend(records)
+            size += sum(len(k or b"") + len(v or b"") for k, v in records) + 64 * len(records)
+            if size > memory_bytes:
+                self.file = tempfile.TemporaryFile(prefix="sparkwal-kafka-spool-")
+
+    def __iter__(self) -> Iterator[tuple]:
+        yield from self.kept
+        if self.file is not None:
+            self.file.seek(0)
+            while True:
+                try:
+                    yield from pickle.load(self.file)  # (our own file, written just above)
+                except EOFError:
+                    return
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 def _producer(conf: dict, txid: str, topic: str, timeout_s: float, reuse: bool):
-    """This worker's producer of ``txid`` if ``reuse`` and it has one, else a new one,
-    initialised (every earlier producer of the id is fenced) and kept."""
+    """``(producer, its delivery spans, whether it is new)``: this worker's producer of ``txid``
+    if ``reuse`` and it has one, else a new one, initialised (every earlier producer of the id is
+    fenced) and kept."""
     from confluent_kafka import Producer
 
     kept = _producers.get(txid)
     if reuse and kept is not None:
-        return kept
+        return (*kept, False)
     spans = DeliverySpans()
     producer = Producer({**with_secrets(conf), "transactional.id": txid, "logger": librdkafka_log})
     _producers.pop(txid, None)
     init_transactions(producer, topic, timeout_s)
     _producers[txid] = (producer, spans)
-    return producer, spans
+    return producer, spans, True
 
 
-#: this Python worker's producers (transactional id -> (producer, its delivery spans)), identity and slot
+#: this Python worker's producers (transactional id -> (producer, its delivery spans)) and identity
 _producers: dict[str, tuple] = {}
 WORKER = uuid.uuid4().hex
-SLOT = int(WORKER[:8], 16) % SLOTS
 
 
 def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, topic: str, marker_topic: str,
-                      name: str, batch_time_ms: int, markers_from: int, timeout_s: float, tag: bool = False):
-    """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip, {slot:
-    the worker whose task last wrote the partition in it})``; yields ``(index, outcome, detail,
-    (slot, worker) of the producer that wrote)``."""
+                      name: str, batch_time_ms: int, markers_from: int, timeout_s: float, tag: bool = False,
+                      transaction_timeout_ms: int = 60_000):
+    """Task side: ``plan[index]`` is ``(source topic, source partition, from, until, skip, the
+    worker whose task last wrote the partition)``; yields ``(index, outcome, detail, the worker
+    that wrote)``: WRITTEN (detail: records), SKIPPED (the range is in: detail 0), FAILED or
+    UNAVAILABLE (detail: the message)."""
     from confluent_kafka import KafkaException
     from pyspark import TaskContext
 
-    source_topic, source_partition, start, until, skip, writers = plan[index]
-    context = TaskContext.get()
-    first_attempt = context is None or context.attemptNumber() == 0
-    if not skip and not first_attempt:  # the earlier attempt may have committed
-        try:
-            skip = _committed_since(conf, marker_topic, markers_from,
-                                    marker_key(name, source_topic, source_partition), batch_time_ms, timeout_s)
-        except (KafkaException, TimeoutError) as e:
-            yield index, UNAVAILABLE, f"markers of {marker_topic}: {e}", None
-            return
+    source_topic, source_partition, start, until, skip, last_writer = plan[index]
     if skip:
         yield index, SKIPPED, 0, None
         return
-    txid = transactional_id(conf["transactional.id"], source_topic, source_partition, SLOT)
     try:
-        producer, spans = _producer(conf, txid, topic, timeout_s, reuse=first_attempt and writers.get(SLOT) == WORKER)
-        producer.begin_transaction()
-    except KafkaException as e:
-        _producers.pop(txid, None)
-        yield index, _outcome(e), f"{txid}: {e.args[0].str()}", None
+        spool = Spool(elements)
+    except KafkaRecordError as e:
+        yield index, FAILED, f"batch {batch_time_ms}: {e}", None
         return
+    context = TaskContext.get()
+    reuse = (context is None or context.attemptNumber() == 0) and last_writer == WORKER
+    txid = transactional_id(conf["transactional.id"], source_topic, source_partition)
+    key = marker_key(name, source_topic, source_partition)
+    try:
+        for _try in range(2):  # a kept producer found fenced: once more with a new one (which checks)
+            try:
+                outcome = _write(spool, conf, txid, topic, marker_topic, key, plan[index], name, batch_time_ms,
+                                 markers_from, timeout_s, tag, reuse, transaction_timeout_ms)
+            except (KafkaException, TimeoutError) as e:
+                _producers.pop(txid, None)
+                if reuse and isinstance(e, KafkaException) and e.args[0].name() in FENCED:
+                    reuse = False
+                    continue
+                detail = e.args[0].str() if isinstance(e, KafkaException) else str(e)
+                yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}", None
+                return
+            yield index, *outcome
+            return
+    finally:
+        spool.close()
+
+
+def _write(spool: Spool, conf: dict, txid: str, topic: str, marker_topic: str, key: bytes, planned: tuple,
+           name: str, batch_time_ms: int, markers_from: int, timeout_s: float, tag: bool, reuse: bool,
+           transaction_timeout_ms: int) -> tuple:
+    """One try: ``(outcome, detail, writer)``; a broker's refusal raises (the transaction aborted)."""
+    from confluent_kafka import KafkaException
+
+    source_topic, source_partition, start, until, _skip, _last = planned
+    producer, spans, new = _producer(conf, txid, topic, timeout_s, reuse)
+    if new:  # every other producer of the id is fenced now: what the markers hold is final
+        stored = _stored_end(conf, marker_topic, markers_from, key, timeout_s)
+        if stored == until:
+            return SKIPPED, 0, None
+        if stored is not None and stored != start:
+            return FAILED, (f"batch {batch_time_ms} reads {source_topic}/{source_partition} [{start}, {until}) "
+                            f"but the Kafka topic {topic}'s output ends at offset {stored}: start the stream "
+                            "from the sink's offsets (fromOffsets=sink.offsets())"), None
+    producer.begin_transaction()
+    began = time.monotonic()
     spans.reset()
     attempt = uuid.uuid4().hex[:12]
     headers = [(ATTEMPT_HEADER, attempt.encode())] if tag else None
     try:
-        try:
-            n = produce_records(producer, topic, elements, spans, partition_count(producer, topic, conf, timeout_s),
-                                headers)
-        except KafkaRecordError as e:
-            producer.abort_transaction(timeout_s)
-            yield index, FAILED, f"batch {batch_time_ms}: {e}", None
-            return
+        n = produce_records(producer, topic, spool, spans, partition_count(producer, topic, conf, timeout_s), headers)
         if producer.flush(timeout_s) > 0 or spans.failed is not None:
             raise KafkaException(spans.failed) if spans.failed is not None else TimeoutError("not delivered")
         marker = {"sink": name, "batchTimeMs": batch_time_ms, "source": [source_topic, source_partition],
                   "from": start, "until": until, "records": n, "attempt": attempt, "tagged": tag,
                   "written": [[p, first, last] for p, (first, last) in sorted(spans.written.items())]}
-        producer.produce(marker_topic, json.dumps(marker).encode(), marker_key(name, source_topic, source_partition))
+        producer.produce(marker_topic, json.dumps(marker).encode(), key)
         producer.commit_transaction(timeout_s)
-    except (KafkaException, TimeoutError) as e:
-        _producers.pop(txid, None)
+    except BaseException as e:
         try:
             producer.abort_transaction(timeout_s)
         except KafkaException:
             pass
-        detail = e.args[0].str() if isinstance(e, KafkaException) else str(e)
-        yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}", None
-        return
-    yield index, WRITTEN, n, (SLOT, WORKER)
+        open_ms = (time.monotonic() - began) * 1000
+        if isinstance(e, KafkaException) and open_ms > transaction_timeout_ms:
+            raise TimeoutError(transaction_timed_out(open_ms, transaction_timeout_ms, e.args[0].str())) from e
+        raise
+    return WRITTEN, n, WORKER
+
+
+def transaction_timed_out(open_ms: float, timeout_ms: int, detail: str) -> str:
+    """The one line of a transaction the broker aborted for lasting too long."""
+    return (f"the transaction was open {open_ms / 1000:.1f} s, longer than the producer's "
+            f"transaction.timeout.ms ({timeout_ms} ms), and the broker aborted it ({detail}): raise "
+            "transaction.timeout.ms in producer_conf (at most the broker's transaction.max.timeout.ms, "
+            "15 min by default) or make batches smaller (spark.streaming.kafka.maxRatePerPartition)")
 
 
 def _outcome(e: BaseException) -> str:
+    if isinstance(e, TimeoutError) and "transaction.timeout.ms" in str(e):
+        return FAILED
     return UNAVAILABLE if unreachable(e) else FAILED
 
 
-def _committed_since(conf: dict, marker_topic: str, start: int, key: bytes, batch_time_ms: int,
-                     timeout_s: float) -> bool:
-    """Whether the marker topic holds, after ``start``, this partition's marker of the batch."""
+def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s: float) -> int | None:
+    """The end of the newest committed marker of ``key`` after ``start`` in the marker topic (None:
+    none), read up to the topic's end as it is now: the consumer (``read_committed``) waits there
+    for transactions still open to end."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(client_settings(with_secrets(conf), **{
-        "group.id": f"sparkwal-retry-{os.getpid()}", "isolation.level": "read_committed",
+        "group.id": f"sparkwal-check-{os.getpid()}", "isolation.level": "read_committed",
         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:
-        consumer.assign([TopicPartition(marker_topic, 0, start)])
-        deadline = time.monotonic() + timeout_s
+        partition = TopicPartition(marker_topic, 0, start)
+        _low, high = consumer.get_watermark_offsets(partition, timeout_s, cached=False)
+        if high <= start:
+            return None
+        consumer.assign([partition])
+        stored, deadline = None, time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.05):
                 if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        return False
+                    if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= high:
+                        return stored
                     continue
-                if msg.key() == key and json.loads(msg.value()).get("batchTimeMs") == batch_time_ms:
-                    return True
-        raise TimeoutError(f"the markers of {marker_topic} not read within {timeout_s:g} s")
+                if msg.key() == key:
+                    marker = json.loads(msg.value())
+                    if "until" in marker:
+                        stored = int(marker["until"])
+                if msg.offset() + 1 >= high:
+                    return stored
+        raise TimeoutError(f"the markers of {marker_topic} not read to offset {high} within {timeout_s:g} s")
     finally:
         consumer.close()

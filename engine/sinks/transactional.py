@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime
 
-from ..sources.protocol import OffsetRange, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from ..dstream import ForEachDStream
 from ..errors import EngineError
 
@@ -69,8 +69,9 @@ class DbApiSink(ABC):
                     "NOT NULL, partition TEXT NOT NULL, until_offset BIGINT NOT NULL, "
                     "batch_time_ms BIGINT NOT NULL, PRIMARY KEY (sink, topic, partition))")
 
-    def offsets(self) -> dict[TopicPartition, int]:
-        """The stored end offset of every partition: ``directStream(fromOffsets=...)``."""
+    def offsets(self) -> SinkOffsets:
+        """The stored end offset of every partition: ``directStream(fromOffsets=...)`` (see
+        :class:`~sparkwal.engine.sources.SinkOffsets`: a partition it lacks starts at its earliest)."""
         conn = self.connect()
         try:
             cur = conn.cursor()
@@ -78,7 +79,7 @@ class DbApiSink(ABC):
             conn.commit()
             cur.execute(self._sql("SELECT topic, partition, until_offset FROM sparkwal_offsets "
                                   "WHERE sink = ?"), (self.name,))
-            return {TopicPartition(t, json.loads(p)): int(o) for t, p, o in cur.fetchall()}
+            return SinkOffsets({TopicPartition(t, json.loads(p)): int(o) for t, p, o in cur.fetchall()})
         finally:
             conn.close()
 
@@ -86,6 +87,7 @@ class DbApiSink(ABC):
                      write: Callable[[object], None]) -> bool:
         """Run ``write(cursor)`` and store ``ranges``' ends in one transaction; False (nothing
         written) if the database already holds this batch."""
+        empty = [r for r in ranges if r.untilOffset <= r.fromOffset]
         ranges = [r for r in ranges if r.untilOffset > r.fromOffset]
         conn = self.connect()
         try:
@@ -100,6 +102,8 @@ class DbApiSink(ABC):
                     write(cur)
                     for r in ranges:
                         self._store(cur, r, batch_time_ms)
+                for r in empty:  # every planned partition's end, records or not (see SinkOffsets)
+                    self.store_if_missing(cur, r, batch_time_ms)
                 conn.commit()
             except BaseException:
                 conn.rollback()
@@ -138,6 +142,15 @@ class DbApiSink(ABC):
                                    f"({sum(states)} of {len(states)} partitions)")
         return bool(states) and all(states)
 
+    def store_if_missing(self, cur, r: OffsetRange, batch_time_ms: int) -> None:
+        """Store ``r``'s end where the partition has none: a range without records never moves a
+        stored end (another writer's, or one the stream disagrees with, is left for a batch with
+        records to judge)."""
+        cur.execute(self._sql("SELECT 1 FROM sparkwal_offsets WHERE sink = ? AND topic = ? AND partition = ?"),
+                    (self.name, r.topic, json.dumps(r.partition)))
+        if cur.fetchone() is None:
+            self._store(cur, r, batch_time_ms)
+
     def _store(self, cur, r: OffsetRange, batch_time_ms: int) -> None:
         cur.execute(self._sql("DELETE FROM sparkwal_offsets WHERE sink = ? AND topic = ? AND "
                               "partition = ?"), (self.name, r.topic, json.dumps(r.partition)))
@@ -164,9 +177,10 @@ def advance_ends(name: str, ends: dict[TopicPartition, int], batch_time_ms: int,
     (the sink's output, in words) ended."""
     ends = dict(ends)
     for r in ranges:
-        if r.untilOffset <= r.fromOffset:
-            continue
         tp = TopicPartition(r.topic, r.partition)
+        if r.untilOffset <= r.fromOffset:
+            ends.setdefault(tp, r.untilOffset)  # a partition without output yet: where the stream stands
+            continue
         stored = ends.get(tp)
         if stored is not None and stored != r.fromOffset:
             raise SinkOffsetsError(

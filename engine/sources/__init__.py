@@ -4,8 +4,8 @@ the batch protocol of :mod:`sparkwal.engine.sources.batch_log`."""
 from .batch_log import BatchLog, BatchLogStatistics
 from .direct import DirectInputDStream
 from .filelog import FileLogSource
-from .protocol import (DataLossError, OffsetRange, ReplayableSource, SourceError,
+from .protocol import (DataLossError, OffsetRange, ReplayableSource, SinkOffsets, SourceError,
                        TopicPartition)
 
 __all__ = ["BatchLog", "BatchLogStatistics", "DataLossError", "DirectInputDStream", "FileLogSource",
-           "OffsetRange", "ReplayableSource", "SourceError", "TopicPartition"]
+           "OffsetRange", "ReplayableSource", "SinkOffsets", "SourceError", "TopicPartition"]

@@ -13,7 +13,9 @@ continued across restarts) and goes through these steps, in this order:
 5. **commits/<id>**, once 3 succeeded for every output and 4 holds, and only after
    ``commits/<id-1>``: the commit log is always a prefix of the offset log;
 6. old entries are purged: both logs keep ``spark.sql.streaming.minBatchesToRetain`` (100)
-   batches, and never one a restart from the latest checkpoint could re-run or recompute.
+   batches, and never one a restart from a restorable checkpoint (the latest durable one, or
+   the one before it, which a restart falls back to) could re-run or recompute, nor the entry
+   before it (where that batch's ranges start).
 
 A restart (any crash point above) resumes from what the files say: every logged batch without
 a commit re-runs, in order, with exactly its logged ranges and original batch time (Spark
@@ -29,8 +31,9 @@ On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
   ``{"batchWatermarkMs":0,"batchTimestampMs":<batch time ms>,"conf":{...}}``, then one line per
   direct input (input order): the batch's END offset of every partition the input knows, as
   Spark's Kafka source writes them: ``{"<topic>":{"<partition>":<offset>,...}}``. A batch's
-  range of a partition starts at the previous entry's offset, else at the input's initial offset,
-  else (a partition that appeared later) at the source's earliest offset.
+  range of a partition starts at the previous entry's offset (batch 0: the input's initial
+  offset), else (a partition new in the batch) at the source's earliest offset. A batch whose
+  previous entry is gone cannot be recomputed: an error naming the file, never a wider range.
 * ``sources/<input id>/0``: ``v1`` and the same JSON: where the input started (Spark's Kafka
   source keeps its initial offsets there too).
 * ``commits/<id>``: :class:`sparkwal.checkpoint.CommitMetadata` version 1, ``{"nextBatchWatermarkMs":0}``.
@@ -57,6 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from sparkwal.checkpoint import CommitLog, CommitMetadata, MetadataLog, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
@@ -69,6 +73,11 @@ from sparkwal.wal import FencedError, StorageLocation
 from .protocol import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
+
+#: the DStream checkpoints a restart may take: the newest durable one and the one before it (the
+#: newest's ``.bk``, or the previous name's file), which it falls back to when the newest does not
+#: verify (:mod:`sparkwal.checkpoint.checkpoint_file`)
+RESTORABLE_CHECKPOINTS = 2
 
 
 def offsets_json(ends: dict[TopicPartition, int]) -> str:
@@ -132,7 +141,9 @@ class BatchLog:
         self._committed = -1  # the highest id of the commit log's prefix
         self._done: dict[int, bool] = {}  # id -> outputs succeeded, awaiting its commit
         self._durable_ms = -1  # the latest DStream checkpoint time known durable
-        self._protect_ms: int | None = None  # never purge batches at or after this time
+        #: the floors (oldest batch time a restart may need; None: none) of the restorable DStream
+        #: checkpoints, newest last: purges keep every batch from the oldest on
+        self._floors: deque[int | None] = deque(maxlen=RESTORABLE_CHECKPOINTS)
         self._offsets_written = self._commits_written = self._purged = 0
         self.rerun_times: list[int] = []  # logged, uncommitted: a restart re-runs them
 
@@ -167,7 +178,8 @@ class BatchLog:
         self._committed = self._counted_commit(self._next_id - 1)
         rerun = [i for i in ids if i > self._committed]  # (resolve_restart checked there is no hole)
         self.rerun_times = [self._times[i] for i in rerun]
-        if ids:
+        if ids:  # the checkpoint restarted from stays restorable until two newer ones are durable
+            self._floors.append(self._times[ids[0]])  # (its floor unknown here: protect every batch)
             log.info("batch log: batches %d..%d logged, committed up to %d, re-running %s",
                      ids[0], ids[-1], self._committed, rerun)
 
@@ -222,15 +234,17 @@ class BatchLog:
         if i is None:
             return None
         ends = self._input_ends(i, stream)
-        initial = None if i - 1 in self._times else self.initial_offsets(stream)
         if i - 1 in self._times:
             starts = self._input_ends(i - 1, stream)
-        elif i == 0 or initial is not None:
-            starts = initial or {}
-        else:
+        elif i == 0:  # the first batch ever starts where the input started
+            starts = self.initial_offsets(stream)
+            if starts is None:
+                raise ValueError(f"batch 0 (time {time_ms}) cannot be recomputed: "
+                                 f"{self._initial_log(stream).file_url(0)} (its start offsets) is missing")
+        else:  # never from the input's start: that would widen the batch over earlier ones
             raise ValueError(f"batch {i} (time {time_ms}) cannot be recomputed: "
-                             f"{self.offsets.file_url(i - 1)} (its start offsets) was purged")
-        missing = [tp for tp in ends if tp not in starts]
+                             f"{self.offsets.file_url(i - 1)} (its start offsets) is missing (purged)")
+        missing = [tp for tp in ends if tp not in starts]  # new in batch i: from the source's earliest
         if missing:
             starts = {**starts, **stream.source.earliest_offsets(missing)}
         ranges = [OffsetRange(tp.topic, tp.partition, starts.get(tp, 0), end)
@@ -301,12 +315,19 @@ class BatchLog:
 
     def checkpoint_durable(self, time_ms: int, protect_from_ms: int | None = None) -> None:
         """Step 4: the DStream checkpoint of ``time_ms`` is durable; a restart from it may need
-        batches from ``protect_from_ms`` on (they are kept whatever ``retain`` says)."""
+        batches from ``protect_from_ms`` on (None: none). They are kept whatever ``retain`` says
+        while the checkpoint is restorable: the newest, or the one before (a restart falls back to
+        it when the newest does not verify: its ``.bk``, or the name before)."""
         with self._lock:
             self._durable_ms = max(self._durable_ms, time_ms)
-            if protect_from_ms is not None:
-                self._protect_ms = protect_from_ms
+            self._floors.append(protect_from_ms)
             self._flush()
+
+    def _protected_from_ms(self) -> int | None:
+        """The oldest batch time a restorable DStream checkpoint may need (None: none): the minimum
+        of their floors, not the newest's. Purges keep that batch and its predecessor's offsets."""
+        floors = [f for f in self._floors if f is not None]
+        return min(floors) if floors else None
 
     def _flush(self) -> None:
         committed = []
@@ -332,8 +353,9 @@ class BatchLog:
 
     def _purge(self) -> None:
         threshold = self._committed - self.retain + 1
-        if self._protect_ms is not None:
-            protected = [i for i, t in self._times.items() if t >= self._protect_ms]
+        floor = self._protected_from_ms()
+        if floor is not None:
+            protected = [i for i, t in self._times.items() if t >= floor]
             if protected:
                 threshold = min(threshold, min(protected) - 1)  # keep the start offsets too
         if threshold <= 0 or min(self._times, default=threshold) >= threshold:

@@ -73,6 +73,8 @@ class DirectInputDStream(InputDStream):
         self.source = source
         self.source_desc = source.describe()
         self.from_offsets = {_topic_partition(tp): int(o) for tp, o in (fromOffsets or {}).items()}
+        #: fromOffsets came from a sink that committed: a partition it lacks is newer than its output
+        self.unseen_from_earliest = bool(getattr(fromOffsets, "unseen_from_earliest", False))
         self.fail_on_data_loss = failOnDataLoss
         self._init_runtime()
 
@@ -111,7 +113,13 @@ class DirectInputDStream(InputDStream):
 
     def _initial_offsets(self) -> dict[TopicPartition, int]:
         parts = self.source.partitions()
-        initial = self.source.initial_offsets([tp for tp in parts if tp not in self.from_offsets])
+        unseen = [tp for tp in parts if tp not in self.from_offsets]
+        if unseen and getattr(self, "unseen_from_earliest", False):
+            log.info("%s: %d partitions the sink's offsets do not name (%s...) start at their earliest offsets",
+                     self, len(unseen), unseen[0])
+            initial = self.source.earliest_offsets(unseen)
+        else:
+            initial = self.source.initial_offsets(unseen)
         return {**initial, **self.from_offsets}
 
     def stop(self) -> None:

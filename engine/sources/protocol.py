@@ -39,6 +39,19 @@ class OffsetRange(NamedTuple):
         return TopicPartition(self.topic, self.partition)
 
 
+class SinkOffsets(dict):
+    """An exactly-once sink's stored end offsets (``sink.offsets()``), to pass as
+    ``directStream(fromOffsets=...)``. A sink stores the end of every partition each committed
+    batch planned, records or not; so once it holds any, a partition it does not hold appeared
+    after its last batch (added while the program was down) and starts at its earliest offset, not
+    at ``auto.offset.reset``: its records are never skipped. An empty one (the sink never
+    committed) leaves every partition to the stream's own reset rule."""
+
+    @property
+    def unseen_from_earliest(self) -> bool:
+        return bool(self)
+
+
 class SourceError(EngineError, RuntimeError):
     """A source cannot serve what a batch needs (the message names the partition and offsets)."""
 
