@@ -215,6 +215,9 @@ class _Consumer:
         self.eof_at: dict[tuple, int] = {}
 
     def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        """(low, high): high is the last stable offset for a ``read_committed`` consumer (librdkafka's answer)."""
+        if self.committed_only:
+            return 0, self.broker.lso(tp.topic, tp.partition)
         return 0, len(self.broker.log.get((tp.topic, tp.partition), []))
 
     def assign(self, partitions):

@@ -6,7 +6,9 @@ of the dead attempt (tests/sink_crash_app.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 
 import pyarrow as pa
@@ -15,7 +17,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 
 from sparkwal.engine.apps.direct_wordcount import append_lines
 from sparkwal.engine.sinks import DeltaSink, SinkOffsetsError
-from sparkwal.engine.sources import OffsetRange
+from sparkwal.engine.sources import OffsetRange, SinkOffsets, TopicPartition
 
 from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_stream
 
@@ -72,14 +74,14 @@ def test_delta_rs_commits_a_txn_version_twice_and_the_sink_does_not(spark_contex
         DeltaTable(uri).create_write_transaction([add], "append", SCHEMA, commit_properties=txn)
     assert DeltaTable(uri).version() == 2 and DeltaSink(uri, "lines").read().num_rows == 2  # twice
 
-    sink = DeltaSink(uri, "lines")
-    rdd = spark_context.parallelize([("p0", "y")])
-    assert sink.write_batch(500, [], rdd) is False and sink.write_batch(400, [], rdd) is False
-    assert sink.write_batch(1000, [], rdd) is True and sink.write_batch(1000, [], rdd) is False
-    assert DeltaTable(uri).version() == 3 and sorted(lines_in(sink)) == ["x", "x", "y"]
+    rdd, ranges = spark_context.parallelize([("p0", "y")]), [OffsetRange("log", "p0", 0, 1)]
+    assert DeltaSink(uri, "lines").write_batch(500, ranges, rdd) is False  # the txn's batch: in already
+    own = DeltaSink(str(tmp_path / "own"), "lines", schema=SCHEMA)
+    assert own.write_batch(1000, ranges, rdd) is True and own.write_batch(1000, ranges, rdd) is False
+    assert DeltaTable(str(tmp_path / "own")).version() == 1 and lines_in(own) == ["y"]
     # a batch that read and wrote nothing makes no table version
-    assert sink.write_batch(1500, [OffsetRange("log", "p0", 4, 4)], spark_context.emptyRDD()) is False
-    assert DeltaTable(uri).version() == 3
+    assert own.write_batch(1500, [OffsetRange("log", "p0", 1, 1)], spark_context.emptyRDD()) is False
+    assert DeltaTable(str(tmp_path / "own")).version() == 1
 
 
 def test_a_batch_not_starting_where_the_table_ends_is_refused_naming_both(spark_context, tmp_path):
@@ -90,6 +92,79 @@ def test_a_batch_not_starting_where_the_table_ends_is_refused_naming_both(spark_
                                                r"output ends at offset 1"):
         DeltaSink(str(tmp_path / "table"), "lines").write_batch(1000, [OffsetRange("log", "p0", 5, 6)], rdd)
     assert lines_in(sink) == ["a"]
+
+
+def test_a_batch_behind_the_tables_txn_is_decided_by_its_offsets_not_its_time(spark_context, tmp_path):
+    """An old driver on another batch grid, or with a clock behind the table's newest batch: its
+    batch starting where the table's output ends goes in; its re-run does not."""
+    uri = str(tmp_path / "table")
+    sink = DeltaSink(uri, "lines", schema=SCHEMA)
+    ab = spark_context.parallelize([("p0", "a"), ("p0", "b")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 2)], ab)
+    behind = DeltaSink(uri, "lines")
+    rdd = spark_context.parallelize([("p0", "c")])
+    assert behind.write_batch(700, [OffsetRange("log", "p0", 2, 3)], rdd) is True
+    assert lines_in(sink) == ["a", "b", "c"] and sink.offsets() == {TopicPartition("log", "p0"): 3}
+    version = DeltaTable(uri).version()
+    assert behind.write_batch(700, [OffsetRange("log", "p0", 2, 3)], rdd) is False
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], rdd) is False  # a later time, in all the same
+    assert DeltaTable(uri).version() == version and sink.committed_batch() == 700  # the txn: the newest commit's
+
+
+def test_a_batch_partly_in_or_not_where_the_table_ends_is_refused_whatever_its_time(spark_context, tmp_path):
+    uri = str(tmp_path / "table")
+    sink = DeltaSink(uri, "lines", schema=SCHEMA)
+    ab = spark_context.parallelize([("p0", "a"), ("p0", "b")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 2)], ab)
+    version, rdd = DeltaTable(uri).version(), spark_context.parallelize([("p1", "x")])
+    with pytest.raises(SinkOffsetsError, match=r"batch 1000 is partly in the Delta table .*: its log/p0 \[0, 2\) "
+                                               r"is in, its log/p1 \[0, 1\) is not \(no output\)"):
+        sink.write_batch(1000, [OffsetRange("log", "p0", 0, 2), OffsetRange("log", "p1", 0, 1)], rdd)
+    with pytest.raises(SinkOffsetsError, match=r"batch 500 reads log/p0 \[5, 6\) but the Delta table's output "
+                                               r"ends at offset 2"):
+        DeltaSink(uri, "lines").write_batch(500, [OffsetRange("log", "p0", 5, 6)], rdd)
+    assert lines_in(sink) == ["a", "b"] and DeltaTable(uri).version() == version
+
+
+def test_a_history_without_the_sinks_newest_commit_refuses_rather_than_guess_by_time(spark_context, tmp_path):
+    """Log retention removed the commit holding the sink's offsets: only the txn's own batch can
+    be told in; any other batch is refused (an older time is no proof it is in)."""
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "table")
+    DeltaTable.create(uri, SCHEMA, configuration={"delta.logRetentionDuration": "interval 0 seconds"})
+    ranges, rdd = [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])
+    assert DeltaSink(uri, "lines").write_batch(1000, ranges, rdd)
+    write_deltalake(uri, pa.table({"partition": ["q"], "line": ["other writer"]}), mode="append")
+    DeltaTable(uri).create_checkpoint()
+    DeltaTable(uri).cleanup_metadata()
+    assert all(c.get("sparkwal.sink") is None for c in DeltaTable(uri).history())
+    sink, version = DeltaSink(uri, "lines"), DeltaTable(uri).version()
+    assert sink.write_batch(1000, ranges, rdd) is False  # the txn's batch: the newest commit
+    lost = (rf"{re.escape(uri)}: the commit of batch 1000 \(the txn of 'lines'\) is not in the table's history "
+            r".* explicit fromOffsets")
+    for t in (500, 1500):
+        with pytest.raises(SinkOffsetsError, match=lost):
+            sink.write_batch(t, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    with pytest.raises(SinkOffsetsError, match=lost):
+        sink.offsets()
+    assert DeltaTable(uri).version() == version and lines_in(sink) == ["a", "other writer"]
+
+
+def test_a_partition_without_records_in_a_committed_batch_is_in_the_offsets(spark_context, tmp_path):
+    uri = str(tmp_path / "table")
+    sink = DeltaSink(uri, "lines", schema=SCHEMA)
+    rdd = spark_context.parallelize([("p0", "a")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1), OffsetRange("log", "p1", 3, 3)], rdd)
+    offsets = DeltaSink(uri, "lines").offsets()
+    assert offsets == {TopicPartition("log", "p0"): 1, TopicPartition("log", "p1"): 3}
+    assert ["log", "p1", 3] in json.loads(DeltaTable(uri).history(1)[0]["sparkwal.offsets"])
+    assert isinstance(offsets, SinkOffsets) and offsets.unseen_from_earliest
+    never = DeltaSink(str(tmp_path / "other"), "lines").offsets()
+    assert isinstance(never, SinkOffsets) and never == {} and not never.unseen_from_earliest
+    rdd = spark_context.parallelize([("p1", "b")])
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 1), OffsetRange("log", "p1", 3, 4)], rdd)
+    assert DeltaSink(uri, "lines").offsets() == {TopicPartition("log", "p0"): 1, TopicPartition("log", "p1"): 4}
 
 
 def test_merge_mode_upserts_by_key(spark_context, tmp_path):

@@ -30,10 +30,15 @@ def test_sqlite_sink_applies_a_batch_once_and_resumes_from_its_offsets(tmp_path)
     batch = [OffsetRange("log", "a", 0, 3), OffsetRange("log", 1, 0, 0)]
     assert sink.commit_batch(500, batch, write) is True
     assert sink.commit_batch(500, batch, write) is False  # a re-run: already in the database
-    assert sink.offsets() == {TopicPartition("log", "a"): 3}  # partition names keep their type
+    # partition names keep their type; a partition planned without records is stored too (SinkOffsets)
+    assert sink.offsets() == {TopicPartition("log", "a"): 3, TopicPartition("log", 1): 0}
     assert sink.commit_batch(1000, [OffsetRange("log", "a", 3, 5)], write) is True
-    with pytest.raises(SinkOffsetsError, match=r"log/a \[1, 2\) but the database's output ends at offset 5"):
-        sink.commit_batch(1500, [OffsetRange("log", "a", 1, 2)], write)
+    # a batch re-run after a later one went in (outputs go in batch order): in already, by its offsets
+    assert sink.commit_batch(500, batch, write) is False
+    with pytest.raises(SinkOffsetsError, match=r"log/a \[6, 7\) but the database's output ends at offset 5"):
+        sink.commit_batch(1500, [OffsetRange("log", "a", 6, 7)], write)
+    with pytest.raises(SinkOffsetsError, match=r"log/a \[4, 6\) but the database's output ends at offset 5"):
+        sink.commit_batch(1500, [OffsetRange("log", "a", 4, 6)], write)
 
     def broken(cur):
         write(cur)
@@ -42,7 +47,7 @@ def test_sqlite_sink_applies_a_batch_once_and_resumes_from_its_offsets(tmp_path)
         sink.commit_batch(2000, [OffsetRange("log", "a", 5, 6)], broken)
     conn = sqlite3.connect(tmp_path / "out.db")
     assert conn.execute("SELECT n FROM c").fetchall() == [(2,)]  # rolled back with its offsets
-    assert sink.offsets() == {TopicPartition("log", "a"): 5}
+    assert sink.offsets() == {TopicPartition("log", "a"): 5, TopicPartition("log", 1): 0}
     other = SQLiteSink(str(tmp_path / "out.db"), "other")  # sinks share a database by name
     assert other.offsets() == {}
 

@@ -120,6 +120,65 @@ def test_upsert_by_key_and_the_db_api_way_on_the_same_seam(spark_context, postgr
     assert seen.offsets() == {(("t", 0)): 2**40} and query(postgres, "SELECT n FROM counts WHERE word = 'd'") == [(4,)]
 
 
+def test_a_key_repeated_in_one_batch_upserts_its_last_row_per_partition_and_staged(spark_context, postgres):
+    """One INSERT ... ON CONFLICT DO UPDATE cannot change a row twice: a batch repeating a key
+    failed on every re-run. Its rows are combined per key first, the last winning: per partition,
+    the last of the task's partition; staged, the last by task index, then row."""
+    with psycopg.connect(postgres) as conn:
+        for table in ("per_partition", "staged"):
+            conn.execute(f"CREATE TABLE {table} (k TEXT PRIMARY KEY, v TEXT)")
+            conn.execute(f"INSERT INTO {table} VALUES ('b', '0')")
+        conn.execute("CREATE TABLE nullable (k TEXT UNIQUE, v TEXT)")
+    ranges = [OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 0, 3)]
+
+    def batch(rows):
+        rdd = spark_context.parallelize(rows, 2)
+        assert rdd.glom().collect() == [rows[:3], rows[3:]]  # partition i: range i's records
+        return rdd
+
+    sink = PostgresSink(postgres, "per_partition", "per_partition", keys=["k"])
+    assert sink.write_partitions(500, ranges, batch([("a", "1"), ("b", "1"), ("a", "2"),
+                                                      ("c", "1"), ("c", "2"), ("c", "3")]))
+    assert query(postgres, "SELECT k, v FROM per_partition ORDER BY k") == [("a", "2"), ("b", "1"), ("c", "3")]
+    assert sink.offsets() == {("t", 0): 3, ("t", 1): 3}
+
+    sink = PostgresSink(postgres, "staged", "staged", keys=["k"])
+    assert sink.write_batch(500, ranges, batch([("a", "1"), ("b", "1"), ("a", "2"),
+                                                ("a", "3"), ("c", "1"), ("c", "2")]))
+    assert query(postgres, "SELECT k, v FROM staged ORDER BY k") == [("a", "3"), ("b", "1"), ("c", "2")]
+    assert sink.offsets() == {("t", 0): 3, ("t", 1): 3}
+    assert staging_tables(postgres) == []
+
+    # NULL keys are never combined (a unique constraint holds NULLs distinct): each goes in
+    sink = PostgresSink(postgres, "nullable", "nullable", keys=["k"])
+    assert sink.write_batch(500, [], spark_context.parallelize([(None, "x"), ("a", "1"), (None, "y"), ("a", "2")], 1))
+    assert sorted(query(postgres, "SELECT k, v FROM nullable"), key=repr) == [("a", "2"), (None, "x"), (None, "y")]
+
+
+def test_every_planned_range_end_is_stored_empty_ones_too(spark_context, postgres, tmp_path):
+    """A partition without records in any committed batch still gets its end in the offsets'
+    table (a restart without a checkpoint knows where it stands); a stored end is never moved."""
+    create_lines(postgres)
+    sink = PostgresSink(postgres, "lines", "per_partition")
+    run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 0}])  # p1: a file without lines
+    assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 3), ("p1", 0)}
+    # a batch that read nothing at all stores its ranges' ends too, never moving one stored
+    assert not sink.write_partitions(1000, [OffsetRange("log", "p0", 3, 3), OffsetRange("log", "p2", 4, 4)],
+                                     spark_context.emptyRDD())
+    assert not PostgresSink(postgres, "lines", "per_partition").write_partitions(
+        1500, [OffsetRange("log", "p0", 7, 7)], spark_context.emptyRDD())  # (a driver that knows nothing stored)
+    assert {(tp.partition, o) for tp, o in sink.offsets().items()} == {("p0", 3), ("p1", 0), ("p2", 4)}
+
+    staged = PostgresSink(postgres, "lines", "staged")
+    assert staged.write_batch(500, [OffsetRange("log", "p0", 0, 2), OffsetRange("log", "p1", 0, 0)],
+                              spark_context.parallelize([("p0", "a"), ("p0", "b")], 1))
+    assert staged.offsets() == {("log", "p0"): 2, ("log", "p1"): 0}
+    assert not staged.write_batch(1000, [OffsetRange("log", "p0", 2, 2), OffsetRange("log", "p2", 5, 5)],
+                                  spark_context.emptyRDD())
+    assert staged.offsets() == {("log", "p0"): 2, ("log", "p1"): 0, ("log", "p2"): 5}
+    assert staging_tables(postgres) == []
+
+
 def test_mistakes_are_named(spark_context, postgres):
     with pytest.raises(SinkOffsetsError, match="the table nope does not exist in the database: create it first"):
         PostgresSink(postgres, "nope").write_batch(500, [], spark_context.parallelize([("a", "b")]))

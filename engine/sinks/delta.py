@@ -3,9 +3,17 @@
 Each batch (time ``t``, the offset ranges ``R`` its direct stream read) goes in as ONE Delta
 transaction that carries the batch's identity, written by the executors and committed by the driver:
 
-1. The driver reads the table's application transaction of the sink (``txn``, appId = the
-   sink's name): a version ``>= t`` means the batch is in the table already (a re-run after a
-   crash between the Delta commit and the stream's checkpoint): nothing is written.
+1. The driver reads the sink's offsets in the table (the ``commitInfo`` of its newest commit,
+   found from its application transaction ``txn``, appId = the sink's name) and decides by them,
+   never by the batch time (an old driver on another batch grid, a clock behind the table's):
+   if every range of ``R`` that read records ends where the table's output of its partition
+   ends, the batch is in the table already (a re-run after a crash between the Delta commit and
+   the stream's checkpoint): nothing is written. If each starts there (or its partition has no
+   output yet), the batch is written. Anything else (partly in, or an output ending elsewhere)
+   is a :class:`SinkOffsetsError` naming the partition and both offsets. Only where offsets
+   cannot tell (a batch that read no records; a history without the sink's newest commit, gone
+   with log retention) is a batch in iff the ``txn`` version is ``t`` (it is that commit);
+   a batch with records over such a history is refused.
 2. Each task writes its partition's rows as Parquet files with pyarrow under the table, their
    names recorded first (files and records: :mod:`sparkwal.engine.sinks.delta_files`). Only the
    files' add actions (path, size, statistics) come back to the driver: a batch's output never
@@ -13,11 +21,11 @@ transaction that carries the batch's identity, written by the executors and comm
 3. The driver commits the add actions with ``txn(appId=name, version=t)`` (the record Spark's own
    Delta sink writes: Spark and Databricks readers see the stream's progress) and, in the
    commit's ``commitInfo``, ``sparkwal.sink``, ``sparkwal.batchTimeMs`` and ``sparkwal.offsets``
-   (every partition's end offset: JSON ``[[topic, partition, offset], ...]``), from which
-   :meth:`DeltaSink.offsets` resumes a direct stream without a checkpoint. As with
-   :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the sink's output ended.
-   A commit conflict re-reads the table and decides again. delta-rs itself would commit the
-   same ``txn`` version twice (its issues 2580, 3821): step 1 keeps a batch from going in twice.
+   (the end offset of every partition the sink's batches planned, records or not: JSON
+   ``[[topic, partition, offset], ...]``), from which :meth:`DeltaSink.offsets` resumes a direct
+   stream without a checkpoint. A commit conflict re-reads the table and decides again.
+   delta-rs itself would commit the same ``txn`` version twice (its issues 2580, 3821): step 1
+   keeps a batch from going in twice.
 4. Then the files recorded for batches up to ``t`` that the table does not hold (an attempt that
    never committed: a killed task, a killed driver) are deleted, and their records.
 
@@ -41,7 +49,7 @@ from urllib.parse import unquote
 from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
-from ..sources.protocol import OffsetRange, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from .delta_files import RECORDS_DIR, add_action, write_partition
 from .transactional import SinkOffsetsError, advance_ends, save_batches
 
@@ -91,12 +99,14 @@ class DeltaSink:
             # delta-rs retries an object store's calls for 3 minutes: the storage seam's deadline instead
             self._delta_options.setdefault("retry_timeout", f"{retry.default_policy().deadline_s:g}s")
         self._schema = schema
-        self._ends: dict[TopicPartition, int] | None = None  # the sink's offsets, as last read or written
+        #: (table version, txn version, the sink's offsets): as read at that version (or as this
+        #: sink committed after it: the commits after that version are read again)
+        self._known: tuple[int, int, dict[TopicPartition, int]] | None = None
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: no cached reads, no credentials."""
         state = self.__dict__.copy()
-        state["_ends"] = None
+        state["_known"] = None
         state["_delta_options"] = without_credentials(self._delta_options) or {}
         state["_storage_options"] = without_credentials(self._storage_options)
         return state
@@ -162,7 +172,7 @@ class DeltaSink:
         return table
 
     def committed_batch(self) -> int | None:
-        """The time of the newest batch in the table (its ``txn`` version), or None."""
+        """The time of the sink's newest batch in the table (its ``txn`` version), or None."""
         table = self.table()
         return None if table is None else table.transaction_version(self.name)
 
@@ -174,29 +184,54 @@ class DeltaSink:
         with self._storage_call("history"):
             return sum(1 for c in table.history() if c.get("sparkwal.sink") == self.name)
 
-    def offsets(self) -> dict[TopicPartition, int]:
-        """The end offset of every partition the table's output reached: ``directStream(fromOffsets=...)``."""
+    def offsets(self) -> SinkOffsets:
+        """The end offset of every partition the table's output reached (every partition the
+        sink's batches planned): ``directStream(fromOffsets=...)``; empty if the sink never
+        committed."""
         table = self.table()
         if table is None:
-            return {}
+            return SinkOffsets()
         ends = self._read_ends(table)
         if ends is None:
-            raise SinkOffsetsError(
-                f"{self.table_uri}: the commit of batch {table.transaction_version(self.name)} (the txn of "
-                f"{self.name!r}) is not in the table's history with its offsets (written by another writer, "
-                "or removed by log retention): start the stream with explicit fromOffsets")
-        return ends
+            raise self._history_lost(table)
+        return SinkOffsets(ends)
+
+    def _history_lost(self, table, batch_time_ms: int | None = None) -> SinkOffsetsError:
+        """Where the table's output ended is unknown: no batch can be decided or committed."""
+        batch = "" if batch_time_ms is None else f": whether batch {batch_time_ms} is in cannot be decided"
+        return SinkOffsetsError(
+            f"{self.table_uri}: the commit of batch {self._txn(table)} (the txn of "
+            f"{self.name!r}) is not in the table's history with its offsets (written by another writer, "
+            f"or removed by log retention){batch}; start the stream with explicit fromOffsets, under a "
+            "new sink name")
 
     def _read_ends(self, table) -> dict[TopicPartition, int] | None:
-        """The offsets in the commitInfo of the sink's newest batch (found from its ``txn``);
-        None if that commit is not in the history with them."""
-        version = table.transaction_version(self.name)
-        if version is None:
+        """The offsets in the commitInfo of the sink's newest commit, which must be the batch of
+        its ``txn``; {} if it never committed; None if that commit is not in the history with
+        them. Only the commits since the last read are read (the history is read whole once)."""
+        version, known = table.version(), self._known
+        if known is not None and known[0] == version:
+            return known[2]
+        txn = self._txn(table)
+        if txn is None:
             return {}
-        for commit in table.history():
-            if commit.get("sparkwal.sink") == self.name and str(commit.get("sparkwal.batchTimeMs")) == str(version):
-                return {TopicPartition(t, p): int(o) for t, p, o in json.loads(commit["sparkwal.offsets"])}
-        return None
+        since = version - known[0] if known is not None and known[1] == txn and known[0] < version else None
+        with self._storage_call("history"):
+            commits = table.history(since)
+        ends = known[2] if since is not None else None
+        for commit in commits:
+            if commit.get("sparkwal.sink") == self.name:
+                ends = None
+                if str(commit.get("sparkwal.batchTimeMs")) == str(txn) and "sparkwal.offsets" in commit:
+                    ends = {TopicPartition(t, p): int(o) for t, p, o in json.loads(commit["sparkwal.offsets"])}
+                break
+        if ends is not None:
+            self._known = (version, txn, ends)
+        return ends
+
+    def _txn(self, table) -> int | None:
+        with self._storage_call("read table"):  # delta-rs reads the log for it
+            return table.transaction_version(self.name)
 
     # ------------------------------------------------------------------ one batch
 
@@ -209,7 +244,7 @@ class DeltaSink:
         """Write ``rdd``'s rows and commit them with the batch's identity; False (nothing
         written) if the table holds the batch already, or if the batch read and wrote nothing."""
         table = self._create_table()
-        if self._already_in(table, batch_time_ms):
+        if self._already_in(table, batch_time_ms, ranges):
             self.clean_up(batch_time_ms, table)
             return False
         schema = self.schema()
@@ -223,13 +258,44 @@ class DeltaSink:
         self.clean_up(batch_time_ms)
         return committed
 
-    def _already_in(self, table, batch_time_ms: int) -> bool:
-        version = table.transaction_version(self.name)
-        if version is not None and version >= batch_time_ms:
-            log.info("%s: batch %d is in the Delta table %s already (its txn version is %d); not "
-                     "written again", self.name, batch_time_ms, self.table_uri, version)
-            return True
-        return False
+    def _already_in(self, table, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
+        """Whether the table holds the batch, by the sink's offsets (module docstring, step 1):
+        True, False, or an error if the offsets do not fit the batch."""
+        read = [r for r in ranges if r.untilOffset > r.fromOffset]
+        ends = self._read_ends(table) if read else None
+        if ends is None:  # nothing to decide by but the txn: the batch is the newest commit, or not in
+            txn = self._txn(table)
+            if read and txn != batch_time_ms:
+                raise self._history_lost(table, batch_time_ms)
+            if txn == batch_time_ms:
+                log.info("%s: batch %d is in the Delta table %s already (the txn version); not written "
+                         "again", self.name, batch_time_ms, self.table_uri)
+            return txn == batch_time_ms
+        done, todo = [], []
+        for r in read:
+            stored = ends.get(TopicPartition(r.topic, r.partition))
+            # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
+            if stored is not None and stored >= r.untilOffset:
+                done.append(r)
+            elif stored is None or stored == r.fromOffset:
+                todo.append((r, stored))
+            else:
+                raise SinkOffsetsError(
+                    f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
+                    f"{r.untilOffset}) but the Delta table's output ends at offset {stored}: start the "
+                    "stream from the sink's offsets (fromOffsets=sink.offsets())")
+        if done and todo:
+            (r, stored), d = todo[0], done[0]
+            where = "no output" if stored is None else f"output ending at offset {stored}"
+            raise SinkOffsetsError(
+                f"{self.name}: batch {batch_time_ms} is partly in the Delta table {self.table_uri}: its "
+                f"{d.topic}/{d.partition} [{d.fromOffset}, {d.untilOffset}) is in, its {r.topic}/{r.partition} "
+                f"[{r.fromOffset}, {r.untilOffset}) is not ({where}): start the stream from the sink's "
+                "offsets (fromOffsets=sink.offsets())")
+        if done:
+            log.info("%s: batch %d is in the Delta table %s already (its offsets end where the table's "
+                     "output does); not written again", self.name, batch_time_ms, self.table_uri)
+        return bool(done)
 
     def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list[dict], schema) -> bool:
         """One Delta transaction: the files tasks wrote, the ``txn`` and the offsets; False if the
@@ -237,12 +303,11 @@ class DeltaSink:
         deltalake = _deltalake()
         from deltalake.exceptions import CommitFailedError
 
-        ranges = [r for r in ranges if r.untilOffset > r.fromOffset]
         for attempt in range(_COMMIT_ATTEMPTS):
             table = self._create_table()
-            if self._already_in(table, batch_time_ms):
+            if self._already_in(table, batch_time_ms, ranges):
                 return False
-            ends = self._check(table, batch_time_ms, ranges)
+            ends, version = self._check(table, batch_time_ms, ranges), table.version()
             properties = deltalake.CommitProperties(
                 custom_metadata={"sparkwal.sink": self.name, "sparkwal.batchTimeMs": str(batch_time_ms),
                                  "sparkwal.offsets": json.dumps([[tp.topic, tp.partition, o]
@@ -259,24 +324,19 @@ class DeltaSink:
             except CommitFailedError as e:
                 log.warning("%s: batch %d's Delta commit conflicted (%s); reading the table again "
                             "(attempt %d of %d)", self.name, batch_time_ms, e, attempt + 1, _COMMIT_ATTEMPTS)
-                self._ends = None
                 continue
-            self._ends = ends
+            self._known = (version, batch_time_ms, ends)  # the commits after ``version``: read next time
             return True
         raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}'s Delta commit to {self.table_uri} "
                                f"conflicted {_COMMIT_ATTEMPTS} times")
 
     def _check(self, table, batch_time_ms: int, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
-        """The sink's offsets after this batch; an error if the batch does not start where the
-        table's output ended."""
-        if self._ends is None:
-            self._ends = self._read_ends(table)
-            if self._ends is None:  # the txn's batch is older than the history: only the txn guards
-                log.warning("%s: the offsets of batch %s are not in %s's history: batch %d is written "
-                            "without checking where the table's output ended", self.name,
-                            table.transaction_version(self.name), self.table_uri, batch_time_ms)
-                self._ends = {}
-        return advance_ends(self.name, self._ends, batch_time_ms, ranges, "the Delta table's")
+        """The sink's offsets after this batch (every range's end: an empty range's too, where the
+        sink has none yet); an error if the batch does not start where the table's output ended."""
+        ends = self._read_ends(table)
+        if ends is None:
+            raise self._history_lost(table, batch_time_ms)
+        return advance_ends(self.name, ends, batch_time_ms, ranges, "the Delta table's")
 
     def _merge(self, table, written: list[dict], schema, properties) -> None:
         import pyarrow.dataset as ds

@@ -1,17 +1,24 @@
 """The files a batch's tasks write into a Delta table for :class:`~sparkwal.engine.sinks.DeltaSink`.
 
-Per task attempt ``<attempt>`` (a hex id per batch attempt) of partition ``<task>`` in batch ``<t>``:
+Per task attempt of partition ``<task>`` (5 digits) in batch ``<t>`` (ms), named by ``<stem>`` =
+``<t>-<batch attempt>-<task>-<task attempt>``: ``<batch attempt>`` a hex id per driver attempt of
+the batch, ``<task attempt>`` fresh per run of the task (Spark's task attempt id, ``x``, random
+hex): a retried or speculative copy of a task, or the same task under another driver, never
+shares a name with another run:
 
-* ``_sparkwal/<sink name>/<t>-<attempt>-<task>.json``: ``{"files": [path, ...]}``, the paths
-  (relative to the table) the task is about to write, put before any of them, so that nothing it
-  writes goes unrecorded (a ``_`` directory: Delta readers and VACUUM leave it alone);
-* append: ``<col>=<value>/.../part-<t>-<attempt>-<task>-<n>.parquet``, one file per partition
-  value, in Hive-style directories (values percent-encoded, null as ``__HIVE_DEFAULT_PARTITION__``;
-  the partition columns are not in the file, as Delta wants); merge:
-  ``_sparkwal/<sink name>/staging/<t>-<attempt>-<task>-<n>.parquet``, the rows whole.
+* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [path, ...]}``, the paths (relative to the
+  table) the attempt is about to write, put before any of them, so that nothing it writes goes
+  unrecorded (a ``_`` directory: Delta readers and VACUUM leave it alone); the batch time first:
+  cleaning up takes the records of batches up to a time;
+* append: ``<col>=<value>/.../part-<stem>-<n>.parquet``, one file per partition value, in
+  Hive-style directories (values percent-encoded, null as ``__HIVE_DEFAULT_PARTITION__``; the
+  partition columns are not in the file, as Delta wants); merge:
+  ``_sparkwal/<sink name>/staging/<stem>-<n>.parquet``, the rows whole.
 
-Each file is put whole and durable through the storage seam (:mod:`sparkwal.wal`) before the task
-returns its add action (path, size, partition values, Delta's statistics) to the driver.
+Each file is created whole and durable through the storage seam (:mod:`sparkwal.wal`), only if
+absent (an existing name is an error, never replaced: a file the driver may have committed keeps
+the size and statistics of its add action), before the task returns its add action (path, size,
+partition values, Delta's statistics) to the driver.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import date, datetime
 from urllib.parse import quote
@@ -38,7 +46,7 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
         return
     storage, root = location.resolve()
     groups = _split_by_partition(table, partition_by, pc) if partition_by and not staging else [({}, table)]
-    stem = f"{batch_time_ms}-{attempt}-{index:05d}"
+    stem = f"{batch_time_ms}-{attempt}-{index:05d}-{task_attempt_id()}"
     planned = []
     for n, (values, _) in enumerate(groups):
         if staging:
@@ -48,7 +56,7 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
             planned.append(f"{directory if values else ''}part-{stem}-{n}.parquet")
     records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
     storage.makedirs(records_dir)
-    storage.put(storage.join(records_dir, f"{stem}.json"), json.dumps({"files": planned}).encode())
+    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps({"files": planned}).encode())
     for path, (values, part) in zip(planned, groups, strict=True):
         data = part.drop_columns(list(values)) if values else part
         buffer = io.BytesIO()
@@ -56,10 +64,25 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
         payload = buffer.getvalue()
         full = storage.join(root, path)
         storage.makedirs(full.rsplit("/", 1)[0])
-        storage.put(full, payload)  # whole and durable before the driver can commit it
+        _create(storage, full, payload)  # whole and durable before the driver can commit it
         yield {"path": path, "size": len(payload), "staged": staging,
                "partition_values": {c: _partition_value(v) for c, v in values.items()},
                "modification_time": int(time.time() * 1000), "stats": _stats(data, pa, pc)}
+
+
+def task_attempt_id() -> str:
+    """A fresh id of this run of a task: Spark's task attempt id (unique in one driver's life)
+    and random hex (unique across drivers); random hex alone outside a Spark task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    random = uuid.uuid4().hex[:8]
+    return random if context is None else f"{context.taskAttemptId()}x{random}"
+
+
+def _create(storage, path: str, data: bytes) -> None:
+    if not storage.put_if_absent(path, data):
+        raise FileExistsError(f"{path} exists already: a Delta sink's file is never replaced")
 
 
 def _rows_table(rows: list, schema):
@@ -115,13 +138,6 @@ def _stats(table, pa, pc) -> str:
             if mm["min"] is not None:
                 mins[field.name], maxs[field.name] = mm["min"], mm["max"]
     return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
-
-
-def _add_action(w: dict):
-    from deltalake.transaction import AddAction
-
-    return AddAction(path=w["path"], size=w["size"], partition_values=w["partition_values"],
-                     modification_time=w["modification_time"], data_change=True, stats=w["stats"])
 
 
 def add_action(written: dict):

@@ -12,7 +12,8 @@ transaction of the sink's transactional producer: the batch's records and a mark
    is written. Offsets decide, never batch times (an old driver on another batch grid, a clock
    behind). As with :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the
    sink's output ended; partly in, or elsewhere, is an error naming both offsets.
-3. The batch's Spark jobs run (:mod:`sparkwal.engine.sinks.kafka_batch`); then, in one
+3. The batch's Spark jobs run (:mod:`sparkwal.engine.sinks.kafka_batch`: a partition larger than
+   the driver's budget is kept in the executors' storage and fetched inside); then, in one
    transaction: the batch's records, flushed (their delivery reports give the first and last
    offset written to each partition); then the marker; then the commit. A ``read_committed``
    reader sees the batch whole, once, or not at all. A transaction the broker aborted for
@@ -53,7 +54,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from functools import partial
 
@@ -65,7 +66,7 @@ from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_c
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
                             RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks, partition_ends)
 from .kafka_partitions import (FAILED, marker_key, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition,
-                               transaction_timed_out, transactional_id)
+                               legacy_transactional_ids, transaction_timed_out, transactional_id)
 from .kafka_batch import ReadyRecords
 from .kafka_records import partition_count, produce_records
 from .transactional import SinkOffsetsError, advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
@@ -269,9 +270,11 @@ class KafkaSink:
         plan = []
         for r in with_data:
             stored = ends.get(TopicPartition(r.topic, r.partition))
-            if stored is not None and stored not in (r.fromOffset, r.untilOffset):
+            # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
+            done = stored is not None and stored >= r.untilOffset
+            if stored is not None and not done and stored != r.fromOffset:
                 advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
-            plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, stored == r.untilOffset,
+            plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, done,
                          self._writers.get((r.topic, r.partition))))
         self._mark_unseen(batch_time_ms, [r for r in ranges if r.untilOffset <= r.fromOffset], ends)
         if all(skip for *_r, skip, _writer in plan):
@@ -285,8 +288,9 @@ class KafkaSink:
         self._writers, writers = {}, self._writers  # forgotten unless this write succeeds (see kafka_partitions)
         outcomes = rdd.mapPartitionsWithIndex(task).collect()
         for index, outcome, _detail, _writer in outcomes:
+            tp = TopicPartition(plan[index][0], plan[index][1])
             if outcome in (WRITTEN, SKIPPED):  # (skipped: an earlier attempt's commit, found by the task)
-                ends[TopicPartition(plan[index][0], plan[index][1])] = plan[index][3]
+                ends[tp] = max(ends.get(tp, plan[index][3]), plan[index][3])
         for _index, outcome, detail, _writer in outcomes:
             if outcome == UNAVAILABLE:
                 raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1, 0.0,
@@ -335,8 +339,10 @@ class KafkaSink:
                 producer = kafka.Producer({"logger": librdkafka_log, **self.conf, "transactional.id": txid})
                 self.broker_call("init_transactions", init_transactions, producer, self.topic, self.timeout_s)
 
-            txids = [transactional_id(self.conf["transactional.id"], topic, partition)
-                     for topic, partition in sorted(new, key=repr)]
+            base = self.conf["transactional.id"]
+            txids = [txid for topic, partition in sorted(new, key=repr)
+                     for txid in (transactional_id(base, topic, partition),
+                                  *legacy_transactional_ids(base, topic, partition))]
             with ThreadPoolExecutor(min(16, len(txids)), thread_name_prefix="kafka-fence") as pool:
                 list(pool.map(fence, txids))
             self._fenced |= new
@@ -383,7 +389,8 @@ class KafkaSink:
         there (True), or none of them has begun (False); anything else is an error naming both."""
         ends = self._ends()
         with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
-        done = [ends.get(TopicPartition(r.topic, r.partition)) == r.untilOffset for r in with_data]
+        # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
+        done = [ends.get(TopicPartition(r.topic, r.partition), -1) >= r.untilOffset for r in with_data]
         if with_data and all(done):
             log.info("%s: batch %d is in %s already (the newest marker's offsets end where it does); "
                      "not written again", self.name, batch_time_ms, self.topic)
@@ -394,7 +401,7 @@ class KafkaSink:
         advance_ends(self.name, ends, batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")  # raises if apart
         return False
 
-    def _produce(self, producer, batch_time_ms: int, parts: Iterator[list]) -> int:
+    def _produce(self, producer, batch_time_ms: int, parts: Iterable[list]) -> int:
         """Every record into the open transaction, flushed (each delivered, or an error)."""
         self._spans.reset()
         partitions = self.broker_call("metadata", partition_count, producer, self.topic, self.conf, self.timeout_s)

@@ -53,13 +53,21 @@ class ReadyRecords:
                     else:
                         self.fitting.append(self._checked(kind, payload))
         if self.big:
-            from pyspark import StorageLevel
+            try:
+                self._keep_big(run)
+            except BaseException:
+                self.release()
+                raise
 
-            self.big.sort()
-            self._cached = rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=None))
-            self._cached.persist(StorageLevel.MEMORY_AND_DISK)
-            for kind, error in run(self._cached, self.big, _kinds):  # computed and kept, not sent to the driver
-                self._checked(kind, error)
+    def _keep_big(self, run) -> None:
+        """The large partitions computed into the executors' storage (memory, then disk)."""
+        from pyspark import StorageLevel
+
+        self.big.sort()
+        cached = self._cached = self.rdd.mapPartitionsWithIndex(partial(encode_partition, budget_bytes=None))
+        cached.persist(StorageLevel.MEMORY_AND_DISK)
+        for kind, error in run(cached, self.big, _kinds):  # computed and kept, not sent to the driver
+            self._checked(kind, error)
 
     def __iter__(self) -> Iterator[list]:
         yield from self.fitting

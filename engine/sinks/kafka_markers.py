@@ -260,10 +260,11 @@ def partition_ends(ends: dict, marker: dict) -> None:
     from ..sources.protocol import TopicPartition
 
     tp = TopicPartition(*marker["source"])
-    if int(marker["from"]) == int(marker["until"]):
-        ends.setdefault(tp, int(marker["until"]))
-    else:
-        ends[tp] = int(marker["until"])
+    until = int(marker["until"])
+    if int(marker["from"]) == until:
+        ends.setdefault(tp, until)
+    else:  # the furthest: a late commit of an older range (a broker that does not fence) moves nothing back
+        ends[tp] = max(ends.get(tp, until), until)
 
 
 def marker_topic_end(sink) -> int:
@@ -323,16 +324,16 @@ def probe_transactions(sink, producer) -> bool:
 def committed_records(sink) -> list[tuple[bytes | None, bytes | None]]:
     """The sink's committed records, ``(key, value)`` in partition then offset order: only records
     within a marker's ``written`` span (of their own write, where the write tagged them), and
-    of the first marker of each source range."""
+    of markers whose source range begins where the kept ones of its partition end or later."""
     spans: dict[int, list[tuple[int, int]]] = {}  # untagged writes' spans, merged per partition
     tagged: dict[tuple, tuple[int, int]] = {}  # (partition, attempt) -> its span
-    ranges: set[tuple] = set()  # per partition: the source ranges kept (the first marker of each)
+    covered: dict[tuple, int] = {}  # per source partition: the end of the ranges kept so far
     for marker in read_markers(sink):
         if "source" in marker:
-            source_range = (*marker["source"], marker["from"], marker["until"])
-            if source_range in ranges:
-                continue  # a second write of a range (a broker that did not fence its first attempt)
-            ranges.add(source_range)
+            source = tuple(marker["source"])
+            if int(marker["from"]) < covered.get(source, int(marker["from"])):
+                continue  # a range kept already, written again (a broker that did not fence an attempt)
+            covered[source] = max(covered.get(source, 0), int(marker["until"]))
         for partition, first, last in marker.get("written", ()):
             if marker.get("tagged"):
                 tagged[(partition, marker["attempt"].encode())] = (first, last)

@@ -76,6 +76,14 @@ def transactional_id(base: str, topic: str, partition) -> str:
     return f"{base}-{topic}-{partition}"
 
 
+#: the previous release's ids per worker slot (``<id>-<slot>``): fenced too, for its tasks still running
+LEGACY_SLOTS = 16
+
+
+def legacy_transactional_ids(base: str, topic: str, partition) -> list[str]:
+    return [f"{transactional_id(base, topic, partition)}-{slot}" for slot in range(LEGACY_SLOTS)]
+
+
 def marker_key(name: str, topic: str, partition) -> bytes:
     return f"{name}/{topic}/{partition}".encode()
 
@@ -191,9 +199,13 @@ def produce_partition(index: int, elements: Iterator, plan: list, conf: dict, to
                                  markers_from, timeout_s, tag, reuse, transaction_timeout_ms)
             except (KafkaException, TimeoutError) as e:
                 _producers.pop(txid, None)
-                if reuse and isinstance(e, KafkaException) and e.args[0].name() in FENCED:
+                fenced = isinstance(e, KafkaException) and e.args[0].name() in FENCED
+                if fenced and reuse:
                     reuse = False
                     continue
+                if fenced:  # another attempt of this range runs: the task fails, Spark keeps the other
+                    raise RuntimeError(f"{txid}: batch {batch_time_ms}: fenced by another attempt of "
+                                       f"[{start}, {until}) of {source_topic}/{source_partition}") from e
                 detail = e.args[0].str() if isinstance(e, KafkaException) else str(e)
                 yield index, _outcome(e), f"{txid}: batch {batch_time_ms}: {detail}", None
                 return
@@ -212,8 +224,8 @@ def _write(spool: Spool, conf: dict, txid: str, topic: str, marker_topic: str, k
     source_topic, source_partition, start, until, _skip, _last = planned
     producer, spans, new = _producer(conf, txid, topic, timeout_s, reuse)
     if new:  # every other producer of the id is fenced now: what the markers hold is final
-        stored = _stored_end(conf, marker_topic, markers_from, key, timeout_s)
-        if stored == until:
+        stored = _stored_end(conf, marker_topic, markers_from, key, max(timeout_s, transaction_timeout_ms / 1000))
+        if stored is not None and stored >= until:  # (beyond: a later batch is in, and outputs go in batch order)
             return SKIPPED, 0, None
         if stored is not None and stored != start:
             return FAILED, (f"batch {batch_time_ms} reads {source_topic}/{source_partition} [{start}, {until}) "
@@ -260,17 +272,23 @@ def _outcome(e: BaseException) -> str:
 
 
 def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s: float) -> int | None:
-    """The end of the newest committed marker of ``key`` after ``start`` in the marker topic (None:
-    none), read up to the topic's end as it is now: the consumer (``read_committed``) waits there
-    for transactions still open to end."""
+    """The furthest end of the committed markers of ``key`` with records after ``start`` in the
+    marker topic (None: none), read up to the topic's end as it is now (its high watermark, asked
+    ``read_uncommitted``: a ``read_committed`` consumer's answer is the last stable offset): the
+    ``read_committed`` reader waits there, up to ``timeout_s``, for transactions still open to end."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer(client_settings(with_secrets(conf), **{
-        "group.id": f"sparkwal-check-{os.getpid()}", "isolation.level": "read_committed",
-        "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10}))
+    settings = client_settings(with_secrets(conf), **{
+        "group.id": f"sparkwal-check-{os.getpid()}", "enable.auto.commit": False, "enable.partition.eof": True,
+        "fetch.wait.max.ms": 10})
+    partition = TopicPartition(marker_topic, 0, start)
+    probe = Consumer({**settings, "isolation.level": "read_uncommitted"})
     try:
-        partition = TopicPartition(marker_topic, 0, start)
-        _low, high = consumer.get_watermark_offsets(partition, timeout_s, cached=False)
+        _low, high = probe.get_watermark_offsets(partition, timeout_s, cached=False)
+    finally:
+        probe.close()
+    consumer = Consumer({**settings, "isolation.level": "read_committed"})
+    try:
         if high <= start:
             return None
         consumer.assign([partition])
@@ -283,8 +301,8 @@ def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s
                     continue
                 if msg.key() == key:
                     marker = json.loads(msg.value())
-                    if "until" in marker:
-                        stored = int(marker["until"])
+                    if "until" in marker and int(marker["from"]) < int(marker["until"]):  # (not an empty range's)
+                        stored = max(stored or 0, int(marker["until"]))
                 if msg.offset() + 1 >= high:
                     return stored
         raise TimeoutError(f"the markers of {marker_topic} not read to offset {high} within {timeout_s:g} s")

@@ -8,17 +8,18 @@ that a batch's rows never pass through the driver:
 1. The driver looks the batch up in ``sparkwal_offsets``: already applied (a re-run after a crash
    between the database's commit and the stream's checkpoint), nothing runs.
 2. The driver creates the attempt's staging table (``sparkwal_stage_<hash of the sink's
-   name>_<t>_<attempt>``, UNLOGGED: transient), the target's columns after ``sparkwal_task``. Each
-   task COPYs its partition's rows into it, in its own transaction that first deletes what an
-   earlier attempt of the same task staged (under an advisory lock of the task: a retried or
-   speculative task replaces, never adds). Tasks connect without the password: libpq takes it
-   from their environment (``PGPASSWORD``, ``PGPASSFILE``), as credentials never travel in tasks.
+   name>_<t>_<attempt>``, UNLOGGED: transient), the target's columns after ``sparkwal_task`` and
+   ``sparkwal_row`` (the task's index, the row's number in it). Each task COPYs its partition's
+   rows into it, in its own transaction that first deletes what an earlier attempt of the same
+   task staged (under an advisory lock of the task: a retried or speculative task replaces, never
+   adds). Tasks connect without the password: libpq takes it from their environment
+   (``PGPASSWORD``, ``PGPASSFILE``), as credentials never travel in tasks.
 3. The driver's ONE transaction (under an advisory lock of the sink) checks the offsets as the
    SQLite sink does, checks that every staged row is there (the tasks' counts: a server crash
    empties an unlogged table), moves them into the target (``INSERT ... SELECT``; with ``keys``,
-   ``ON CONFLICT (keys) DO UPDATE``: upsert), stores the ranges' ends and drops the staging tables
-   of every attempt of this batch and earlier ones (an attempt that never committed: a killed
-   driver), then commits.
+   ``ON CONFLICT (keys) DO UPDATE``: upsert), stores the ranges' ends (empty ranges' too, see
+   below) and drops the staging tables of every attempt of this batch and earlier ones (an attempt
+   that never committed: a killed driver), then commits.
 
 Per partition (the default where it applies): when the rows keep the source's partitioning
 (only ``map``, ``filter``, ``flatMap``, ``mapPartitions``... between the direct stream and the rows,
@@ -31,6 +32,24 @@ neither its start nor absent, an error. Rows are written once (no staging) and a
 visible partition by partition; a re-run after any crash writes only the partitions missing
 (:mod:`sparkwal.engine.sinks.postgres_partitions`). ``saveStream(..., per_partition=False)``
 keeps the staged way, whose batches become visible whole.
+
+A key repeated within one batch (with ``keys``): the batch's rows are combined per key before the
+upsert, the LAST row winning, as a merge would: per partition, the last in the task's partition
+(rows are numbered as they are copied); staged, the last in the stream's order, which orders rows
+by task (partition) index, then by their order within the task: the last row of the highest task
+holding the key wins. (One ``INSERT ... ON CONFLICT DO UPDATE`` cannot change a row twice:
+without this, such a batch failed on every re-run, the stream stuck.) Rows with a NULL key are
+never combined: a unique constraint holds NULLs distinct.
+
+Every planned range's end is stored, empty ranges' too: a partition without records yet gets a
+row in ``sparkwal_offsets`` at its range's end, so :meth:`offsets` names every partition a
+committed batch planned. Such an end is only ever inserted where the partition has none
+(``INSERT ... ON CONFLICT DO NOTHING``, under the locks a task takes: a stored end, a zombie
+writer's included, is never moved). Staged, the driver's transaction inserts them; per
+partition, the driver inserts them in a transaction of its own BEFORE the tasks run (whatever
+part of a batch is visible, its empty partitions' ends are too); a batch that read nothing at all
+only does that. A driver remembers the partitions it knows stored: once every partition has an
+end, an empty batch costs no connection.
 
 The target table must exist (its columns are the rows' fields, in order; dicts are matched by
 name). :meth:`offsets` resumes a direct stream without a checkpoint.
@@ -47,8 +66,9 @@ from functools import partial
 
 from sparkwal.wal import StorageUnavailableError
 
-from ..sources.protocol import OffsetRange
-from .postgres_partitions import identifier, insert_select, table_rows, write_partition
+from ..sources.protocol import OffsetRange, TopicPartition
+from .postgres_partitions import (ROW, identifier, insert_empty_ends, insert_select, lock_ranges, table_rows,
+                                  write_partition)
 from .transactional import DbApiSink, SinkOffsetsError, keeps_source_partitions, ranges_by_partition, save_batches
 
 log = logging.getLogger(__name__)
@@ -91,15 +111,17 @@ class PostgresSink(DbApiSink):
         self.keys = list(keys or [])
         self.connect_timeout_s = connect_timeout_s
         self._target_columns: dict[str, list[str]] = {}  # the table's columns, read at the first batch
+        self._ends_stored: set[TopicPartition] = set()  # partitions this driver knows have a stored end
 
     def __getstate__(self) -> dict:
         """Pickled into checkpoints with the output: without the password (see the module)."""
-        state = {**self.__dict__, "_target_columns": {}}
+        state = {**self.__dict__, "_target_columns": {}, "_ends_stored": set()}
         state["conninfo"] = without_password(self.conninfo)
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"_target_columns": {}, **state})  # (sinks pickled before it existed)
+        # (sinks pickled before they existed)
+        self.__dict__.update({"_target_columns": {}, "_ends_stored": set(), **state})
 
     def connect(self):
         """A connection in autocommit mode (``BEGIN`` opens the sink's transactions); a server that
@@ -137,7 +159,7 @@ class PostgresSink(DbApiSink):
 
         def write_batch(batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
             if per_partition and not any(r.untilOffset > r.fromOffset for r in ranges):
-                return False  # nothing read: nothing to write
+                return sink.write_partitions(batch_time_ms, ranges, rdd)  # nothing read: empty ranges' ends only
             if per_partition and keeps_source_partitions(rdd, offsetsFrom.get_or_compute(batch_time_ms)):
                 return sink.write_partitions(batch_time_ms, ranges, rdd)
             return sink.write_batch(batch_time_ms, ranges, rdd)
@@ -147,8 +169,9 @@ class PostgresSink(DbApiSink):
     def write_partitions(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Each task's rows and its range's end in one transaction of its own (``rdd``'s partition
         ``i`` holds what the ``i``-th range with records read); False if every range was in the
-        database already, or if the batch read nothing."""
+        database already, or if the batch read nothing. Empty ranges' ends are stored first."""
         with_data = ranges_by_partition(self.name, batch_time_ms, ranges, rdd)
+        self.store_empty_ends(batch_time_ms, ranges)
         if not with_data:
             return False
         columns = self._target_columns.get(self.table)
@@ -167,11 +190,39 @@ class PostgresSink(DbApiSink):
         errors = [detail for _i, outcome, detail in outcomes if outcome == "error"]
         if errors:
             raise SinkOffsetsError(f"{self.name}: {errors[0]}")
+        self._ends_stored.update(r.topicPartition() for r in with_data)
         written = sum(1 for _i, outcome, _n in outcomes if outcome == "written")
         if written < len(with_data):
             log.info("%s: batch %d: %d of %d partitions were in the database already; not written again",
                      self.name, batch_time_ms, len(with_data) - written, len(with_data))
         return written > 0
+
+    def _empty_unknown(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        """``ranges``' empty ones whose partition this driver does not know stored."""
+        return [r for r in ranges if r.untilOffset <= r.fromOffset and r.topicPartition() not in self._ends_stored]
+
+    def store_empty_ends(self, batch_time_ms: int, ranges: list[OffsetRange]) -> None:
+        """The end of each empty range whose partition has none stored, in a transaction of its
+        own under the locks a task takes (see the module); no connection if this driver knows
+        every such partition stored."""
+        empty = self._empty_unknown(ranges)
+        if not empty:
+            return
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_table(cur)
+            cur.execute(self.begin_sql)
+            try:
+                lock_ranges(cur, self.name, empty)
+                insert_empty_ends(cur, self.name, batch_time_ms, empty)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+        self._ends_stored.update(r.topicPartition() for r in empty)
 
     def _columns(self, cur) -> list[str]:
         """The target's columns."""
@@ -190,15 +241,20 @@ class PostgresSink(DbApiSink):
         columns = self._prepare(batch_time_ms, ranges, staging)
         if columns is None:
             log.info("%s: batch %d is in the database already; not written again", self.name, batch_time_ms)
+            self.store_empty_ends(batch_time_ms, ranges)  # (a batch committed before they were stored)
             return False
         task = partial(stage_partition, conninfo=without_password(self.conninfo), staging=staging,
                        columns=columns, connect_timeout_s=self.connect_timeout_s)
         staged = sum(rdd.mapPartitionsWithIndex(task).collect())  # counts only, never the rows
         if not staged and not any(r.untilOffset > r.fromOffset for r in ranges):
             self._drop_staging(batch_time_ms)
-            return False  # nothing read, nothing written: no transaction
-        return self.commit_batch(batch_time_ms, ranges,
-                                 lambda cur: self._move(cur, batch_time_ms, staging, staged, columns))
+            self.store_empty_ends(batch_time_ms, ranges)
+            return False  # nothing read, nothing written: empty ranges' ends only
+        empty = self._empty_unknown(ranges)
+        written = self.commit_batch(batch_time_ms, ranges,
+                                    lambda cur: self._move(cur, batch_time_ms, staging, staged, columns, empty))
+        self._ends_stored.update(r.topicPartition() for r in ranges if r.untilOffset > r.fromOffset or written)
+        return written
 
     def _prepare(self, batch_time_ms: int, ranges: list[OffsetRange], staging: str) -> list[str] | None:
         """The target's columns, and the attempt's staging table created (UNLOGGED: it is
@@ -212,21 +268,27 @@ class PostgresSink(DbApiSink):
             if self.batch_applied(cur, batch_time_ms, [r for r in ranges if r.untilOffset > r.fromOffset]):
                 return None
             columns = self._columns(cur)
-            cur.execute(sql.SQL("CREATE UNLOGGED TABLE {staging} AS SELECT NULL::integer AS sparkwal_task, t.* "
-                                "FROM {table} AS t WITH NO DATA").format(staging=sql.Identifier(staging),
-                                                                         table=identifier(self.table)))
+            cur.execute(sql.SQL("CREATE UNLOGGED TABLE {staging} AS SELECT NULL::integer AS sparkwal_task, "
+                                "NULL::bigint AS {row}, t.* FROM {table} AS t WITH NO DATA").format(
+                staging=sql.Identifier(staging), row=sql.Identifier(ROW), table=identifier(self.table)))
             return columns
         finally:
             conn.close()
 
-    def _move(self, cur, batch_time_ms: int, staging: str, staged: int, columns: list[str]) -> None:
+    def _move(self, cur, batch_time_ms: int, staging: str, staged: int, columns: list[str],
+              empty: list[OffsetRange]) -> None:
+        """In the driver's transaction (the sink's lock held exclusively: no task nor other
+        driver of the sink writes offsets meanwhile): the staged rows into the target, the last
+        of a repeated key winning (task index, then row), and the ``empty`` ranges' ends."""
         sql = _psycopg().sql
         cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(staging)))
         found = cur.fetchone()[0]
         if found != staged:  # (an unlogged table is emptied by a server crash: the batch runs again)
             raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}: {found} rows staged in {staging}, "
                                    f"the tasks wrote {staged}: not moved")
-        cur.execute(insert_select(self.table, columns, self.keys, sql.Identifier(staging)))
+        cur.execute(insert_select(self.table, columns, self.keys, sql.Identifier(staging),
+                                  order=["sparkwal_task", ROW]))
+        insert_empty_ends(cur, self.name, batch_time_ms, empty)
         self._drop_staging_in(cur, batch_time_ms)
 
     def _drop_staging(self, up_to_ms: int) -> None:
@@ -249,17 +311,17 @@ class PostgresSink(DbApiSink):
 
 
 def stage_partition(index, rows, conninfo, staging, columns, connect_timeout_s):
-    """Task side: COPY this partition's rows into the attempt's staging table, replacing what an
-    earlier attempt of this task staged; yields the rows' count."""
+    """Task side: COPY this partition's rows into the attempt's staging table, numbered in order,
+    replacing what an earlier attempt of this task staged; yields the rows' count."""
     psycopg = _psycopg()
     sql = psycopg.sql
     n = 0
     with psycopg.connect(conninfo, connect_timeout=connect_timeout_s) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{staging}/{index}",))
         cur.execute(sql.SQL("DELETE FROM {} WHERE sparkwal_task = %s").format(sql.Identifier(staging)), (index,))
-        names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", *columns)))
+        names = sql.SQL(", ").join(map(sql.Identifier, ("sparkwal_task", ROW, *columns)))
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(staging), names)) as copy:
             for values in table_rows(rows, columns):
-                copy.write_row((index, *values))
+                copy.write_row((index, n, *values))
                 n += 1
     yield n  # (the connection's context committed the transaction)

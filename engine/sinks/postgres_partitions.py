@@ -5,15 +5,18 @@ partitioning, each task writes its rows and its offset range's end in one transa
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..sources.protocol import OffsetRange
+
+ROW = "sparkwal_row"  #: the column numbering a task's rows in the order they came, for upserts
 
 
 def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: list[str], keys: list[str],
                     batch_time_ms: int, ranges: list[OffsetRange], connect_timeout_s: int):
-    """Task side: this partition's rows and its range's end in one transaction; yields
-    ``(index, "written" | "applied" | "error", detail)``."""
+    """Task side: this partition's rows and its range's end in one transaction (with ``keys``,
+    through a temporary table numbering the rows: a key repeated in the partition upserts its
+    last row); yields ``(index, "written" | "applied" | "error", detail)``."""
     import psycopg
     from psycopg import sql
 
@@ -27,7 +30,7 @@ def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: 
                     (sink, r.topic, partition))
         found = cur.fetchone()
         stored = None if found is None else int(found[0])
-        if stored == r.untilOffset:
+        if stored is not None and stored >= r.untilOffset:  # (beyond: a later batch is in, outputs go in order)
             yield index, "applied", 0
             return
         if stored is not None and stored != r.fromOffset:
@@ -35,24 +38,46 @@ def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: 
                                    f"{r.untilOffset}) but the database's output ends at offset {stored}: start "
                                    "the stream from the database's offsets (fromOffsets=sink.offsets())")
             return
-        names = sql.SQL(", ").join(map(sql.Identifier, columns))
-        target = identifier(table)
-        if keys:  # upsert: through a temporary table of the transaction
-            cur.execute(sql.SQL("CREATE TEMP TABLE sparkwal_rows ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA")
-                        .format(target))
-            target = sql.Identifier("sparkwal_rows")
         n = 0
-        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(target, names)) as copy:
-            for values in table_rows(rows, columns):
-                copy.write_row(values)
-                n += 1
-        if keys:
-            cur.execute(insert_select(table, columns, keys, target))
+        if keys:  # upsert: through a temporary table of the transaction, the rows numbered in order
+            cur.execute(sql.SQL("CREATE TEMP TABLE sparkwal_rows ON COMMIT DROP AS SELECT t.*, NULL::bigint AS "
+                                "{row} FROM {table} AS t WITH NO DATA").format(row=sql.Identifier(ROW),
+                                                                               table=identifier(table)))
+            names = sql.SQL(", ").join(map(sql.Identifier, (*columns, ROW)))
+            with cur.copy(sql.SQL("COPY sparkwal_rows ({}) FROM STDIN").format(names)) as copy:
+                for values in table_rows(rows, columns):
+                    copy.write_row((*values, n))
+                    n += 1
+            cur.execute(insert_select(table, columns, keys, sql.Identifier("sparkwal_rows"), order=[ROW]))
+        else:
+            names = sql.SQL(", ").join(map(sql.Identifier, columns))
+            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(identifier(table), names)) as copy:
+                for values in table_rows(rows, columns):
+                    copy.write_row(values)
+                    n += 1
         cur.execute("DELETE FROM sparkwal_offsets WHERE sink = %s AND topic = %s AND partition = %s",
                     (sink, r.topic, partition))
         cur.execute("INSERT INTO sparkwal_offsets VALUES (%s, %s, %s, %s, %s)",
                     (sink, r.topic, partition, r.untilOffset, batch_time_ms))
     yield index, "written", n  # (the connection's context committed the transaction)
+
+
+def insert_empty_ends(cur, sink: str, batch_time_ms: int, ranges: list[OffsetRange]) -> None:
+    """Store the end of each of ``ranges`` (empty ones) whose partition has no stored end; a
+    stored end is never moved (``ON CONFLICT DO NOTHING``: it waits for a writer of the partition
+    whose transaction is open, then leaves what it stored)."""
+    if not ranges:
+        return
+    cur.executemany("INSERT INTO sparkwal_offsets VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    [(sink, r.topic, json.dumps(r.partition), r.untilOffset, batch_time_ms) for r in ranges])
+
+
+def lock_ranges(cur, sink: str, ranges: list[OffsetRange]) -> None:
+    """In a transaction: the sink's lock shared and the ranges' own, as a task takes them (the
+    ranges in one order: two such transactions never deadlock)."""
+    cur.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", (f"sparkwal_offsets/{sink}",))
+    for topic, partition in sorted({(r.topic, json.dumps(r.partition)) for r in ranges}):
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"sparkwal_offsets/{sink}/{topic}/{partition}",))
 
 
 def identifier(table: str):
@@ -61,11 +86,21 @@ def identifier(table: str):
     return sql.Identifier(*table.split(".", 1))
 
 
-def insert_select(table: str, columns: list[str], keys: list[str], source):
-    """``INSERT INTO table (columns) SELECT columns FROM source``, upserting by ``keys`` if any."""
+def insert_select(table: str, columns: list[str], keys: list[str], source, order: Sequence[str] = ()):
+    """``INSERT INTO table (columns) SELECT columns FROM source``, upserting by ``keys`` if any: the
+    source's rows combined per key first, the last by ``order`` (columns of ``source``) winning, as
+    one ``INSERT ... ON CONFLICT DO UPDATE`` cannot change a row twice; rows with a NULL key are
+    never combined (a unique constraint holds NULLs distinct: each goes in, as without ``keys``)."""
     from psycopg import sql
 
     cols = sql.SQL(", ").join(map(sql.Identifier, columns))
+    if keys and order:
+        key_cols = sql.SQL(", ").join(map(sql.Identifier, keys))
+        last = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(c)) for c in order)
+        null_key = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(sql.Identifier(k)) for k in keys)
+        source = sql.SQL("(SELECT {cols}, row_number() OVER (PARTITION BY {keys} ORDER BY {last}) AS sparkwal_rank "
+                         "FROM {source}) AS s WHERE sparkwal_rank = 1 OR {null_key}").format(
+            cols=cols, keys=key_cols, last=last, source=source, null_key=null_key)
     move = sql.SQL("INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}").format(
         table=identifier(table), cols=cols, source=source)
     if keys:

@@ -130,7 +130,7 @@ class DbApiSink(ABC):
             stored = None if row is None else int(row[0])
             if stored is None or stored == r.fromOffset:
                 states.append(False)
-            elif stored == r.untilOffset:
+            elif stored >= r.untilOffset:  # (beyond: a later batch is in, and outputs go in batch order)
                 states.append(True)
             else:
                 raise SinkOffsetsError(
