@@ -390,7 +390,7 @@ FLAGS = {
                                      "--conf", "--json", "--verbose"],
     ("sparkwal.engine.drill",): ["--kills", "--duration", "--files", "--report", "--batch", "--seed", "--dir",
                                  "--upgrade", "--mode", "--standby", "--nemesis", "--faults", "--master",
-                                 "--standalone", "--kinds"],
+                                 "--standalone", "--kinds", "--speculation"],
     ("sparkwal", "wal", "inspect"): ["--records", "--json", "--storage-option"],
     ("sparkwal", "wal", "repair"): ["--yes"],
     ("sparkwal", "checkpoint", "state"): ["--out", "--format", "--stream", "--limit"],

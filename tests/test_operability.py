@@ -141,6 +141,8 @@ def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout:
     ("sparkwal.engine.drill", ["--kinds", "driver"], "--kinds is for --mode receiver"),
     ("sparkwal.engine.drill", ["--sink", "delta"], "--sink delta is for --mode direct"),
     ("sparkwal.engine.drill", ["--sink", "kafka"], "--sink kafka is for --mode direct"),
+    ("sparkwal.engine.drill", ["--speculation"], "--speculation is for --mode direct"),
+    ("sparkwal.engine.drill", ["--mode", "direct", "--speculation"], "--speculation needs --standalone N with N >= 2"),
     ("sparkwal.engine.drill", ["--mode", "direct", "--sink", "iceberg"], "argument --sink: invalid choice: 'iceberg'"),
     ("sparkwal.engine.wordcount", ["--source", "filelog", "--sink", "kafka"], "--sink kafka needs --kafka HOST:PORT"),
     ("sparkwal.engine.wordcount", ["--kafka", "127.0.0.1:9092"], "--kafka is for --sink kafka"),

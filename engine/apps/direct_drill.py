@@ -10,6 +10,14 @@ batches or in the middle of one, then restarted on the same work directory. Afte
 the appender stops and the app runs until it has counted everything. Exactly once means: the lines
 counted per partition equal the lines appended, and every word total equals the count derived from
 the appended lines (a lost or doubled line changes both).
+
+``--speculation --standalone N`` (N >= 2): ``spark.speculation=true``, eagerly, on a standalone
+cluster whose workers are hosts of their own (127.0.0.2, 127.0.0.3...: Spark never runs a copy of a
+task on a host that runs an attempt of it, so one host never speculates), and the first attempt of
+every other task of the batch's output stage slowed by 1.5 s: speculative copies run beside the
+slowed attempts, which wake and write too (Delta files, PostgreSQL staged rows) before their executor
+kills them, and the sink must keep one. A batch interval under a second falls behind. The report
+counts the copies that ran (``speculative_attempts``).
 """
 
 from __future__ import annotations
@@ -21,20 +29,45 @@ import time
 
 from sparkwal.service import spawn
 
-from .direct_wordcount import PARTITIONS, append_lines, expected_direct_counts, read_results
+from .direct_wordcount import (PARTITIONS, SLOW_FIRST_ATTEMPTS_ENV, SPECULATED_DIR_ENV, append_lines,
+                               expected_direct_counts, read_results)
 from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
 
 SINK_NAMES = {"delta": "Delta", "postgres": "PostgreSQL", "kafka": "Kafka"}
 
+#: ``--speculation``: Spark's settings that launch a copy of a task as soon as it runs longer than
+#: the others of its stage (checked every 100 ms)
+SPECULATION_CONF = ("spark.speculation=true", "spark.speculation.interval=100ms",
+                    "spark.speculation.multiplier=1.2", "spark.speculation.quantile=0.5",
+                    "spark.speculation.minTaskRuntime=50ms")
+
+
+#: ``--speculation``: how long a slowed first attempt sleeps: long enough for its copy to start and
+#: finish first, short enough to wake and write before its executor kills it once the stage is done
+#: (``spark.python.task.killTimeout``, 2 s after the copy's success)
+SLOW_FIRST_ATTEMPTS_MS = 1500
+
+
+def speculation_args(workdir: str, batch: float) -> tuple[str, ...]:
+    """The main job's ``--conf`` arguments of ``--speculation``: Spark's settings, and the executors'
+    environment that slows first attempts and counts the copies (in ``WORKDIR/speculation``)."""
+    counted = os.path.join(workdir, "speculation")
+    os.makedirs(counted, exist_ok=True)
+    confs = [*SPECULATION_CONF, f"spark.executorEnv.{SLOW_FIRST_ATTEMPTS_ENV}={SLOW_FIRST_ATTEMPTS_MS}",
+             f"spark.executorEnv.{SPECULATED_DIR_ENV}={counted}"]
+    return tuple(x for c in confs for x in ("--conf", c))
+
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000,
-        standby: bool = False, sink: str = "sqlite") -> dict:
+        standby: bool = False, sink: str = "sqlite", speculation: bool = False) -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
     standby is started. ``sink``: the main job's (``sqlite``, ``delta``, or ``postgres`` and
-    ``kafka`` on a server of the drill's own), read back through its own reader."""
+    ``kafka`` on a server of the drill's own), read back through its own reader. ``speculation``:
+    speculative copies of slowed first attempts (``master``: a standalone cluster with hosts apart)."""
+    speculate = speculation_args(workdir, batch) if speculation else ()
     if sink == "postgres":
         from .postgres_server import PostgresCluster
 
@@ -42,7 +75,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         try:
             server.start()
             return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
-                        ("--postgres", server.conninfo))
+                        ("--postgres", server.conninfo, *speculate))
         finally:
             server.remove()
     if sink == "kafka":
@@ -50,8 +83,8 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
 
         with tansu_broker() as bootstrap:
             return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
-                        ("--kafka", bootstrap))
-    return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, ())
+                        ("--kafka", bootstrap, *speculate))
+    return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, speculate)
 
 
 def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, sink_args) -> dict:
@@ -113,6 +146,8 @@ def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standb
         "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
         "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
     })
+    if "--conf" in sink_args:
+        result["speculative_attempts"] = len(os.listdir(os.path.join(workdir, "speculation")))
     return result
 
 

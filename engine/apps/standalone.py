@@ -33,7 +33,10 @@ class StandaloneClusterError(SparkwalError, RuntimeError):
 
 class StandaloneCluster:
     def __init__(self, workdir: str, workers: int = 2, env: dict | None = None, timeout_s: float = 60,
-                 cores: int = 1, memory: str = "1g"):
+                 cores: int = 1, memory: str = "1g", hosts_apart: bool = False):
+        """``hosts_apart``: worker ``i`` (and its executors) on 127.0.0.``i + 2`` instead of 127.0.0.1,
+        so that the workers are hosts of their own to Spark's scheduler, which never runs a
+        speculative copy of a task on a host that runs an attempt of it (``TaskSetManager``)."""
         spark_home = os.path.dirname(pyspark.__file__)
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
@@ -49,9 +52,10 @@ class StandaloneCluster:
         for i in range(workers):
             work = os.path.join(workdir, f"worker-{i}")
             os.makedirs(work, exist_ok=True)
+            host = f"127.0.0.{i + 2}" if hosts_apart else "127.0.0.1"
             self._start(f"worker-{i}", [spark_class, "org.apache.spark.deploy.worker.Worker", self.url,
-                                        "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                                        "--webui-port", "0", "--work-dir", work])
+                                        "--host", host, "--cores", str(cores), "--memory", memory,
+                                        "--webui-port", "0", "--work-dir", work], SPARK_LOCAL_IP=host)
         self._wait(lambda: self._log_count("master", "Registering worker") >= workers, timeout_s,
                    f"{workers} workers")
 
@@ -62,9 +66,9 @@ class StandaloneCluster:
     def _log(self, name: str) -> str:
         return os.path.join(self.workdir, f"{name}.log")
 
-    def _start(self, name: str, cmd: list[str]) -> None:
+    def _start(self, name: str, cmd: list[str], **env: str) -> None:
         with open(self._log(name), "w") as log:
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **env},
                                                start_new_session=True))
 
     def _log_has(self, name: str, text: str) -> bool:

@@ -10,10 +10,12 @@ transaction that carries the batch's identity, written by the executors and comm
    ends, the batch is in the table already (a re-run after a crash between the Delta commit and
    the stream's checkpoint): nothing is written. If each starts there (or its partition has no
    output yet), the batch is written. Anything else (partly in, or an output ending elsewhere)
-   is a :class:`SinkOffsetsError` naming the partition and both offsets. Only where offsets
-   cannot tell (a batch that read no records; a history without the sink's newest commit, gone
-   with log retention) is a batch in iff the ``txn`` version is ``t`` (it is that commit);
-   a batch with records over such a history is refused.
+   is a :class:`SinkOffsetsError` naming the partition and both offsets; an output ending beyond
+   every range means a later batch is in, and outputs go in batch order: in. Where offsets cannot
+   tell, the ``txn``: a batch that read no records (a window's output) is in iff the ``txn``
+   version is ``t`` or later; over a history without the sink's newest commit (gone with log
+   retention) a batch is in iff the ``txn`` version is ``t`` (it is that commit), and a batch
+   with records is refused otherwise.
 2. Each task writes its partition's rows as Parquet files with pyarrow under the table, their
    names recorded first (files and records: :mod:`sparkwal.engine.sinks.delta_files`). Only the
    files' add actions (path, size, statistics) come back to the driver: a batch's output never
@@ -262,10 +264,16 @@ class DeltaSink:
         """Whether the table holds the batch, by the sink's offsets (module docstring, step 1):
         True, False, or an error if the offsets do not fit the batch."""
         read = [r for r in ranges if r.untilOffset > r.fromOffset]
-        ends = self._read_ends(table) if read else None
+        if not read:  # no offsets to decide by (a window's output of a batch that read nothing): the txn
+            txn = self._txn(table)
+            if txn is not None and txn >= batch_time_ms:
+                log.info("%s: batch %d read nothing and the Delta table %s holds batch %d; not written again",
+                         self.name, batch_time_ms, self.table_uri, txn)
+            return txn is not None and txn >= batch_time_ms
+        ends = self._read_ends(table)
         if ends is None:  # nothing to decide by but the txn: the batch is the newest commit, or not in
             txn = self._txn(table)
-            if read and txn != batch_time_ms:
+            if txn != batch_time_ms:
                 raise self._history_lost(table, batch_time_ms)
             if txn == batch_time_ms:
                 log.info("%s: batch %d is in the Delta table %s already (the txn version); not written "

@@ -65,8 +65,8 @@ from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
                             RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks, partition_ends)
-from .kafka_partitions import (FAILED, marker_key, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, produce_partition,
-                               legacy_transactional_ids, transaction_timed_out, transactional_id)
+from .kafka_partitions import (FAILED, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, empty_range_marker,
+                               legacy_transactional_ids, produce_partition, transaction_timed_out, transactional_id)
 from .kafka_batch import ReadyRecords
 from .kafka_records import partition_count, produce_records
 from .transactional import SinkOffsetsError, advance_ends, keeps_source_partitions, ranges_by_partition, save_batches
@@ -223,10 +223,13 @@ class KafkaSink:
     def offsets(self) -> SinkOffsets:
         """The end offset of every partition the sink's output reached: ``directStream(fromOffsets=...)``
         (:class:`~sparkwal.engine.sources.SinkOffsets`). Starts the producer: the caller becomes
-        the sink's writer (earlier ones are fenced)."""
+        the sink's writer (earlier ones are fenced: per partition, the ids of every partition the
+        markers name, then the markers are read again)."""
         self.producer()
         if self.per_partition:
-            return SinkOffsets(self._partition_ends_now())
+            known = self._partition_ends_now()
+            return SinkOffsets(self._partition_ends_now([OffsetRange(tp.topic, tp.partition, o, o)
+                                                         for tp, o in known.items()]))
         return SinkOffsets(self._ends())
 
     def batches_committed(self) -> int:
@@ -276,9 +279,10 @@ class KafkaSink:
                 advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
             plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, done,
                          self._writers.get((r.topic, r.partition))))
-        self._mark_unseen(batch_time_ms, [r for r in ranges if r.untilOffset <= r.fromOffset], ends)
+        empty = [r for r in ranges if r.untilOffset <= r.fromOffset]
         if all(skip for *_r, skip, _writer in plan):
             log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
+            self._mark_unseen(batch_time_ms, empty, ends)
             return False
         conf = {**(without_credentials(self.conf) or {}), "transaction.timeout.ms": self.transaction_timeout_ms}
         task = partial(produce_partition, plan=plan, conf=conf, topic=self.topic, tag=not self.honours_transactions,
@@ -300,6 +304,7 @@ class KafkaSink:
         for i, _outcome, _detail, worker in (o for o in outcomes if o[1] == WRITTEN):
             writers[(plan[i][0], plan[i][1])] = worker
         self._writers = writers
+        self._mark_unseen(batch_time_ms, empty, ends)  # (after the batch's ranges with records are in)
         return any(outcome == WRITTEN for _i, outcome, _d, _w in outcomes)
 
     def _mark_unseen(self, batch_time_ms: int, empty: list[OffsetRange], ends: dict[TopicPartition, int]) -> None:
@@ -312,12 +317,8 @@ class KafkaSink:
         self.broker_call("begin_transaction", producer.begin_transaction)
         try:
             for r in unseen:
-                marker = {"sink": self.name, "batchTimeMs": batch_time_ms, "source": [r.topic, r.partition],
-                          "from": r.untilOffset, "until": r.untilOffset, "records": 0, "written": []}
-                producer.produce(self.marker_topic, json.dumps(marker).encode(),
-                                 marker_key(self.name, r.topic, r.partition))
-            self.broker_call(f"commit of batch {batch_time_ms}'s empty ranges", producer.commit_transaction,
-                             self.timeout_s)
+                producer.produce(self.marker_topic, *empty_range_marker(self.name, batch_time_ms, r))
+            self.broker_call(f"batch {batch_time_ms}'s empty ranges", producer.commit_transaction, self.timeout_s)
         except BaseException:
             self._abort(producer)
             raise
@@ -389,6 +390,9 @@ class KafkaSink:
         there (True), or none of them has begun (False); anything else is an error naming both."""
         ends = self._ends()
         with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
+        if not with_data:  # no offsets to decide by (a window's output of a batch that read nothing)
+            last = self.committed_batch()
+            return last is not None and last >= batch_time_ms
         # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
         done = [ends.get(TopicPartition(r.topic, r.partition), -1) >= r.untilOffset for r in with_data]
         if with_data and all(done):

@@ -14,11 +14,13 @@ sink's per-partition way does with database transactions.
   write): any other producer of the id started since would have fenced it, so its commit fails.
 * The check inside the fence: a task that starts a producer then reads the partition's markers
   written since the batch began (``read_committed``, up to the marker topic's end as it was after
-  ``init_transactions``, waiting for other tasks' transactions there to end): a marker of its range
-  means it is in (an earlier attempt committed) and the task writes nothing; a marker ending
-  anywhere else than the range's start is an error naming both offsets. Nothing can commit between
-  the check and the task's own commit without fencing it (the PostgreSQL sink's re-check under a
-  lock, with Kafka's fence as the lock).
+  ``init_transactions`` — its high watermark, not the last stable offset a ``read_committed``
+  consumer is told — waiting up to the transaction timeout for other tasks' transactions there to
+  end): a marker of its range (or beyond) means it is in (an earlier attempt committed) and the
+  task writes nothing; a marker ending anywhere else than the range's start is an error naming
+  both offsets. No producer of the range's id can commit between the check and the task's own
+  commit without fencing it (the PostgreSQL sink's re-check under a lock, with Kafka's fence as
+  the lock); the previous release's per-slot ids are fenced by the driver too.
 * The driver, before its first batch and for every new source partition, fences each id, then
   reads the markers; before each batch it reads the markers written since (a fenced-out writer
   may have committed before the fence): a range whose source partition's newest marker ends at the
@@ -35,7 +37,8 @@ sink's per-partition way does with database transactions.
 
   A partition whose range in a batch is empty and that has no marker yet gets one from the driver
   (``"records": 0``, nothing written): the sink's offsets name every partition it was planned.
-  Readers keep the first marker of a range (a broker that does not fence may let two commit).
+  Readers keep a partition's furthest end, and the sink's reader drops a marker whose range begins
+  before the end of those it kept (a re-write: a broker that does not fence may let two commit).
 
 Concurrent tasks' records interleave in the topic's partitions, so a marker's ``written`` span
 may hold another task's records: on a broker that shows aborted records to ``read_committed``
@@ -88,6 +91,13 @@ def marker_key(name: str, topic: str, partition) -> bytes:
     return f"{name}/{topic}/{partition}".encode()
 
 
+def empty_range_marker(name: str, batch_time_ms: int, r) -> tuple[bytes, bytes]:
+    """``(value, key)`` of the driver's marker of an empty range ``r`` (an OffsetRange)."""
+    marker = {"sink": name, "batchTimeMs": batch_time_ms, "source": [r.topic, r.partition],
+              "from": r.untilOffset, "until": r.untilOffset, "records": 0, "written": []}
+    return json.dumps(marker).encode(), marker_key(name, r.topic, r.partition)
+
+
 class DeliverySpans:
     """The delivery callback of the records :func:`~.kafka_records.produce_records` reports (each
     partition's first and last): the first and last offset a transaction wrote to each partition,
@@ -130,7 +140,9 @@ class Spool:
             self.kept.extend(records)
             size += sum(len(k or b"") + len(v or b"") for k, v in records) + 64 * len(records)
             if size > memory_bytes:
-                self.file = tempfile.TemporaryFile(prefix="sparkwal-kafka-spool-")
+                local_dirs = os.environ.get("SPARK_LOCAL_DIRS", "")  # (the executor's spark.local.dir)
+                self.file = tempfile.TemporaryFile(prefix="sparkwal-kafka-spool-",
+                                                   dir=local_dirs.split(",")[0] or None)
 
     def __iter__(self) -> Iterator[tuple]:
         yield from self.kept
