@@ -39,6 +39,10 @@ def test_sqlite_sink_applies_a_batch_once_and_resumes_from_its_offsets(tmp_path)
         sink.commit_batch(1500, [OffsetRange("log", "a", 6, 7)], write)
     with pytest.raises(SinkOffsetsError, match=r"log/a \[4, 6\) but the database's output ends at offset 5"):
         sink.commit_batch(1500, [OffsetRange("log", "a", 4, 6)], write)
+    # a stream behind the sink (explicit fromOffsets below its end, offsets that restarted): a later batch
+    # whose range ends before the stored end is refused, not taken for in
+    with pytest.raises(SinkOffsetsError, match=r"log/a \[0, 3\) but the database's output ends at offset 5"):
+        sink.commit_batch(3000, [OffsetRange("log", "a", 0, 3)], write)
 
     def broken(cur):
         write(cur)

@@ -79,9 +79,9 @@ def test_a_later_batch_waits_for_the_sink_commit_of_an_earlier_one_while_other_o
 
     wait_turn, commit_batch = scheduler.wait_turn, SQLiteSink.commit_batch
 
-    def noted_wait(cond, pending, time_ms, op, abandoned):
+    def noted_wait(cond, pending, time_ms, op, abandoned, *failed):
         TIMELINE[0]._add("turn", time_ms, op)
-        return wait_turn(cond, pending, time_ms, op, abandoned)
+        return wait_turn(cond, pending, time_ms, op, abandoned, *failed)
 
     def held_commit(self, batch_ms, ranges, write):
         if batch_ms == T1:
@@ -122,6 +122,51 @@ def test_a_later_batch_waits_for_the_sink_commit_of_an_earlier_one_while_other_o
         rows = db.execute("SELECT batch_ms, line FROM seen ORDER BY rowid").fetchall()
     assert [b for b, _ in rows] == [T1] * 3 + [T2] * 2
     assert timeline.index(("committed", 0, -1)) < timeline.index(("committed", 1, -1))
+
+
+def test_a_failed_output_stops_the_same_output_of_every_later_batch(spark_context, tmp_path, monkeypatch):
+    """Batch 1's sink output fails while batch 2's waits for its turn: batch 2's must not run (a
+    sink judges a range ending at or before its stored end as in, because outputs go in batch
+    order; batch 2's output over a failed batch 1 would make the restart skip batch 1's records)."""
+    from sparkwal.engine.driver import scheduler
+
+    wait_turn, commit_batch = scheduler.wait_turn, SQLiteSink.commit_batch
+
+    def noted_wait(cond, pending, time_ms, op, abandoned, *failed):
+        TIMELINE[0]._add("turn", time_ms, op)
+        return wait_turn(cond, pending, time_ms, op, abandoned, *failed)
+
+    def failing_commit(self, batch_ms, ranges, write):
+        if batch_ms == T1:
+            assert TIMELINE[0].wait_for(("turn", T2, 0)), "batch 2 never waited for its turn"
+            raise RuntimeError("the database refused batch 1")
+        TIMELINE[0]._add("tried", batch_ms, 0)
+        return commit_batch(self, batch_ms, ranges, write)
+
+    monkeypatch.setattr(scheduler, "wait_turn", noted_wait)
+    monkeypatch.setattr(SQLiteSink, "commit_batch", failing_commit)
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    clock, timeline = ManualClock(), Timeline()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.directStream(FileLogSource(str(logdir)))
+    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
+    sink.saveStream(stream, stream, write)  # output 0: in batch order
+    TIMELINE[:] = [timeline]
+    ssc.addStreamingListener(timeline)
+    ssc.start()
+    try:
+        append_lines(str(logdir), "p0", 0, 3)
+        clock.advance(500)
+        assert timeline.wait_for(("submitted", T1, -1))
+        append_lines(str(logdir), "p1", 0, 2)  # a partition the sink has no end for
+        clock.advance(500)
+        assert timeline.wait_for(("failed", T2, 0)), timeline.seen
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert ("failed", T1, 0) in timeline.seen and ("tried", T2, 0) not in timeline.seen
+    assert sink.offsets() == {}  # nothing of batch 2 stored: the restart runs both batches
 
 
 def test_a_kill_while_two_batches_overlap_loses_and_doubles_nothing(tmp_path):

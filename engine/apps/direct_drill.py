@@ -16,7 +16,8 @@ cluster whose workers are hosts of their own (127.0.0.2, 127.0.0.3...: Spark nev
 task on a host that runs an attempt of it, so one host never speculates), and the first attempt of
 every other task of the batch's output stage slowed by 1.5 s: speculative copies run beside the
 slowed attempts, which wake and write too (Delta files, PostgreSQL staged rows) before their executor
-kills them, and the sink must keep one. A batch interval under a second falls behind. The report
+kills them, and the sink must keep one (the Kafka and SQLite sinks write from the driver: their
+copies only compute). A batch interval under a second falls behind. The report
 counts the copies that ran (``speculative_attempts``).
 """
 

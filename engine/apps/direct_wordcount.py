@@ -15,6 +15,7 @@ import json
 import operator
 import os
 import sqlite3
+import uuid
 
 from .wordcount_data import WORDS
 
@@ -68,14 +69,16 @@ SPECULATED_DIR_ENV = "SPARKWAL_DRILL_SPECULATED_DIR"
 
 def slow_first_attempts(index: int, counts):
     """The output stage's records; under the drill's ``--speculation``, after a pause in the first
-    attempt of every other task (a copy leaves a file in :data:`SPECULATED_DIR_ENV`'s directory)."""
+    attempt of every other task (a later attempt, a copy or a retry, leaves a file in
+    :data:`SPECULATED_DIR_ENV`'s directory; retries are rare there: a kill takes the driver's
+    executors with it)."""
     pause_ms = int(os.environ.get(SLOW_FIRST_ATTEMPTS_ENV) or 0)
     if pause_ms:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0:
-            name = f"{context.stageId()}-{index}-{context.taskAttemptId()}"
+            name = f"{context.stageId()}-{index}-{uuid.uuid4().hex}"  # (task attempt ids restart with each app)
             open(os.path.join(os.environ[SPECULATED_DIR_ENV], name), "w").close()
         elif context is not None and index % 2 == 0:
             import time

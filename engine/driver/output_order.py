@@ -12,6 +12,11 @@ batches' other operations, still overlap.
 
 No deadlock: the scheduler's pool takes jobs in the order they were submitted (batch order), so
 the same operation of an earlier batch was taken before and waits on nothing later.
+
+An in-order operation that failed stops the same operation of every later batch (which would
+otherwise run at once: a failed operation is a completed one): a sink judges a range whose
+partition's stored end is at or beyond its end as in, because outputs go in batch order, so a
+later batch's output over a failed earlier one would make the restart skip the earlier's records.
 """
 
 from __future__ import annotations
@@ -32,14 +37,25 @@ class BatchOrderStopped(EngineError, RuntimeError):
     is left, uncommitted, for the restart."""
 
 
+def note_failure(cond: threading.Condition, failed: dict[int, int], output_op_id: int, time_ms: int) -> None:
+    """Record that in-order operation ``output_op_id`` failed in batch ``time_ms`` (see :func:`wait_turn`)."""
+    with cond:
+        failed.setdefault(output_op_id, time_ms)
+
+
 def wait_turn(cond: threading.Condition, pending: Mapping[int, _PendingBatch], time_ms: int,
-              output_op_id: int, abandoned: Callable[[], bool]) -> None:
+              output_op_id: int, abandoned: Callable[[], bool], failed: Mapping[int, int] | None = None) -> None:
     """Block (on ``cond``, the scheduler's lock, notified whenever an operation completes or a
     stop abandons the queue) until operation ``output_op_id`` of every batch before ``time_ms``
-    pending now has completed; raises :class:`BatchOrderStopped` if a stop abandoned one of them."""
+    pending now has completed; raises :class:`BatchOrderStopped` if a stop abandoned one of them,
+    or if the operation failed in an earlier batch (``failed``: operation -> that batch's time)."""
     with cond:
         earlier = [b for t, b in pending.items() if t < time_ms]
         cond.wait_for(lambda: abandoned() or all(b.op_done(output_op_id) for b in earlier))
         if not all(b.op_done(output_op_id) for b in earlier):
             raise BatchOrderStopped(f"batch {time_ms}: stopped while its output operation {output_op_id} "
                                     "waited for an earlier batch's (in batch order)")
+        failed_at = (failed or {}).get(output_op_id)
+        if failed_at is not None and failed_at < time_ms:
+            raise BatchOrderStopped(f"batch {time_ms}: its output operation {output_op_id} failed in batch "
+                                    f"{failed_at}; later batches' are left for the restart (in batch order)")

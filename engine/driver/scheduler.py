@@ -24,7 +24,7 @@ from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
 from .breakdown import Phases, SparkJobs
-from .output_order import wait_turn
+from .output_order import note_failure, wait_turn
 from .timer import RecurringTimer
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
@@ -138,6 +138,7 @@ class JobScheduler:
         self._pending: dict[int, _JobSet] = {}
         self._lock = threading.Condition()
         self._abandoned = False  # a stop gave up on the queued batches: none starts any more
+        self._failed_in_order: dict[int, int] = {}  # in-order operation -> the first batch it failed in
         self._spark_jobs = SparkJobs(driver.sc)
         self._run_tag = uuid.uuid4().hex[:8]  # this driver's job groups, apart from an earlier one's
 
@@ -194,10 +195,13 @@ class JobScheduler:
             if driver.fenced is not None:  # another driver leads: this one outputs nothing more
                 raise driver.fenced
             if job.in_order:
-                wait_turn(self._lock, self._pending, js.time_ms, job.output_op_id, lambda: self._abandoned)
+                wait_turn(self._lock, self._pending, js.time_ms, job.output_op_id, lambda: self._abandoned,
+                          self._failed_in_order)
             job.run()
         except BaseException as e:  # noqa: BLE001
             failure = f"{type(e).__name__}: {e}"
+            if job.in_order:  # (before its completion wakes the later batches waiting for their turn)
+                note_failure(self._lock, self._failed_in_order, job.output_op_id, js.time_ms)
             driver.report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)

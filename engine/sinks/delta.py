@@ -51,7 +51,7 @@ from urllib.parse import unquote
 from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
-from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition, range_in_sink
 from .delta_files import RECORDS_DIR, add_action, write_partition
 from .transactional import SinkOffsetsError, advance_ends, save_batches
 
@@ -280,12 +280,13 @@ class DeltaSink:
                          "again", self.name, batch_time_ms, self.table_uri)
             return txn == batch_time_ms
         done, todo = [], []
+        stored_batch = self._txn(table)  # (the ends are those of the commit of the txn's batch)
         for r in read:
             stored = ends.get(TopicPartition(r.topic, r.partition))
-            # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
-            if stored is not None and stored >= r.untilOffset:
+            state = range_in_sink(r, batch_time_ms, stored, stored_batch)
+            if state:
                 done.append(r)
-            elif stored is None or stored == r.fromOffset:
+            elif state is not None:
                 todo.append((r, stored))
             else:
                 raise SinkOffsetsError(

@@ -9,9 +9,11 @@ transaction of the sink's transactional producer: the batch's records and a mark
    The sink then reads its newest marker (a ``read_committed`` read of the marker topic).
 2. A batch whose every range with records ends where that marker's offsets do is in the topic
    already (a re-run after a crash between the Kafka commit and the stream's checkpoint): nothing
-   is written. Offsets decide, never batch times (an old driver on another batch grid, a clock
-   behind). As with :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the
-   sink's output ended; partly in, or elsewhere, is an error naming both offsets.
+   is written. Offsets decide, not batch times (an old driver on another batch grid, a clock
+   behind); an end beyond the batch's is in only where a later batch stored it, and a batch that
+   read nothing is in iff the newest marker's batch is as late. As with
+   :class:`~sparkwal.engine.sinks.DbApiSink`, a batch must start where the sink's output ended;
+   partly in, or elsewhere, is an error naming both offsets.
 3. The batch's Spark jobs run (:mod:`sparkwal.engine.sinks.kafka_batch`: a partition larger than
    the driver's budget is kept in the executors' storage and fetched inside); then, in one
    transaction: the batch's records, flushed (their delivery reports give the first and last
@@ -61,11 +63,11 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
-from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition, range_in_sink
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
                             RECONNECT_BACKOFF_MS, read_newest_marker, with_secrets, Watermarks, partition_ends)
-from .kafka_partitions import (FAILED, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, empty_range_marker,
+from .kafka_partitions import (FAILED, SKIPPED, DeliverySpans, UNAVAILABLE, WRITTEN, mark_unseen,
                                legacy_transactional_ids, produce_partition, transaction_timed_out, transactional_id)
 from .kafka_batch import ReadyRecords
 from .kafka_records import partition_count, produce_records
@@ -123,6 +125,7 @@ class KafkaSink:
         self.per_partition = bool(per_partition)
         self._fenced: set[tuple] = set()  # source partitions whose transactional ids this driver fenced
         self._partition_ends: dict[TopicPartition, int] | None = None  # per partition: as the markers say
+        self._partition_batches: dict[TopicPartition, int] = {}  # per partition: the batch of its furthest records
         self._markers_read_to = 0  # per partition: the marker topic's offset the ends were read up to
         self._writers: dict[tuple, str] = {}  # per partition: the worker whose task last wrote it
         self.honours_transactions: bool | None = None  #: the start-up probe's answer
@@ -135,11 +138,12 @@ class KafkaSink:
         """Pickled into checkpoints with the output: no producer, no cached marker, no secrets."""
         return {**self.__dict__, "_producer": None, "_last": None, "honours_transactions": None,
                 "_fenced": set(), "_partition_ends": None, "_markers_read_to": 0, "_writers": {},
-                "_spans": DeliverySpans(),
+                "_partition_batches": {}, "_spans": DeliverySpans(),
                 "conf": without_credentials(self.conf) or {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"per_partition": False, "_fenced": set(), "_partition_ends": None, "_writers": {},
+                              "_partition_batches": {},
                               "_markers_read_to": 0,
                               "_spans": DeliverySpans(), "watermarks": Watermarks(), **state})
         self.conf = with_secrets(self.conf)
@@ -271,18 +275,18 @@ class KafkaSink:
         self.producer()  # the topics checked, the broker probed
         ends = self._partition_ends_now(with_data)
         plan = []
-        for r in with_data:
-            stored = ends.get(TopicPartition(r.topic, r.partition))
-            # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
-            done = stored is not None and stored >= r.untilOffset
-            if stored is not None and not done and stored != r.fromOffset:
+        batches = self._partition_batches
+        for r in with_data:  # (an end only an empty range's marker stored decides nothing)
+            tp = TopicPartition(r.topic, r.partition)
+            done = range_in_sink(r, batch_time_ms, ends.get(tp) if tp in batches else None, batches.get(tp))
+            if done is None:
                 advance_ends(self.name, ends, batch_time_ms, [r], f"the Kafka topic {self.topic}'s")  # raises
             plan.append((r.topic, r.partition, r.fromOffset, r.untilOffset, done,
                          self._writers.get((r.topic, r.partition))))
         empty = [r for r in ranges if r.untilOffset <= r.fromOffset]
         if all(skip for *_r, skip, _writer in plan):
             log.info("%s: batch %d is in %s already; not written again", self.name, batch_time_ms, self.topic)
-            self._mark_unseen(batch_time_ms, empty, ends)
+            mark_unseen(self, batch_time_ms, empty, ends)
             return False
         conf = {**(without_credentials(self.conf) or {}), "transaction.timeout.ms": self.transaction_timeout_ms}
         task = partial(produce_partition, plan=plan, conf=conf, topic=self.topic, tag=not self.honours_transactions,
@@ -293,8 +297,8 @@ class KafkaSink:
         outcomes = rdd.mapPartitionsWithIndex(task).collect()
         for index, outcome, _detail, _writer in outcomes:
             tp = TopicPartition(plan[index][0], plan[index][1])
-            if outcome in (WRITTEN, SKIPPED):  # (skipped: an earlier attempt's commit, found by the task)
-                ends[tp] = max(ends.get(tp, plan[index][3]), plan[index][3])
+            if outcome in (WRITTEN, SKIPPED) and plan[index][3] >= ends.get(tp, -1):  # (skipped: found committed)
+                ends[tp], batches[tp] = plan[index][3], max(batch_time_ms, batches.get(tp, batch_time_ms))
         for _index, outcome, detail, _writer in outcomes:
             if outcome == UNAVAILABLE:
                 raise StorageUnavailableError(f"Kafka produce of batch {batch_time_ms}", self.bootstrap, 1, 0.0,
@@ -304,26 +308,8 @@ class KafkaSink:
         for i, _outcome, _detail, worker in (o for o in outcomes if o[1] == WRITTEN):
             writers[(plan[i][0], plan[i][1])] = worker
         self._writers = writers
-        self._mark_unseen(batch_time_ms, empty, ends)  # (after the batch's ranges with records are in)
+        mark_unseen(self, batch_time_ms, empty, ends)  # (after the batch's ranges with records are in)
         return any(outcome == WRITTEN for _i, outcome, _d, _w in outcomes)
-
-    def _mark_unseen(self, batch_time_ms: int, empty: list[OffsetRange], ends: dict[TopicPartition, int]) -> None:
-        """Per partition: a marker (no records) of each empty range whose partition has none, so
-        that :meth:`offsets` names every partition planned (see :class:`SinkOffsets`)."""
-        unseen = [r for r in empty if TopicPartition(r.topic, r.partition) not in ends]
-        if not unseen:
-            return
-        producer = self.producer()
-        self.broker_call("begin_transaction", producer.begin_transaction)
-        try:
-            for r in unseen:
-                producer.produce(self.marker_topic, *empty_range_marker(self.name, batch_time_ms, r))
-            self.broker_call(f"batch {batch_time_ms}'s empty ranges", producer.commit_transaction, self.timeout_s)
-        except BaseException:
-            self._abort(producer)
-            raise
-        for r in unseen:
-            ends.setdefault(TopicPartition(r.topic, r.partition), r.untilOffset)
 
     def _partition_ends_now(self, ranges: Sequence[OffsetRange] = ()) -> dict[TopicPartition, int]:
         """Per partition: every source partition's end as the markers say. The transactional ids
@@ -351,16 +337,19 @@ class KafkaSink:
         if new or self._partition_ends is None or end > self._markers_read_to:
             since = 0 if new or self._partition_ends is None else self._markers_read_to
             ends = {} if since == 0 else self._partition_ends
+            if since == 0:
+                self._partition_batches = {}
             for m in read_markers(self, since):
                 if "source" in m:
-                    partition_ends(ends, m)
+                    partition_ends(ends, self._partition_batches, m)
             self._partition_ends, self._markers_read_to = ends, end
         return self._partition_ends
 
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Produce ``rdd``'s records and commit them with the batch's marker; False (nothing
         written) if the topic holds the batch already, or if the batch read and wrote nothing.
-        Whether the batch is in is decided by the newest marker's offsets, never by batch times."""
+        Whether the batch is in is decided by the newest marker's offsets (its batch time only
+        tells an end beyond the batch's apart, and judges a batch that read nothing)."""
         self.producer()
         if self._in_already(batch_time_ms, ranges):
             return False
@@ -376,7 +365,7 @@ class KafkaSink:
                 return False  # nothing to make visible: no transaction
             return self.commit_batch(batch_time_ms, ranges, attempt, produced)
         except BaseException as e:
-            self._abort(producer)
+            self.abort(producer)
             open_ms = (time.monotonic() - began) * 1000
             if isinstance(e, (KafkaSinkError, StorageUnavailableError)) and open_ms > self.transaction_timeout_ms:
                 raise KafkaSinkError(f"{self.name}: batch {batch_time_ms}: " + transaction_timed_out(
@@ -393,16 +382,17 @@ class KafkaSink:
         if not with_data:  # no offsets to decide by (a window's output of a batch that read nothing)
             last = self.committed_batch()
             return last is not None and last >= batch_time_ms
-        # at or beyond its end: in (beyond: a later batch is, and outputs go in batch order)
-        done = [ends.get(TopicPartition(r.topic, r.partition), -1) >= r.untilOffset for r in with_data]
-        if with_data and all(done):
+        last = None if self._last is None else int(self._last["batchTimeMs"])
+        done = [range_in_sink(r, batch_time_ms, ends.get(r.topicPartition()), last) for r in with_data]
+        if None in done:
+            advance_ends(self.name, ends, batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")  # raises
+        if all(done):
             log.info("%s: batch %d is in %s already (the newest marker's offsets end where it does); "
                      "not written again", self.name, batch_time_ms, self.topic)
             return True
         if any(done):
             raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms} is partly in {self.topic} "
                                    f"({sum(done)} of {len(done)} partitions) by the newest marker's offsets")
-        advance_ends(self.name, ends, batch_time_ms, ranges, f"the Kafka topic {self.topic}'s")  # raises if apart
         return False
 
     def _produce(self, producer, batch_time_ms: int, parts: Iterable[list]) -> int:
@@ -434,7 +424,7 @@ class KafkaSink:
     def _ends(self) -> dict[TopicPartition, int]:
         return {} if self._last is None else {TopicPartition(t, p): int(o) for t, p, o in self._last["offsets"]}
 
-    def _abort(self, producer) -> None:
+    def abort(self, producer) -> None:
         """After a failed write: abort the open transaction, and start afresh at the next batch
         (a commit whose answer never came may have happened: the next ``init_transactions``
         settles it and the newest marker is read again)."""

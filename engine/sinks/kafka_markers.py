@@ -254,9 +254,10 @@ def read_markers(sink, since: int = 0) -> Iterator[dict]:
     return _markers(sink, read_to_end(sink, {(sink.marker_topic, 0): start}) if high > start else ())
 
 
-def partition_ends(ends: dict, marker: dict) -> None:
-    """A per-partition marker applied to ``ends`` (TopicPartition -> end): a marker of an empty
-    range (the driver's, of a partition without output) only where the partition has no end."""
+def partition_ends(ends: dict, batches: dict, marker: dict) -> None:
+    """A per-partition marker applied to ``ends`` (TopicPartition -> end) and ``batches`` (->
+    the batch that wrote the furthest records): a marker of an empty range (the driver's, of a
+    partition without output) only where the partition has no end, and never in ``batches``."""
     from ..sources.protocol import TopicPartition
 
     tp = TopicPartition(*marker["source"])
@@ -265,6 +266,8 @@ def partition_ends(ends: dict, marker: dict) -> None:
         ends.setdefault(tp, until)
     else:  # the furthest: a late commit of an older range (a broker that does not fence) moves nothing back
         ends[tp] = max(ends.get(tp, until), until)
+        if ends[tp] == until:
+            batches[tp] = int(marker["batchTimeMs"])
 
 
 def marker_topic_end(sink) -> int:

@@ -23,8 +23,9 @@ sink's per-partition way does with database transactions.
   the lock); the previous release's per-slot ids are fenced by the driver too.
 * The driver, before its first batch and for every new source partition, fences each id, then
   reads the markers; before each batch it reads the markers written since (a fenced-out writer
-  may have committed before the fence): a range whose source partition's newest marker ends at the
-  range's end is in already, and its task writes nothing.
+  may have committed before the fence): a range whose source partition's furthest marker with
+  records ends at the range's end (or beyond, from a later batch) is in already, and its task
+  writes nothing.
 * Data first, then the transaction: a task reads and encodes its range (kept in memory up to
   :data:`SPOOL_MEMORY_BYTES`, then in a temporary file) before it begins its transaction, so that
   the transaction lasts as long as producing takes, not as long as reading the source; a
@@ -64,6 +65,7 @@ from itertools import islice
 
 from .kafka_markers import (ATTEMPT_HEADER, client_settings, init_transactions, librdkafka_log, unreachable,
                             with_secrets)
+from ..sources.protocol import OffsetRange, range_in_sink
 from .kafka_records import KafkaRecordError, encode, partition_count, produce_records
 
 WRITTEN, SKIPPED, FAILED, UNAVAILABLE = "written", "skipped", "failed", "unavailable"
@@ -159,6 +161,26 @@ class Spool:
             self.file.close()
 
 
+def mark_unseen(sink, batch_time_ms: int, empty: list, ends: dict) -> None:
+    """The driver's marker (no records) of each empty range whose partition has no end in
+    ``ends``, in one transaction of the sink's producer, so that ``sink.offsets()`` names every
+    partition planned (see :class:`~sparkwal.engine.sources.SinkOffsets`)."""
+    unseen = [r for r in empty if r.topicPartition() not in ends]
+    if not unseen:
+        return
+    producer = sink.producer()
+    sink.broker_call("begin_transaction", producer.begin_transaction)
+    try:
+        for r in unseen:
+            producer.produce(sink.marker_topic, *empty_range_marker(sink.name, batch_time_ms, r))
+        sink.broker_call(f"batch {batch_time_ms}'s empty ranges", producer.commit_transaction, sink.timeout_s)
+    except BaseException:
+        sink.abort(producer)
+        raise
+    for r in unseen:
+        ends.setdefault(r.topicPartition(), r.untilOffset)
+
+
 def _producer(conf: dict, txid: str, topic: str, timeout_s: float, reuse: bool):
     """``(producer, its delivery spans, whether it is new)``: this worker's producer of ``txid``
     if ``reuse`` and it has one, else a new one, initialised (every earlier producer of the id is
@@ -236,10 +258,13 @@ def _write(spool: Spool, conf: dict, txid: str, topic: str, marker_topic: str, k
     source_topic, source_partition, start, until, _skip, _last = planned
     producer, spans, new = _producer(conf, txid, topic, timeout_s, reuse)
     if new:  # every other producer of the id is fenced now: what the markers hold is final
-        stored = _stored_end(conf, marker_topic, markers_from, key, max(timeout_s, transaction_timeout_ms / 1000))
-        if stored is not None and stored >= until:  # (beyond: a later batch is in, and outputs go in batch order)
+        stored, stored_batch = _stored_end(conf, marker_topic, markers_from, key,
+                                           max(timeout_s, transaction_timeout_ms / 1000))
+        state = range_in_sink(OffsetRange(source_topic, source_partition, start, until), batch_time_ms, stored,
+                              stored_batch)
+        if state:  # (beyond: a later batch is in, and outputs go in batch order)
             return SKIPPED, 0, None
-        if stored is not None and stored != start:
+        if state is None:
             return FAILED, (f"batch {batch_time_ms} reads {source_topic}/{source_partition} [{start}, {until}) "
                             f"but the Kafka topic {topic}'s output ends at offset {stored}: start the stream "
                             "from the sink's offsets (fromOffsets=sink.offsets())"), None
@@ -283,11 +308,13 @@ def _outcome(e: BaseException) -> str:
     return UNAVAILABLE if unreachable(e) else FAILED
 
 
-def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s: float) -> int | None:
+def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes,
+                timeout_s: float) -> tuple[int | None, int | None]:
     """The furthest end of the committed markers of ``key`` with records after ``start`` in the
-    marker topic (None: none), read up to the topic's end as it is now (its high watermark, asked
-    ``read_uncommitted``: a ``read_committed`` consumer's answer is the last stable offset): the
-    ``read_committed`` reader waits there, up to ``timeout_s``, for transactions still open to end."""
+    marker topic and its batch time (None, None: none), read up to the topic's end as it is now
+    (its high watermark, asked ``read_uncommitted``: a ``read_committed`` consumer's answer is the
+    last stable offset): the ``read_committed`` reader waits there, up to ``timeout_s``, for
+    transactions still open to end."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     settings = client_settings(with_secrets(conf), **{
@@ -302,9 +329,10 @@ def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s
     consumer = Consumer({**settings, "isolation.level": "read_committed"})
     try:
         if high <= start:
-            return None
+            return None, None
         consumer.assign([partition])
-        stored, deadline = None, time.monotonic() + timeout_s
+        stored: tuple[int | None, int | None] = (None, None)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.05):
                 if msg.error() is not None:
@@ -313,8 +341,9 @@ def _stored_end(conf: dict, marker_topic: str, start: int, key: bytes, timeout_s
                     continue
                 if msg.key() == key:
                     marker = json.loads(msg.value())
-                    if "until" in marker and int(marker["from"]) < int(marker["until"]):  # (not an empty range's)
-                        stored = max(stored or 0, int(marker["until"]))
+                    until = int(marker.get("until", -1))
+                    if int(marker.get("from", until)) < until and until >= (stored[0] or 0):  # (not an empty range's)
+                        stored = until, int(marker["batchTimeMs"])
                 if msg.offset() + 1 >= high:
                     return stored
         raise TimeoutError(f"the markers of {marker_topic} not read to offset {high} within {timeout_s:g} s")

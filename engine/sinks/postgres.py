@@ -27,11 +27,11 @@ so that partition ``i`` holds exactly what offset range ``i`` read), each task w
 straight into the target AND its range's end into ``sparkwal_offsets`` in ONE transaction of its
 own (the second recipe of Spark's Kafka guide): it first reads its range's stored end (under an
 advisory lock of the range, and a shared one of the sink that the driver's transaction takes
-exclusively): equal to the range's end, the partition is in the table already and is skipped;
-neither its start nor absent, an error. Rows are written once (no staging) and a batch becomes
-visible partition by partition; a re-run after any crash writes only the partitions missing
-(:mod:`sparkwal.engine.sinks.postgres_partitions`). ``saveStream(..., per_partition=False)``
-keeps the staged way, whose batches become visible whole.
+exclusively): equal to the range's end (or beyond it, stored by a later batch), the partition is
+in the table already and is skipped; neither its start nor absent, an error. Rows are written
+once (no staging) and a batch becomes visible partition by partition; a re-run after any crash
+writes only the partitions missing (:mod:`sparkwal.engine.sinks.postgres_partitions`).
+``saveStream(..., per_partition=False)`` keeps the staged way, whose batches become visible whole.
 
 A key repeated within one batch (with ``keys``): the batch's rows are combined per key before the
 upsert, the LAST row winning, as a merge would: per partition, the last in the task's partition

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from ..sources.protocol import OffsetRange
+from ..sources.protocol import OffsetRange, range_in_sink
 
 ROW = "sparkwal_row"  #: the column numbering a task's rows in the order they came, for upserts
 
@@ -26,14 +26,15 @@ def write_partition(index, rows, conninfo: str, sink: str, table: str, columns: 
         # the driver's transaction (the staged way, a zombie driver) holds the sink's lock exclusively
         cur.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", (f"sparkwal_offsets/{sink}",))
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"sparkwal_offsets/{sink}/{r.topic}/{partition}",))
-        cur.execute("SELECT until_offset FROM sparkwal_offsets WHERE sink = %s AND topic = %s AND partition = %s",
-                    (sink, r.topic, partition))
+        cur.execute("SELECT until_offset, batch_time_ms FROM sparkwal_offsets WHERE sink = %s AND topic = %s AND "
+                    "partition = %s", (sink, r.topic, partition))
         found = cur.fetchone()
         stored = None if found is None else int(found[0])
-        if stored is not None and stored >= r.untilOffset:  # (beyond: a later batch is in, outputs go in order)
+        state = range_in_sink(r, batch_time_ms, stored, None if found is None else int(found[1]))
+        if state:
             yield index, "applied", 0
             return
-        if stored is not None and stored != r.fromOffset:
+        if state is None:
             yield index, "error", (f"batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
                                    f"{r.untilOffset}) but the database's output ends at offset {stored}: start "
                                    "the stream from the database's offsets (fromOffsets=sink.offsets())")
@@ -103,7 +104,8 @@ def insert_select(table: str, columns: list[str], keys: list[str], source, order
             cols=cols, keys=key_cols, last=last, source=source, null_key=null_key)
     move = sql.SQL("INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}").format(
         table=identifier(table), cols=cols, source=source)
-    if keys:
+    if keys:  # in key order: concurrent tasks upserting overlapping keys lock their rows in one order (no deadlock)
+        move = move + sql.SQL(" ORDER BY {}").format(sql.SQL(", ").join(map(sql.Identifier, keys)))
         updates = [c for c in columns if c not in keys]
         action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates)

@@ -4,11 +4,14 @@ The second exactly-once recipe of Spark's direct Kafka guide: the database, not 
 is the source of truth of how far the output got. Each batch runs, in ONE transaction:
 
 1. read the sink's stored offset of every partition the batch read;
-2. if each equals the batch's range start: write the results (the caller's ``write``), store the
-   range ends, commit. If each equals the range end, the batch is already in the database (a
-   re-run after a crash between the database commit and the checkpoint's): nothing is written.
-   Anything else is an error naming the partition and both offsets (the database and the stream
-   disagree: another writer, or a stream started from the wrong offsets);
+2. if each equals the batch's range start (or is absent): write the results (the caller's
+   ``write``), store the range ends (and, for a partition without records in the batch and no
+   stored end, where it stands), commit. If each equals the range end, or lies beyond it where a
+   later batch stored it (outputs go in batch order: an in-order output that failed stops the
+   later batches'), the batch is already in the database (a re-run after a crash between the
+   database commit and the checkpoint's): nothing is written. Anything else is an error naming
+   the partition and both offsets (the database and the stream disagree: another writer, or a
+   stream started from the wrong offsets) (:func:`~sparkwal.engine.sources.protocol.range_in_sink`);
 3. on restart, ``offsets()`` gives the stored ends, to pass as ``directStream(fromOffsets=...)``:
    with or without a checkpoint, the output is exactly once.
 
@@ -34,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime
 
-from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition, range_in_sink
 from ..dstream import ForEachDStream
 from ..errors import EngineError
 
@@ -123,15 +126,14 @@ class DbApiSink(ABC):
         """True if every range is already applied; False if none is; else an error."""
         states = []
         for r in ranges:
-            cur.execute(self._sql("SELECT until_offset FROM sparkwal_offsets WHERE sink = ? AND "
+            cur.execute(self._sql("SELECT until_offset, batch_time_ms FROM sparkwal_offsets WHERE sink = ? AND "
                                   "topic = ? AND partition = ?"),
                         (self.name, r.topic, json.dumps(r.partition)))
             row = cur.fetchone()
             stored = None if row is None else int(row[0])
-            if stored is None or stored == r.fromOffset:
-                states.append(False)
-            elif stored >= r.untilOffset:  # (beyond: a later batch is in, and outputs go in batch order)
-                states.append(True)
+            state = range_in_sink(r, batch_time_ms, stored, None if row is None else int(row[1]))
+            if state is not None:
+                states.append(state)
             else:
                 raise SinkOffsetsError(
                     f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} "

@@ -39,6 +39,22 @@ class OffsetRange(NamedTuple):
         return TopicPartition(self.topic, self.partition)
 
 
+def range_in_sink(r: OffsetRange, batch_time_ms: int, stored: int | None, stored_batch_ms: int | None) -> bool | None:
+    """Whether an exactly-once sink holds batch ``batch_time_ms``'s range ``r`` (with records), by
+    the partition's stored end and the time of the batch that stored it: False if the output has
+    not begun it (no end, or the end at its start); True if the output ends at its end, or beyond
+    it where a later batch stored that end (outputs go in batch order, so a re-run of an earlier
+    batch after a crash is in); None otherwise, the caller's error naming both offsets (a stream
+    behind the sink: explicit ``fromOffsets`` below its end, offsets that restarted, two streams
+    sharing a sink name)."""
+    if stored is None or stored == r.fromOffset:
+        return False
+    if stored == r.untilOffset or (stored > r.untilOffset and stored_batch_ms is not None
+                                   and stored_batch_ms > batch_time_ms):
+        return True
+    return None
+
+
 class SinkOffsets(dict):
     """An exactly-once sink's stored end offsets (``sink.offsets()``), to pass as
     ``directStream(fromOffsets=...)``. A sink stores the end of every partition each committed
