@@ -43,6 +43,7 @@ def test_sqlite_sink_applies_a_batch_once_and_resumes_from_its_offsets(tmp_path)
     # whose range ends before the stored end is refused, not taken for in
     with pytest.raises(SinkOffsetsError, match=r"log/a \[0, 3\) but the database's output ends at offset 5"):
         sink.commit_batch(3000, [OffsetRange("log", "a", 0, 3)], write)
+    assert sink.commit_batch(3000, [OffsetRange("log", "a", 3, 5)], write) is False  # ends there: in, whoever wrote it
 
     def broken(cur):
         write(cur)

@@ -207,6 +207,21 @@ def test_batches_are_judged_by_offsets_and_every_planned_partition_is_in_the_off
     assert again.offsets() == {p0: 2, p1: 4}
 
 
+def test_a_partition_known_only_by_an_empty_ranges_marker_is_owned_by_its_first_records(
+        spark_context, broker, topic):
+    """Per partition: p1 was planned empty at 100 (its marker says where it stood); a stream that
+    reads it from 0 writes, its data marker owns the end, and a re-run writes nothing twice."""
+    sink = KafkaSink(topic, {"bootstrap.servers": broker}, "owned", per_partition=True)
+    assert sink.write_partitions(1000, [OffsetRange("log", "p0", 0, 1), OffsetRange("log", "p1", 100, 100)],
+                                 spark_context.parallelize([("p0", "a")], 1))
+    assert sink.offsets()[TopicPartition("log", "p1")] == 100
+    rows = spark_context.parallelize([("p1", "b"), ("p1", "c")], 1)
+    assert sink.write_partitions(2000, [OffsetRange("log", "p1", 0, 2)], rows)
+    again = KafkaSink(topic, {"bootstrap.servers": broker}, "owned", per_partition=True)
+    assert not again.write_partitions(2000, [OffsetRange("log", "p1", 0, 2)], rows)  # a re-run: in
+    assert again.offsets()[TopicPartition("log", "p1")] == 2 and lines_in(again) == ["a", "b", "c"]
+
+
 def test_a_batchs_jobs_run_before_its_transaction_opens(spark_context, broker, topic, tmp_path):
     sink = KafkaSink(topic, {"bootstrap.servers": broker}, "ready")
     real = sink.producer()

@@ -169,6 +169,39 @@ def test_a_failed_output_stops_the_same_output_of_every_later_batch(spark_contex
     assert sink.offsets() == {}  # nothing of batch 2 stored: the restart runs both batches
 
 
+def test_a_batch_logged_but_never_run_stops_the_in_order_output_of_later_batches(spark_context, tmp_path):
+    """Batch 1's jobs fail to be made after its ranges were logged (a transform raising at job
+    generation): batch 2's sink output must not run, or the restart would take batch 1's ranges
+    for in (a later batch stored their ends) and skip its records."""
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    clock, timeline = ManualClock(), Timeline()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.directStream(FileLogSource(str(logdir)))
+
+    def fails_at_batch_1(t, rdd):
+        if int(round(t.timestamp() * 1000)) == T1:
+            raise RuntimeError("batch 1's jobs cannot be made")
+        return rdd
+
+    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
+    sink.saveStream(stream, stream, write)  # output 0: in batch order
+    stream.transform(fails_at_batch_1).foreachRDD(lambda rdd: None)  # output 1
+    TIMELINE[:] = [timeline]
+    ssc.addStreamingListener(timeline)
+    ssc.start()
+    try:
+        append_lines(str(logdir), "p0", 0, 3)
+        clock.advance(500)
+        append_lines(str(logdir), "p1", 0, 2)
+        clock.advance(500)
+        assert timeline.wait_for(("failed", T2, 0)), timeline.seen
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert ("write", T2, 1) not in timeline.seen and sink.offsets() == {}
+
+
 def test_a_kill_while_two_batches_overlap_loses_and_doubles_nothing(tmp_path):
     """The direct word count with two concurrent jobs, SIGKILLed while the first batch with
     records is inside its sink output (before its transaction, then after it) and the next batch

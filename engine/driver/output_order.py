@@ -37,6 +37,10 @@ class BatchOrderStopped(EngineError, RuntimeError):
     is left, uncommitted, for the restart."""
 
 
+#: the key of :func:`note_failure` for a batch that failed before any of its operations ran
+ANY_OPERATION = -1
+
+
 def note_failure(cond: threading.Condition, failed: dict[int, int], output_op_id: int, time_ms: int) -> None:
     """Record that in-order operation ``output_op_id`` failed in batch ``time_ms`` (see :func:`wait_turn`)."""
     with cond:
@@ -48,14 +52,16 @@ def wait_turn(cond: threading.Condition, pending: Mapping[int, _PendingBatch], t
     """Block (on ``cond``, the scheduler's lock, notified whenever an operation completes or a
     stop abandons the queue) until operation ``output_op_id`` of every batch before ``time_ms``
     pending now has completed; raises :class:`BatchOrderStopped` if a stop abandoned one of them,
-    or if the operation failed in an earlier batch (``failed``: operation -> that batch's time)."""
+    or if the operation failed in an earlier batch (``failed``: operation, or :data:`ANY_OPERATION`
+    for a batch logged whose jobs were never made, -> that batch's time)."""
     with cond:
         earlier = [b for t, b in pending.items() if t < time_ms]
         cond.wait_for(lambda: abandoned() or all(b.op_done(output_op_id) for b in earlier))
         if not all(b.op_done(output_op_id) for b in earlier):
             raise BatchOrderStopped(f"batch {time_ms}: stopped while its output operation {output_op_id} "
                                     "waited for an earlier batch's (in batch order)")
-        failed_at = (failed or {}).get(output_op_id)
+        failed_at = min((t for t in ((failed or {}).get(k) for k in (output_op_id, ANY_OPERATION)) if t is not None),
+                        default=None)
         if failed_at is not None and failed_at < time_ms:
             raise BatchOrderStopped(f"batch {time_ms}: its output operation {output_op_id} failed in batch "
                                     f"{failed_at}; later batches' are left for the restart (in batch order)")

@@ -17,14 +17,12 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
-
-from sparkwal.tracker import BatchInfo
 
 from ..dstream import Job, describe_times
 from .breakdown import Phases, SparkJobs
-from .output_order import note_failure, wait_turn
+from .job_set import JobSet
+from .output_order import ANY_OPERATION, note_failure, wait_turn
 from .timer import RecurringTimer
 from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
@@ -77,65 +75,12 @@ class SchedulerHost(DriverFacts, Protocol):
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _JobSet:
-    time_ms: int
-    jobs: list[Job]
-    input_infos: dict
-    submission_ms: int
-    start_ms: int | None = None
-    end_ms: int | None = None
-    done: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    ops: dict[int, OutputOperationInfo] = field(default_factory=dict)
-    breakdown: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.ops = {j.output_op_id: OutputOperationInfo(self.time_ms, j.output_op_id, j.op_name)
-                    for j in self.jobs}
-
-    def op_started(self, op: OutputOperationInfo) -> bool:
-        """Record ``op`` as started; True for the batch's first (the batch starts with it)."""
-        with self.lock:
-            first = self.start_ms is None
-            if first:
-                self.start_ms = op.start_time_ms
-            self.ops[op.output_op_id] = op
-        return first
-
-    def op_done(self, output_op_id: int) -> bool:
-        with self.lock:
-            return self.ops[output_op_id].end_time_ms >= 0
-
-    def op_completed(self, op: OutputOperationInfo, end_ms: int) -> bool:
-        """Record ``op`` as completed; True once it was the batch's last (ended at ``end_ms``)."""
-        with self.lock:
-            self.ops[op.output_op_id] = op
-            self.done += 1
-            complete = self.done == len(self.jobs)
-            if complete:
-                self.end_ms = end_ms
-        return complete
-
-    def with_input_infos(self, input_infos: dict) -> None:
-        """The batch's input infos, counted again once its jobs are done (file streams)."""
-        with self.lock:
-            self.input_infos = input_infos
-
-    def info(self) -> BatchInfo:
-        with self.lock:
-            ops = dict(self.ops)
-            breakdown = dict(self.breakdown)
-        return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms,
-                         ops, breakdown)
-
-
 class JobScheduler:
     def __init__(self, driver: SchedulerHost, concurrent_jobs: int):
         self._driver = driver
         self.concurrent_jobs = concurrent_jobs
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
-        self._pending: dict[int, _JobSet] = {}
+        self._pending: dict[int, JobSet] = {}
         self._lock = threading.Condition()
         self._abandoned = False  # a stop gave up on the queued batches: none starts any more
         self._failed_in_order: dict[int, int] = {}  # in-order operation -> the first batch it failed in
@@ -158,7 +103,7 @@ class JobScheduler:
             self._driver.on_batch_done(time_ms, None)
             return
         now = self._driver.clock.now_ms()
-        js = _JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now),
+        js = JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now),
                      breakdown=dict(breakdown or {}))
         with self._lock:
             self._pending[time_ms] = js
@@ -166,7 +111,7 @@ class JobScheduler:
         for job in jobs:
             self._pool.submit(self._run_reporting, js, job)
 
-    def _run_reporting(self, js: _JobSet, job: Job) -> None:
+    def _run_reporting(self, js: JobSet, job: Job) -> None:
         """A pool thread's failure outside the job itself (a bug of the engine, a listener's
         error escaping) ends the context with that error instead of vanishing in the pool."""
         try:
@@ -175,7 +120,7 @@ class JobScheduler:
             log.error("batch %d: the scheduler failed outside its job", js.time_ms, exc_info=True)
             self._driver.report_error(e, js.time_ms)
 
-    def _run(self, js: _JobSet, job: Job) -> None:
+    def _run(self, js: JobSet, job: Job) -> None:
         if self._abandoned:  # picked up just as a stop gave up: left for the restart
             with self._lock:
                 self._pending.pop(js.time_ms, None)
@@ -201,7 +146,7 @@ class JobScheduler:
         except BaseException as e:  # noqa: BLE001
             failure = f"{type(e).__name__}: {e}"
             if job.in_order:  # (before its completion wakes the later batches waiting for their turn)
-                note_failure(self._lock, self._failed_in_order, job.output_op_id, js.time_ms)
+                self.output_failed(job.output_op_id, js.time_ms)
             driver.report_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
@@ -228,6 +173,11 @@ class JobScheduler:
             # queued before listeners hear of it: a stop they make then still checkpoints it
             self._driver.generator.on_batch_completion(js.time_ms)
             self._driver.events.post(StreamingListenerBatchCompleted(info))
+
+    def output_failed(self, output_op_id: int, time_ms: int) -> None:
+        """In-order operation ``output_op_id`` (:data:`ANY_OPERATION`: every one) failed in batch
+        ``time_ms``: the same operation of later batches does not run (output_order)."""
+        note_failure(self._lock, self._failed_in_order, output_op_id, time_ms)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no batch is running or queued; False on timeout."""
@@ -366,7 +316,7 @@ class JobGenerator:
         driver = self._driver
         with self._queued_lock:
             due_ms = self._due_ms.pop(time_ms, None)
-        phases = Phases()
+        phases, planned = Phases(), False
         try:
             with phases.phase("generation"):
                 if driver.receiver_tracker is not None:  # the receivers' blocks cut at the batch time
@@ -377,11 +327,14 @@ class JobGenerator:
                 with phases.phase("batchLog"):  # ranges planned and logged, unless committed
                     if not driver.plan_batch(time_ms):
                         return
+                planned = True
                 with phases.phase("leadership"):  # outputs run only under an epoch confirmed current
                     driver.confirm_leadership()
                 with phases.phase("graph"):
                     jobs = driver.graph.generate_jobs(time_ms)
         except BaseException as e:  # noqa: BLE001
+            if planned:  # logged, never run: no later batch's in-order output may run before its re-run
+                driver.scheduler.output_failed(ANY_OPERATION, time_ms)
             driver.report_error(e, time_ms)
             return
         if jobs:  # its completion is processed by _clear_metadata (no jobs: none)

@@ -297,7 +297,7 @@ class KafkaSink:
         outcomes = rdd.mapPartitionsWithIndex(task).collect()
         for index, outcome, _detail, _writer in outcomes:
             tp = TopicPartition(plan[index][0], plan[index][1])
-            if outcome in (WRITTEN, SKIPPED) and plan[index][3] >= ends.get(tp, -1):  # (skipped: found committed)
+            if outcome in (WRITTEN, SKIPPED) and (tp not in batches or plan[index][3] >= ends[tp]):  # (skipped: in)
                 ends[tp], batches[tp] = plan[index][3], max(batch_time_ms, batches.get(tp, batch_time_ms))
         for _index, outcome, detail, _writer in outcomes:
             if outcome == UNAVAILABLE:

@@ -264,10 +264,8 @@ def partition_ends(ends: dict, batches: dict, marker: dict) -> None:
     until = int(marker["until"])
     if int(marker["from"]) == until:
         ends.setdefault(tp, until)
-    else:  # the furthest: a late commit of an older range (a broker that does not fence) moves nothing back
-        ends[tp] = max(ends.get(tp, until), until)
-        if ends[tp] == until:
-            batches[tp] = int(marker["batchTimeMs"])
+    elif tp not in batches or until >= ends[tp]:  # data markers own the end; the furthest: a late commit
+        ends[tp], batches[tp] = until, int(marker["batchTimeMs"])  # of an older range moves nothing back
 
 
 def marker_topic_end(sink) -> int:
@@ -332,7 +330,7 @@ def committed_records(sink) -> list[tuple[bytes | None, bytes | None]]:
     tagged: dict[tuple, tuple[int, int]] = {}  # (partition, attempt) -> its span
     covered: dict[tuple, int] = {}  # per source partition: the end of the ranges kept so far
     for marker in read_markers(sink):
-        if "source" in marker:
+        if "source" in marker and int(marker["from"]) < int(marker["until"]):  # (an empty range's: nothing)
             source = tuple(marker["source"])
             if int(marker["from"]) < covered.get(source, int(marker["from"])):
                 continue  # a range kept already, written again (a broker that did not fence an attempt)

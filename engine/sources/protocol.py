@@ -42,15 +42,16 @@ class OffsetRange(NamedTuple):
 def range_in_sink(r: OffsetRange, batch_time_ms: int, stored: int | None, stored_batch_ms: int | None) -> bool | None:
     """Whether an exactly-once sink holds batch ``batch_time_ms``'s range ``r`` (with records), by
     the partition's stored end and the time of the batch that stored it: False if the output has
-    not begun it (no end, or the end at its start); True if the output ends at its end, or beyond
-    it where a later batch stored that end (outputs go in batch order, so a re-run of an earlier
-    batch after a crash is in); None otherwise, the caller's error naming both offsets (a stream
-    behind the sink: explicit ``fromOffsets`` below its end, offsets that restarted, two streams
-    sharing a sink name)."""
+    not begun it (no end, or the end at its start); True if the output ends at its end (whichever
+    batch stored it: the records up to it are in, an old driver's on another batch grid too), or
+    beyond it where a later batch stored that end (outputs go in batch order, so a re-run of an
+    earlier batch after a crash is in); None otherwise, the caller's
+    error naming both offsets (a stream behind the sink: explicit ``fromOffsets`` below its end,
+    offsets that restarted, two streams sharing a sink name)."""
     if stored is None or stored == r.fromOffset:
         return False
-    if stored == r.untilOffset or (stored > r.untilOffset and stored_batch_ms is not None
-                                   and stored_batch_ms > batch_time_ms):
+    later = stored_batch_ms is not None and stored_batch_ms > batch_time_ms
+    if stored == r.untilOffset or (stored > r.untilOffset and later):
         return True
     return None
 
