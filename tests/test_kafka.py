@@ -17,14 +17,6 @@ from sparkwal.wal import ManualClock
 from test_engine_recovery import Completed, ms
 
 
-@pytest.fixture(scope="module")
-def broker():
-    from sparkwal.engine.apps.kafka_server import tansu_broker
-
-    with tansu_broker() as bootstrap:
-        yield bootstrap
-
-
 def create_topic(broker, name: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 

@@ -24,6 +24,7 @@ from sparkwal.wal import ManualClock
 
 from fake_kafka import Broker
 from sink_helpers import Completed
+from test_kafka_sink import lines_in
 
 WAIT_S = 30
 CONF = {"bootstrap.servers": "fake:9092", "transactional.id": "sparkwal-s"}
@@ -141,29 +142,6 @@ def test_a_tasks_records_are_read_before_its_transaction_opens_and_a_timed_out_o
 
 
 # ---------------------------------------------------------------------- on the Tansu broker
-
-@pytest.fixture(scope="module")
-def broker():
-    from sparkwal.engine.apps.kafka_server import tansu_broker
-
-    with tansu_broker() as bootstrap:
-        yield bootstrap
-
-
-@pytest.fixture
-def topic(broker, request):
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"att-{request.node.name[5:40]}".replace("_", "-")
-    admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})
-    for f in admin.create_topics([NewTopic(name, 2, 1)]).values():
-        f.result(30)
-    return name
-
-
-def lines_in(sink) -> list[str]:
-    return sorted(v.decode() for _k, v in sink.read())
-
 
 def test_a_retry_that_finds_its_earlier_attempts_commit_keeps_the_stream_going(spark_context, broker, topic):
     sink = KafkaSink(topic, {"bootstrap.servers": broker}, "retry", per_partition=True)

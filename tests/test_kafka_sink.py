@@ -19,26 +19,7 @@ from sparkwal.wal import StorageUnavailableError
 
 from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_stream
 
-TOPIC_PARTITIONS = 2
-
-
-@pytest.fixture(scope="module")
-def broker():
-    from sparkwal.engine.apps.kafka_server import tansu_broker
-
-    with tansu_broker() as bootstrap:
-        yield bootstrap
-
-
-@pytest.fixture
-def topic(broker, request):
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"out-{request.node.name[5:40]}".replace("_", "-")
-    admin = AdminClient({"bootstrap.servers": broker, "log_level": 0})  # kept alive until the topic exists
-    for f in admin.create_topics([NewTopic(name, TOPIC_PARTITIONS, 1)]).values():
-        f.result(30)
-    return name
+TOPIC_PARTITIONS = 2  # (the conftest's topic fixture)
 
 
 def lines_in(sink) -> list[str]:

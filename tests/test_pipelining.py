@@ -70,18 +70,43 @@ def write(cur, batch_ms, records):
     timeline._add("write", batch_ms, 1)
 
 
+def note_turns(monkeypatch) -> None:
+    """Each in-order operation's wait for its turn noted on the running test's timeline."""
+    from sparkwal.engine.driver import scheduler
+
+    wait_turn = scheduler.wait_turn
+
+    def noted_wait(cond, pending, time_ms, op, abandoned, *failed):
+        TIMELINE[0]._add("turn", time_ms, op)
+        return wait_turn(cond, pending, time_ms, op, abandoned, *failed)
+
+    monkeypatch.setattr(scheduler, "wait_turn", noted_wait)
+
+
+def start_stream(spark_context, tmp_path, outputs) -> tuple[StreamingContext, ManualClock, Timeline, SQLiteSink]:
+    """A direct stream of ``tmp_path/log`` on a manual clock with two concurrent jobs, checkpointed;
+    ``outputs(stream, sink)`` adds its outputs (``sink``: SQLite, ``write`` in batch order); started,
+    the timeline listening."""
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    clock, timeline = ManualClock(), Timeline()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.directStream(FileLogSource(str(logdir)))
+    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
+    outputs(stream, sink)
+    TIMELINE[:] = [timeline]
+    ssc.addStreamingListener(timeline)
+    ssc.start()
+    return ssc, clock, timeline, sink
+
+
 def test_a_later_batch_waits_for_the_sink_commit_of_an_earlier_one_while_other_outputs_overlap(
         spark_context, tmp_path, monkeypatch):
     """Batch 1's sink output is held (before its transaction) until batch 2's has either waited
     for its turn or tried to commit first: two hooks make the overlap deterministic, the
     scheduler's wait and the sink's commit, each noted on the timeline."""
-    from sparkwal.engine.driver import scheduler
-
-    wait_turn, commit_batch = scheduler.wait_turn, SQLiteSink.commit_batch
-
-    def noted_wait(cond, pending, time_ms, op, abandoned, *failed):
-        TIMELINE[0]._add("turn", time_ms, op)
-        return wait_turn(cond, pending, time_ms, op, abandoned, *failed)
+    commit_batch = SQLiteSink.commit_batch
 
     def held_commit(self, batch_ms, ranges, write):
         if batch_ms == T1:
@@ -91,20 +116,15 @@ def test_a_later_batch_waits_for_the_sink_commit_of_an_earlier_one_while_other_o
         finally:
             TIMELINE[0]._add("tried", batch_ms, 1)
 
-    monkeypatch.setattr(scheduler, "wait_turn", noted_wait)
+    note_turns(monkeypatch)
     monkeypatch.setattr(SQLiteSink, "commit_batch", held_commit)
+
+    def outputs(stream, sink):
+        stream.foreachRDD(lambda rdd: rdd.count())  # output 0: no order asked
+        sink.saveStream(stream, stream, write)  # output 1: in batch order
+
+    ssc, clock, timeline, sink = start_stream(spark_context, tmp_path, outputs)
     logdir = tmp_path / "log"
-    logdir.mkdir()
-    clock, timeline = ManualClock(), Timeline()
-    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
-    stream = ssc.directStream(FileLogSource(str(logdir)))
-    stream.foreachRDD(lambda rdd: rdd.count())  # output 0: no order asked
-    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
-    sink.saveStream(stream, stream, write)  # output 1: in batch order
-    TIMELINE[:] = [timeline]
-    ssc.addStreamingListener(timeline)
-    ssc.start()
     try:
         append_lines(str(logdir), "p0", 0, 3)
         clock.advance(500)
@@ -128,13 +148,7 @@ def test_a_failed_output_stops_the_same_output_of_every_later_batch(spark_contex
     """Batch 1's sink output fails while batch 2's waits for its turn: batch 2's must not run (a
     sink judges a range ending at or before its stored end as in, because outputs go in batch
     order; batch 2's output over a failed batch 1 would make the restart skip batch 1's records)."""
-    from sparkwal.engine.driver import scheduler
-
-    wait_turn, commit_batch = scheduler.wait_turn, SQLiteSink.commit_batch
-
-    def noted_wait(cond, pending, time_ms, op, abandoned, *failed):
-        TIMELINE[0]._add("turn", time_ms, op)
-        return wait_turn(cond, pending, time_ms, op, abandoned, *failed)
+    commit_batch = SQLiteSink.commit_batch
 
     def failing_commit(self, batch_ms, ranges, write):
         if batch_ms == T1:
@@ -143,19 +157,11 @@ def test_a_failed_output_stops_the_same_output_of_every_later_batch(spark_contex
         TIMELINE[0]._add("tried", batch_ms, 0)
         return commit_batch(self, batch_ms, ranges, write)
 
-    monkeypatch.setattr(scheduler, "wait_turn", noted_wait)
+    note_turns(monkeypatch)
     monkeypatch.setattr(SQLiteSink, "commit_batch", failing_commit)
+    ssc, clock, timeline, sink = start_stream(
+        spark_context, tmp_path, lambda stream, sink: sink.saveStream(stream, stream, write))  # output 0: in order
     logdir = tmp_path / "log"
-    logdir.mkdir()
-    clock, timeline = ManualClock(), Timeline()
-    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
-    stream = ssc.directStream(FileLogSource(str(logdir)))
-    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
-    sink.saveStream(stream, stream, write)  # output 0: in batch order
-    TIMELINE[:] = [timeline]
-    ssc.addStreamingListener(timeline)
-    ssc.start()
     try:
         append_lines(str(logdir), "p0", 0, 3)
         clock.advance(500)
@@ -173,24 +179,17 @@ def test_a_batch_logged_but_never_run_stops_the_in_order_output_of_later_batches
     """Batch 1's jobs fail to be made after its ranges were logged (a transform raising at job
     generation): batch 2's sink output must not run, or the restart would take batch 1's ranges
     for in (a later batch stored their ends) and skip its records."""
-    logdir = tmp_path / "log"
-    logdir.mkdir()
-    clock, timeline = ManualClock(), Timeline()
-    ssc = StreamingContext(spark_context, 0.5, clock=clock, concurrentJobs=2)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
-    stream = ssc.directStream(FileLogSource(str(logdir)))
-
     def fails_at_batch_1(t, rdd):
         if int(round(t.timestamp() * 1000)) == T1:
             raise RuntimeError("batch 1's jobs cannot be made")
         return rdd
 
-    sink = SQLiteSink(str(tmp_path / "out.db"), "lines")
-    sink.saveStream(stream, stream, write)  # output 0: in batch order
-    stream.transform(fails_at_batch_1).foreachRDD(lambda rdd: None)  # output 1
-    TIMELINE[:] = [timeline]
-    ssc.addStreamingListener(timeline)
-    ssc.start()
+    def outputs(stream, sink):
+        sink.saveStream(stream, stream, write)  # output 0: in batch order
+        stream.transform(fails_at_batch_1).foreachRDD(lambda rdd: None)  # output 1
+
+    ssc, clock, timeline, sink = start_stream(spark_context, tmp_path, outputs)
+    logdir = tmp_path / "log"
     try:
         append_lines(str(logdir), "p0", 0, 3)
         clock.advance(500)

@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
         if args.standalone:
             from .standalone import StandaloneCluster
 
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the app's executors: the drill's Python
+
             with StandaloneCluster(os.path.join(workdir, "cluster"), args.standalone, cores=2 if args.speculation
                                    else 1, hosts_apart=args.speculation) as cluster:
                 r = _run_mode(args, workdir, cluster.url)
