@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import sys
+import time
 import uuid
 
 import pytest
@@ -37,6 +39,47 @@ class _NoOldTopLevelNames:
 
 
 sys.meta_path.insert(0, _NoOldTopLevelNames())
+
+
+def _machine_cpu_seconds() -> float | None:
+    """CPU seconds every process on this machine has spent so far (``/proc/stat``): the suite's
+    own figure on a quiet machine, counting the JVMs that outlive the driver which started them
+    (never waited for, so outside ``RUSAGE_CHILDREN``)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system (idle iowait) irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and every child it (or its children) waited for."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+_START = (time.monotonic(), _machine_cpu_seconds())
+
+
+def pytest_collection_modifyitems(items):
+    """A test that starts a Spark driver in a subprocess (``driver``) is slow: the fast lane
+    (``-m "not slow"``) starts no JVM but the session's own."""
+    for item in items:
+        if item.get_closest_marker("driver") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """The suite's cost after its ten slowest tests (``--durations=10``): wall time, the CPU time of
+    pytest and the processes it waited for, and the machine's CPU time over the run."""
+    wall = time.monotonic() - _START[0]
+    machine_now = _machine_cpu_seconds()
+    machine = "" if machine_now is None or _START[1] is None else f", machine {machine_now - _START[1]:.0f} s"
+    terminalreporter.write_line(f"suite cost: wall {wall:.0f} s, CPU of pytest and its waited-for processes "
+                                f"{_own_cpu_seconds():.0f} s{machine} (docs/testing.md)")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ written), ``commit`` (commits/N written), ``checkpoint`` (a DStream checkpoint w
 commit). With two concurrent jobs (spark.streaming.concurrentJobs=2): ``overlap`` (inside the
 output, before its transaction, once a later batch's output operation has started: two batches in
 flight), ``overlap_output`` (the same, after the transaction), ``pipelined`` (no crash). Without
-CRASH_AT (or with ``pipelined``) it runs SECONDS and stops gracefully.
+CRASH_AT (or with ``pipelined``) it stops gracefully once caught up (or after SECONDS).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -38,6 +37,8 @@ def main() -> None:
     from sparkwal.engine.sinks import SQLiteSink
     from sparkwal.engine.apps.direct_wordcount import append_lines, logged_lines
     from sparkwal.engine.apps.wordcount import build
+
+    from caught_up import run_until_caught_up  # this script's directory, tests/
 
     conf = (SparkConf().setMaster("local[2]").setAppName("direct-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
@@ -101,11 +102,7 @@ def main() -> None:
     SQLiteSink.commit_batch = patched
     ssc, _ = build(sc, workdir, 0.5, json_events=True, direct=True)
     ssc.addStreamingListener(Crash())
-    ssc.start()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not ssc.awaitTerminationOrTimeout(0.1):
-        pass
-    ssc.stop(stopSparkContext=True, stopGraceFully=True)
+    run_until_caught_up(ssc, seconds, stop_when_caught_up=crash_at in (None, "pipelined"))
 
 
 if __name__ == "__main__":

@@ -108,3 +108,10 @@ def _dump(archive: str) -> None:
         for leftover in (partial, dump_settings):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def submit_args_with(extra: str) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for a subprocess driver that needs settings of its own (``extra``,
+    spark-submit's options) and keeps the cheaper JVM of every other driver the tests start."""
+    ours = os.environ.get("PYSPARK_SUBMIT_ARGS") or submit_args()
+    return f"{ours.removesuffix('pyspark-shell').strip()} {extra} pyspark-shell"

@@ -11,7 +11,7 @@ into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). S
 commit not made), ``committed`` (the sink's commit made, the stream's commit log and checkpoint
 not written), ``partition`` (PostgresSink per partition: p0's task committed, p1's not; with
 ``SPARKWAL_TEST_PG_WAY=partitions``, or KafkaSink with ``SPARKWAL_TEST_PER_PARTITION``). Without
-CRASH_AT it runs SECONDS and stops gracefully.
+CRASH_AT it stops gracefully once caught up (or after SECONDS).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def main() -> None:
     from pyspark import SparkConf, SparkContext
 
     from sparkwal.engine import StreamingContext
+
+    from caught_up import run_until_caught_up  # this script's directory, tests/
     from sparkwal.engine.sinks import DeltaSink, KafkaSink, PostgresSink
     from sparkwal.engine.sources import FileLogSource
 
@@ -115,11 +117,7 @@ def main() -> None:
         return ssc
 
     ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create)
-    ssc.start()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not ssc.awaitTerminationOrTimeout(0.1):
-        pass
-    ssc.stop(stopSparkContext=True, stopGraceFully=True)
+    run_until_caught_up(ssc, seconds, stop_when_caught_up=crash_at is None)
 
 
 if __name__ == "__main__":

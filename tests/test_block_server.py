@@ -144,6 +144,7 @@ def test_the_server_drops_strangers_garbage_bad_tags_and_paths_and_lives_on(tmp_
 
 
 @pytest.mark.parametrize("replication", [1, 2])
+@pytest.mark.driver
 def test_wal_off_blocks_are_read_on_the_executor_that_did_not_receive_them(tmp_path, replication):
     """Two executor JVMs of one core each: the receiver fills one, so every batch task runs on the
     other and reads each block from its copy there (replication 2) or over the network from the

@@ -38,6 +38,7 @@ def wait(cond, timeout_s: float, what: str, app: AppRun | None = None) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.driver
 def test_direct_job_on_a_standalone_cluster_with_an_s3_checkpoint(tmp_path, cluster, s3_url, monkeypatch):
     for k, v in CREDENTIALS.items():
         monkeypatch.setenv(k, v)

@@ -203,6 +203,7 @@ def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driv
     assert table.num_rows == 120_000 and len(set(table.column("line").to_pylist())) == 120_000
 
 
+@pytest.mark.driver
 def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):
     sink = DeltaSink(str(tmp_path / "table"), "lines")
     crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink))
@@ -261,6 +262,7 @@ def test_a_store_down_at_the_commit_fails_the_batch_in_one_line_and_leaves_nothi
         assert lines_in(sink) == ["a", "b"]
 
 
+@pytest.mark.driver
 def test_drill_with_the_delta_sink_and_speculative_copies_counts_every_line_exactly_once(tmp_path, monkeypatch):
     """CI's share of ``sparkwal drill --mode direct --sink delta --speculation --standalone 2`` (it
     replaces the 3-kill drill on local[2]; docs/direct.md gives longer runs): a standalone cluster

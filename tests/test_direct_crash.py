@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from sparkwal.checkpoint import CommitLog, OffsetSeqLog
 from sparkwal.engine.apps import direct_drill
 from sparkwal.engine.apps.direct_wordcount import append_lines, expected_direct_counts, read_results
@@ -28,6 +30,7 @@ def run_app(workdir, seconds: float, crash_at: str | None = None) -> int:
     return proc.returncode
 
 
+@pytest.mark.driver
 def test_a_crash_after_every_step_of_the_batch_protocol_loses_and_doubles_nothing(tmp_path):
     logdir = tmp_path / "log"
     logdir.mkdir()
@@ -67,11 +70,13 @@ def runs_count_every_line_once(workdir, appended: dict[str, int], mode: str | No
     assert results["words"] == expected_direct_counts(appended)
 
 
-def test_drill_direct_mode_counts_every_line_exactly_once_across_5_kills(tmp_path):
-    """CI's share of the drill (the brief: at most ~5 kills a mode); 20, 50 and 100 kills are run
-    by hand, figures in docs/direct.md."""
-    report = direct_drill.run(5, 0.5, seed=7, workdir=str(tmp_path), log=lambda *_: None)
-    assert report["kills"] == 5 and report["restarts"] == 5
+@pytest.mark.driver
+def test_drill_direct_mode_counts_every_line_exactly_once_across_a_kill(tmp_path):
+    """CI's share of the drill: one kill at a random moment (every step of the batch protocol has
+    its deterministic crash test above); 20, 50 and 100 kills are run by hand, figures in
+    docs/direct.md."""
+    report = direct_drill.run(1, 0.5, seed=7, workdir=str(tmp_path), log=lambda *_: None)
+    assert report["kills"] == 1 and report["restarts"] == 1
     assert report["lines_appended"] > 100
     assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
     assert report["ok"]

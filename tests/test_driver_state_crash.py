@@ -16,6 +16,8 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from sparkwal.engine.receiver.acked_lines import AckedLineSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +58,7 @@ def wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float = 120) -
         time.sleep(0.05)
 
 
+@pytest.mark.driver
 def test_a_driver_held_state_is_exact_after_sigkills_at_random_moments(tmp_path):
     total = PER_PHASE * PHASES
     source = AckedLineSource(SECRET)

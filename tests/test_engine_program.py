@@ -220,6 +220,7 @@ def move_in(directory, name: str, text: str) -> None:
     os.replace(tmp, directory / name)
 
 
+@pytest.mark.driver
 def test_spark_example_pattern_survives_a_sigkill_of_the_driver(tmp_path):
     """recoverable_network_wordcount's shape: the setup function deletes the output file. After
     a SIGKILL of the driver's process group the restart recovers from the checkpoint without
@@ -360,6 +361,7 @@ sc.stop()
 """
 
 
+@pytest.mark.driver
 def test_local_python_workers_are_reached_over_unix_sockets_and_start_with_compiled_pyspark(tmp_path):
     """getOrCreate in local mode, before start(): the executor's Python workers come from
     sparkwal's daemon, which imports the installed (compiled) PySpark rather than Spark's zip and

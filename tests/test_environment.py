@@ -75,6 +75,7 @@ def test_the_environment_is_packed_once_and_found_again(env_cache):
     assert packed_environment(env_cache) == os.path.join(env_cache, archive)
 
 
+@pytest.mark.driver
 def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_environment(tmp_path, env_cache):
     """Executors whose interpreter has no pyarrow, msgpack or sparkwal (the base Python under the
     driver's virtualenv): everything tasks need comes in the archive."""

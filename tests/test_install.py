@@ -48,6 +48,7 @@ def installed(tmp_path_factory) -> Path:
     return root / "venv" / "bin"
 
 
+@pytest.mark.driver
 def test_the_wheel_installs_one_package_and_its_command_and_main_job_run(installed, tmp_path):
     version = run(installed / "sparkwal", "--version", cwd=tmp_path).stdout.strip()
     assert version.startswith("sparkwal ") and version != "sparkwal 0+unknown"
@@ -64,6 +65,7 @@ def test_the_wheel_installs_one_package_and_its_command_and_main_job_run(install
     assert stopped and stopped[0]["files"] == 3 and stopped[0]["records"] == 9
 
 
+@pytest.mark.driver
 def test_a_ported_stateful_app_survives_kill_9_on_the_installed_package(installed, tmp_path, monkeypatch):
     script = tmp_path / "app.py"
     script.write_text(porting_example())

@@ -247,6 +247,7 @@ def test_an_output_far_larger_than_max_result_size_streams_a_partition_at_a_time
     assert len(values) == 120_000 and len(set(values)) == 120_000
 
 
+@pytest.mark.driver
 def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
         tmp_path, broker, topic):
     """Read back through the sink: exactly once. A plain read_committed reader of this broker
@@ -289,7 +290,8 @@ def test_the_broker_down_at_the_commit_fails_the_batch_in_one_line(spark_context
         assert "\n" not in str(failed.value)
 
 
-def test_drill_with_the_kafka_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
+@pytest.mark.driver
+def test_drill_with_the_kafka_sink_counts_every_line_exactly_once_across_a_kill(tmp_path):
     drill_exactly_once(tmp_path, "kafka", seed=11)
 
 
@@ -372,6 +374,7 @@ def test_reading_a_sink_whose_topics_do_not_exist_creates_none(broker):
     assert "never-written" not in listed and sink.marker_topic not in listed
 
 
+@pytest.mark.driver
 def test_per_partition_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, broker, topic):
     from sparkwal.engine.apps.direct_wordcount import append_lines
 

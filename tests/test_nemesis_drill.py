@@ -26,6 +26,7 @@ def _struck_once_each(r: dict, zombie: bool = False) -> None:
     assert r["records_lost"] == 0
 
 
+@pytest.mark.driver
 def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_path):
     r = run(faults=3, files=30, batch=1.0, seed=1, workdir=str(tmp_path))
     _struck_once_each(r)
@@ -37,6 +38,7 @@ def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_p
 # receiver mode with a standby takes as long again: by hand (docs/storage-faults.md), to keep the
 # suite's time; its code is the workload's, shared with the kill drill's receiver mode in CI
 @pytest.mark.parametrize("mode", ["direct"])
+@pytest.mark.driver
 def test_with_a_standby_the_outage_and_the_kill_end_in_takeovers(tmp_path, mode):
     """direct: exactly once through the batch log on S3; receiver: its blocks' WAL on S3, written
     by the executor, every acknowledged line counted (duplicates only of lines sent again)."""

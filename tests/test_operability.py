@@ -67,22 +67,43 @@ def run_port_app(tmp_path, env: dict, batches: int, *conf: str, timeout: float =
 
 
 @pytest.mark.slow
-def test_local_workers_run_the_drivers_interpreter_when_none_is_configured(tmp_path):
+@pytest.mark.driver
+def test_a_ported_app_runs_its_workers_on_the_drivers_interpreter_and_stops_on_sigterm(tmp_path):
     """The README's set-up runs ``.venv/bin/python app.py`` with the virtualenv not activated:
     ``python3`` on PATH is another interpreter, without sparkwal's dependencies (here one that
-    cannot even import PySpark). The workers must run the driver's own."""
+    cannot even import PySpark). The workers must run the driver's own. And Spark's
+    ``spark.streaming.stopGracefullyOnShutdown``: SIGTERM to the app's process group (its JVM
+    included) stops it gracefully with no trace."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _script(bin_dir / "python3", f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")
     env = _env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    status, events, stderr = run_port_app(tmp_path, env, 4, timeout=240)
+    proc = subprocess.Popen([sys.executable, PORT_APP, str(tmp_path), "0",
+                             "spark.streaming.stopGracefullyOnShutdown=true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(tmp_path), start_new_session=True)
+    events: list[dict] = []
+    try:
+        for line in proc.stdout:
+            events += _events(line)
+            if any(e["event"] == "batch" and e["totals"] == {"a": 2, "b": 2, "c": 1} for e in events):
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+        rest, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    events += _events(rest)
     started = [e for e in events if e["event"] == "started"]
-    assert started and started[0]["python"] == sys.executable, (status, events, stderr[-3000:])
-    totals = [e["totals"] for e in events if e["event"] == "batch" and e["totals"]]
-    assert totals and totals[-1] == {"a": 2, "b": 2, "c": 1}, (events, stderr[-3000:])
+    assert started and started[0]["python"] == sys.executable, (events, stderr[-3000:])
+    assert proc.returncode == 0 and events[-1]["event"] == "stopped", (events[-3:], stderr[-3000:])
+    assert not any(t in stderr for t in TRACES), stderr[-3000:]
+    assert "SIGTERM received: stopping the streaming context gracefully" in stderr
 
 
 @pytest.mark.slow
+@pytest.mark.driver
 def test_a_configured_interpreter_that_lacks_a_module_fails_start_naming_both(tmp_path):
     hide = tmp_path / "hide"
     hide.mkdir()
@@ -249,50 +270,15 @@ def _batches(events) -> int:
     return sum(e["event"] == "batch_completed" for e in events)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("to_group", [True, False], ids=["SIGTERM to the group", "SIGINT to the driver"])
-def test_a_signal_is_a_graceful_stop_without_traces_and_the_checkpoint_resumes(tmp_path, to_group):
-    job = MainJob(tmp_path, "--files", "30")
-    job.wait_for(lambda es: _batches(es) >= 3)
-    if to_group:
-        os.killpg(job.proc.pid, signal.SIGTERM)  # the Python driver and its JVM both get it
-    else:
-        os.kill(job.proc.pid, signal.SIGINT)
+def _stopped_by(job: MainJob, sig: str) -> int:
+    """The job's exit status after a signal, its ``stopped`` event naming ``sig`` and no trace on its
+    standard error; the number of files it had counted."""
     assert job.finish() == 0
+    job._err_reader.join(60)
     stopped = [e for e in job.events if e["event"] == "stopped"]
-    assert stopped and stopped[0]["signal"] == ("SIGTERM" if to_group else "SIGINT")
+    assert stopped and stopped[0]["signal"] == sig, job.events[-5:]
     assert not any(t in job.stderr for t in TRACES), job.stderr[-3000:]
-    done = stopped[0]["files"]
-    again = MainJob(tmp_path, "--files", "30")
-    again.wait_for(lambda es: any(e["event"] == "context" for e in es))
-    assert [e["recovery"] for e in again.events if e["event"] == "context"] == ["checkpoint"]
-    again.wait_for(lambda es: _batches(es) >= 2)
-    os.killpg(again.proc.pid, signal.SIGTERM)
-    assert again.finish() == 0
-    outputs = [json.load(open(tmp_path / "output" / n)) for n in os.listdir(tmp_path / "output")]
-    counted = sorted(f for o in outputs for f in o["files"])
-    assert len(counted) == len(set(counted)) and len(counted) >= done  # nothing lost or doubled
-
-
-@pytest.mark.slow
-def test_stop_gracefully_on_shutdown_makes_a_ported_app_stop_on_sigterm(tmp_path):
-    """Spark's ``spark.streaming.stopGracefullyOnShutdown``: an app of the user's own, SIGTERM to
-    its process group (its JVM included), stops gracefully with no trace."""
-    proc = subprocess.Popen([sys.executable, PORT_APP, str(tmp_path), "0",
-                             "spark.streaming.stopGracefullyOnShutdown=true"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            cwd=str(tmp_path), start_new_session=True)
-    events = []
-    for line in proc.stdout:
-        events += _events(line)
-        if sum(e["event"] == "batch" for e in events) >= 2:
-            os.killpg(proc.pid, signal.SIGTERM)
-            break
-    rest, stderr = proc.communicate(timeout=120)
-    events += _events(rest)
-    assert proc.returncode == 0 and events[-1]["event"] == "stopped", (events[-3:], stderr[-3000:])
-    assert not any(t in stderr for t in TRACES), stderr[-3000:]
-    assert "SIGTERM received: stopping the streaming context gracefully" in stderr
+    return stopped[0]["files"]
 
 
 def _children(pid: int) -> list[int]:
@@ -309,28 +295,51 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_second_job_on_a_led_checkpoint_is_refused_and_the_default_output_has_no_jvm_noise(tmp_path):
-    """A second main job on the checkpoint a live one leads: one line naming the leader and
-    ``--standby``, exit 5, before any JVM and before anything is recovered. The first job's
-    output has no start-up lines of the JVM, and a kill -9 of its Python process leaves no JVM
-    shutdown trace behind."""
-    job = MainJob(tmp_path, "--files", "30")
-    job.wait_for(lambda es: _batches(es) >= 2)
+@pytest.mark.driver
+def test_signals_stop_the_main_job_gracefully_a_second_job_is_refused_and_a_kill_leaves_no_noise(tmp_path):
+    """Three runs of the main job on one checkpoint, each ending another way:
+
+    1. a second main job on the checkpoint it leads: one line naming the leader and ``--standby``,
+       exit 5, before any JVM and before anything is recovered; then SIGTERM to its process group
+       (the Python driver and its JVM both get it): a graceful stop, no trace;
+    2. it resumes from the checkpoint; SIGINT to the Python driver alone: the same;
+    3. it resumes again; ``kill -9`` of its Python process alone: its JVM sees it gone and leaves no
+       shutdown trace, and its default output has no start-up lines of the JVM.
+
+    Nothing is lost or counted twice across the three."""
+    first = MainJob(tmp_path, "--files", "30")
+    first.wait_for(lambda es: _batches(es) >= 2)
     second = _job("sparkwal.engine.wordcount", "--dir", tmp_path, "--json")
     assert second.returncode == 5 and second.stdout == "", (second.stdout, second.stderr)
     lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"pid {job.proc.pid}" in lines[0] and "--standby" in lines[0]
+    assert len(lines) == 1 and f"pid {first.proc.pid}" in lines[0] and "--standby" in lines[0]
     assert "recovered" not in second.stderr and "SparkContext" not in second.stderr
-    jvms = _children(job.proc.pid)
-    os.kill(job.proc.pid, signal.SIGKILL)  # the Python driver alone: its JVM sees it gone
-    job.proc.wait(60)
+    first.wait_for(lambda es: _batches(es) >= 3)
+    os.killpg(first.proc.pid, signal.SIGTERM)
+    done = _stopped_by(first, "SIGTERM")
+
+    again = MainJob(tmp_path, "--files", "30")
+    again.wait_for(lambda es: any(e["event"] == "context" for e in es))
+    assert [e["recovery"] for e in again.events if e["event"] == "context"] == ["checkpoint"]
+    again.wait_for(lambda es: _batches(es) >= 2)
+    os.kill(again.proc.pid, signal.SIGINT)
+    _stopped_by(again, "SIGINT")
+
+    last = MainJob(tmp_path, "--files", "30")
+    last.wait_for(lambda es: _batches(es) >= 2)
+    jvms = _children(last.proc.pid)
+    os.kill(last.proc.pid, signal.SIGKILL)  # the Python driver alone: its JVM sees it gone
+    last.proc.wait(60)
     deadline = time.monotonic() + 60
     while not all(_gone(j) for j in jvms) and time.monotonic() < deadline:
         time.sleep(0.2)
-    job._err_reader.join(60)
+    last._err_reader.join(60)
     for noise in ("WARNING: Using incubator modules", "Setting default log level", "To adjust logging level",
                   "EOF reached before Python server acknowledged", "ERROR DAGScheduler", *TRACES):
-        assert noise not in job.stderr, job.stderr[-3000:]
+        assert noise not in last.stderr, last.stderr[-3000:]
+    outputs = [json.load(open(tmp_path / "output" / n)) for n in os.listdir(tmp_path / "output")]
+    counted = sorted(f for o in outputs for f in o["files"])
+    assert len(counted) == len(set(counted)) and len(counted) >= done  # nothing lost or doubled
 
 
 def test_a_graceful_stop_gives_up_after_its_timeout_and_leaves_the_rest_to_the_restart(spark_context):

@@ -8,6 +8,8 @@ import signal
 import sqlite3
 import threading
 
+import pytest
+
 from sparkwal.checkpoint import CommitLog, OffsetSeqLog
 from sparkwal.engine import StreamingContext, StreamingListener
 from sparkwal.engine.apps.direct_wordcount import append_lines, logged_lines, read_results
@@ -201,6 +203,7 @@ def test_a_batch_logged_but_never_run_stops_the_in_order_output_of_later_batches
     assert ("write", T2, 1) not in timeline.seen and sink.offsets() == {}
 
 
+@pytest.mark.driver
 def test_a_kill_while_two_batches_overlap_loses_and_doubles_nothing(tmp_path):
     """The direct word count with two concurrent jobs, SIGKILLed while the first batch with
     records is inside its sink output (before its transaction, then after it) and the next batch

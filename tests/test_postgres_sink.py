@@ -83,6 +83,7 @@ def test_rows_keeping_the_source_partitioning_go_in_per_partition_once(spark_con
     assert query(postgres, "SELECT k, v FROM kv ORDER BY k") == [("a", "2"), ("b", "1")]
 
 
+@pytest.mark.driver
 def test_a_kill_after_one_partition_committed_loses_and_doubles_nothing(tmp_path, postgres):
     """Per partition, a batch is visible partition by partition: p0's task commits, the driver is
     SIGKILLed with p1's transaction open; the restart writes p1 only."""
@@ -242,6 +243,7 @@ def test_the_server_down_at_the_commit_fails_the_batch_in_one_line_and_its_rerun
     assert staging_tables(postgres) == []
 
 
+@pytest.mark.driver
 def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(
         tmp_path, postgres):
     create_lines(postgres)
@@ -250,5 +252,6 @@ def test_a_kill_between_the_staging_and_the_commit_and_after_the_commit_loses_an
     assert staging_tables(postgres) == []
 
 
-def test_drill_with_the_postgres_sink_counts_every_line_exactly_once_across_3_kills(tmp_path):
+@pytest.mark.driver
+def test_drill_with_the_postgres_sink_counts_every_line_exactly_once_across_a_kill(tmp_path):
     drill_exactly_once(tmp_path, "postgres", seed=5)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from sparkwal.engine.apps.wordcount_data import receiver_line
 from sparkwal.engine.receiver.acked_lines import AckedLineSource
 
@@ -45,6 +47,7 @@ class App:
         self.proc.wait()
 
 
+@pytest.mark.driver
 def test_a_killed_driver_loses_and_doubles_nothing_its_receivers_precomputed(tmp_path):
     secret = os.urandom(16).hex()
     source = AckedLineSource(secret, chunk_lines=20)

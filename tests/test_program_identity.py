@@ -55,6 +55,7 @@ def test_the_main_job_and_the_drill_refuse_another_programs_checkpoint(tmp_path,
     assert sorted(p.name for p in (tmp_path / "work").rglob("*")) == before  # nothing made
 
 
+@pytest.mark.driver
 def test_the_main_job_takes_its_own_checkpoint(tmp_path):
     """The check lets the main job's own checkpoint through (here, one it cannot recover: the
     refusal is not what stops it)."""

@@ -13,6 +13,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from fast_jvms import submit_args_with
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -81,7 +85,7 @@ class App:
         submit = ("--conf spark.ui.enabled=true --conf spark.sparkwal.ui.port=0 --conf spark.ui.port=0"
                   if ui else "--conf spark.ui.enabled=false")
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1",
-                   PYSPARK_SUBMIT_ARGS=f"{submit} pyspark-shell")
+                   PYSPARK_SUBMIT_ARGS=submit_args_with(submit))
         self.lines: list[str] = []
         self.changed = threading.Condition()
         self._err = open(base.parent / f"stderr-{time.monotonic_ns()}.log", "w+")
@@ -119,32 +123,6 @@ def drop(inbox: Path, name: str, text: str) -> None:
     os.replace(tmp, inbox / name)
 
 
-def test_the_porting_example_runs_as_printed_and_survives_kill_9(tmp_path):
-    script = tmp_path / "app.py"
-    script.write_text(porting_example())
-    base = tmp_path / "app"
-    first = App(script, base)
-    try:
-        first.wait_for(lambda lines: any(line.startswith("Time: ") for line in lines))
-        drop(base / "in", "one.txt", "a b a\n")
-        first.wait_for(lambda lines: "('a', 2)" in lines)
-    finally:
-        first.kill()  # kill -9: no stop, no last checkpoint
-    second = App(script, base)
-    try:
-        second.wait_for(lambda lines: any(line.startswith("Time: ") for line in lines))
-        drop(base / "in", "two.txt", "a c\n")
-        second.wait_for(lambda lines: "('a', 3)" in lines)
-        seen = second.batches()
-        second.wait_for(lambda lines: second.batches() >= seen + 2)  # two more batches
-        with second.changed:
-            counts = [line for line in second.lines if line.startswith("('a', ")]
-        assert counts[-1] == "('a', 3)" and "('a', 4)" not in counts  # nothing counted twice
-        assert "('b', 1)" in second.lines and "('c', 1)" in second.lines
-    finally:
-        second.kill()
-
-
 def started(lines) -> bool:
     return any(line.startswith("counting the words of files moved into ") for line in lines)
 
@@ -160,9 +138,18 @@ def totals(app: App) -> dict[str, int]:
     return out
 
 
-def test_a_file_moved_in_before_the_first_batch_or_while_down_is_counted_once(tmp_path):
-    """The promise holds from the moment ``start()`` returns: a file moved in before the first
-    batch completed, a kill -9, a file moved in while it was down: both counted, once."""
+@pytest.mark.driver
+def test_the_porting_example_as_printed_counts_every_file_once_across_kill_9_and_stops_on_ctrl_c(tmp_path):
+    """One life of the README's example, three runs of it:
+
+    1. a file moved in right after ``start()`` returned, then ``kill -9`` at once, before its first
+       batch is done (it is due a second later): the promise holds from the moment ``start()``
+       returns;
+    2. a file moved in while it was down; both counted, once; then a file counted and the run
+       killed with ``kill -9`` (no stop, no last checkpoint);
+    3. its UI address printed and served; a new file counted, nothing counted twice; the checkpoint's
+       size following its content (the killed runs' reserved event-log space cut); Ctrl-C a clean
+       stop, exit 0, no traceback."""
     script = tmp_path / "app.py"
     script.write_text(porting_example())
     base = tmp_path / "app"
@@ -171,36 +158,36 @@ def test_a_file_moved_in_before_the_first_batch_or_while_down_is_counted_once(tm
         first.wait_for(started)
         drop(base / "in", "early.txt", "early bird\n")
     finally:
-        first.kill()  # kill -9, at once: before its first batch is done (it is due a second later)
+        first.kill()
     drop(base / "in", "down.txt", "down time bird\n")
     second = App(script, base)
     try:
         second.wait_for(lambda lines: totals(second).get("bird") == 2)
-        seen = second.batches()
-        second.wait_for(lambda lines: second.batches() >= seen + 2)  # two more batches
         assert totals(second) == {"early": 1, "down": 1, "time": 1, "bird": 2}
-        # its size follows its content: the killed run's reserved event-log space was cut
-        size = sum(f.stat().st_size for f in (base / "checkpoint").rglob("*") if f.is_file())
-        assert size < 1 << 20, size
+        drop(base / "in", "one.txt", "a b a\n")
+        second.wait_for(lambda lines: "('a', 2)" in lines)
     finally:
         second.kill()
-
-
-def test_the_example_prints_its_ui_and_stops_gracefully_on_ctrl_c(tmp_path):
-    script = tmp_path / "app.py"
-    script.write_text(porting_example())
-    base = tmp_path / "app"
-    app = App(script, base, ui=True)
+    third = App(script, base, ui=True)
     try:
-        app.wait_for(started)
-        url = next(line for line in app.lines if started([line])).rsplit("Streaming UI: ", 1)[1]
+        third.wait_for(started)
+        url = next(line for line in third.lines if started([line])).rsplit("Streaming UI: ", 1)[1]
         page = urllib.request.urlopen(f"{url}/streaming/", timeout=30).read().decode()
         assert "Streaming Statistics: ported" in page
-        drop(base / "in", "one.txt", "a b a\n")
-        app.wait_for(lambda lines: "('a', 2)" in lines)
-        os.killpg(app.proc.pid, signal.SIGINT)  # Ctrl-C in its terminal
-        assert app.proc.wait(60) == 0
-        err = app.stderr()
+        third.wait_for(lambda lines: third.batches() >= 1)
+        drop(base / "in", "two.txt", "a c\n")
+        third.wait_for(lambda lines: "('a', 3)" in lines)
+        seen = third.batches()
+        third.wait_for(lambda lines: third.batches() >= seen + 2)  # two more batches
+        with third.changed:
+            counts = [line for line in third.lines if line.startswith("('a', ")]
+        assert counts[-1] == "('a', 3)" and "('a', 4)" not in counts  # nothing counted twice
+        assert totals(third) == {"early": 1, "down": 1, "time": 1, "bird": 2, "a": 3, "b": 1, "c": 1}
+        size = sum(f.stat().st_size for f in (base / "checkpoint").rglob("*") if f.is_file())
+        assert size < 1 << 20, size
+        os.killpg(third.proc.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert third.proc.wait(60) == 0
+        err = third.stderr()
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     finally:
-        app.kill()
+        third.kill()

@@ -21,20 +21,22 @@ def _check(r: dict) -> None:
 
 
 @pytest.mark.compat
+@pytest.mark.driver
 def test_executor_jvm_and_python_worker_kills_on_local_cluster(tmp_path):
-    """The receiver's executor JVM, then its Python worker (now on the other executor), then the
-    driver's whole process group: each time the receiver comes back and the counts stay exact."""
-    r = run(kills=3, lines=240, batch=1.0, seed=4, workdir=str(tmp_path), master="local-cluster[2,1,1024]",
-            kinds=("executor", "worker", "driver"), cycle=True, lines_per_s=20, min_gap_s=3, max_gap_s=4)
+    """The receiver's executor JVM, then its Python worker (now on the other executor): each time
+    the receiver comes back and the counts stay exact (the driver's kill: the test below)."""
+    r = run(kills=2, lines=160, batch=1.0, seed=4, workdir=str(tmp_path), master="local-cluster[2,1,1024]",
+            kinds=("executor", "worker"), cycle=True, lines_per_s=20, min_gap_s=3, max_gap_s=4)
     _check(r)
-    assert {k: v["kills"] for k, v in r["kills_by_kind"].items()} == {"executor": 1, "worker": 1, "driver": 1}
+    assert {k: v["kills"] for k, v in r["kills_by_kind"].items()} == {"executor": 1, "worker": 1}
     assert all("recovery_s" in k for k in r["kill_log"]), r["kill_log"]  # a receiver registered again
 
 
+@pytest.mark.driver
 def test_driver_kills_resume_from_the_wal_on_local(tmp_path):
     """Blocks in the receiver WAL but in no batch yet when the driver dies are processed after the
     restart, and re-run batches get the same blocks (outputs are replaced, never doubled)."""
-    r = run(kills=2, lines=200, batch=1.0, seed=9, workdir=str(tmp_path), kinds=("driver",),
+    r = run(kills=1, lines=200, batch=1.0, seed=9, workdir=str(tmp_path), kinds=("driver",),
             lines_per_s=25, min_gap_s=3, max_gap_s=5)
     _check(r)
-    assert r["restarts"] == 2
+    assert r["restarts"] == 1

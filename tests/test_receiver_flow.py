@@ -22,6 +22,7 @@ def flow(*args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.driver
 def test_with_no_rate_setting_unprocessed_data_is_bounded_and_the_source_pushed_back():
     r = flow("--seconds", 20, "--max-unprocessed", 16 * MIB)
     assert r["exit_code"] == 0 and r["batches"] >= 10
@@ -31,6 +32,7 @@ def test_with_no_rate_setting_unprocessed_data_is_bounded_and_the_source_pushed_
     assert r["rss_max_last_third_mib"] <= r["rss_max_first_third_mib"] * 1.5 + 100, r
 
 
+@pytest.mark.driver
 def test_backpressure_converges_to_what_a_batch_can_process():
     """An initial rate about twice what a batch can process: a backlog forms, the PID estimator
     lowers the receiver's rate below capacity until it drains, then settles near capacity."""

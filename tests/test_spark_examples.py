@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
+from fast_jvms import submit_args_with
 
 EXAMPLES = Path(pyspark.__file__).parent / "examples" / "src" / "main" / "python" / "streaming"
 LINES = ["hello world", "hello spark", "good happy day", "bad day", "spark spark streaming"]
@@ -75,8 +76,8 @@ class Run:
         self.server = Server()
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                    PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
-                   PYSPARK_SUBMIT_ARGS="--master local[2] --conf spark.ui.enabled=false "
-                                       "--conf spark.driver.host=127.0.0.1 pyspark-shell")
+                   PYSPARK_SUBMIT_ARGS=submit_args_with("--master local[2] --conf spark.ui.enabled=false "
+                                                        "--conf spark.driver.host=127.0.0.1"))
         self.out_path = workdir / "stdout.txt"
         self.proc = subprocess.Popen(
             [sys.executable, str(_program(name, engine, workdir)),
@@ -154,6 +155,7 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.driver
 def test_spark_example_runs_unchanged_with_the_same_output(name, tmp_path):
     args, observe, expected = CASES[name]
     runs = {engine: Run(name, engine, tmp_path / engine, args) for engine in ("sparkwal", "pyspark")}

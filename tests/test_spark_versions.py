@@ -37,6 +37,7 @@ def test_a_missing_feature_falls_back_with_one_line(caplog):
 
 @pytest.mark.slow
 @pytest.mark.compat
+@pytest.mark.driver
 def test_a_checkpoint_written_under_this_spark_recovers_under_the_newest(tmp_path, monkeypatch):
     """The README's stateful example under this PySpark, killed with SIGKILL, started again under
     the newest: its totals go on, exact."""

@@ -304,6 +304,7 @@ class Takeovers(StreamingListener):
 
 
 @pytest.mark.compat
+@pytest.mark.driver
 def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enabled, tmp_path, monkeypatch):
     """The main job runs as the active driver in a subprocess; this process tries a second
     driver (refused), then runs a standby, which takes over when the active one is killed. The
@@ -384,20 +385,23 @@ def test_getorcreate_standby_needs_a_checkpoint_directory(spark_context):
 
 
 @pytest.mark.slow
-def test_three_takeovers_in_a_row_lose_nothing_and_count_nothing_twice(tmp_path):
-    """The drill's standby mode: the active driver's process group killed three times, a fresh
-    standby started after each takeover; every file counted once, the running state exact."""
+@pytest.mark.driver
+def test_a_takeover_after_a_kill_loses_nothing_and_counts_nothing_twice(tmp_path):
+    """The drill's standby mode, CI's share: the active driver's process group killed once at a
+    random moment and the standby takes over; every file counted once, the running state exact.
+    Longer runs by hand (docs/standby.md)."""
     from sparkwal.engine.apps.standby_drill import run
 
-    r = run(kills=3, files=14, batch=1.0, seed=5, workdir=str(tmp_path), gap_s=(1.5, 4.0))
-    assert r["kills"] == 3 and r["takeovers"] == 3 and r["failures"] == [], r
+    r = run(kills=1, files=14, batch=1.0, seed=5, workdir=str(tmp_path), gap_s=(1.5, 4.0))
+    assert r["kills"] == 1 and r["takeovers"] == 1 and r["failures"] == [], r
     assert r["files_missing"] == [] and r["duplicate_files"] == 0
     assert r["words_lost"] == 0 and r["words_extra"] == 0
     assert r["state_mismatches"] == 0 and r["final_totals_exact"] and r["ok"]
-    assert len(r["recovery_s"]) == 3
+    assert len(r["recovery_s"]) == 1
 
 
 @pytest.mark.slow
+@pytest.mark.driver
 def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_its_lease(tmp_path, s3_url):
     import json
 
@@ -451,15 +455,17 @@ def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_it
 
 
 @pytest.mark.slow
+@pytest.mark.driver
 def test_a_direct_stream_stays_exactly_once_across_takeovers(tmp_path):
     from sparkwal.engine.apps import direct_drill
 
-    r = direct_drill.run(kills=2, batch=1.0, seed=11, workdir=str(tmp_path), standby=True)
-    assert r["kills"] == 2 and r["lines_appended"] > 0
+    r = direct_drill.run(kills=1, batch=1.0, seed=11, workdir=str(tmp_path), standby=True)
+    assert r["kills"] == 1 and r["lines_appended"] > 0
     assert r["records_lost"] == 0 and r["duplicates"] == 0 and r["words_exact"] and r["ok"], r
 
 
 @pytest.mark.slow
+@pytest.mark.driver
 def test_a_reliable_receiver_loses_nothing_acknowledged_across_takeovers(tmp_path):
     from sparkwal.engine.apps import receiver_drill
 

@@ -12,6 +12,8 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KEYS, PER_FILE, FILES = 50_000, 20_000, 3
@@ -30,6 +32,7 @@ def snapshots_written(workdir) -> int:
     return sum(n.endswith(".manifest") for n in os.listdir(state)) if os.path.isdir(state) else 0
 
 
+@pytest.mark.driver
 def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path):
     import json
 

@@ -177,6 +177,7 @@ def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_ov
 
 
 @pytest.mark.compat
+@pytest.mark.driver
 def test_a_full_disk_stops_the_job_with_one_line_and_a_restart_resumes_once_space_is_back(tmp_path):
     """The main job with its checkpoint on a local disk that fills up (faulty+file://: ENOSPC on
     every create, write and fsync until freed): it stops with exit status 4 and one last line

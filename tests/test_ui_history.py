@@ -71,6 +71,7 @@ def wordcount(workdir: Path, *extra: str) -> Proc:
                  "--conf", "spark.sparkwal.ui.port=0", *extra])
 
 
+@pytest.mark.driver
 def test_a_killed_driver_and_its_restart_are_on_record_live_and_after_death(tmp_path):
     work = tmp_path / "wc"
     first = wordcount(work, "--files", "40", "--seconds", "0")
@@ -159,6 +160,7 @@ def _shape(value):
     return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
+@pytest.mark.driver
 def test_the_rest_api_serves_what_pyspark_streaming_serves(tmp_path):
     reference = subprocess.run([sys.executable, "-c", PYSPARK_STREAMING_APP], capture_output=True, text=True,
                                env=ENV, timeout=180)
