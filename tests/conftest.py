@@ -41,17 +41,40 @@ class _NoOldTopLevelNames:
 sys.meta_path.insert(0, _NoOldTopLevelNames())
 
 
-def _machine_cpu_seconds() -> float | None:
-    """CPU seconds every process on this machine has spent so far (``/proc/stat``): the suite's
-    own figure on a quiet machine, counting the JVMs that outlive the driver which started them
-    (never waited for, so outside ``RUSAGE_CHILDREN``)."""
+CPUACCT = "/sys/fs/cgroup/cpuacct"
+
+
+def _suite_cgroup() -> str | None:
+    """A cpuacct cgroup of this session's own, where the machine lets it make one (root, cgroup v1):
+    every process the suite starts is born in it, the JVMs that outlive the driver which started
+    them included (never waited for, so outside ``RUSAGE_CHILDREN``), and nothing else is."""
+    path = os.path.join(CPUACCT, f"sparkwal-tests-{os.getpid()}")
     try:
-        with open("/proc/stat") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
+        os.mkdir(path)
+        with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+        return path
+    except OSError:
+        return None
+
+
+def _cgroup_cpu_seconds(path: str) -> float | None:
+    try:
+        with open(os.path.join(path, "cpuacct.usage")) as usage:
+            return int(usage.read()) / 1e9
     except (OSError, ValueError):
         return None
-    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system (idle iowait) irq softirq steal
-    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _leave_cgroup(path: str) -> None:
+    """This process back where it was; the group removed once its last process has ended (a JVM
+    still on its way out keeps it: an empty group of a few bytes, removed by the next session)."""
+    with contextlib.suppress(OSError):
+        with open(os.path.join(CPUACCT, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+    for old in (path, *(os.path.join(CPUACCT, n) for n in os.listdir(CPUACCT) if n.startswith("sparkwal-tests-"))):
+        with contextlib.suppress(OSError):
+            os.rmdir(old)
 
 
 def _own_cpu_seconds() -> float:
@@ -60,26 +83,24 @@ def _own_cpu_seconds() -> float:
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-_START = (time.monotonic(), _machine_cpu_seconds())
-
-
-def pytest_collection_modifyitems(items):
-    """A test that starts a Spark driver in a subprocess (``driver``) is slow: the fast lane
-    (``-m "not slow"``) starts no JVM but the session's own."""
-    for item in items:
-        if item.get_closest_marker("driver") and not item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.slow)
+_START = time.monotonic()
+_CGROUP = _suite_cgroup()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
-    """The suite's cost after its ten slowest tests (``--durations=10``): wall time, the CPU time of
-    pytest and the processes it waited for, and the machine's CPU time over the run."""
-    wall = time.monotonic() - _START[0]
-    machine_now = _machine_cpu_seconds()
-    machine = "" if machine_now is None or _START[1] is None else f", machine {machine_now - _START[1]:.0f} s"
-    terminalreporter.write_line(f"suite cost: wall {wall:.0f} s, CPU of pytest and its waited-for processes "
-                                f"{_own_cpu_seconds():.0f} s{machine} (docs/testing.md)")
+    """The suite's cost after its ten slowest tests (``--durations=10``): wall time and CPU time,
+    of every process it started where it has a cgroup of its own, else of pytest and the processes
+    it waited for."""
+    wall = time.monotonic() - _START
+    cpu = _cgroup_cpu_seconds(_CGROUP) if _CGROUP else None
+    if cpu is not None:
+        _leave_cgroup(_CGROUP)
+        terminalreporter.write_line(f"suite cost: wall {wall:.0f} s, CPU {cpu:.0f} s (every process it started; "
+                                    f"docs/testing.md)")
+    else:
+        terminalreporter.write_line(f"suite cost: wall {wall:.0f} s, CPU {_own_cpu_seconds():.0f} s (pytest and the "
+                                    f"processes it waited for; docs/testing.md)")
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ import pytest
 
 from sparkwal.engine.apps.nemesis_drill import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.s3]
+pytestmark = [pytest.mark.slow, pytest.mark.driver, pytest.mark.s3]
+GAP_S = (1.5, 3.0)  # between nemeses, once the driver runs (the drill's own: 3-8 s)
 
 
 def _struck_once_each(r: dict, zombie: bool = False) -> None:
@@ -26,9 +27,8 @@ def _struck_once_each(r: dict, zombie: bool = False) -> None:
     assert r["records_lost"] == 0
 
 
-@pytest.mark.driver
 def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_path):
-    r = run(faults=3, files=30, batch=1.0, seed=1, workdir=str(tmp_path))
+    r = run(faults=3, files=30, batch=1.0, seed=1, workdir=str(tmp_path), gap_s=GAP_S)
     _struck_once_each(r)
     assert r["files_missing"] == [] and r["records_doubled"] == 0
     assert r["words_lost"] == 0 and r["words_extra"] == 0 and r["state_mismatches"] == 0
@@ -38,11 +38,10 @@ def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_p
 # receiver mode with a standby takes as long again: by hand (docs/storage-faults.md), to keep the
 # suite's time; its code is the workload's, shared with the kill drill's receiver mode in CI
 @pytest.mark.parametrize("mode", ["direct"])
-@pytest.mark.driver
 def test_with_a_standby_the_outage_and_the_kill_end_in_takeovers(tmp_path, mode):
     """direct: exactly once through the batch log on S3; receiver: its blocks' WAL on S3, written
     by the executor, every acknowledged line counted (duplicates only of lines sent again)."""
-    r = run(faults=4, files=20, batch=1.0, seed=1, workdir=str(tmp_path), mode=mode, standby=True)
+    r = run(faults=4, files=20, batch=1.0, seed=1, workdir=str(tmp_path), mode=mode, standby=True, gap_s=GAP_S)
     _struck_once_each(r, zombie=True)
     assert r["takeovers"] == 3 and r["restarts"] == 0, r  # after the outage's stop, the kill, the zombie
     assert r["words_exact"] and r["ok"], r

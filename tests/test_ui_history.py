@@ -140,10 +140,17 @@ def output(rdd):
     rdd.count()  # (a foreachRDD function returning a value fails in pyspark.streaming)
 ssc.queueStream([sc.parallelize(range(10)) for _ in range(40)]).foreachRDD(output)
 ssc.start()
-time.sleep(4)
 base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/streaming"
 get = lambda p: json.loads(urllib.request.urlopen(base + p, timeout=10).read())
-batches = get("/batches")
+deadline = time.monotonic() + 60
+while True:  # until a batch has completed (the API answers once the stream has started)
+    try:
+        batches = get("/batches")
+    except OSError:
+        batches = []
+    if any(b["status"] == "COMPLETED" for b in batches) or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
 done = [b for b in batches if b["status"] == "COMPLETED"][-1]["batchId"]
 print(json.dumps({"statistics": get("/statistics"), "batches": batches, "batch": get(f"/batches/{done}"),
                   "operations": get(f"/batches/{done}/operations"),
@@ -162,17 +169,24 @@ def _shape(value):
 
 @pytest.mark.driver
 def test_the_rest_api_serves_what_pyspark_streaming_serves(tmp_path):
-    reference = subprocess.run([sys.executable, "-c", PYSPARK_STREAMING_APP], capture_output=True, text=True,
-                               env=ENV, timeout=180)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    spark = json.loads(reference.stdout.strip().splitlines()[-1])
-
-    ours = subprocess.run([sys.executable, "-c", PYSPARK_STREAMING_APP.replace(
+    ours_app = PYSPARK_STREAMING_APP.replace(
         "from pyspark.streaming import StreamingContext", "from engine import StreamingContext").replace(
-        'sc.uiWebUrl}/api', 'ssc.uiWebUrl}/api').replace('urlopen(sc.uiWebUrl', 'urlopen(ssc.uiWebUrl')],
-        capture_output=True, text=True, env=ENV, timeout=180, cwd=ROOT)
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    sparkwal = json.loads(ours.stdout.strip().splitlines()[-1])
+        'sc.uiWebUrl}/api', 'ssc.uiWebUrl}/api').replace('urlopen(sc.uiWebUrl', 'urlopen(ssc.uiWebUrl')
+    runs = {}
+    for name, app in (("pyspark", PYSPARK_STREAMING_APP), ("sparkwal", ours_app)):  # side by side
+        with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
+            runs[name] = subprocess.Popen([sys.executable, "-c", app], stdout=out, stderr=err, env=ENV, cwd=ROOT,
+                                          start_new_session=True)
+    try:
+        for name, run in runs.items():
+            assert run.wait(180) == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+    spark, sparkwal = (json.loads((tmp_path / f"{name}.out").read_text().strip().splitlines()[-1])
+                       for name in runs)
     for key in ("statistics", "batch"):
         missing = {k: v for k, v in _shape(spark[key]).items() if _shape(sparkwal[key]).get(k) != v}
         assert not missing, (key, missing, _shape(sparkwal[key]))

@@ -87,11 +87,12 @@ def plan(faults: int, rng: random.Random, kinds_first: tuple[str, ...] = NEMESES
 
 def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, mode: str = "files", standby: bool = False,
-        kinds: tuple[str, ...] = NEMESES) -> dict:
+        kinds: tuple[str, ...] = NEMESES, gap_s: tuple[float, float] = (3, 8)) -> dict:
     """``mode``: the job's source (files, receiver, direct: :mod:`sparkwal.engine.apps.nemesis_workloads`);
     ``kinds``: the nemeses that come first, in a random order, the rest drawn from all.
     ``standby``: a hot standby always runs beside the active driver; a killed or stopped active
-    driver's stream is taken over by it, and a fresh standby is started."""
+    driver's stream is taken over by it, and a fresh standby is started. ``gap_s``: the range of the
+    random wait before each nemesis, once the active driver runs."""
     rng = random.Random(seed)
     began = time.monotonic()
     until = began + duration_s if duration_s else None
@@ -118,7 +119,7 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
             if until is not None and time.monotonic() >= until:
                 break
             pair.ensure()
-            time.sleep(rng.uniform(3, 8))
+            time.sleep(rng.uniform(*gap_s))
             ended = pair.ended_by_themselves()
             if ended:
                 unclean.extend(ended)
