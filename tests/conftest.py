@@ -87,6 +87,27 @@ _START = time.monotonic()
 _CGROUP = _suite_cgroup()
 
 
+_TIMES: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's time (setup, call and teardown) and kind, kept for ``SPARKWAL_TEST_TIMES``."""
+    entry = _TIMES.setdefault(report.nodeid, {"seconds": 0.0, "markers": sorted(
+        k for k in report.keywords if k in ("slow", "driver", "compat", "s3"))})
+    entry["seconds"] += report.duration
+
+
+def pytest_sessionfinish(session):
+    """With ``SPARKWAL_TEST_TIMES=FILE``: every test's time and markers as JSON, for the table of
+    where the time goes (docs/testing.md)."""
+    path = os.environ.get("SPARKWAL_TEST_TIMES")
+    if path and _TIMES:
+        import json
+
+        with open(path, "w") as out:
+            json.dump(_TIMES, out, indent=0)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """The suite's cost after its ten slowest tests (``--durations=10``): wall time and CPU time,
