@@ -26,6 +26,18 @@ def lines_in(sink) -> list[str]:
     return sorted(v.decode() for _k, v in sink.read())
 
 
+def lines_settled_in(sink, expected_lines: list[str], timeout_s: float = 30) -> list[str]:
+    """The sink's lines once they are ``expected_lines`` (or what they are after ``timeout_s``): a
+    transaction committed by a task a moment ago may not be visible to readers yet (a broker writes
+    a commit's markers into the partitions after it answered the commit)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (lines := lines_in(sink)) != expected_lines and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return lines
+
+
 def plain_read_committed(broker, topic) -> list[str]:
     """What a plain ``read_committed`` consumer of the topic sees (no filtering by marker)."""
     return sorted(v.decode() for _p, _k, v, _o in records_of(broker, topic))
@@ -301,7 +313,8 @@ def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_p
     partitions missing."""
     sink = KafkaSink(topic, {"bootstrap.servers": broker}, "parts", per_partition=True)
     run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 2}, {"p0": 1}])
-    assert lines_in(sink) == expected({"p0": 4, "p1": 2}) == plain_read_committed(broker, topic)
+    assert lines_settled_in(sink, expected({"p0": 4, "p1": 2})) == expected({"p0": 4, "p1": 2})
+    assert plain_read_committed(broker, topic) == expected({"p0": 4, "p1": 2})
     assert sink.batches_committed() == 2 and sink.committed_batch() == 1000
     fresh = KafkaSink(topic, {"bootstrap.servers": broker}, "parts", per_partition=True)
     assert {(tp.partition, o) for tp, o in fresh.offsets().items()} == {("p0", 4), ("p1", 2)}
@@ -309,7 +322,7 @@ def test_per_partition_each_task_commits_its_partition_once(spark_context, tmp_p
     ranges = [OffsetRange("log", "p0", 3, 4), OffsetRange("log", "p1", 2, 3)]
     markers_end = fresh.watermarks.of(fresh, fresh.marker_topic, 0)[1]
     assert fresh.write_partitions(1000, ranges, spark_context.parallelize([("p0", "again"), ("p1", "new")], 2))
-    assert lines_in(fresh) == sorted(expected({"p0": 4, "p1": 2}) + ["new"])
+    assert lines_settled_in(fresh, want := sorted(expected({"p0": 4, "p1": 2}) + ["new"])) == want
     # the ends a batch starts from come from one kept consumer, asked afresh each time
     markers_end_now = fresh.watermarks.of(fresh, fresh.marker_topic, 0)[1]
     assert markers_end_now > markers_end
@@ -444,10 +457,10 @@ def test_per_partition_an_aborted_write_interleaved_with_a_committed_one_stays_o
     leaked = [line for line in plain_read_committed(broker, topic) if line.startswith("p1-")]
     assert leaked and not sink.honours_transactions  # the aborted write's records are visible to plain readers
     p0 = sorted(f"p0-{i}" for i in range(20_000))
-    assert lines_in(sink) == p0
+    assert lines_settled_in(sink, p0) == p0
     # the batch again: p0 is in (skipped), p1 goes in once
     good = spark_context.parallelize([0, 1], 2).mapPartitionsWithIndex(lambda i, _: list(rows(i, _))[:20_000])
     assert sink.write_partitions(500, ranges, good)
     everything = sorted(p0 + [f"p1-{i}" for i in range(20_000)])
-    assert lines_in(sink) == everything
+    assert lines_settled_in(sink, everything) == everything
     assert plain_read_committed(broker, topic) == sorted(everything + leaked)
