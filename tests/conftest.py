@@ -97,6 +97,17 @@ def pytest_runtest_logreport(report):
     entry["seconds"] += report.duration
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """Each test's CPU time (every process of the suite's cgroup while it ran, its session-scoped
+    fixtures' start included where it is the first to use them), kept for ``SPARKWAL_TEST_TIMES``."""
+    before = _cgroup_cpu_seconds(_CGROUP) if _CGROUP else None
+    yield
+    after = _cgroup_cpu_seconds(_CGROUP) if _CGROUP else None
+    if before is not None and after is not None and item.nodeid in _TIMES:
+        _TIMES[item.nodeid]["cpu"] = after - before
+
+
 def pytest_sessionfinish(session):
     """With ``SPARKWAL_TEST_TIMES=FILE``: every test's time and markers as JSON, for the table of
     where the time goes (docs/testing.md)."""
