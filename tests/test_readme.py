@@ -163,6 +163,8 @@ def test_the_porting_example_as_printed_counts_every_file_once_across_kill_9_and
     second = App(script, base)
     try:
         second.wait_for(lambda lines: totals(second).get("bird") == 2)
+        seen = second.batches()
+        second.wait_for(lambda lines: second.batches() > seen)  # that batch's lines all printed
         assert totals(second) == {"early": 1, "down": 1, "time": 1, "bird": 2}
         drop(base / "in", "one.txt", "a b a\n")
         second.wait_for(lambda lines: "('a', 2)" in lines)
