@@ -87,6 +87,15 @@ _START = time.monotonic()
 _CGROUP = _suite_cgroup()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
+def pytest_collection_modifyitems(items):
+    """A test that starts a Spark driver in a subprocess (``driver``) is slow: the fast lane
+    (``-m "not slow"``) starts no JVM but the session's own."""
+    for item in items:
+        if item.get_closest_marker("driver") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 _TIMES: dict[str, dict] = {}
 
 
