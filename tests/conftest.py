@@ -119,7 +119,7 @@ def pytest_runtest_protocol(item):
 
 def pytest_sessionfinish(session):
     """With ``SPARKWAL_TEST_TIMES=FILE``: every test's time and markers as JSON, for the table of
-    where the time goes (docs/testing.md)."""
+    where the time goes (docs/testing.md); this session's alone (a later session replaces it)."""
     path = os.environ.get("SPARKWAL_TEST_TIMES")
     if path and _TIMES:
         import json

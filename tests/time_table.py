@@ -34,12 +34,12 @@ def main(path: str, shown: int = 25) -> None:
         return sum(t.get("cpu", 0.0) for t in ts)
 
     print("| Kind | Tests | Wall s | Share | CPU s | Share |\n|---|---|---|---|---|---|")
-    for name, ts in sorted(kinds.items(), key=lambda kv: -cpu(kv[1]) - wall(kv[1])):
+    for name, ts in sorted(kinds.items(), key=lambda kv: (-cpu(kv[1]), -wall(kv[1]))):
         print(f"| {name} | {len(ts)} | {wall(ts):.0f} | {wall(ts) / total:.0%} | {cpu(ts):.0f} | "
               f"{cpu(ts) / (total_cpu or 1):.0%} |")
     print(f"| all | {len(times)} | {total:.0f} | | {total_cpu:.0f} | |\n")
     print("| File | Tests | Wall s | CPU s |\n|---|---|---|---|")
-    ranked = sorted(files.items(), key=lambda kv: -cpu(kv[1]) - wall(kv[1]))
+    ranked = sorted(files.items(), key=lambda kv: (-cpu(kv[1]), -wall(kv[1])))
     for name, ts in ranked[:shown]:
         print(f"| `{name}` | {len(ts)} | {wall(ts):.0f} | {cpu(ts):.0f} |")
     rest = [t for _, ts in ranked[shown:] for t in ts]
