@@ -12,7 +12,10 @@ several workers at once. As ``spark.python.daemon.module`` this module:
 * drops those zips from ``sys.path`` when the same versions of PySpark and py4j are installed on
   it (an installed package's modules carry their compiled bytecode), before importing PySpark;
 * imports ``pyspark.worker`` and sparkwal's task-side modules once, in the daemon (none starts a
-  thread, which PySpark's daemon forbids before it forks).
+  thread, which PySpark's daemon forbids before it forks);
+* freezes what it imported out of the garbage collector (``gc.freeze()``, as a pre-fork server
+  should): a reused worker runs a full ``gc.collect()`` after every task (pyspark/daemon.py), which
+  walked every imported module's objects each time and took over 40% of an idle job's worker CPU.
 
 :func:`sparkwal.engine.cluster.prepare` sets it in ``local[...]`` mode (where the executors run this
 interpreter and can import sparkwal), unless ``spark.python.daemon.module`` is set already or
@@ -22,6 +25,7 @@ needs it, which names it.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -99,4 +103,5 @@ if __name__ == "__main__":
     quiet_when_the_executor_hangs_up()
     from pyspark.daemon import manager
 
+    gc.freeze()  # what the daemon imported is left out of the collection each worker runs after each task
     manager()

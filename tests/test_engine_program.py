@@ -347,8 +347,8 @@ conf = sc._jsc.sc().conf()
 where = conf.get("spark.python.unix.domain.socket.dir")
 doubled = sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
 def worker_facts(_):
-    import pyspark, sys as s
-    return pyspark.__file__, "sparkwal.engine.state.state_map" in s.modules
+    import gc, pyspark, sys as s
+    return pyspark.__file__, "sparkwal.engine.state.state_map" in s.modules, gc.get_freeze_count()
 facts = sc.parallelize(range(2), 2).map(worker_facts).collect()
 mode = os.stat(where)
 sockets = [n for n in os.listdir(where) if n.endswith(".sock")]
@@ -365,7 +365,9 @@ sc.stop()
 def test_local_python_workers_are_reached_over_unix_sockets_and_start_with_compiled_pyspark(tmp_path):
     """getOrCreate in local mode, before start(): the executor's Python workers come from
     sparkwal's daemon, which imports the installed (compiled) PySpark rather than Spark's zip and
-    the engine's task modules before it forks them; the executor reaches them over Unix sockets in
+    the engine's task modules before it forks them, with those objects frozen out of the garbage
+    collection each reused worker runs after each task (PySpark's daemon: ``gc.collect()``; it took
+    over 40% of an idle job's worker CPU); the executor reaches them over Unix sockets in
     a directory only this user can enter, removed at exit; the checkpoint's conf leaves both socket
     settings out (the directory is this process's)."""
     (tmp_path / "in").mkdir()
@@ -379,9 +381,10 @@ def test_local_python_workers_are_reached_over_unix_sockets_and_start_with_compi
     assert seen["sockets"] >= 1  # the worker daemon's socket: the workers are reached through it
     assert seen["doubled"] == [0, 2, 4, 6]
     assert seen["early_daemon"] == "sparkwal.engine.worker_daemon"
-    for pyspark_file, engine_imported in seen["facts"]:
+    for pyspark_file, engine_imported, frozen in seen["facts"]:
         assert ".zip" not in pyspark_file and os.path.isfile(pyspark_file)
         assert engine_imported  # by the daemon: the task itself imports nothing of the engine
+        assert frozen > 10_000  # by the daemon: the collection a worker runs after each task skips them
     assert not any(k.startswith("spark.python.unix.domain.socket") for k in seen["checkpointed"])
     assert "spark.master" in seen["checkpointed"]
     assert not os.path.exists(seen["dir"])  # removed when the driver exited
