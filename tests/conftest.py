@@ -341,3 +341,32 @@ def topic(broker, request):
     for f in admin.create_topics([NewTopic(name, 2, 1)]).values():
         f.result(30)
     return name
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """A fresh virtualenv with the wheel ``pip wheel --no-deps .`` builds (one import package,
+    ``sparkwal``) and the running PySpark's version, pip resolving the rest; its bin directory.
+    Built once per session: tests/test_install.py runs the command and the apps from it,
+    tests/test_environment.py ships it to executors (a fraction of the test environment's size)."""
+    import subprocess
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    def run(*args):
+        proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
+
+    root = tmp_path_factory.mktemp("install")
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", Path(__file__).resolve().parent.parent)
+    (wheel,) = (root / "wheel").glob("sparkwal-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"sparkwal"}, tops  # one import package
+    assert {"sparkwal/cli.py", "sparkwal/wal/storage.py", "sparkwal/engine/context.py",
+            "sparkwal/engine/apps/log4j2-quiet.properties"} <= set(names)
+    run(sys._base_executable, "-m", "venv", root / "venv")
+    run(root / "venv" / "bin" / "pip", "install", "-q", wheel, f"pyspark=={pyspark.__version__}")
+    return root / "venv" / "bin"

@@ -58,9 +58,10 @@ def env_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("env-cache"))
 
 
-def test_the_environment_is_packed_once_and_found_again(env_cache):
-    """(Under PySpark 3.5.0 the compatibility set packs the wheel's small environment instead:
-    tests/test_install.py, a third of a minute less than packing the whole test environment.)"""
+def test_the_environment_is_packed_once_and_found_again(env_cache, installed, monkeypatch):
+    """The driver's virtualenv here is the wheel's (conftest's ``installed``: the wheel and PySpark,
+    as a user's would be), not the test environment, whose packing alone took half a minute."""
+    monkeypatch.setattr(sys, "prefix", str(installed.parent))
     settings = {"spark.sparkwal.shipEnvironment": "true", "spark.sparkwal.shipEnvironment.cacheDir": env_cache,
                 "spark.archives": "file:///data/models.zip#models"}
     first = prepare_conf(conf(**settings))
@@ -77,11 +78,15 @@ def test_the_environment_is_packed_once_and_found_again(env_cache):
 
 
 @pytest.mark.driver
-def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_environment(tmp_path, env_cache):
+def test_bare_python_executors_run_a_stateful_receiver_app_with_the_shipped_environment(
+        tmp_path, env_cache, installed, monkeypatch):
     """Executors whose interpreter has no pyarrow, msgpack or sparkwal (the base Python under the
-    driver's virtualenv): everything tasks need comes in the archive."""
+    driver's virtualenv): everything tasks need comes in the archive. The driver runs in a
+    virtualenv of the wheel and PySpark alone (conftest's ``installed``), as a user's would: packing
+    and unpacking the test environment (deltalake, moto, mypy, ...) would take most of the test."""
     bare = os.path.join(sys.base_prefix, "bin", "python3")
     assert subprocess.run([bare, "-c", "import pyarrow"], capture_output=True).returncode != 0
+    monkeypatch.setattr(sys, "executable", str(installed / "python"))  # run_app runs sys.executable
     report = run_app("shipped_env_app.py", ["local-cluster[2,1,1024]", str(tmp_path), env_cache, "2000"],
                      cwd=tmp_path, env={"PYSPARK_PYTHON": bare}, timeout_s=300)
     import pyspark  # the executors' work directories (each holds an unpacked environment)

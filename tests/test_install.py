@@ -32,22 +32,6 @@ def run(*args, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv with the wheel and the running PySpark's version; its bin directory."""
-    root = tmp_path_factory.mktemp("install")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", ROOT)
-    (wheel,) = (root / "wheel").glob("sparkwal-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    tops = {n.split("/", 1)[0] for n in names}
-    assert {t for t in tops if not t.endswith(".dist-info")} == {"sparkwal"}, tops  # one import package
-    assert {"sparkwal/cli.py", "sparkwal/wal/storage.py", "sparkwal/engine/context.py",
-            "sparkwal/engine/apps/log4j2-quiet.properties"} <= set(names)
-    run(sys._base_executable, "-m", "venv", root / "venv")
-    run(root / "venv" / "bin" / "pip", "install", "-q", wheel, f"pyspark=={pyspark.__version__}")
-    return root / "venv" / "bin"
-
-
 @pytest.mark.driver
 def test_the_wheel_installs_one_package_and_its_command_and_main_job_run(installed, tmp_path):
     version = run(installed / "sparkwal", "--version", cwd=tmp_path).stdout.strip()

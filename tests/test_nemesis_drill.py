@@ -1,11 +1,11 @@
-"""The nemesis drill, short and seeded: the main job with its checkpoint on S3 behind the fault
-proxy, struck once by each nemesis (a SIGKILL, a storm of 5xx/resets/delays it must absorb, an
-outage longer than its storage deadline it must stop on with status 4 and resume after; with the
-standby, a zombie: the leader paused past its lease with writes held, landing after the takeover,
-then resumed: it exits fenced and the new leader goes on); nothing
-lost, nothing counted twice where exactly-once is promised, the running state exact. With a hot
-standby, the standby waits out the outage and takes over after the stop and after the kill. The
-100-fault run: docs/storage-faults.md."""
+"""The nemesis drill, short and seeded: the main job's direct mode with its checkpoint on S3 behind
+the fault proxy and a hot standby, struck once by each nemesis (a SIGKILL, a storm of
+5xx/resets/delays it must absorb, an outage longer than its storage deadline it must stop on with
+status 4, a zombie: the leader paused past its lease with writes held, landing after the takeover,
+then resumed: it exits fenced and the new leader goes on); nothing lost, nothing counted twice, the
+running state exact; the standby waits out the outage and takes over after the stop, the kill and
+the zombie. The file stream without a standby (restarts instead of takeovers) and the 100-fault
+run: by hand, docs/storage-faults.md."""
 
 from __future__ import annotations
 
@@ -25,14 +25,6 @@ def _struck_once_each(r: dict, zombie: bool = False) -> None:
     assert r["clean_stops"] == 1 and r["unclean_stops"] == 0, r["unclean"]
     assert r["faulted_requests"] >= 5 and {"503"} <= set(r["faults_injected"])
     assert r["records_lost"] == 0
-
-
-def test_a_kill_a_storm_and_an_outage_lose_nothing_and_count_nothing_twice(tmp_path):
-    r = run(faults=3, files=30, batch=1.0, seed=1, workdir=str(tmp_path), gap_s=GAP_S)
-    _struck_once_each(r)
-    assert r["files_missing"] == [] and r["records_doubled"] == 0
-    assert r["words_lost"] == 0 and r["words_extra"] == 0 and r["state_mismatches"] == 0
-    assert r["final_totals_exact"] and r["ok"], r
 
 
 # receiver mode with a standby takes as long again: by hand (docs/storage-faults.md), to keep the

@@ -2,10 +2,11 @@
 give the same output with sparkwal as with pyspark.streaming for the same input.
 
 The examples come from the installed pyspark wheel (``pyspark/examples/src/main/python/streaming``).
-Each runs as ``python example.py ...`` (as spark-submit would), twice at the same time: as
-shipped, and with ``from pyspark.streaming import`` replaced by ``from engine import``. Both read
-the same lines from their own TCP server; batch boundaries differ between runs, so what is
-compared is what the output adds up to.
+Each runs as ``python example.py ...`` (as spark-submit would) with ``from pyspark.streaming
+import`` replaced by ``from engine import``, reading lines from a TCP server of its own; batch
+boundaries differ between runs, so what is compared is what the output adds up to, against what
+pyspark.streaming's output adds up to (for the stateful example the shipped program runs beside
+it, on pyspark.streaming, in every run: ``REFERENCE_RUN``).
 """
 
 from __future__ import annotations
@@ -153,16 +154,24 @@ CASES = {
 }
 
 
+#: the examples whose expected output is checked against pyspark.streaming's in each run (its JVM
+#: DStreams beside sparkwal's driver); the others' expected outputs were pyspark.streaming's when
+#: written, and the one checked here is the stateful one, whose semantics (state across batches,
+#: the initial RDD) differ most from a plain count
+REFERENCE_RUN = {"stateful_network_wordcount.py"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.driver
 def test_spark_example_runs_unchanged_with_the_same_output(name, tmp_path):
     args, observe, expected = CASES[name]
-    runs = {engine: Run(name, engine, tmp_path / engine, args) for engine in ("sparkwal", "pyspark")}
+    engines = ("sparkwal", "pyspark") if name in REFERENCE_RUN else ("sparkwal",)
+    runs = {engine: Run(name, engine, tmp_path / engine, args) for engine in engines}
     try:
         deadline = time.monotonic() + 90
         results = {}
-        while time.monotonic() < deadline and len(results) < 2:
+        while time.monotonic() < deadline and len(results) < len(runs):
             for engine, run in runs.items():
                 if engine not in results and observe(run, tmp_path / engine) == expected:
                     results[engine] = expected
@@ -172,5 +181,6 @@ def test_spark_example_runs_unchanged_with_the_same_output(name, tmp_path):
     finally:
         for run in runs.values():
             run.stop()
-    assert results["pyspark"] == expected, f"pyspark.streaming's own output: {runs['pyspark'].output()[-2000:]}"
-    assert results["sparkwal"] == results["pyspark"], runs["sparkwal"].output()[-3000:]
+    if "pyspark" in runs:
+        assert results["pyspark"] == expected, f"pyspark.streaming's own output: {runs['pyspark'].output()[-2000:]}"
+    assert results["sparkwal"] == expected, runs["sparkwal"].output()[-3000:]
