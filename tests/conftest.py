@@ -360,7 +360,8 @@ def installed(tmp_path_factory):
         assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
 
     root = tmp_path_factory.mktemp("install")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", Path(__file__).resolve().parent.parent)
+    checkout = Path(__file__).resolve().parent.parent
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", checkout)
     (wheel,) = (root / "wheel").glob("sparkwal-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}

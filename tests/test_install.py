@@ -1,9 +1,10 @@
-"""sparkwal installs clean, as a user installs it: the wheel ``pip wheel --no-deps .`` builds holds one
-import package, ``sparkwal``; installed (not editable) into a fresh virtualenv beside the running
-PySpark's version, pip resolving the rest, it runs the command, the main job and a ported stateful
-app (killed with SIGKILL and restarted) from a directory outside the checkout, and its environment
-packs for executors (``spark.sparkwal.shipEnvironment``) with sparkwal's files in it. Run under
-each PySpark the project supports (the newest in the suite, the oldest in the compatibility set)."""
+"""sparkwal installs clean, as a user installs it (conftest's ``installed``): the wheel
+``pip wheel --no-deps .`` builds holds one import package, ``sparkwal``; installed (not editable)
+into a fresh virtualenv beside the running PySpark's version, pip resolving the rest, it runs the
+command, the main job and a ported stateful app (killed with SIGKILL and restarted) from a directory
+outside the checkout, and its environment packs for executors (``spark.sparkwal.shipEnvironment``)
+with sparkwal's files in it. Run under each PySpark the project supports (the newest in the suite,
+the oldest in the compatibility set)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ import os
 import subprocess
 import sys
 import tarfile
-import zipfile
 from pathlib import Path
 
-import pyspark
 import pytest
 
 from test_readme import App, drop, porting_example, started, totals
