@@ -119,11 +119,16 @@ def pytest_runtest_protocol(item):
 
 def pytest_sessionfinish(session):
     """With ``SPARKWAL_TEST_TIMES=FILE``: every test's time and markers as JSON, for the table of
-    where the time goes (docs/testing.md); this session's alone (a later session replaces it)."""
+    where the time goes (docs/testing.md). A session run with ``-m EXPR`` writes ``FILE.EXPR`` instead
+    (``times.json.compat`` under ``.ci/run``), so the whole suite's file is kept."""
     path = os.environ.get("SPARKWAL_TEST_TIMES")
     if path and _TIMES:
         import json
+        import re
 
+        selection = session.config.getoption("markexpr", "")
+        if selection:
+            path = f"{path}.{re.sub(r'[^A-Za-z0-9]+', '-', selection).strip('-')}"
         with open(path, "w") as out:
             json.dump(_TIMES, out, indent=0)
 
