@@ -269,3 +269,6 @@ def test_a_leader_paused_with_its_renewal_held_says_fenced_not_storage(memory_ur
     assert not storage_fault(fenced.value)
     held.set()
     renewer.join(10)
+    storage.put_if_version = lambda *a, **k: pytest.fail("a fenced leader sent a renewal")
+    with pytest.raises(FencedError, match="no answer yet"):
+        lead.renew()  # fenced for good: the same reason, and no renewal is even sent

@@ -88,6 +88,10 @@ def test_a_chain_is_merged_in_order_and_keeps_its_partitioner(spark_context, tmp
     assert joined.getNumPartitions() == n
 
     manifest = tmp_path / "state" / "0-1000.manifest"
+    whole = manifest.read_bytes()
+    manifest.write_bytes(whole[:len(whole) // 2])  # torn: a store that lost the end of the write
+    with pytest.raises(SnapshotError, match=r"manifest .*0-1000.manifest is damaged"):
+        read_chain(sc, chain)
     manifest.unlink()  # as if its writer died before the manifest
     with pytest.raises(SnapshotError, match=r"0-1000 is missing or incomplete \(no .*0-1000.manifest\)"):
         read_chain(sc, chain)
