@@ -24,3 +24,11 @@ def run_app(script: str, args: list[str], *, cwd, env: dict, timeout_s: float) -
     lines = out.strip().splitlines()
     assert lines, f"{script} printed no report; its stderr ends:\n{err[-4000:]}"
     return dict(json.loads(lines[-1]), stderr=err[-4000:])
+
+
+def run_ok(*args, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A command run to its end, which must succeed (the assertion shows its output's tail)."""
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc

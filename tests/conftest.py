@@ -354,15 +354,11 @@ def installed(tmp_path_factory):
     ``sparkwal``) and the running PySpark's version, pip resolving the rest; its bin directory.
     Built once per session: tests/test_install.py runs the command and the apps from it,
     tests/test_environment.py ships it to executors (a fraction of the test environment's size)."""
-    import subprocess
     import zipfile
     from pathlib import Path
 
     import pyspark
-
-    def run(*args):
-        proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
+    from app_runs import run_ok as run
 
     root = tmp_path_factory.mktemp("install")
     checkout = Path(__file__).resolve().parent.parent

@@ -9,7 +9,6 @@ the oldest in the compatibility set)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -17,18 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from app_runs import run_ok as run
 from test_readme import App, drop, porting_example, started, totals
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]
-
-
-def run(*args, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
-    assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
-    return proc
 
 
 @pytest.mark.driver
