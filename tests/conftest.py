@@ -97,6 +97,7 @@ def pytest_collection_modifyitems(items):
 
 
 _TIMES: dict[str, dict] = {}
+SLOW_SECONDS = 3.0  # a test that takes longer on a quiet day is marked slow: the fast lane stays under 5 minutes
 
 
 def pytest_runtest_logreport(report):
@@ -147,6 +148,11 @@ def pytest_terminal_summary(terminalreporter):
     else:
         terminalreporter.write_line(f"suite cost: wall {wall:.0f} s, CPU {_own_cpu_seconds():.0f} s (pytest and the "
                                     f"processes it waited for; docs/testing.md)")
+    unmarked = sorted((t["seconds"], nodeid) for nodeid, t in _TIMES.items()
+                      if "slow" not in t["markers"] and t["seconds"] > SLOW_SECONDS)
+    if unmarked:
+        terminalreporter.write_line(f"over {SLOW_SECONDS:.0f} s but not marked slow (the fast lane's budget; a slow "
+                                    f"day doubles times): " + ", ".join(f"{n} {s:.1f} s" for s, n in unmarked[-5:]))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from sparkwal.engine.driver.breakdown import SparkJobs
 
 
@@ -36,6 +38,7 @@ class CountedJobs(SparkJobs):
         return self.counting
 
 
+@pytest.mark.slow
 def test_phases_ask_only_the_stages_a_job_ran_however_long_its_lineage(spark_context):
     sc = spark_context
     state = sc.parallelize(range(100), 2).map(lambda x: (x % 5, x)).reduceByKey(lambda a, b: a + b).cache()

@@ -72,6 +72,7 @@ def test_block_addition_and_block_to_batch_allocation():
     assert tracker.get_unallocated_blocks(STREAM) == infos
 
 
+@pytest.mark.slow
 def test_block_allocation_with_many_blocks_recovers(tmp_path):
     """100,000 blocks in one allocation: the WAL holds every addition plus one allocation event
     in a single segment, and the allocation recovers."""

@@ -63,6 +63,7 @@ def original(spark_context, tmp_path):
     return app
 
 
+@pytest.mark.slow
 def test_a_driver_on_a_hand_made_copy_never_touches_the_original(original, tmp_path):
     before = digest(original.ckpt)
     copy = tmp_path / "copy"
@@ -106,6 +107,7 @@ def test_an_older_checkpoint_with_absolute_names_recovers_in_place(original, tmp
     assert original.totals[5000] == expected_totals(5000)
 
 
+@pytest.mark.slow
 def test_a_copy_of_an_older_checkpoint_reads_its_own_files_and_says_so(original, tmp_path, caplog):
     home = original.ckpt
     absolute_names(home)
@@ -120,6 +122,7 @@ def test_a_copy_of_an_older_checkpoint_reads_its_own_files_and_says_so(original,
     assert said and f"under {home}," in said[0] and f"read from {copy}," in said[0]
 
 
+@pytest.mark.slow
 def test_checkpoint_copy_to_s3_and_back_restarts_exact(original, tmp_path, s3_url):
     base, options = s3_url
     home = original.ckpt
@@ -138,6 +141,7 @@ def test_checkpoint_copy_to_s3_and_back_restarts_exact(original, tmp_path, s3_ur
     assert original.totals[3500] == expected_totals(3500)
 
 
+@pytest.mark.slow
 def test_checkpoint_copy_of_a_running_driver_recovers_to_a_completed_batch(spark_context, tmp_path):
     """Copies taken while batches run, state snapshots are written and old ones deleted: each
     restarts from the batch its checkpoint names, with its totals exact from there on."""
@@ -198,6 +202,7 @@ def sparkwal(*args, expect: int) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_the_copy_command_says_what_it_copied_and_refuses_what_it_cannot(original, tmp_path):
     out = sparkwal("checkpoint", "copy", original.ckpt, tmp_path / "c1", expect=0).stdout
     assert out.startswith(f"OK: copied {original.ckpt} to {tmp_path / 'c1'}")

@@ -41,6 +41,7 @@ def crash_dir(request, tmp_path):
     return url + "/ckpt", options
 
 
+@pytest.mark.slow
 def test_sigkill_loop_never_leaves_an_unreadable_newest_checkpoint(crash_dir):
     directory, options = crash_dir
     rng = random.Random(11)

@@ -34,6 +34,7 @@ def everything_pickled(monkeypatch) -> list[bytes]:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_credentials_in_storage_options_reach_no_task_and_no_checkpoint(spark_context, s3_endpoint, tmp_path,
                                                                           monkeypatch):
     import boto3

@@ -215,6 +215,7 @@ def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and
     assert held == in_table, held - in_table
 
 
+@pytest.mark.slow
 def test_a_table_on_s3(spark_context, s3_process_url):
     """The same protocol on an S3 server (moto): tasks write through the storage seam with the
     endpoint but without the credentials (the executors' environment has them)."""
@@ -229,6 +230,7 @@ def test_a_table_on_s3(spark_context, s3_process_url):
             .offsets().items()} == {("p0", 4)}
 
 
+@pytest.mark.slow
 def test_a_store_down_at_the_commit_fails_the_batch_in_one_line_and_leaves_nothing_half_visible(
         spark_context, monkeypatch):
     """The S3 server stops answering (SIGSTOP) between the tasks' writes and the Delta commit:

@@ -111,6 +111,7 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(spark_context, tmp_path):
     app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(2), interval=0.5,
               **{"spark.sparkwal.state.driverMaxKeys": "4"})

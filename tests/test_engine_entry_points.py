@@ -60,6 +60,7 @@ def run_once(sc, directory, before_start: list[str], after_start: list[str]) -> 
     return counter.lines
 
 
+@pytest.mark.slow
 def test_files_moved_in_right_after_start_are_read_exactly_once(spark_context, tmp_path):
     for trial in range(12):  # fresh contexts: the race was lost in 8 of 8 trials before the fix
         directory = tmp_path / f"in{trial}"

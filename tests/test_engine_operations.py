@@ -220,6 +220,7 @@ def test_a_checkpoint_interval_must_be_a_multiple_of_the_slide(spark_context):
         h.ssc.start()
 
 
+@pytest.mark.slow
 def test_count_by_window_and_reduce_by_window(spark_context):
     inputs = [range(1), range(2), range(3), range(4), range(5), range(6)]
     check(spark_context, inputs, lambda s: s.countByWindow(1.5, .5), [[1], [3], [6], [9], [12], [15], [11], [6]],
@@ -228,6 +229,7 @@ def test_count_by_window_and_reduce_by_window(spark_context):
           [[0], [1], [4], [10], [19], [31], [25], [15]], n_batches=8)
 
 
+@pytest.mark.slow
 def test_count_by_value_and_window(spark_context):
     inputs = [range(1), range(2), range(3), range(4), range(5), range(6)]
     check(spark_context, inputs, lambda s: s.countByValueAndWindow(1.5, .5).map(lambda kv: kv[0]).count(),
@@ -242,6 +244,7 @@ def test_group_by_key_and_window(spark_context):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.slow
 def test_reduce_by_key_and_window_incremental_matches_full_recomputation(spark_context, inverse):
     """A 3 s window over 0.5 s batches (6 slides): with an inverse function each window is the
     previous one minus the batch that left plus the one that entered (Spark's incremental path)."""
@@ -452,6 +455,7 @@ def test_context_states(spark_context):
         StreamingContext(spark_context, 0)
 
 
+@pytest.mark.slow
 def test_stop_cancels_a_running_batch_without_reporting_an_error(spark_context):
     import time as _time
 

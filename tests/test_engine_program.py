@@ -254,6 +254,7 @@ def test_spark_example_pattern_survives_a_sigkill_of_the_driver(tmp_path):
         [["spark", 2], ["wal", 1]], [["wal", 1]]]
 
 
+@pytest.mark.slow
 def test_every_kind_of_stream_round_trips_through_the_checkpoint(spark_context, dirs):
     """Windows (plain and incremental), state, transform/transformWith, union, joins, queue and
     file streams and every output kind come back from the code part as the same graph."""
@@ -447,6 +448,7 @@ print(json.dumps({"modules": len(names), "failed": failed, "tops": tops,
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """A Python worker imports whichever module its task's function lives in first (on a cluster,
     from the shipped zip): no module may depend on another having been imported before it (an

@@ -304,6 +304,7 @@ class Recorder(StreamingListener):
             assert self.changed.wait_for(lambda: predicate(self.events), timeout), self.events
 
 
+@pytest.mark.slow
 def test_the_driver_publishes_checkpoints_written_and_its_restart_on_its_event_bus(spark_context, tmp_path):
     from sparkwal.engine.listener import StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted
 

@@ -26,6 +26,7 @@ def lineage_depth(rdd) -> int:
 
 
 @pytest.mark.parametrize("checkpointing", [True, False], ids=["snapshots", "local-checkpoints"])
+@pytest.mark.slow
 def test_state_lineage_stays_bounded(spark_context, tmp_path, checkpointing):
     clock, done = ManualClock(0), Completed()
     ssc = StreamingContext(spark_context, 0.5, clock=clock)
@@ -78,6 +79,7 @@ class Submitted(StreamingListener):
 
 
 @pytest.mark.parametrize("operation", ["updateStateByKey", "mapWithState"])
+@pytest.mark.slow
 def test_a_backlog_does_not_lengthen_the_state_lineage(spark_context, tmp_path, operation):
     """Batches are generated on time, each on the state before it; while the first batch is stuck,
     the batches due reach back past every cut to come. The generator holds those that would reach
@@ -252,6 +254,7 @@ def stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms: int = 200
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms=4000)
     snapshots = sorted(p.name for p in (app.ckpt / "state").iterdir())
@@ -319,6 +322,7 @@ def test_a_memory_checkpoint_directory_is_refused_for_state(spark_context, memor
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url):
     base, options = s3_url
     app = SnapshotApp(spark_context, tmp_path, ckpt=f"{base}/ckpt", storage_options=options)
@@ -351,6 +355,7 @@ def test_state_recovers_from_a_checkpoint_on_s3(spark_context, tmp_path, s3_url)
     assert app.totals[2500] == sorted(expected.items())
 
 
+@pytest.mark.slow
 def test_a_driver_killed_while_its_snapshot_is_written_re_runs_no_completed_batch(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path, last_batch_ms=4000)
     main, first = app.ckpt / "checkpoint-4000", app.ckpt / "checkpoint-4000.bk"

@@ -58,6 +58,7 @@ def env_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("env-cache"))
 
 
+@pytest.mark.slow
 def test_the_environment_is_packed_once_and_found_again(env_cache, installed, monkeypatch):
     """The driver's virtualenv here is the wheel's (conftest's ``installed``: the wheel and PySpark,
     as a user's would be), not the test environment, whose packing alone took half a minute."""

@@ -127,6 +127,7 @@ def test_mistakes_are_named(spark_context, broker, topic):
         KafkaSink(topic, {"bootstrap.servers": "127.0.0.1:9"}, timeout_s=2).offsets()
 
 
+@pytest.mark.slow
 def test_records_go_where_librdkafka_would_put_them_and_each_partitions_span_holds_them(broker, topic):
     """produce_records places records itself, so that only each partition's first and last
     record report their delivery (not one Python callback per record): keyed records land where
@@ -275,6 +276,7 @@ def test_a_kill_between_the_writes_and_the_commit_and_after_the_commit_loses_and
     assert plain_read_committed(broker, topic) == sorted(everything + leaked)
 
 
+@pytest.mark.slow
 def test_the_broker_down_at_the_commit_fails_the_batch_in_one_line(spark_context):
     from contextlib import ExitStack
 
@@ -433,6 +435,7 @@ def test_per_partition_refuses_records_that_do_not_keep_the_source_partitioning(
     assert lines_in(sink) == []
 
 
+@pytest.mark.slow
 def test_per_partition_an_aborted_write_interleaved_with_a_committed_one_stays_out_of_the_sinks_reader(
         spark_context, broker, topic):
     """p0's task commits while p1's aborts at its end (a record too large for the producer after 20,000): on

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("wal", "checkpoint", "tracker", "engine")
 
@@ -17,6 +19,7 @@ def test_ruff_finds_nothing():
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mypy_finds_nothing_in_the_library(tmp_path):
     """Over the layout an install has: the rooms are folders beside the package in the
     repository, mapped under it (sparkwal.wal is wal/), which mypy cannot follow by itself."""

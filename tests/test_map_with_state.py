@@ -142,6 +142,7 @@ def _state_entry(ckpt) -> dict:
     return {str(i): s.to_json() for i, s in streams.items()}
 
 
+@pytest.mark.slow
 def test_the_command_shows_verifies_and_exports_the_state(spark_context, tmp_path):
     import pyarrow.parquet as parquet
 
@@ -200,6 +201,7 @@ def test_a_lost_cached_state_is_recomputed_from_the_last_full_snapshot_and_the_i
     assert floor <= root  # the inputs since the last full snapshot are kept
 
 
+@pytest.mark.slow
 def test_a_full_snapshot_ends_the_lineage_once_it_reaches_back_max_lineage_batches(spark_context, tmp_path):
     """Deltas alone would let the state's lineage grow for deltasPerFull intervals (here 1000); a
     full snapshot read back ends it once it reaches back MAX_LINEAGE_BATCHES batches (the soak's

@@ -358,6 +358,7 @@ def block(rdd) -> None:
     GATE.wait(30)
 
 
+@pytest.mark.slow
 def test_a_leader_keeps_its_lease_through_a_long_recovery_and_gives_it_up_once_stalled(
         spark_context, memory_url, monkeypatch):
     """The lease (2 s, renewed every 0.67 s) is renewed from the moment it is taken: a recovery

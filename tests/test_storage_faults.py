@@ -17,6 +17,7 @@ def options(endpoint: str) -> dict:
 
 
 @pytest.mark.parametrize("fault", ["503", "500", "reset_before", "reset_after"])
+@pytest.mark.slow
 def test_transient_faults_on_every_segment_put_lose_and_double_nothing(s3_url, s3_endpoint, fault):
     """Every WAL write on an object store is one conditional create; each fault hits one of them.
     A reset after the store took the PUT makes the client's retry answer "already exists": read
@@ -112,6 +113,7 @@ def test_a_store_that_stays_unavailable_stops_the_write_with_the_named_error_and
     assert list(reader.read_all()) == [b"before"]
 
 
+@pytest.mark.slow
 def test_a_delayed_lease_renewal_fences_the_old_driver_before_a_standby_takes_over(s3_url, s3_endpoint):
     """The holder's renewal hangs in the store (the proxy holds it 4 s; the lease is 3 s): its
     checks fence it a fifth of a lease after the renewal before it was sent, and it writes

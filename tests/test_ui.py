@@ -218,6 +218,7 @@ def test_garbage_at_the_port_gets_4xx_and_the_counts_stay_exact(ui_enabled):
         app.ssc.stop(stopSparkContext=False)
 
 
+@pytest.mark.slow
 def test_the_event_log_keeps_the_newest_batches_and_every_run_on_any_store(storage_url):
     """Three runs of 100 batches each, retention 20: every run stays, the newest 20 batches stay,
     older segments go; a history catalog (what ``sparkwal ui`` serves) reads it back."""

@@ -260,6 +260,7 @@ def test_a_zombies_snapshot_of_a_batch_leaves_the_new_leaders_snapshot_of_it(tmp
     assert sorted(p.name for p in state.iterdir()) == ["0-1000-e3.manifest", "0-1000-e3.part-00000"]
 
 
+@pytest.mark.slow
 def test_a_late_rewrite_of_an_old_leader_cannot_land_over_the_new_leaders_files(memory_url):
     """On an object store each checkpoint PUT is conditional on the version its writer last wrote
     or read: the old leader's second write of a name (its .bk, then the name), held in the network
