@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 import pytest
 from app_runs import run_app
@@ -141,6 +142,43 @@ def test_the_server_drops_strangers_garbage_bad_tags_and_paths_and_lives_on(tmp_
     put_block((a.host, a.port), SECRET, 4, "input-4-2000-aa", block_tag(SECRET, "input-4-2000-aa", big), big)
     assert fetch_block((a.host, a.port), SECRET, 4, "input-4-2000-aa") == (
         block_tag(SECRET, "input-4-2000-aa", big), big)
+
+
+def test_a_later_context_with_a_secret_of_its_own_gets_its_own_server_and_the_earlier_one_makes_way(
+        tmp_path, monkeypatch):
+    """A second StreamingContext on the same SparkContext: the same application id, a new secret.
+    The first context's server would refuse it; a server of its own starts, the earlier one exits."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "a"))
+    info = os.path.join(app_block_dir(APP), INFO)
+    earlier_secret, later_secret = os.urandom(32), os.urandom(32)
+    pids = []
+    try:
+        earlier = ensure_block_server(APP, earlier_secret, "127.0.0.1", "a")
+        pids.append(json.load(open(info))["pid"])
+        assert ensure_block_server(APP, earlier_secret, "127.0.0.1", "a") == earlier  # found again
+        later = ensure_block_server(APP, later_secret, "127.0.0.1", "a")
+        pids.append(json.load(open(info))["pid"])
+        assert later.port != earlier.port and pids[1] != pids[0]
+        assert ensure_block_server(APP, later_secret, "127.0.0.1", "a") == later
+        assert earlier_secret.hex() not in open(info).read() and later_secret.hex() not in open(info).read()
+
+        data = serialize_block(["x"])
+        tag = block_tag(later_secret, "input-3-1000-aa", data)
+        put_block((later.host, later.port), later_secret, 3, "input-3-1000-aa", tag, data)
+        assert fetch_block((later.host, later.port), later_secret, 3, "input-3-1000-aa") == (tag, data)
+        with pytest.raises(BlockServerError, match="handshake"):
+            connect((later.host, later.port), earlier_secret)
+        deadline = time.monotonic() + 15  # the earlier server looks at server.json once a second
+        while os.waitpid(pids[0], os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "the earlier context's server did not make way"
+            time.sleep(0.05)
+        assert os.waitpid(pids[1], os.WNOHANG) == (0, 0)  # the later one serves on
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.parametrize("replication", [1, 2])

@@ -6,10 +6,15 @@ storage/BlockManager.scala, streaming/.../receiver/ReceivedBlockHandler.scala).
 One process per executor and application (``python -m sparkwal.engine.receiver.block_server <dir> <host>
 <watch_pid>``, the secret on its stdin, its port as one JSON line on its stdout), started on demand
 by the first Python worker that needs it (:func:`ensure_block_server`: the driver's probe of the
-executors, or a receiver's task) and recorded in ``<dir>/server.json`` for the others. It listens on
+executors, or a receiver's task), which records itself in ``<dir>/server.json`` (pid, host, port,
+key id) for the others before it answers that it is up. It listens on
 the executor's host and lives as long as its directory and the process that started its worker
 (the executor's worker daemon, which Spark ends with the executor; the daemon's process group, to
-which the server belongs, is hung up then too).
+which the server belongs, is hung up then too), or until ``server.json`` names another server.
+
+``server.json`` also holds the secret's key id (an HMAC of a fixed label, which reveals nothing of
+the secret): a later StreamingContext on the same SparkContext has a secret of its own, and finds
+the earlier context's server refusing it, so it starts its own, which the earlier one makes way for.
 
 Every connection authenticates with the application's secret (:mod:`.wire`'s handshake, label
 ``sparkwal-block-server``); a peer that does not, or that sends anything but the block channel's
@@ -126,13 +131,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _named_pid(directory: str) -> int | None:
+    try:
+        with open(os.path.join(directory, INFO)) as f:
+            return int(json.load(f)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv: list[str]) -> int:
     directory, host, watch_pid = argv[0], argv[1], int(argv[2])
     secret = bytes.fromhex(sys.stdin.readline().strip())
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = BlockServer(directory, secret, host)
+    tmp = os.path.join(directory, f"{INFO}.{os.getpid()}.tmp")  # named before it says it is up, under
+    with open(tmp, "w") as f:  # the lock of the worker that started it
+        json.dump({"pid": os.getpid(), "host": host, "port": server.address[1], "key": key_id(secret)}, f)
+    os.replace(tmp, os.path.join(directory, INFO))
     print(json.dumps({"port": server.address[1]}), flush=True)
-    while _alive(watch_pid) and os.path.isdir(directory):
+    while _alive(watch_pid) and os.path.isdir(directory) and _named_pid(directory) in (os.getpid(), None):
         time.sleep(1)
     server.stop()
     return 0
@@ -142,9 +159,15 @@ def app_block_dir(app_id: str) -> str:
     return os.path.dirname(local_block_dir(app_id, 0))
 
 
+def key_id(secret: bytes) -> str:
+    """Which secret a server holds, as ``server.json`` records it (revealing nothing of it)."""
+    return hmac.new(secret, b"sparkwal block server key id", "sha256").hexdigest()[:32]
+
+
 def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str) -> BlockCopy:
-    """This executor's block server for ``app_id``: the running one, or one started now (by at
-    most one worker at a time: a lock file in its directory)."""
+    """This executor's block server for ``app_id`` and ``secret``: the running one, or one started
+    now (by at most one worker at a time: a lock file in its directory), replacing one that holds
+    another secret (an earlier StreamingContext's on the same SparkContext)."""
     directory = app_block_dir(app_id)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "server.lock"), "a+") as lock:
@@ -152,22 +175,18 @@ def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str)
         try:
             with open(os.path.join(directory, INFO)) as f:
                 info = json.load(f)
-            if _alive(info["pid"]) and info["host"] == host:
+            if _alive(info["pid"]) and info["host"] == host and info.get("key") == key_id(secret):
                 return BlockCopy(executor_id, host, info["port"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        port, pid = _start(directory, secret, host)
-        tmp = os.path.join(directory, INFO + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"pid": pid, "host": host, "port": port}, f)
-        os.replace(tmp, os.path.join(directory, INFO))
+        port = _start(directory, secret, host)  # which names itself in server.json
         return BlockCopy(executor_id, host, port)
 
 
 _started: list[subprocess.Popen] = []  # kept, so that Python reaps them
 
 
-def _start(directory: str, secret: bytes, host: str) -> tuple[int, int]:
+def _start(directory: str, secret: bytes, host: str) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with open(os.path.join(directory, "server.log"), "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "sparkwal.engine.receiver.block_server", directory, host,
@@ -180,7 +199,7 @@ def _start(directory: str, secret: bytes, host: str) -> tuple[int, int]:
     line = proc.stdout.readline() if ready else b""
     proc.stdout.close()
     try:
-        return int(json.loads(line)["port"]), proc.pid
+        return int(json.loads(line)["port"])
     except (ValueError, KeyError, TypeError):
         proc.kill()
         raise BlockServerError(f"the block server did not start within {START_TIMEOUT_S:.0f} s (its log: "
