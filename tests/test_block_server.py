@@ -147,7 +147,8 @@ def test_the_server_drops_strangers_garbage_bad_tags_and_paths_and_lives_on(tmp_
 def test_a_later_context_with_a_secret_of_its_own_gets_its_own_server_and_the_earlier_one_makes_way(
         tmp_path, monkeypatch):
     """A second StreamingContext on the same SparkContext: the same application id, a new secret.
-    The first context's server would refuse it; a server of its own starts, the earlier one exits."""
+    The first context's server would refuse it; its driver's probe starts a server of its own, the
+    earlier one exits, and neither context's tasks take the executor from the other."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "a"))
     info = os.path.join(app_block_dir(APP), INFO)
     earlier_secret, later_secret = os.urandom(32), os.urandom(32)
@@ -156,10 +157,14 @@ def test_a_later_context_with_a_secret_of_its_own_gets_its_own_server_and_the_ea
         earlier = ensure_block_server(APP, earlier_secret, "127.0.0.1", "a")
         pids.append(json.load(open(info))["pid"])
         assert ensure_block_server(APP, earlier_secret, "127.0.0.1", "a") == earlier  # found again
-        later = ensure_block_server(APP, later_secret, "127.0.0.1", "a")
+        with pytest.raises(BlockServerError, match="executor a's block server holds another StreamingContext's"):
+            ensure_block_server(APP, later_secret, "127.0.0.1", "a")  # a receiver's task: no takeover
+        later = ensure_block_server(APP, later_secret, "127.0.0.1", "a", replace=True)  # the driver's probe
         pids.append(json.load(open(info))["pid"])
         assert later.port != earlier.port and pids[1] != pids[0]
         assert ensure_block_server(APP, later_secret, "127.0.0.1", "a") == later
+        with pytest.raises(BlockServerError, match="another StreamingContext's"):  # a late task of the
+            ensure_block_server(APP, earlier_secret, "127.0.0.1", "a")  # earlier context cannot take it back
         assert earlier_secret.hex() not in open(info).read() and later_secret.hex() not in open(info).read()
 
         data = serialize_block(["x"])

@@ -4,7 +4,7 @@ directory to tasks on other executors, and takes the copies receivers elsewhere 
 storage/BlockManager.scala, streaming/.../receiver/ReceivedBlockHandler.scala).
 
 One process per executor and application (``python -m sparkwal.engine.receiver.block_server <dir> <host>
-<watch_pid>``, the secret on its stdin, its port as one JSON line on its stdout), started on demand
+<watch_pid> <lock_fd>``, the secret on its stdin, its port as one JSON line on its stdout), started on demand
 by the first Python worker that needs it (:func:`ensure_block_server`: the driver's probe of the
 executors, or a receiver's task), which records itself in ``<dir>/server.json`` (pid, host, port,
 key id) for the others before it answers that it is up. It listens on
@@ -140,15 +140,19 @@ def _named_pid(directory: str) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    directory, host, watch_pid = argv[0], argv[1], int(argv[2])
+    directory, host, watch_pid, lock_fd = argv[0], argv[1], int(argv[2]), int(argv[3])
     secret = bytes.fromhex(sys.stdin.readline().strip())
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = BlockServer(directory, secret, host)
-    tmp = os.path.join(directory, f"{INFO}.{os.getpid()}.tmp")  # named before it says it is up, under
-    with open(tmp, "w") as f:  # the lock of the worker that started it
+    tmp = os.path.join(directory, f"{INFO}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
         json.dump({"pid": os.getpid(), "host": host, "port": server.address[1], "key": key_id(secret)}, f)
-    os.replace(tmp, os.path.join(directory, INFO))
-    print(json.dumps({"port": server.address[1]}), flush=True)
+    os.replace(tmp, os.path.join(directory, INFO))  # named while it holds the lock with its starter (a
+    os.close(lock_fd)  # starter killed meanwhile leaves it held: no second server starts beside it)
+    try:
+        print(json.dumps({"port": server.address[1]}), flush=True)
+    except BrokenPipeError:
+        pass  # its starter is gone; the next worker finds it in server.json
     while _alive(watch_pid) and os.path.isdir(directory) and _named_pid(directory) in (os.getpid(), None):
         time.sleep(1)
     server.stop()
@@ -164,10 +168,13 @@ def key_id(secret: bytes) -> str:
     return hmac.new(secret, b"sparkwal block server key id", "sha256").hexdigest()[:32]
 
 
-def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str) -> BlockCopy:
+def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str,
+                        replace: bool = False) -> BlockCopy:
     """This executor's block server for ``app_id`` and ``secret``: the running one, or one started
-    now (by at most one worker at a time: a lock file in its directory), replacing one that holds
-    another secret (an earlier StreamingContext's on the same SparkContext)."""
+    now (by at most one worker at a time: a lock file in its directory). A running one that holds
+    another secret (an earlier StreamingContext's on the same SparkContext) is replaced only where
+    ``replace`` (the driver's probe, at its context's start): a late task of the earlier context
+    gets an error instead of taking the executor back."""
     directory = app_block_dir(app_id)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "server.lock"), "a+") as lock:
@@ -175,23 +182,27 @@ def ensure_block_server(app_id: str, secret: bytes, host: str, executor_id: str)
         try:
             with open(os.path.join(directory, INFO)) as f:
                 info = json.load(f)
-            if _alive(info["pid"]) and info["host"] == host and info.get("key") == key_id(secret):
+            live = _alive(info["pid"]) and info["host"] == host
+            if live and info.get("key") == key_id(secret):
                 return BlockCopy(executor_id, host, info["port"])
+            if live and not replace:
+                raise BlockServerError(f"executor {executor_id}'s block server holds another StreamingContext's "
+                                       "secret (the driver's probe replaces it when a context starts)")
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        port = _start(directory, secret, host)  # which names itself in server.json
+        port = _start(directory, secret, host, lock.fileno())  # which names itself in server.json
         return BlockCopy(executor_id, host, port)
 
 
 _started: list[subprocess.Popen] = []  # kept, so that Python reaps them
 
 
-def _start(directory: str, secret: bytes, host: str) -> int:
+def _start(directory: str, secret: bytes, host: str, lock_fd: int) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with open(os.path.join(directory, "server.log"), "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "sparkwal.engine.receiver.block_server", directory, host,
-                                 str(os.getppid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, env=env, close_fds=True)
+                                 str(os.getppid()), str(lock_fd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, env=env, close_fds=True, pass_fds=(lock_fd,))
     _started.append(proc)
     proc.stdin.write(secret.hex().encode() + b"\n")
     proc.stdin.close()
@@ -202,6 +213,9 @@ def _start(directory: str, secret: bytes, host: str) -> int:
         return int(json.loads(line)["port"])
     except (ValueError, KeyError, TypeError):
         proc.kill()
+        proc.wait()  # reaped: a zombie would look alive to the next worker
+        if _named_pid(directory) == proc.pid:
+            os.unlink(os.path.join(directory, INFO))
         raise BlockServerError(f"the block server did not start within {START_TIMEOUT_S:.0f} s (its log: "
                            f"{os.path.join(directory, 'server.log')})") from None
 
@@ -212,7 +226,7 @@ def probe_block_server(app_id: str, secret: bytes, default_host: str, _item) -> 
     from .placement import this_executor
 
     here = this_executor(default_host)
-    copy = ensure_block_server(app_id, secret, here.host, here.executor_id)
+    copy = ensure_block_server(app_id, secret, here.host, here.executor_id, replace=True)
     return [copy.executor_id, copy.host, copy.port]
 
 

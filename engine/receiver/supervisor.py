@@ -26,6 +26,7 @@ from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle, StorageLocation
 
 from . import wire
 from .blocks import BlockCopy, LocalBlockHandler, WalBlockHandler, serialize_block
+from .block_client import BlockServerError
 from .block_server import ensure_block_server
 from .client import DriverConnection, DriverUnreachableError
 from .placement import this_executor
@@ -265,7 +266,7 @@ class ReceiverSupervisor:
         try:
             return ensure_block_server(self.config.app_id, self.config.secret, self.location.host,
                                        self.location.executor_id)
-        except (OSError, RuntimeError) as e:
+        except (OSError, RuntimeError, BlockServerError) as e:
             self.report_error("no block server on this executor: its blocks are readable here only", e)
             return None
 
