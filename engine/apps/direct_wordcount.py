@@ -61,29 +61,40 @@ def tag_line(line: str):
     return [(("lines", words[0].rsplit("-", 1)[0]), 1)] + [(("word", w), 1) for w in words[1:]]
 
 
-#: the drill's ``--speculation``, in the executors' environment: milliseconds the first attempt of
-#: every other task of the output stage sleeps, and where each speculative copy leaves a file
+#: the drill's ``--speculation``, in the executors' environment: at most how many milliseconds the
+#: first attempt of every other task of the output stage waits for a copy of it to start, and where
+#: each copy leaves a file as it starts
 SLOW_FIRST_ATTEMPTS_ENV = "SPARKWAL_DRILL_SLOW_FIRST_ATTEMPTS_MS"
 SPECULATED_DIR_ENV = "SPARKWAL_DRILL_SPECULATED_DIR"
+#: how long a slowed first attempt lets its copy run before it wakes: enough for the copy to write and
+#: finish first here, and well inside the 2 s after the copy's success that its executor gives it before
+#: killing it (``spark.python.task.killTimeout``); on a slower day the two write side by side
+COPY_HEAD_START_S = 1.0
 
 
 def slow_first_attempts(index: int, counts):
-    """The output stage's records; under the drill's ``--speculation``, after a pause in the first
-    attempt of every other task (a later attempt, a copy or a retry, leaves a file in
-    :data:`SPECULATED_DIR_ENV`'s directory; retries are rare there: a kill takes the driver's
-    executors with it)."""
+    """The output stage's records; under the drill's ``--speculation``, the first attempt of every
+    other task waits until a copy of it has started (each later attempt, a copy or a retry, leaves a
+    file in :data:`SPECULATED_DIR_ENV`'s directory as it starts; retries are rare there: a kill takes
+    the driver's executors with it), however long a copy takes to start, up to the wait's bound; then
+    it gives the copy :data:`COPY_HEAD_START_S` to write and finish first, and writes too."""
     pause_ms = int(os.environ.get(SLOW_FIRST_ATTEMPTS_ENV) or 0)
     if pause_ms:
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        started = os.environ.get(SPECULATED_DIR_ENV, "")
         if context is not None and context.attemptNumber() > 0:
             name = f"{context.stageId()}-{index}-{uuid.uuid4().hex}"  # (task attempt ids restart with each app)
-            open(os.path.join(os.environ[SPECULATED_DIR_ENV], name), "w").close()
+            open(os.path.join(started, name), "w").close()
         elif context is not None and index % 2 == 0:
             import time
 
-            time.sleep(pause_ms / 1000)  # (the drill's slow task is what it drills, not a wait for an event)
+            mine = f"{context.stageId()}-{index}-"  # (the drill's slow task is what it drills; it waits
+            deadline = time.monotonic() + pause_ms / 1000  # for the copy's file, written by another process)
+            while time.monotonic() < deadline and not any(n.startswith(mine) for n in os.listdir(started)):
+                time.sleep(0.02)
+            time.sleep(COPY_HEAD_START_S)
     return counts
 
 
