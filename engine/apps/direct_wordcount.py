@@ -84,17 +84,22 @@ def slow_first_attempts(index: int, counts):
 
         context = TaskContext.get()
         started = os.environ.get(SPECULATED_DIR_ENV, "")
+        # this task's attempts, apart from an earlier driver's (stage ids restart with each application;
+        # the job group names the driver's run, a batch and an output operation)
+        task = f"{context.getLocalProperty('spark.jobGroup.id')}-{context.stageId()}-{index}-" if context else ""
         if context is not None and context.attemptNumber() > 0:
-            name = f"{context.stageId()}-{index}-{uuid.uuid4().hex}"  # (task attempt ids restart with each app)
-            open(os.path.join(started, name), "w").close()
+            open(os.path.join(started, task + uuid.uuid4().hex), "w").close()
         elif context is not None and index % 2 == 0:
             import time
 
-            mine = f"{context.stageId()}-{index}-"  # (the drill's slow task is what it drills; it waits
-            deadline = time.monotonic() + pause_ms / 1000  # for the copy's file, written by another process)
-            while time.monotonic() < deadline and not any(n.startswith(mine) for n in os.listdir(started)):
-                time.sleep(0.02)
-            time.sleep(COPY_HEAD_START_S)
+            deadline = time.monotonic() + pause_ms / 1000  # (the drill's slow task is what it drills; it
+            copied = False  # waits for the copy's file, written by another process)
+            while time.monotonic() < deadline and not copied:
+                copied = any(n.startswith(task) for n in os.listdir(started))
+                if not copied:
+                    time.sleep(0.02)
+            if copied:
+                time.sleep(COPY_HEAD_START_S)
     return counts
 
 
