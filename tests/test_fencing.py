@@ -4,6 +4,7 @@ old leader's write landed after a takeover, before this was closed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -272,3 +273,58 @@ def test_a_leader_paused_with_its_renewal_held_says_fenced_not_storage(memory_ur
     storage.put_if_version = lambda *a, **k: pytest.fail("a fenced leader sent a renewal")
     with pytest.raises(FencedError, match="no answer yet"):
         lead.renew()  # fenced for good: the same reason, and no renewal is even sent
+
+
+@pytest.mark.parametrize("answer, storage_named", [
+    (OSError(errno.EBUSY, "Please reduce your request rate."), True),  # 503 SlowDown: the store refuses
+    (OSError(errno.ETIMEDOUT, "Read timed out"), False),  # no answer: a partition or a pause looks the same
+])
+def test_a_lease_that_lapses_while_the_store_refuses_requests_says_storage_not_fenced(memory_url, answer,
+                                                                                      storage_named):
+    """An outage (every request answered 503) outlasting a leader's lease ends it with the storage's
+    exit status (4), also when no renewal has failed yet (one may still be retrying): the requests
+    the store answered with errors since the last renewal name the cause. Requests that had no
+    answer do not: the leader may as well have been paused, and says fenced (3)."""
+    from sparkwal.engine.apps.arguments import storage_fault
+
+    storage, path = resolve(f"{memory_url}/ckpt")
+    clock = ManualClock(0)
+    lead = storage.lead(path, clock=clock, lease_ms=3000)
+    storage.put(storage.join(path, "offsets-1"), b"1")
+    storage.policy = RetryPolicy(deadline_s=0.05, first_backoff_s=0.01, max_backoff_s=0.01)
+    real_cat = storage.fs.cat_file
+
+    def refused(*args, **kwargs):
+        raise answer
+    storage.fs.cat_file = refused
+    with pytest.raises(Exception, match="still failing"):
+        storage.read_file(storage.join(path, "offsets-1"))
+    storage.fs.cat_file = real_cat
+    clock.advance(3000)  # past the lease's margin, no renewal through
+    with pytest.raises(FencedError) as fenced:
+        lead.check()
+    assert ("the store answered with errors: [Errno 16] Please reduce your request rate." in str(fenced.value)) \
+        is storage_named
+    assert storage_fault(fenced.value) is storage_named
+
+
+def test_a_renewal_that_goes_through_clears_the_stores_earlier_refusals(memory_url):
+    """A storm the leader rode out (its renewal went through after it) is no cause of a later lapse."""
+    storage, path = resolve(f"{memory_url}/ckpt")
+    clock = ManualClock(0)
+    lead = storage.lead(path, clock=clock, lease_ms=3000)
+    storage.policy = RetryPolicy(deadline_s=0.05, first_backoff_s=0.01, max_backoff_s=0.01)
+    real_cat = storage.fs.cat_file
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EBUSY, "Please reduce your request rate.")
+    storage.fs.cat_file = refused
+    with pytest.raises(Exception, match="still failing"):
+        storage.read_file(storage.join(path, "x"))
+    storage.fs.cat_file = real_cat
+    clock.advance(1000)
+    lead.renew()
+    clock.advance(3000)
+    with pytest.raises(FencedError) as fenced:
+        lead.check()
+    assert "answered with errors" not in str(fenced.value)

@@ -297,9 +297,11 @@ class FsspecStorage(Storage):
 
     def retrying(self, operation: str, path: str, fn, *, bounded: bool = False):
         """``fn()`` under :mod:`sparkwal.wal.retry`'s policy: transient faults retried until the
-        deadline; ``bounded`` (a write): each attempt within :attr:`fence`'s validity."""
-        return retry.call(operation, self.url(path), fn, policy=self.policy,
-                          fence=self.fence if bounded else None)
+        deadline; ``bounded`` (a write): each attempt within :attr:`fence`'s validity. Every call of
+        a leading storage (the lease's renewals too) tells its leadership of the errors the store
+        answered with."""
+        return retry.call(operation, self.url(path), fn, policy=self.policy, fence=self.fence if bounded else None,
+                          refused=self.fence.store_refused if self.fence is not None else None)
 
     def list_files(self, directory: str) -> list[FileInfo]:
         self.fs.invalidate_cache(directory)

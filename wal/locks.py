@@ -94,6 +94,11 @@ class Leadership(Lock):
         self.check()
         return None
 
+    def store_refused(self, error: BaseException) -> None:
+        """A request of this leadership's storage was answered with a transient error by the store
+        (told by :func:`sparkwal.wal.retry.call` before it looks at :meth:`remaining_ms` again): a
+        lapse that follows is the storage's doing, not a taker's. Nothing to note for a lock file."""
+
 
 def iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")

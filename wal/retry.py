@@ -91,6 +91,26 @@ def error_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
+#: a transient error the store answered with (503 SlowDown, 500): the store is there and refuses
+#: (a timeout or a reset is no answer: a partition, or this process paused, looks the same)
+ANSWERED_ERRNOS = frozenset({errno.EBUSY, errno.EREMOTEIO})
+
+
+def answered_by_store(error: BaseException) -> bool:
+    """A transient error that the store answered with, not a timeout or a lost connection."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "errno", None) in ANSWERED_ERRNOS:
+            return True
+        status = getattr(error, "response", None)
+        status = status.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(status, dict) else None
+        if isinstance(status, int) and status >= 500:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
     """Worth retrying: the store or the network, not the request (see the module's list)."""
     seen = set()
@@ -157,13 +177,15 @@ def default_policy() -> RetryPolicy:
 
 def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy | None = None,
          sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-         rng: random.Random | None = None, fence=None) -> T:
+         rng: random.Random | None = None, fence=None,
+         refused: Callable[[BaseException], None] | None = None) -> T:
     """Run ``fn`` until it succeeds, fails with a non-transient error (raised as is), or keeps
     failing transiently past the deadline (:class:`StorageUnavailableError`). ``fence``: the
     leadership a write is made under (``remaining_ms()``): checked before every attempt and
     after every failure (:class:`sparkwal.wal.FencedError` comes first: a paused leader that
     resumes learns that before it learns of the store), and the retries stop where it could
-    lapse."""
+    lapse. ``refused``: told of each error the store answered with (:func:`answered_by_store`),
+    before the fence is looked at (a leadership's ``store_refused``: a lapse then is the store's)."""
     policy = policy or _default
     uniform = (rng or random).uniform
     start, attempts = monotonic(), 0
@@ -179,6 +201,8 @@ def call(operation: str, url: str, fn: Callable[[], T], *, policy: RetryPolicy |
         except BaseException as e:
             if not isinstance(e, Exception) or not is_transient(e):
                 raise
+            if refused is not None and answered_by_store(e):
+                refused(e)
             if fence is not None:
                 fence.remaining_ms()
             elapsed = monotonic() - start

@@ -193,7 +193,7 @@ def storage_fault(error: BaseException) -> bool:
             return True
         text = one_line(error)
         if any(s in text for s in ("StorageUnavailableError", "storage unavailable: ", "No space left on device",
-                                         "renewing it failed: ")):
+                                         "renewing it failed: ", "the store answered with errors: ")):
             return True
         error = error.__cause__ or error.__context__
     return False
