@@ -108,8 +108,8 @@ class EpochLease(Leadership):
         self._valid_until = now + lease_ms - margin_ms(lease_ms)
         self._version: str | None = None  # of the object as this holder last wrote it
         self._renew_error: BaseException | None = None  # why the last renewal failed, if it did
-        #: the newest error the store answered a write with since the last renewal went through
-        self._refused: BaseException | None = None
+        #: the newest error the store answered a request with, and when (this holder's clock)
+        self._refused: tuple[BaseException, int] | None = None
         self._fenced: str | None = None
         self._renew_lock = threading.Lock()
         self.info = LeaderInfo("lease", epoch, holder_description(), self._since, True, self._since + lease_ms)
@@ -180,7 +180,7 @@ class EpochLease(Leadership):
         except Exception as e:
             self._renew_error = e
             raise
-        self._renew_error = self._refused = None
+        self._renew_error = None
         if version is None:
             current = read_lease(self._storage, self._path) or {}
             taker = current.get("superseded_by")
@@ -191,14 +191,15 @@ class EpochLease(Leadership):
             self._renewed_at, self._valid_until = sent_at, sent_at + self._lease_ms - margin_ms(self._lease_ms)
 
     def store_refused(self, error: BaseException) -> None:
-        self._refused = error
+        self._refused = (error, monotonic_ms(self._clock))
 
     def _why_not_renewed(self, in_flight: bool = False) -> str:
         """A lapse's cause when the store would not take the renewals: a storage fault, not a taker."""
-        error = self._renew_error
-        if error is None and self._refused is not None:  # the renewal under way, or a write since the
-            # last one went through, was answered with errors (an outage: the store is there and refuses)
-            return f"; the store answered with errors: {' '.join(str(self._refused).split())[:300]}"
+        error, refused = self._renew_error, self._refused
+        if error is None and refused is not None and monotonic_ms(self._clock) - refused[1] <= self.renew_every_ms:
+            # the store answered a request with errors within a renewal's interval of the lapse (an
+            # outage: the store is there and refuses); an older refusal (a storm, then a pause) is no cause
+            return f"; the store answered with errors: {' '.join(str(refused[0]).split())[:300]}"
         if error is None and in_flight:  # the store has not answered the renewal under way
             # (not "renewing it failed": a renewal held while this process was paused is no
             # storage fault; one the store answered with errors is)

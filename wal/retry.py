@@ -91,8 +91,9 @@ def error_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
-#: a transient error the store answered with (503 SlowDown, 500): the store is there and refuses
-#: (a timeout or a reset is no answer: a partition, or this process paused, looks the same)
+#: a transient error the store answered with (503 SlowDown or ServiceUnavailable, 500 InternalError, as
+#: s3fs raises them): the store is there and refuses (a timeout or a reset is no answer: a partition,
+#: or this process paused, looks the same)
 ANSWERED_ERRNOS = frozenset({errno.EBUSY, errno.EREMOTEIO})
 
 
@@ -105,7 +106,7 @@ def answered_by_store(error: BaseException) -> bool:
             return True
         status = getattr(error, "response", None)
         status = status.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(status, dict) else None
-        if isinstance(status, int) and status >= 500:
+        if status in (500, 503):  # (502 and 504 come from a proxy in front of a store that did not answer)
             return True
         error = error.__cause__ or error.__context__
     return False
