@@ -97,6 +97,12 @@ def error_kind(error: BaseException) -> str:
 ANSWERED_ERRNOS = frozenset({errno.EBUSY, errno.EREMOTEIO})
 
 
+def _http_status(error: BaseException):
+    """The HTTP status of a botocore-style error's answer, if it carries one."""
+    response = getattr(error, "response", None)
+    return response.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(response, dict) else None
+
+
 def answered_by_store(error: BaseException) -> bool:
     """A transient error that the store answered with, not a timeout or a lost connection."""
     seen = set()
@@ -104,9 +110,7 @@ def answered_by_store(error: BaseException) -> bool:
         seen.add(id(error))
         if getattr(error, "errno", None) in ANSWERED_ERRNOS:
             return True
-        status = getattr(error, "response", None)
-        status = status.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(status, dict) else None
-        if status in (500, 503):  # (502 and 504 come from a proxy in front of a store that did not answer)
+        if _http_status(error) in (500, 503):  # (502 and 504 come from a proxy in front of a store that did not answer)
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -125,8 +129,7 @@ def is_transient(error: BaseException) -> bool:
             return True
         if any(c.__name__ in TRANSIENT_CLASS_NAMES for c in type(error).__mro__):
             return True
-        status = getattr(error, "response", None)
-        status = status.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(status, dict) else None
+        status = _http_status(error)
         if isinstance(status, int) and status >= 500:
             return True
         cause = error.__cause__ or error.__context__
