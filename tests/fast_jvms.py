@@ -18,6 +18,9 @@ They reach every driver, subprocess drivers included, as the properties file of
 JVM refuses to archive classes with a non-empty directory on it), and the executors through the
 driver's ``spark.executor.defaultJavaOptions``. The library and the benchmarks run with the JVM's
 defaults.
+
+``SPARKWAL_TEST_JVM_LOG=DIR`` makes every driver and executor JVM write a file there as it starts
+(``driver-<pid>.log``, ``executor-<pid>.log``): how many JVMs a run started, counted with ``ls``.
 """
 
 from __future__ import annotations
@@ -63,14 +66,21 @@ def submit_args() -> str:
         _dump(archive)
         for old in sorted(glob.glob(os.path.join(cache, "driver-*.jsa")), key=os.path.getmtime)[:-KEEP]:
             os.unlink(old)  # archives of jars or a Java no longer here, with their settings
-            stale = os.path.join(cache, f"spark-{os.path.basename(old)[len('driver-'):-len('.jsa')]}.conf")
-            if os.path.exists(stale):
-                os.unlink(stale)
-    driver = COMMON
+            old_key = os.path.basename(old)[len("driver-"):-len(".jsa")]
+            for stale in (f"spark-{old_key}.conf", f"spark-{old_key}-counted.conf"):
+                if os.path.exists(os.path.join(cache, stale)):
+                    os.unlink(os.path.join(cache, stale))
+    driver, executor = COMMON, COMMON
     if os.path.exists(archive):
         driver += f" -XX:SharedArchiveFile={archive} {QUIET_ARCHIVE}"
     settings = os.path.join(cache, f"spark-{key}.conf")
-    text = f"spark.driver.defaultJavaOptions {driver}\nspark.executor.defaultJavaOptions {COMMON}\n"
+    counted = os.path.abspath(os.environ["SPARKWAL_TEST_JVM_LOG"]) if os.environ.get("SPARKWAL_TEST_JVM_LOG") else None
+    if counted:  # the JVM's start-up lines of its heap, one file per JVM
+        os.makedirs(counted, exist_ok=True)
+        driver += f" -Xlog:gc+init=info:file={counted}/driver-%p.log"
+        executor += f" -Xlog:gc+init=info:file={counted}/executor-%p.log"
+        settings = os.path.join(cache, f"spark-{key}-counted.conf")
+    text = f"spark.driver.defaultJavaOptions {driver}\nspark.executor.defaultJavaOptions {executor}\n"
     partial = f"{settings}.{os.getpid()}.partial"
     with open(partial, "w") as f:
         f.write(text)
