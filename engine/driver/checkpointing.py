@@ -3,6 +3,8 @@
 A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.checkpoint_file`'s)::
 
     {"fingerprint", "graph": the graph's identity and description (a restart must match it),
+     "identities": {stream index: the identity an upgrade knows the stream by}, of each input and
+     stateful operator (:mod:`sparkwal.engine.identity`: ``uid:clicks``, ``files:/data/in``, ...),
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
      "state": {stream index: its state snapshots}, "batch_log_latest": the newest logged batch id
      (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
@@ -27,6 +29,7 @@ from sparkwal.checkpoint.code import delete_code_parts_except
 from sparkwal.checkpoint.checkpoint_file import CHECKPOINT_FILE, LEADER_EPOCH_KEY
 
 from ..host import DriverFacts
+from ..identity import identities
 from .breakdown import RecentDurations
 
 if TYPE_CHECKING:
@@ -75,6 +78,7 @@ class Checkpointing:
         self.written = 0
         self._code_parts_cleaned = False
         self.write_ms = RecentDurations()  #: batch time -> how long its first checkpoint took to write
+        self._identities: dict[str, str] | None = None  # the graph's, once it started (it is fixed then)
 
     def on_written(self, time_ms: int) -> int:
         """Once a checkpoint is durable, forget the block allocations no restart from it can need
@@ -134,6 +138,7 @@ class Checkpointing:
         data = {
             "fingerprint": driver.graph.fingerprint(),
             "graph": driver.graph.describe(),
+            "identities": self._graph_identities(),
             "batch_ms": driver.batch_ms,
             "zero_time_ms": driver.graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
@@ -151,6 +156,12 @@ class Checkpointing:
         with self._floors_lock:
             self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))
         driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+
+    def _graph_identities(self) -> dict[str, str]:
+        if self._identities is None:
+            found = identities(self._driver.graph)
+            self._identities = {str(index): key for index, key in found.by_index.items()}
+        return self._identities
 
     def _delete_unused_code_parts(self) -> bool:
         """Delete earlier runs' code parts once no checkpoint file left names one (True: done). A

@@ -35,6 +35,9 @@ class SocketReceiver(Receiver):
         state["_running"] = False
         return state
 
+    def identity(self) -> str:
+        return f"SocketReceiver({self.host}:{self.port})"
+
     def onStart(self) -> None:
         self._running = True
         self._thread = spawn(f"socket-receiver-{self.port}", self._receive)
