@@ -18,7 +18,6 @@ from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
 from .errors import EngineError
-from .identity import check_uid
 from . import config
 from .receiver.precompute import per_record
 from .stream_machinery import StreamMachinery, empty_rdd, known_empty
@@ -63,8 +62,6 @@ class DStream(StreamMachinery):
     #: :mod:`sparkwal.engine.state` and registered there (:meth:`operation`); importing
     #: :mod:`sparkwal.engine.context` imports it, so every context has them.
     operations: ClassVar[dict[str, Callable]] = {}
-    #: the program's name for this stream across its versions (:meth:`uid`), else None
-    stream_uid: str | None = None
 
     @staticmethod
     def operation(name: str) -> Callable:
@@ -86,17 +83,6 @@ class DStream(StreamMachinery):
     def context(self):
         """The StreamingContext this stream belongs to."""
         return self._ssc
-
-    def uid(self, name: str) -> DStream:
-        """Name this stream across versions of the program (Flink's word) and return it: an upgrade
-        gives an input's position and a stateful operator's state to the stream of the same name,
-        whatever changed around it (:mod:`sparkwal.engine.identity`). Unique in a context."""
-        name = check_uid(name)
-        for other in self._host.graph.streams:
-            if other is not self and other.stream_uid == name:
-                raise ValueError(f"uid {name!r} already names the stream made by {other.creation_site}")
-        self.stream_uid = name
-        return self
 
     def transform(self, func: Callable) -> DStream:
         """``func(rdd)`` or ``func(time, rdd)`` -> RDD, applied to every RDD of this stream."""

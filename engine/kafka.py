@@ -93,6 +93,11 @@ class KafkaSource(ReplayableSource):
     def describe(self) -> str:
         return f"Kafka({','.join(self.topics)})"
 
+    def identity(self) -> str:
+        """Its topics, in any order (not its brokers: name the stream with ``uid`` to start a new
+        cluster's offsets from scratch)."""
+        return f"Kafka({','.join(sorted(self.topics))})"
+
     def partitions(self) -> list[TopicPartition]:
         md = self._driver().list_topics(timeout=self.timeout_s)
         out = []

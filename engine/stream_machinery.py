@@ -11,11 +11,12 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from pyspark import RDD, StorageLevel
 
 from .graph import creation_site
+from .identity import name_stream
 from .errors import StreamingContextStateError
 
 if TYPE_CHECKING:
@@ -48,6 +49,17 @@ def host_of(ssc) -> StreamHost:
 
 
 class StreamMachinery:
+    #: the program's name for this stream across its versions (:meth:`uid`), else None
+    stream_uid: str | None = None
+
+    def uid(self, name: str) -> Self:
+        """Name this stream across versions of the program (Flink's word) and return it: an upgrade
+        gives an input's position and a stateful operator's state to the stream of the same name,
+        whatever changed around it (:mod:`sparkwal.engine.identity`). On a stateless step it names
+        the one input or stateful operator the step reads from. Unique in a context."""
+        name_stream(self, self._host.graph, name)
+        return self
+
     def __init__(self, ssc, dependencies: Sequence[StreamMachinery], slide_ms: int | None = None):
         self._ssc = ssc
         self._sc = ssc.sparkContext

@@ -38,6 +38,10 @@ def checkpoint_inspect(args) -> int:
                   f"pending {[when(t) for t in r.newest.pending_times_ms]})",
                   f"  batch duration {data.get('batch_ms')} ms, graph: {data.get('graph', '?')}",
                   f"  program: {data.get('code') or 'none (recover with upgrade=True)'}"]
+        if isinstance(data.get("identities"), dict) and data["identities"]:  # what an upgrade matches by
+            known = sorted(data["identities"].items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))
+            lines.append("  streams known by: " + ", ".join(f"{_known_by(entry)} (stream {index})"
+                                                            for index, entry in known))
         lines += [_state_line(s) for s in r.state]
     if r.metadata is not None:
         lines.append(f"query id: {r.metadata.get('id')}")
@@ -58,6 +62,15 @@ def checkpoint_inspect(args) -> int:
            "leader": r.leader, "problems": r.problems}
     emit(args, out, lines)
     return PROBLEM if r.problems else OK
+
+
+def _known_by(entry) -> str:
+    """A checkpoint's identity entry (sparkwal.engine.identity), on one line whatever it holds."""
+    if not isinstance(entry, dict):
+        return "?"
+    name = f"uid:{entry['uid']}" if entry.get("uid") else str(entry.get("identity", "?"))
+    name += " (ambiguous: named by the program's order)" if entry.get("ambiguous") else ""
+    return name.replace("\n", " ").replace("\r", " ")[:300]
 
 
 def _state_line(s) -> str:

@@ -160,6 +160,7 @@ def test_a_sparkwal_app_checkpoint_and_a_damaged_code_part(spark_context, tmp_pa
     assert report["code_parts"] == [report["newest"]["data"]["code"]]
     text = sparkwal("checkpoint", "inspect", ckpt, expect=0).stdout
     assert "program: code-" in text and "StateDStream" in text
+    assert "streams known by: queue (stream 0), updateStateByKey(queue) (stream 2)" in text
 
     code = ckpt / report["code_parts"][0]
     code.write_bytes(code.read_bytes()[:-1] + b"!")

@@ -507,7 +507,7 @@ def test_coalesced_downtime_builds_state_on_the_last_batch_before_it(spark_conte
 
     assert read_checkpoint(str(app.ckpt)).data["downtimes"] == [[10_500, 500]]
     indir = str(app.indir)  # and what an upgrade knows the input and the two states by
-    assert sorted(read_checkpoint(str(app.ckpt)).data["identities"].values()) == [
+    assert sorted(e["identity"] for e in read_checkpoint(str(app.ckpt)).data["identities"].values()) == [
         f"files:{indir}", f"mapWithState(files:{indir})", f"updateStateByKey(files:{indir})"]
     clock3, done3 = ManualClock(10_700), Completed()
     ssc3 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock3, done3), upgrade=True)

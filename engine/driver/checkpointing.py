@@ -3,8 +3,9 @@
 A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.checkpoint_file`'s)::
 
     {"fingerprint", "graph": the graph's identity and description (a restart must match it),
-     "identities": {stream index: the identity an upgrade knows the stream by}, of each input and
-     stateful operator (:mod:`sparkwal.engine.identity`: ``uid:clicks``, ``files:/data/in``, ...),
+     "identities": {stream index: {"identity", "uid", "kind", "ambiguous", "input_id", "window_ms",
+     "slide_ms"}} of each input and stateful operator an output reaches: what an upgrade knows it by
+     (:mod:`sparkwal.engine.identity`),
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
      "state": {stream index: its state snapshots}, "batch_log_latest": the newest logged batch id
      (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
@@ -78,7 +79,7 @@ class Checkpointing:
         self.written = 0
         self._code_parts_cleaned = False
         self.write_ms = RecentDurations()  #: batch time -> how long its first checkpoint took to write
-        self._identities: dict[str, str] | None = None  # the graph's, once it started (it is fixed then)
+        self._identities: dict[str, dict] | None = None  # the graph's, once it started (it is fixed then)
 
     def on_written(self, time_ms: int) -> int:
         """Once a checkpoint is durable, forget the block allocations no restart from it can need
@@ -157,10 +158,9 @@ class Checkpointing:
             self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))
         driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
 
-    def _graph_identities(self) -> dict[str, str]:
+    def _graph_identities(self) -> dict[str, dict]:
         if self._identities is None:
-            found = identities(self._driver.graph)
-            self._identities = {str(index): key for index, key in found.by_index.items()}
+            self._identities = {str(i): ident.record() for i, ident in identities(self._driver.graph).items()}
         return self._identities
 
     def _delete_unused_code_parts(self) -> bool:

@@ -54,11 +54,11 @@ class Receiver:
     def onStop(self) -> None:
         raise NotImplementedError("a Receiver must implement onStop()")
 
-    def identity(self) -> str:
-        """What this receiver reads, the same in every version of the program: an upgrade gives the
-        checkpoint's blocks not yet processed to the receiver of the same identity
+    def sourceIdentity(self) -> str:
+        """What this receiver reads, the same in every version of the program (one line, no '#'): an
+        upgrade gives the checkpoint's blocks not yet processed to the receiver of the same identity
         (:mod:`sparkwal.engine.identity`). By default its class; override it to name the source
-        (``SocketReceiver`` gives its address), never with a secret, or name the stream with
+        (``SocketReceiver`` gives its address), never with a secret; or name the stream with
         ``DStream.uid``."""
         return type(self).__qualname__
 

@@ -35,7 +35,7 @@ class SocketReceiver(Receiver):
         state["_running"] = False
         return state
 
-    def identity(self) -> str:
+    def sourceIdentity(self) -> str:
         return f"SocketReceiver({self.host}:{self.port})"
 
     def onStart(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from sparkwal.wal import StorageLocation
 
+from ..identity import normal_location
 from .protocol import DataLossError, ReplayableSource, SourceError, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,9 @@ class FileLogSource(ReplayableSource):
 
     def describe(self) -> str:
         return f"FileLogSource({self.path})"
+
+    def identity(self) -> str:
+        return f"FileLogSource({normal_location(self.path)})"
 
     # ------------------------------------------------------------------ task side
 

@@ -119,5 +119,11 @@ class ReplayableSource(ABC):
         """A short name of the source for logs and the graph's fingerprint."""
         return type(self).__name__
 
+    def identity(self) -> str:
+        """What the source reads, spelled the same in every version of the program: an upgrade gives
+        the checkpoint's offsets to the direct stream of the same identity
+        (:mod:`sparkwal.engine.identity`). By default :meth:`describe`."""
+        return self.describe()
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release driver-side resources (called when the context stops)."""

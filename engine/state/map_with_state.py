@@ -339,11 +339,6 @@ class MapWithStateDStream(DStream):
             return DriverRowsRDD(self._sc, compute=rdd.mapped, num_partitions=rdd.getNumPartitions())
         return None if rdd is None else rdd.flatMap(lambda r: r[1].mapped)
 
-    def uid(self, name: str) -> DStream:
-        """Names the state (the stream that holds it), as Flink names a stateful operator."""
-        self._state_stream.uid(name)
-        return self
-
     def stateSnapshots(self) -> DStream:
         """``(key, state)`` of every key after each batch."""
         return TransformedDStream(self._ssc, [self._state_stream], _state_items)
