@@ -19,6 +19,8 @@ from sparkwal.checkpoint.errors import CheckpointMismatchError
 
 from .. import config
 from ..host import DriverFacts
+from ..identity import identities
+from ..upgrade_plan import plan_upgrade
 
 if TYPE_CHECKING:
     from ..sources.batch_log import BatchLog
@@ -66,6 +68,19 @@ def _first_difference(old: str, new: str) -> str:
     return "the fingerprint differs"
 
 
+def _by_identity(data: dict, graph) -> str:
+    """What the checkpoint's inputs and states would be to this graph, matched by identity
+    (engine/upgrade_plan.py), for a checkpoint that recorded them."""
+    recorded = data.get("identities")
+    if not isinstance(recorded, dict) or not recorded:
+        return ""
+    try:
+        plan = plan_upgrade(recorded, identities(graph))
+    except ValueError as e:
+        return f"({e}.) "
+    return f"By identity: {'; '.join(plan.lines())}. "
+
+
 def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
     """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's) and its
     state snapshots; the driver records it as the checkpoint it restarts from."""
@@ -78,6 +93,7 @@ def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
         raise CheckpointMismatchError(
             f"the DStream graph changed since the checkpoint in {driver.checkpoint_dir} was "
             f"written: {_first_difference(data.get('graph', ''), driver.graph.describe())}. "
+            f"{_by_identity(data, driver.graph)}"
             "Restore the original graph, or start from a new checkpoint directory")
     for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
