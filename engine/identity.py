@@ -53,6 +53,11 @@ class StreamIdentity:
     input_id: int | None = None
     window_ms: int | None = None
     slide_ms: int | None = None
+    #: a state's sources (the indexes of the inputs and states it reads through stateless steps),
+    #: and the windows and slides on the way (``window 4000/2000``, ``slide 1000``), which change
+    #: what the state holds
+    sources: tuple[int, ...] = ()
+    upstream: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -62,7 +67,8 @@ class StreamIdentity:
     def record(self) -> dict:
         """The checkpoint's entry (msgpack: strings, integers, booleans, None)."""
         return {"identity": self.identity, "uid": self.uid, "kind": self.kind, "ambiguous": self.ambiguous,
-                "input_id": self.input_id, "window_ms": self.window_ms, "slide_ms": self.slide_ms}
+                "input_id": self.input_id, "window_ms": self.window_ms, "slide_ms": self.slide_ms,
+                "sources": list(self.sources), "upstream": list(self.upstream)}
 
 
 def check_uid(name: object) -> str:
@@ -147,8 +153,26 @@ def identities(graph) -> dict[int, StreamIdentity]:
             i, kind, identity, stream.stream_uid, ambiguous=order_dependent[i] and kind != "queue",
             input_id=None if stream.dependencies else stream.input_id,
             window_ms=getattr(stream, "window_ms", None) if stream.dependencies else None,
-            slide_ms=stream.slide_ms if stream.dependencies else None)
+            slide_ms=stream.slide_ms if stream.dependencies else None,
+            sources=tuple(sources), upstream=_upstream(stream))
     return found
+
+
+def _upstream(stream) -> tuple[str, ...]:
+    """The slides a state's parents have and the windows between it and its sources."""
+    if not stream.dependencies:
+        return ()
+    marks = {f"slide {d.slide_ms}" for d in stream.dependencies}
+    todo, seen = list(stream.dependencies), set()
+    while todo:
+        s = todo.pop()
+        if id(s) in seen or holds_state_or_position(s):
+            continue
+        seen.add(id(s))
+        if getattr(s, "window_ms", None) is not None:
+            marks.add(f"window {s.window_ms}/{s.slide_ms}")
+        todo.extend(s.dependencies)
+    return tuple(sorted(marks))
 
 
 def _reached_by_outputs(graph) -> set[int]:
@@ -172,12 +196,26 @@ def _own_identity(stream, sources: list[str]) -> tuple[str, str]:
         return "files", f"files:{normal_location(directory)}" + (f"#records={records}" if records is not None else "")
     source = getattr(stream, "source", None)
     if source is not None and getattr(stream, "source_desc", None) is not None:
-        said = getattr(source, "identity", None)
-        return "direct", f"direct:{said() if callable(said) else stream.source_desc}"
+        return "direct", f"direct:{_source_identity(source, stream.source_desc)}"
     receiver = getattr(stream, "receiver", None)
     if receiver is not None:
         return "receiver", f"receiver:{receiver_identity(receiver)}"
     return "queue", "queue"
+
+
+def _source_identity(source, described: str) -> str:
+    said = getattr(source, "identity", None)
+    if not callable(said):
+        return described
+    try:
+        value = said()
+    except Exception as e:  # a user's source: its failure is logged, the stream goes on
+        log.warning("%s.identity() failed (%s): the source is known by %s", type(source).__name__, e, described)
+        return described
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "#\r\n\t"):
+        log.warning("%s.identity() returned %r: the source is known by %s", type(source).__name__, value, described)
+        return described
+    return value[:UID_MAX_CHARS]
 
 
 def normal_location(path: str) -> str:

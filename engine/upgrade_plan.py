@@ -4,17 +4,25 @@ dropped or refused, with the reason a person can act on.
 
 The rules:
 
-* a uid matches the same uid; the streams left match by identity (so a stream named only in the new
-  version still matches the checkpoint's unnamed one);
+* a uid matches the same uid; the streams left match by identity where at most one side has a uid
+  the other version does not use (a stream named only in the new version still matches the
+  checkpoint's unnamed one; two different uids never match: a renamed stream starts anew);
 * an identity that only the program's order tells apart (two unnamed twins) is never matched by
   guessing: the plan refuses it and asks for a uid;
 * a match of another kind (an ``updateStateByKey`` become a ``mapWithState``, a file input become
-  a Kafka one) is refused: the state's rows or the input's positions mean something else;
-* a window's state holds the reductions of its window: another window length or slide is refused;
+  a Kafka one, a Kafka source a file log, text files fixed-length records) is refused: the state's
+  rows or the input's positions mean something else;
+* a state is carried only with its sources: they must be carried to the new state's sources, through
+  the same windows and slides (a state of raw batches is not one of windowed ones); and a window's
+  state holds the reductions of its window: another window length or slide is refused;
 * a checkpoint's input or state with no match in the program is a loss, refused unless it is
   named (uid or identity) in ``allow_drop``; a queue input holds nothing across a restart and is
   dropped freely;
-* a program's stream with no match is new: an input starts as the program says, a state empty.
+* a program's stream with no match is new: an input starts as the program says, a state empty (a
+  window's from its parent's RDDs).
+
+Not covered yet (the upgrade that applies a plan must add them): outputs with batches pending or
+logged uncommitted, and receiver inputs no output reaches, whose blocks are not in the plan.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .identity import StreamIdentity
+from .identity import StreamIdentity, check_uid
 
 _HOLDS_NOTHING = ("queue",)
+_INPUT_KINDS = ("files", "direct", "receiver", "queue")
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class PlannedStream:
     input_id: int | None = None
     window_ms: int | None = None
     slide_ms: int | None = None
+    sources: tuple[int, ...] = ()
+    upstream: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -46,21 +57,51 @@ class PlannedStream:
 
     @property
     def is_input(self) -> bool:
-        return self.kind in ("files", "direct", "receiver", "queue")
+        return self.kind in _INPUT_KINDS
+
+    @property
+    def source_kind(self) -> str:
+        """``direct:Kafka``, ``files`` or ``files#records=8``: what the positions of an input mean."""
+        head = self.identity.split("(", 1)[0] if self.kind in ("direct", "receiver") else self.kind
+        return head + ("#records=" + self.identity.rsplit("#records=", 1)[1].split("#")[0]
+                       if self.kind == "files" and "#records=" in self.identity else "")
 
     @classmethod
     def of(cls, ident: StreamIdentity) -> PlannedStream:
         return cls(ident.index, ident.identity, ident.uid, ident.kind, ident.ambiguous, ident.input_id,
-                   ident.window_ms, ident.slide_ms)
+                   ident.window_ms, ident.slide_ms, ident.sources, ident.upstream)
 
     @classmethod
     def from_record(cls, index: Any, record: Any) -> PlannedStream:
-        """A checkpoint's ``identities`` entry; a malformed one is a ValueError naming it."""
-        if not isinstance(record, dict) or not isinstance(record.get("identity"), str) \
-                or not isinstance(record.get("kind"), str) or not str(index).isdigit():
-            raise ValueError(f"the checkpoint's identity entry {index!r} is malformed: {record!r}")
-        return cls(int(index), record["identity"], record.get("uid"), record["kind"], bool(record.get("ambiguous")),
-                   record.get("input_id"), record.get("window_ms"), record.get("slide_ms"))
+        """A checkpoint's ``identities`` entry, checked field by field; a malformed one is a
+        ValueError naming it."""
+        def bad(why: str) -> ValueError:
+            return ValueError(f"the checkpoint's identity entry {index!r} is malformed ({why}): {record!r}"[:500])
+
+        if not isinstance(index, str) or not index.isascii() or not index.isdigit():
+            raise bad("its key is not a stream index")
+        if not isinstance(record, dict):
+            raise bad("written before identities had fields" if isinstance(record, str) else "not a map")
+        identity, kind, uid = record.get("identity"), record.get("kind"), record.get("uid")
+        if not isinstance(identity, str) or not isinstance(kind, str) or not isinstance(record.get("ambiguous"), bool):
+            raise bad("identity, kind or ambiguous missing")
+        if uid is not None:
+            try:
+                check_uid(uid)
+            except ValueError:
+                raise bad("its uid") from None
+        ints = [record.get(k) for k in ("input_id", "window_ms", "slide_ms")]
+        sources, upstream = record.get("sources", []), record.get("upstream", [])
+        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints) \
+                or not isinstance(sources, list) or not all(isinstance(v, int) for v in sources) \
+                or not isinstance(upstream, list) or not all(isinstance(v, str) for v in upstream):
+            raise bad("input_id, window_ms, slide_ms, sources or upstream")
+        if kind not in _INPUT_KINDS and not identity.startswith(f"{kind}(") or \
+                kind in _INPUT_KINDS and not identity.startswith(kind):
+            raise bad("its kind is not its identity's")
+        input_id, window_ms, slide_ms = ints
+        return cls(int(index), identity, uid, kind, record["ambiguous"], input_id, window_ms, slide_ms,
+                   tuple(sources), tuple(upstream))
 
 
 @dataclass
@@ -76,8 +117,9 @@ class UpgradePlan:
 
     def lines(self) -> list[str]:
         """The plan for a person, one line per stream, refusals last."""
-        out = [f"carried: {new.name} ({_what(new)}; stream {old.index} -> {new.index})" for old, new in self.carried]
-        out += [f"new: {s.name} ({'starts as the program says' if s.is_input else 'starts empty'})" for s in self.new]
+        out = [f"carried: {new.name} ({_what(new)}; stream {old.index} -> {new.index}"
+               + (f"; was {old.name})" if old.name != new.name else ")") for old, new in self.carried]
+        out += [f"new: {s.name} ({_start(s)})" for s in self.new]
         out += [f"dropped: {s.name} ({_what(s)})" for s in self.dropped]
         return out + [f"refused: {r}" for r in self.refusals]
 
@@ -89,58 +131,84 @@ class UpgradePlan:
                 "refusals": list(self.refusals), "loses_nothing": self.loses_nothing}
 
 
-def plan_upgrade(recorded: dict, program: dict[int, StreamIdentity], allow_drop: frozenset[str] = frozenset()
-                 ) -> UpgradePlan:
+def plan_upgrade(recorded: dict, program: dict[int, StreamIdentity], allow_drop: frozenset[str] = frozenset(),
+                 drop_hint: str = "") -> UpgradePlan:
     """The plan from a checkpoint's ``identities`` (``recorded``) to a program's (``program``, as
-    :func:`sparkwal.engine.identity.identities` gives them)."""
+    :func:`sparkwal.engine.identity.identities` gives them). ``drop_hint``: how a program drops a
+    stream, said after each loss."""
     old = sorted((PlannedStream.from_record(i, r) for i, r in recorded.items()), key=lambda s: s.index)
     new = sorted((PlannedStream.of(i) for i in program.values()), key=lambda s: s.index)
+    for side, streams in (("checkpoint", old), ("program", new)):
+        uids = [s.uid for s in streams if s.uid is not None]
+        if len(set(uids)) != len(uids) or len({s.identity for s in streams}) != len(streams):
+            raise ValueError(f"the {side}'s identities name one stream twice: {[s.name for s in streams]}"[:500])
     plan = UpgradePlan()
     pairs: list[tuple[PlannedStream, PlannedStream]] = []
-    by_uid = {s.uid: s for s in new if s.uid is not None}
+    new_by_uid = {s.uid: s for s in new if s.uid is not None}
+    old_uids = {s.uid for s in old if s.uid is not None}
     for s in old:
-        if s.uid is not None and s.uid in by_uid:
-            pairs.append((s, by_uid[s.uid]))
-    matched_old = {id(a) for a, _ in pairs}
-    matched_new = {id(b) for _, b in pairs}
-    by_identity = {s.identity: s for s in new if id(s) not in matched_new}
+        if s.uid is not None and s.uid in new_by_uid:
+            pairs.append((s, new_by_uid[s.uid]))
+    matched_old = {a.index for a, _ in pairs}
+    matched_new = {b.index for _, b in pairs}
+    # by identity: never two different uids, nor a uid the other version gives another stream
+    by_identity = {s.identity: s for s in new if s.index not in matched_new and s.uid not in old_uids}
     for s in old:
-        if id(s) in matched_old or s.identity not in by_identity:
+        other = by_identity.get(s.identity)
+        if s.index in matched_old or other is None or (s.uid is not None and (other.uid is not None
+                                                                              or s.uid in new_by_uid)):
             continue
-        other = by_identity.pop(s.identity)
+        del by_identity[s.identity]
+        matched_old.add(s.index)
+        matched_new.add(other.index)
         if s.ambiguous or other.ambiguous:
-            plan.refusals.append(f"{s.identity} is told apart from a stream like it only by the program's order: "
-                                 f"name it with .uid(...) (the checkpoint's is stream {s.index})")
+            plan.refusals.append(f"{s.identity} is told apart from a stream like it only by the program's order "
+                                 f"(the checkpoint's is stream {s.index}): give both versions a uid for it")
         else:
             pairs.append((s, other))
-        matched_old.add(id(s))
-        matched_new.add(id(other))
-    for a, b in pairs:
-        problem = _mismatch(a, b)
+    carried_to: dict[int, int] = {}
+    for a, b in sorted(pairs, key=lambda pair: pair[0].index):  # a state's sources are decided before it
+        problem = _mismatch(a, b, carried_to)
         if problem:
             plan.refusals.append(problem)
         else:
             plan.carried.append((a, b))
+            carried_to[a.index] = b.index
     for s in old:
-        if id(s) in matched_old:
+        if s.index in matched_old:
             continue
         if s.kind in _HOLDS_NOTHING or s.identity in allow_drop or (s.uid is not None and s.uid in allow_drop):
             plan.dropped.append(s)
         else:
             plan.refusals.append(f"the checkpoint's {_what(s)} {s.name} has no stream in this program: it would be "
-                                 "lost (name it in spark.sparkwal.upgrade.allowDrop to drop it)")
-    plan.new = [s for s in new if id(s) not in matched_new]
+                                 f"lost{drop_hint}")
+    plan.new = [s for s in new if s.index not in matched_new]
     return plan
+
+
+def _start(s: PlannedStream) -> str:
+    if s.is_input:
+        return "starts as the program says"
+    return "starts from its parent's batches" if s.window_ms is not None else "starts empty"
 
 
 def _what(s: PlannedStream) -> str:
     return f"{s.kind} input" if s.is_input else f"state of {s.kind}"
 
 
-def _mismatch(old: PlannedStream, new: PlannedStream) -> str | None:
-    if old.kind != new.kind:
-        return f"{new.name} was a {_what(old)}, is now a {_what(new)}: its checkpointed data means something else"
-    if (old.window_ms, old.slide_ms) != (new.window_ms, new.slide_ms) and old.window_ms is not None:
+def _mismatch(old: PlannedStream, new: PlannedStream, carried_to: dict[int, int]) -> str | None:
+    if old.kind != new.kind or old.source_kind != new.source_kind:
+        return (f"{new.name} was a {_what(old)} ({old.identity}), is now a {_what(new)} ({new.identity}): its "
+                "checkpointed data means something else")
+    if old.is_input:
+        return None
+    if sorted(carried_to.get(i, -1) for i in old.sources) != sorted(new.sources):
+        return (f"{new.name} reads from other streams than the checkpoint's {old.name} did (their own "
+                "verdicts above): its state was made of theirs")
+    if old.upstream != new.upstream:
+        return (f"{new.name} reads its sources through other windows or slides ({', '.join(new.upstream)}) "
+                f"than the checkpoint's ({', '.join(old.upstream)}): its state was made of those")
+    if (old.window_ms, old.slide_ms) != (new.window_ms, new.slide_ms):
         return (f"{new.name} keeps the reductions of a {old.window_ms} ms window sliding by {old.slide_ms} ms; "
                 f"a {new.window_ms} ms window sliding by {new.slide_ms} ms would count batches it never added")
     return None

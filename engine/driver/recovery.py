@@ -76,9 +76,9 @@ def _by_identity(data: dict, graph) -> str:
         return ""
     try:
         plan = plan_upgrade(recorded, identities(graph))
-    except ValueError as e:
-        return f"({e}.) "
-    return f"By identity: {'; '.join(plan.lines())}. "
+    except Exception as e:  # a damaged record explains nothing; the refusal stands
+        return f"(Its streams' identities cannot be read: {e}.) "
+    return f"Matched by identity, which this version does not apply yet: {'; '.join(plan.lines())}. "
 
 
 def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
