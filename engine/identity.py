@@ -38,6 +38,7 @@ from .errors import StreamingContextStateError
 log = logging.getLogger(__name__)
 
 UID_MAX_CHARS = 200
+_ESCAPED = {c: f"%{ord(c):02X}" for c in "%#+()"}
 _NOT_IN_UIDS = "#+()\r\n\t"
 
 
@@ -58,6 +59,9 @@ class StreamIdentity:
     #: what the state holds
     sources: tuple[int, ...] = ()
     upstream: tuple[str, ...] = ()
+    #: what an input's positions mean: ``files``, ``files#records=8``, ``direct:KafkaSource``,
+    #: ``receiver:SocketReceiver``, ``queue``; a state's kind
+    source_kind: str = ""
 
     @property
     def name(self) -> str:
@@ -68,7 +72,7 @@ class StreamIdentity:
         """The checkpoint's entry (msgpack: strings, integers, booleans, None)."""
         return {"identity": self.identity, "uid": self.uid, "kind": self.kind, "ambiguous": self.ambiguous,
                 "input_id": self.input_id, "window_ms": self.window_ms, "slide_ms": self.slide_ms,
-                "sources": list(self.sources), "upstream": list(self.upstream)}
+                "sources": list(self.sources), "upstream": list(self.upstream), "source_kind": self.source_kind}
 
 
 def check_uid(name: object) -> str:
@@ -128,7 +132,7 @@ def identities(graph) -> dict[int, StreamIdentity]:
     their index in ``graph.streams``."""
     index = {id(s): i for i, s in enumerate(graph.streams)}
     live = _reached_by_outputs(graph)
-    named: dict[int, tuple[str, str, list[int]]] = {}  # index -> (kind, identity, its sources' indexes)
+    named: dict[int, tuple[str, str, list[int], str]] = {}  # index -> (kind, identity, sources, source kind)
     bases: dict[int, str] = {}
     counts: dict[str, int] = {}
     taken: set[str] = set()
@@ -136,25 +140,27 @@ def identities(graph) -> dict[int, StreamIdentity]:
         if id(stream) not in live or not holds_state_or_position(stream):
             continue
         sources = sorted({index[id(s)] for dep in stream.dependencies for s in nearest_identified(dep)})
-        kind, base = _own_identity(stream, [named[j][1] for j in sources])
+        kind, base, source_kind = _own_identity(stream, [named[j][1] for j in sources])
         bases[i] = base
         counts[base] = counts.get(base, 0) + 1
         identity, n = base, counts[base]
         while identity in taken:  # ...#2, and never a name another stream has (a directory "in#2")
             identity, n = f"{base}#{n}", n + 1
         taken.add(identity)
-        named[i] = (kind, identity, sources)
+        named[i] = (kind, identity, sources, source_kind)
     order_dependent: dict[int, bool] = {}
     found: dict[int, StreamIdentity] = {}
-    for i, (kind, identity, sources) in named.items():  # parents first, so a source's verdict is known
+    for i, (kind, identity, sources, source_kind) in named.items():  # parents first: sources decided
         stream = graph.streams[i]
-        order_dependent[i] = counts[bases[i]] > 1 or any(order_dependent[j] for j in sources)
+        # a source with a uid is matched by it, and a state only follows its own sources (upgrade_plan)
+        order_dependent[i] = counts[bases[i]] > 1 or any(
+            order_dependent[j] and graph.streams[j].stream_uid is None for j in sources)
         found[i] = StreamIdentity(
             i, kind, identity, stream.stream_uid, ambiguous=order_dependent[i] and kind != "queue",
             input_id=None if stream.dependencies else stream.input_id,
             window_ms=getattr(stream, "window_ms", None) if stream.dependencies else None,
             slide_ms=stream.slide_ms if stream.dependencies else None,
-            sources=tuple(sources), upstream=_upstream(stream))
+            sources=tuple(sources), upstream=_upstream(stream), source_kind=source_kind)
     return found
 
 
@@ -186,28 +192,30 @@ def _reached_by_outputs(graph) -> set[int]:
     return live
 
 
-def _own_identity(stream, sources: list[str]) -> tuple[str, str]:
+def _own_identity(stream, sources: list[str]) -> tuple[str, str, str]:
+    """(kind, identity, source kind) of one stream."""
     if stream.dependencies:
         kind = stream.state_operator
-        return kind, f"{kind}({'+'.join(sorted(set(sources)))})"
+        return kind, f"{kind}({'+'.join(sorted(set(sources)))})", kind
     directory = getattr(stream, "directory", None)
     if directory is not None:
         records = getattr(stream, "record_length", None)
-        return "files", f"files:{normal_location(directory)}" + (f"#records={records}" if records is not None else "")
+        suffix = f"#records={records}" if records is not None else ""
+        return "files", f"files:{normal_location(directory)}{suffix}", f"files{suffix}"
     source = getattr(stream, "source", None)
     if source is not None and getattr(stream, "source_desc", None) is not None:
-        return "direct", f"direct:{_source_identity(source, stream.source_desc)}"
+        return "direct", f"direct:{_source_identity(source, stream.source_desc)}", f"direct:{type(source).__name__}"
     receiver = getattr(stream, "receiver", None)
     if receiver is not None:
-        return "receiver", f"receiver:{receiver_identity(receiver)}"
-    return "queue", "queue"
+        return "receiver", f"receiver:{receiver_identity(receiver)}", f"receiver:{type(receiver).__qualname__}"
+    return "queue", "queue", "queue"
 
 
 def _source_identity(source, described: str) -> str:
-    said = getattr(source, "identity", None)
-    if not callable(said):
-        return described
     try:
+        said = getattr(source, "identity", None)
+        if not callable(said):
+            return described
         value = said()
     except Exception as e:  # a user's source: its failure is logged, the stream goes on
         log.warning("%s.identity() failed (%s): the source is known by %s", type(source).__name__, e, described)
@@ -215,17 +223,23 @@ def _source_identity(source, described: str) -> str:
     if not isinstance(value, str) or not value.strip() or any(c in value for c in "#\r\n\t"):
         log.warning("%s.identity() returned %r: the source is known by %s", type(source).__name__, value, described)
         return described
-    return value[:UID_MAX_CHARS]
+    return value
 
 
 def normal_location(path: str) -> str:
     """One spelling of a directory: ``file:`` URLs and relative paths as absolute paths, no
-    trailing slash (``/data/in``, ``./in/`` and ``file:///data/in`` are one directory)."""
+    trailing slash (``/data/in``, ``./in/`` and ``file:///data/in`` are one directory), and the
+    characters identities are built with (``#+()``, and ``%``) percent-encoded, so that no
+    directory's name reads as another identity's."""
     if path.startswith("file://"):
         path = path[len("file://"):]
+    elif path.startswith("file:/"):  # Hadoop's spelling
+        path = path[len("file:"):]
     if "://" in path:
-        return path.rstrip("/") or path
-    return os.path.abspath(os.path.expanduser(path))
+        path = path.rstrip("/") or path
+    else:
+        path = os.path.abspath(os.path.expanduser(path))
+    return "".join(_ESCAPED.get(c, c) for c in path)
 
 
 def receiver_identity(receiver) -> str:

@@ -1,25 +1,26 @@
 """What an upgrade would carry from a checkpoint to a changed program: per input and stateful
-operator, matched by uid, then by identity (:mod:`sparkwal.engine.identity`), it is carried, new,
-dropped or refused, with the reason a person can act on.
+operator (:mod:`sparkwal.engine.identity`), carried, new, dropped or refused, with the reason a
+person can act on.
 
-The rules:
+The rules, stream by stream in the checkpoint's order (a state's sources are settled before it):
 
-* a uid matches the same uid; the streams left match by identity where at most one side has a uid
-  the other version does not use (a stream named only in the new version still matches the
-  checkpoint's unnamed one; two different uids never match: a renamed stream starts anew);
-* an identity that only the program's order tells apart (two unnamed twins) is never matched by
-  guessing: the plan refuses it and asks for a uid;
-* a match of another kind (an ``updateStateByKey`` become a ``mapWithState``, a file input become
-  a Kafka one, a Kafka source a file log, text files fixed-length records) is refused: the state's
+* a uid matches the same uid; two different uids never match (a renamed stream starts anew);
+* otherwise an input matches the program's input of the same identity (so a stream named only in the
+  new version still matches the checkpoint's unnamed one), and a state the program's state of the
+  same kind made of the streams its own sources were carried to; a state whose sources are not all
+  carried is not;
+* twins (inputs only the program's order tells apart, two states of one kind on the same sources)
+  are never matched by guessing: the plan refuses them and asks for a uid;
+* a match of another kind (an ``updateStateByKey`` become a ``mapWithState``, a file input become a
+  direct one, a Kafka source a file log, text files fixed-length records) is refused: the state's
   rows or the input's positions mean something else;
-* a state is carried only with its sources: they must be carried to the new state's sources, through
-  the same windows and slides (a state of raw batches is not one of windowed ones); and a window's
-  state holds the reductions of its window: another window length or slide is refused;
-* a checkpoint's input or state with no match in the program is a loss, refused unless it is
-  named (uid or identity) in ``allow_drop``; a queue input holds nothing across a restart and is
-  dropped freely;
+* a state is read through the same windows and slides as before (a state of raw batches is not one
+  of windowed ones), and a window's state holds the reductions of its window: another window length
+  or slide is refused;
+* a checkpoint's input or state with no match in the program is a loss, refused unless it is named
+  (uid or identity) in ``allow_drop``; a queue input holds nothing across a restart and goes freely;
 * a program's stream with no match is new: an input starts as the program says, a state empty (a
-  window's from its parent's RDDs).
+  window's from its parent's batches).
 
 Not covered yet (the upgrade that applies a plan must add them): outputs with batches pending or
 logged uncommitted, and receiver inputs no output reaches, whose blocks are not in the plan.
@@ -50,6 +51,7 @@ class PlannedStream:
     slide_ms: int | None = None
     sources: tuple[int, ...] = ()
     upstream: tuple[str, ...] = ()
+    source_kind: str = ""
 
     @property
     def name(self) -> str:
@@ -59,17 +61,10 @@ class PlannedStream:
     def is_input(self) -> bool:
         return self.kind in _INPUT_KINDS
 
-    @property
-    def source_kind(self) -> str:
-        """``direct:Kafka``, ``files`` or ``files#records=8``: what the positions of an input mean."""
-        head = self.identity.split("(", 1)[0] if self.kind in ("direct", "receiver") else self.kind
-        return head + ("#records=" + self.identity.rsplit("#records=", 1)[1].split("#")[0]
-                       if self.kind == "files" and "#records=" in self.identity else "")
-
     @classmethod
     def of(cls, ident: StreamIdentity) -> PlannedStream:
         return cls(ident.index, ident.identity, ident.uid, ident.kind, ident.ambiguous, ident.input_id,
-                   ident.window_ms, ident.slide_ms, ident.sources, ident.upstream)
+                   ident.window_ms, ident.slide_ms, ident.sources, ident.upstream, ident.source_kind)
 
     @classmethod
     def from_record(cls, index: Any, record: Any) -> PlannedStream:
@@ -91,17 +86,18 @@ class PlannedStream:
             except ValueError:
                 raise bad("its uid") from None
         ints = [record.get(k) for k in ("input_id", "window_ms", "slide_ms")]
-        sources, upstream = record.get("sources", []), record.get("upstream", [])
+        sources, upstream, source_kind = record.get("sources"), record.get("upstream"), record.get("source_kind")
         if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints) \
                 or not isinstance(sources, list) or not all(isinstance(v, int) for v in sources) \
-                or not isinstance(upstream, list) or not all(isinstance(v, str) for v in upstream):
-            raise bad("input_id, window_ms, slide_ms, sources or upstream")
+                or not isinstance(upstream, list) or not all(isinstance(v, str) for v in upstream) \
+                or not isinstance(source_kind, str):
+            raise bad("input_id, window_ms, slide_ms, sources, upstream or source_kind")
         if kind not in _INPUT_KINDS and not identity.startswith(f"{kind}(") or \
                 kind in _INPUT_KINDS and not identity.startswith(kind):
             raise bad("its kind is not its identity's")
         input_id, window_ms, slide_ms = ints
         return cls(int(index), identity, uid, kind, record["ambiguous"], input_id, window_ms, slide_ms,
-                   tuple(sources), tuple(upstream))
+                   tuple(sources), tuple(upstream), source_kind)
 
 
 @dataclass
@@ -143,47 +139,54 @@ def plan_upgrade(recorded: dict, program: dict[int, StreamIdentity], allow_drop:
         if len(set(uids)) != len(uids) or len({s.identity for s in streams}) != len(streams):
             raise ValueError(f"the {side}'s identities name one stream twice: {[s.name for s in streams]}"[:500])
     plan = UpgradePlan()
-    pairs: list[tuple[PlannedStream, PlannedStream]] = []
-    new_by_uid = {s.uid: s for s in new if s.uid is not None}
-    old_uids = {s.uid for s in old if s.uid is not None}
-    for s in old:
-        if s.uid is not None and s.uid in new_by_uid:
-            pairs.append((s, new_by_uid[s.uid]))
-    matched_old = {a.index for a, _ in pairs}
-    matched_new = {b.index for _, b in pairs}
-    # by identity: never two different uids, nor a uid the other version gives another stream
-    by_identity = {s.identity: s for s in new if s.index not in matched_new and s.uid not in old_uids}
-    for s in old:
-        other = by_identity.get(s.identity)
-        if s.index in matched_old or other is None or (s.uid is not None and (other.uid is not None
-                                                                              or s.uid in new_by_uid)):
-            continue
-        del by_identity[s.identity]
-        matched_old.add(s.index)
-        matched_new.add(other.index)
-        if s.ambiguous or other.ambiguous:
-            plan.refusals.append(f"{s.identity} is told apart from a stream like it only by the program's order "
-                                 f"(the checkpoint's is stream {s.index}): give both versions a uid for it")
-        else:
-            pairs.append((s, other))
-    carried_to: dict[int, int] = {}
-    for a, b in sorted(pairs, key=lambda pair: pair[0].index):  # a state's sources are decided before it
+    unmatched = {s.index: s for s in new}
+    by_uid = {s.uid: s for s in new if s.uid is not None}
+    named = {s.index: by_uid[s.uid] for s in old if s.uid is not None and s.uid in by_uid}
+    for b in named.values():
+        del unmatched[b.index]
+    carried_to: dict[int, int] = {}  # the checkpoint's stream index -> the program's, of each carried stream
+    twins: dict[int, PlannedStream] = {}  # the program's streams refused as twins (neither new nor carried)
+
+    def settle(a: PlannedStream, b: PlannedStream) -> None:
+        unmatched.pop(b.index, None)
         problem = _mismatch(a, b, carried_to)
         if problem:
             plan.refusals.append(problem)
         else:
             plan.carried.append((a, b))
             carried_to[a.index] = b.index
-    for s in old:
-        if s.index in matched_old:
+
+    for s in old:  # in the checkpoint's order: a state's sources are settled before it
+        if s.index in named:
+            settle(s, named[s.index])
             continue
-        if s.kind in _HOLDS_NOTHING or s.identity in allow_drop or (s.uid is not None and s.uid in allow_drop):
+        if not s.is_input and not all(i in carried_to for i in s.sources):
+            plan.refusals.append(f"the checkpoint's {_what(s)} {s.name} cannot be carried: not all the streams it "
+                                 "was made of are (above)")
+            continue
+        found = [n for n in [*unmatched.values(), *twins.values()]
+                 if _same_stream(s, n, carried_to) and not (s.uid and n.uid)]
+        if len(found) == 1 and found[0].index in unmatched and not (s.is_input and (s.ambiguous or found[0].ambiguous)):
+            settle(s, found[0])
+        elif found:
+            for n in found:
+                twins[n.index] = unmatched.pop(n.index, n)
+            plan.refusals.append(f"{s.name} is told apart from a stream like it only by the program's order (the "
+                                 f"checkpoint's is stream {s.index}): give both versions a uid for it")
+        elif s.kind in _HOLDS_NOTHING or s.identity in allow_drop or (s.uid is not None and s.uid in allow_drop):
             plan.dropped.append(s)
         else:
             plan.refusals.append(f"the checkpoint's {_what(s)} {s.name} has no stream in this program: it would be "
                                  f"lost{drop_hint}")
-    plan.new = [s for s in new if s.index not in matched_new]
+    plan.new = list(unmatched.values())
     return plan
+
+
+def _same_stream(old: PlannedStream, new: PlannedStream, carried_to: dict[int, int]) -> bool:
+    """An input is its identity (no uid on one side); a state its kind and where its sources went."""
+    if old.is_input or new.is_input:
+        return old.identity == new.identity
+    return old.kind == new.kind and sorted(carried_to[i] for i in old.sources) == sorted(new.sources)
 
 
 def _start(s: PlannedStream) -> str:

@@ -160,7 +160,11 @@ class Checkpointing:
 
     def _graph_identities(self) -> dict[str, dict]:
         if self._identities is None:
-            self._identities = {str(i): ident.record() for i, ident in identities(self._driver.graph).items()}
+            try:
+                self._identities = {str(i): ident.record() for i, ident in identities(self._driver.graph).items()}
+            except Exception:  # advisory (an upgrade then needs the checkpoint's own graph): never a failed write
+                log.warning("the streams' identities could not be recorded in the checkpoint", exc_info=True)
+                self._identities = {}
         return self._identities
 
     def _delete_unused_code_parts(self) -> bool:

@@ -78,7 +78,9 @@ def _by_identity(data: dict, graph) -> str:
         plan = plan_upgrade(recorded, identities(graph))
     except Exception as e:  # a damaged record explains nothing; the refusal stands
         return f"(Its streams' identities cannot be read: {e}.) "
-    return f"Matched by identity, which this version does not apply yet: {'; '.join(plan.lines())}. "
+    said = "; ".join(plan.lines())
+    said = said if len(said) <= 2000 else f"{said[:2000]}…"
+    return f"Matched by identity, which this version does not apply yet: {said}. "
 
 
 def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
