@@ -21,8 +21,8 @@ output reaches, carries two names:
 
 Two streams of one identity (two receivers of a class that says nothing of what it reads, two
 windows of different lengths on one input) are told apart by the order the program made them: the
-second is ``...#2``. Such a stream, and every state made from one, is *ambiguous*: reordering the
-program would swap them, so an upgrade asks for a uid instead of guessing. (Queue inputs hold
+second is ``...#2``. Such a stream, and every state made from an unnamed one, is *ambiguous*:
+reordering the program would swap them, so an upgrade asks for a uid instead of guessing. (Queue inputs hold
 nothing across a restart and are never ambiguous themselves.) Window length and slide are recorded
 beside the identity, not in it, so that an upgrade can say which change it accepts.
 """
