@@ -33,6 +33,8 @@ def test_class_and_static_method_lookups_are_asked_once_and_still_answer(spark_c
 
     first = buffer_size()
     sent = _sent_while(spark_context, lambda: [buffer_size() for _ in range(3)])
+    # Py4J releases JVM references as Python collects them, whatever test made them: not lookups
+    sent = [c for c in sent if not c.startswith("m\nd\n")]
     assert len(sent) == 3 and not any(c.startswith("r\n") for c in sent), sent  # the calls alone
     assert buffer_size() == first > 0
     # other classes by name and through their packages answer as before
