@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 UID_MAX_CHARS = 200
 _ESCAPED = {c: f"%{ord(c):02X}" for c in "%#+()"}
+INPUT_KINDS = ("files", "direct", "receiver", "queue")
 _NOT_IN_UIDS = "#+()\r\n\t"
 
 
@@ -67,6 +68,10 @@ class StreamIdentity:
     def name(self) -> str:
         """How to name it to a person: its uid, else its identity."""
         return f"uid:{self.uid}" if self.uid is not None else self.identity
+
+    @property
+    def is_input(self) -> bool:
+        return self.kind in INPUT_KINDS
 
     def record(self) -> dict:
         """The checkpoint's entry (msgpack: strings, integers, booleans, None)."""

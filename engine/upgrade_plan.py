@@ -31,73 +31,46 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .identity import StreamIdentity, check_uid
+from .identity import INPUT_KINDS as _INPUT_KINDS, StreamIdentity, check_uid
 
 _HOLDS_NOTHING = ("queue",)
-_INPUT_KINDS = ("files", "direct", "receiver", "queue")
 
 
-@dataclass(frozen=True)
-class PlannedStream:
-    """An identified stream of either side: the checkpoint's (from its record) or the program's."""
+#: an identified stream of either side: the checkpoint's (from its record) or the program's
+PlannedStream = StreamIdentity
 
-    index: int
-    identity: str
-    uid: str | None
-    kind: str
-    ambiguous: bool
-    input_id: int | None = None
-    window_ms: int | None = None
-    slide_ms: int | None = None
-    sources: tuple[int, ...] = ()
-    upstream: tuple[str, ...] = ()
-    source_kind: str = ""
 
-    @property
-    def name(self) -> str:
-        return f"uid:{self.uid}" if self.uid is not None else self.identity
+def from_record(index: Any, record: Any) -> StreamIdentity:
+    """A checkpoint's ``identities`` entry, checked field by field; a malformed one is a ValueError
+    naming it."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"the checkpoint's identity entry {index!r} is malformed ({why}): {record!r}"[:500])
 
-    @property
-    def is_input(self) -> bool:
-        return self.kind in _INPUT_KINDS
-
-    @classmethod
-    def of(cls, ident: StreamIdentity) -> PlannedStream:
-        return cls(ident.index, ident.identity, ident.uid, ident.kind, ident.ambiguous, ident.input_id,
-                   ident.window_ms, ident.slide_ms, ident.sources, ident.upstream, ident.source_kind)
-
-    @classmethod
-    def from_record(cls, index: Any, record: Any) -> PlannedStream:
-        """A checkpoint's ``identities`` entry, checked field by field; a malformed one is a
-        ValueError naming it."""
-        def bad(why: str) -> ValueError:
-            return ValueError(f"the checkpoint's identity entry {index!r} is malformed ({why}): {record!r}"[:500])
-
-        if not isinstance(index, str) or not index.isascii() or not index.isdigit():
-            raise bad("its key is not a stream index")
-        if not isinstance(record, dict):
-            raise bad("written before identities had fields" if isinstance(record, str) else "not a map")
-        identity, kind, uid = record.get("identity"), record.get("kind"), record.get("uid")
-        if not isinstance(identity, str) or not isinstance(kind, str) or not isinstance(record.get("ambiguous"), bool):
-            raise bad("identity, kind or ambiguous missing")
-        if uid is not None:
-            try:
-                check_uid(uid)
-            except ValueError:
-                raise bad("its uid") from None
-        ints = [record.get(k) for k in ("input_id", "window_ms", "slide_ms")]
-        sources, upstream, source_kind = record.get("sources"), record.get("upstream"), record.get("source_kind")
-        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints) \
-                or not isinstance(sources, list) or not all(isinstance(v, int) for v in sources) \
-                or not isinstance(upstream, list) or not all(isinstance(v, str) for v in upstream) \
-                or not isinstance(source_kind, str):
-            raise bad("input_id, window_ms, slide_ms, sources, upstream or source_kind")
-        if kind not in _INPUT_KINDS and not identity.startswith(f"{kind}(") or \
-                kind in _INPUT_KINDS and not identity.startswith(kind):
-            raise bad("its kind is not its identity's")
-        input_id, window_ms, slide_ms = ints
-        return cls(int(index), identity, uid, kind, record["ambiguous"], input_id, window_ms, slide_ms,
-                   tuple(sources), tuple(upstream), source_kind)
+    if not isinstance(index, str) or not index.isascii() or not index.isdigit():
+        raise bad("its key is not a stream index")
+    if not isinstance(record, dict):
+        raise bad("written before identities had fields" if isinstance(record, str) else "not a map")
+    identity, kind, uid = record.get("identity"), record.get("kind"), record.get("uid")
+    if not isinstance(identity, str) or not isinstance(kind, str) or not isinstance(record.get("ambiguous"), bool):
+        raise bad("identity, kind or ambiguous missing")
+    if uid is not None:
+        try:
+            check_uid(uid)
+        except ValueError:
+            raise bad("its uid") from None
+    ints = [record.get(k) for k in ("input_id", "window_ms", "slide_ms")]
+    sources, upstream, source_kind = record.get("sources"), record.get("upstream"), record.get("source_kind")
+    if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints) \
+            or not isinstance(sources, list) or not all(isinstance(v, int) for v in sources) \
+            or not isinstance(upstream, list) or not all(isinstance(v, str) for v in upstream) \
+            or not isinstance(source_kind, str):
+        raise bad("input_id, window_ms, slide_ms, sources, upstream or source_kind")
+    if kind not in _INPUT_KINDS and not identity.startswith(f"{kind}(") or \
+            kind in _INPUT_KINDS and not identity.startswith(kind):
+        raise bad("its kind is not its identity's")
+    input_id, window_ms, slide_ms = ints
+    return StreamIdentity(int(index), kind, identity, uid, record["ambiguous"], input_id, window_ms, slide_ms,
+                          tuple(sources), tuple(upstream), source_kind)
 
 
 @dataclass
@@ -132,8 +105,8 @@ def plan_upgrade(recorded: dict, program: dict[int, StreamIdentity], allow_drop:
     """The plan from a checkpoint's ``identities`` (``recorded``) to a program's (``program``, as
     :func:`sparkwal.engine.identity.identities` gives them). ``drop_hint``: how a program drops a
     stream, said after each loss."""
-    old = sorted((PlannedStream.from_record(i, r) for i, r in recorded.items()), key=lambda s: s.index)
-    new = sorted((PlannedStream.of(i) for i in program.values()), key=lambda s: s.index)
+    old = sorted((from_record(i, r) for i, r in recorded.items()), key=lambda s: s.index)
+    new = sorted(program.values(), key=lambda s: s.index)
     for side, streams in (("checkpoint", old), ("program", new)):
         uids = [s.uid for s in streams if s.uid is not None]
         if len(set(uids)) != len(uids) or len({s.identity for s in streams}) != len(streams):
