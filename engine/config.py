@@ -154,6 +154,10 @@ MIN_BATCHES_TO_RETAIN = _entry("spark.sql.streaming.minBatchesToRetain", "int", 
                                "Spark's: batch log entries kept", minimum=1)
 STANDBY_PRELOAD_STATE = _entry("spark.sparkwal.standby.preloadState", "bool", True,
                                "a hot standby reads and caches the leader's state ahead of a takeover")
+UPGRADE_ALLOW_DROP = _entry(
+    "spark.sparkwal.upgrade.allowDrop", "string", None,
+    "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "
+    "new version may drop; unset: an upgrade that would lose one is refused, naming it")
 ALLOW_LIVE_SOURCE = _entry(
     "spark.sparkwal.copy.allowLiveSource", "bool", False,
     "a driver starts on a copy (sparkwal checkpoint copy) while a live driver leads the copy's source, both then "

@@ -51,9 +51,21 @@ class DStreamGraph:
         self.streams.append(stream)
 
     def add_input(self, stream) -> int:
-        """Register an input stream; return its id (its index), as Spark's ``getNewInputStreamId``."""
+        """Register an input stream; return its id, as Spark's ``getNewInputStreamId``: its index,
+        or after an upgrade renumbered the inputs (:meth:`renumber_inputs`) one above every id."""
+        new_id = max((s.input_id for s in self.inputs), default=-1) + 1
         self.inputs.append(stream)
-        return len(self.inputs) - 1
+        return new_id
+
+    def renumber_inputs(self, ids: dict[int, int]) -> None:
+        """Give the inputs new ids (``ids``: graph.inputs position -> id, for every input; an
+        upgrade keeps each carried input's checkpointed id, which names its files and blocks),
+        before the stream starts; ``inputs`` stays in id order."""
+        if sorted(ids) != list(range(len(self.inputs))) or len(set(ids.values())) != len(ids):
+            raise ValueError(f"input ids must be given once to each of the {len(self.inputs)} inputs: {ids}")
+        for position, stream in enumerate(self.inputs):
+            stream.renumber(ids[position])
+        self.inputs.sort(key=lambda s: s.input_id)
 
     def remember(self, duration_ms: int) -> None:
         """Every stream keeps its RDDs for at least ``duration_ms`` (Spark's ``DStreamGraph.remember``)."""

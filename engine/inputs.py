@@ -31,6 +31,10 @@ class InputDStream(DStream):
         super().__init__(ssc, [], host_of(ssc).batch_ms)
         self.input_id = self._host.graph.add_input(self)
 
+    def renumber(self, input_id: int) -> None:
+        """Take the id an upgrade gives (:meth:`DStreamGraph.renumber_inputs`)."""
+        self.input_id = input_id
+
     def checkpoint_data(self) -> dict:
         """What recovery needs to regenerate this stream's RDDs (msgpack-serialisable)."""
         return {}

@@ -145,12 +145,14 @@ class StreamingListenerDriverRestarted:
     """sparkwal's event: this driver started from a checkpoint directory that held a stream
     (``recovery``: "checkpoint", "upgrade" or "takeover"; ``checkpoint_time_ms`` None: only the
     batch log was there). ``rerun_batch_times`` re-run; ``skipped_batch_times`` were committed
-    and do not output again."""
+    and do not output again; ``upgrade_plan``: an upgrade to a changed graph's plan, a line per
+    input and stateful operator (carried, new, dropped)."""
 
     recovery: str
     checkpoint_time_ms: int | None
     rerun_batch_times: tuple[int, ...]
     skipped_batch_times: tuple[int, ...]
+    upgrade_plan: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,14 @@ class StreamMachinery:
         name_stream(self, self._host.graph, name)
         return self
 
+    #: a stateful stream an upgrade added: the first batch time its state holds (the state before
+    #: it is empty, whatever batches ran before the upgrade); None: since the zero time
+    state_start_ms: int | None = None
+
+    def has_state_before(self, time_ms: int) -> bool:
+        """Whether a stateful stream has a state at ``time_ms`` to build its next one on."""
+        return time_ms > self.zero_time_ms and (self.state_start_ms is None or time_ms >= self.state_start_ms)
+
     def __init__(self, ssc, dependencies: Sequence[StreamMachinery], slide_ms: int | None = None):
         self._ssc = ssc
         self._sc = ssc.sparkContext

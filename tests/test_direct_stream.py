@@ -116,9 +116,11 @@ def test_ranges_are_planned_logged_and_committed_in_order(spark_context, tmp_pat
     assert first.metadata.batch_timestamp_ms == 500
     assert first.offsets == ['{"log":{"a":2,"b":1,"c":0}}']  # every known partition's end
     assert offsets.get(2).offsets == ['{"log":{"a":3,"b":1,"c":1}}']
-    # Spark's text format, byte for byte; the conf map records the leader's epoch
+    # Spark's text format, byte for byte; the conf map records the leader's epoch and the input
+    # id of each line (an upgrade may add or drop direct inputs)
     assert (app.ckpt / "offsets" / "0").read_text() == (
-        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":500,"conf":{"sparkwal.leaderEpoch":"1"}}\n'
+        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":500,"conf":{"sparkwal.leaderEpoch":"1",'
+        '"sparkwal.inputIds":"0"}}\n'
         '{"log":{"a":2,"b":1,"c":0}}')
     # a commit too, in a field Spark's reader (json4s) ignores
     assert (app.ckpt / "commits" / "3").read_text() == 'v1\n{"nextBatchWatermarkMs":0,"sparkwal.leaderEpoch":1}'

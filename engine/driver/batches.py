@@ -10,11 +10,15 @@ from .. import config
 from ..listener import StreamingListenerBatchCommitted
 from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
+from . import upgrade
 
 from ..host import DriverFacts
 
 if TYPE_CHECKING:
+    from sparkwal.checkpoint import Checkpoint
     from sparkwal.wal import Leadership
+
+    from ..upgrade_plan import UpgradePlan
 
     from .events import EventBus
 
@@ -30,6 +34,10 @@ class BatchesHost(DriverFacts, Protocol):
     def batch_log(self) -> BatchLog | None: ...
     @property
     def skip_outputs_ms(self) -> set[int]: ...
+    @property
+    def restored(self) -> Checkpoint | None: ...
+    @property
+    def upgrade_plan(self) -> UpgradePlan | None: ...
     def lead(self) -> Leadership | None: ...
 
 
@@ -51,7 +59,8 @@ def start_batch_log(driver: BatchesHost) -> BatchLog | None:
         retain = driver.settings[config.MIN_BATCHES_TO_RETAIN]
         blog = BatchLog(driver.location, direct_inputs(driver), sync=sync,
                         retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
-                        lock=driver.lead())
+                        lock=driver.lead(),
+                        legacy_ids=upgrade.earlier_line_ids(driver.restored, driver.upgrade_plan is not None))
         blog.recover()
     for s in direct_inputs(driver):
         s.start_planning(blog, driver.settings, driver.batch_ms)

@@ -15,7 +15,11 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
      "floor_ms": the oldest batch time a restart from it may need (its blocks, logged batches
      and received data are kept from there; ``sparkwal checkpoint copy`` copies from there),
      "downtimes": [[first new batch time, the last batch time before it], ...] of downtimes a
-     restart coalesced (``spark.sparkwal.recovery.coalesceDowntime``) after the floor}
+     restart coalesced (``spark.sparkwal.recovery.coalesceDowntime``) after the floor,
+     and after an upgrade to a changed graph (:mod:`sparkwal.engine.driver.upgrade`):
+     "state_slots": {stream index: the number its snapshots are named by, where not its index},
+     "state_starts": {stream index: the first batch time of a state the upgrade added},
+     "batch_log_lines": [the input id of each line of an offsets entry that does not name them]}
 """
 
 from __future__ import annotations
@@ -144,6 +148,7 @@ class Checkpointing:
             "zero_time_ms": driver.graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
             "state": driver.snapshots.checkpoint_data(),
+            **self._placement(),
             "batch_log_latest": driver.batch_log.latest_logged_id() if driver.batch_log is not None else -1,
             "code": driver.code_name,
             "conf": driver.conf_pairs,
@@ -157,6 +162,20 @@ class Checkpointing:
         with self._floors_lock:
             self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))
         driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
+
+    def _placement(self) -> dict:
+        """Where an upgrade put things (written after one, else nothing: the format as before)."""
+        driver = self._driver
+        out: dict[str, object] = {}
+        slots, starts = driver.snapshots.placement_data()
+        if slots:
+            out["state_slots"] = slots
+        if starts:
+            out["state_starts"] = starts
+        earlier = driver.batch_log.legacy_ids if driver.batch_log is not None else None
+        if earlier is not None and earlier != [s.input_id for s in driver.batch_log.inputs]:
+            out["batch_log_lines"] = earlier
+        return out
 
     def _graph_identities(self) -> dict[str, dict]:
         if self._identities is None:

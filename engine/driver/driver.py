@@ -39,6 +39,7 @@ from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDri
 from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
+from ..upgrade_plan import UpgradePlan
 from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
 from .backlog import BacklogWatch
 from .events import EventBus
@@ -80,6 +81,7 @@ class Driver:
         self.checkpoint_writer: CheckpointWriter | None = None
         self.state = INITIALIZED
         self.restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
+        self.upgrade_plan: UpgradePlan | None = None  # what an upgrade to a changed graph carried
         #: "new" (built by the program), "checkpoint" (rebuilt from a checkpoint, code included),
         #: "upgrade" (the program's graph, the checkpoint's data) or "takeover" (a standby's).
         self.recovery = "new"
@@ -171,8 +173,7 @@ class Driver:
         Driver.active = self
 
     def start_active(self, kind: str | None = None) -> None:
-        """Everything a leading driver starts (under ``active_lock``, leadership held); ``kind``,
-        when given, is how it came to lead (:attr:`recovery`: a standby's "takeover")."""
+        """Everything a leading driver starts (under ``active_lock``, leadership held); ``kind``: how it led."""
         if kind is not None:
             self.recovery = kind
         try:
@@ -223,15 +224,16 @@ class Driver:
         if self.recovery != "new" or self.rerun_batch_times or self.skipped_batch_times:
             self.events.post(StreamingListenerDriverRestarted(
                 self.recovery, self.restored.checkpoint_time_ms if self.restored else None,
-                tuple(self.rerun_batch_times), tuple(self.skipped_batch_times)))
+                tuple(self.rerun_batch_times), tuple(self.skipped_batch_times),
+                tuple(self.upgrade_plan.lines()) if self.upgrade_plan is not None else ()))
 
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None:
         """Apply ``checkpoint`` to the graph and the state snapshots; ``start()`` then restarts
         from it. ``kind``, when given, is how this driver came to be (:attr:`recovery`)."""
-        recovery.restore(self, checkpoint)
+        plan = recovery.restore(self, checkpoint, kind)
         self.restored = checkpoint
         if kind is not None:
-            self.recovery = kind
+            self.recovery, self.upgrade_plan = kind, plan
 
     def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
         """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
@@ -274,9 +276,7 @@ class Driver:
     def current_leader(self):
         """Who leads the checkpoint directory now, as its lock records it (holder, epoch,
         ``describe()``); None: no directory, or nobody leads it."""
-        if self.leadership is None:
-            return None
-        return self.leadership.storage.leader(self.leadership.path)
+        return self.leadership.storage.leader(self.leadership.path) if self.leadership is not None else None
 
     @property
     def is_standby(self) -> bool:

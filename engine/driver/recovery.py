@@ -19,8 +19,8 @@ from sparkwal.checkpoint.errors import CheckpointMismatchError
 
 from .. import config
 from ..host import DriverFacts
-from ..identity import identities
-from ..upgrade_plan import plan_upgrade
+from ..upgrade_plan import UpgradePlan
+from . import upgrade
 
 if TYPE_CHECKING:
     from ..sources.batch_log import BatchLog
@@ -68,42 +68,49 @@ def _first_difference(old: str, new: str) -> str:
     return "the fingerprint differs"
 
 
-def _by_identity(data: dict, graph) -> str:
-    """What the checkpoint's inputs and states would be to this graph, matched by identity
-    (engine/upgrade_plan.py), for a checkpoint that recorded them."""
-    recorded = data.get("identities")
-    if not isinstance(recorded, dict) or not recorded:
-        return ""
+def _by_identity(driver: RecoveryHost, data: dict) -> str:
+    """What ``getOrCreate(..., upgrade=True)`` would make of the checkpoint's inputs and states
+    (engine/driver/upgrade.py), for a checkpoint that recorded them."""
     try:
-        plan = plan_upgrade(recorded, identities(graph))
+        plan = upgrade.plan_for(driver, data)
     except Exception as e:  # a damaged record explains nothing; the refusal stands
         return f"(Its streams' identities cannot be read: {e}.) "
+    if plan is None:
+        return ""
     said = "; ".join(plan.lines())
     said = said if len(said) <= 2000 else f"{said[:2000]}…"
-    return f"Matched by identity, which this version does not apply yet: {said}. "
+    return f"An upgrade (getOrCreate(..., upgrade=True) with this program) would match them by identity: {said}. "
 
 
-def restore(driver: RecoveryHost, checkpoint: Checkpoint) -> None:
-    """Apply ``checkpoint``'s data to ``driver``'s graph (which must be the checkpoint's) and its
-    state snapshots; the driver records it as the checkpoint it restarts from."""
+def restore(driver: RecoveryHost, checkpoint: Checkpoint, kind: str | None = None) -> UpgradePlan | None:
+    """Apply ``checkpoint``'s data to ``driver``'s graph and its state snapshots; the driver
+    records it as the checkpoint it restarts from. The graph must be the checkpoint's, unless
+    ``kind`` is "upgrade": then a changed graph takes what the plan carries (returned; None: the
+    graph is the checkpoint's), or the upgrade is refused, naming every loss."""
     data = checkpoint.data
     if data.get("batch_ms") != driver.batch_ms:
         raise CheckpointMismatchError(
             f"the checkpoint in {driver.checkpoint_dir} was written with a batch duration of "
             f"{data.get('batch_ms')} ms, this program uses {driver.batch_ms} ms")
+    plan = None
     if data.get("fingerprint") != driver.graph.fingerprint():
-        raise CheckpointMismatchError(
-            f"the DStream graph changed since the checkpoint in {driver.checkpoint_dir} was "
-            f"written: {_first_difference(data.get('graph', ''), driver.graph.describe())}. "
-            f"{_by_identity(data, driver.graph)}"
-            "Restore the original graph, or start from a new checkpoint directory")
+        difference = _first_difference(data.get("graph", ""), driver.graph.describe())
+        if kind != "upgrade":
+            raise CheckpointMismatchError(
+                f"the DStream graph changed since the checkpoint in {driver.checkpoint_dir} was "
+                f"written: {difference}. {_by_identity(driver, data)}"
+                "Restore the original graph, or start from a new checkpoint directory")
+        plan = upgrade.apply(driver, checkpoint, difference)
     for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
-    driver.snapshots.restore(data.get("state", {}))
+    driver.snapshots.restore(data.get("state", {}), data.get("state_slots"), data.get("state_starts"))
+    if plan is not None:
+        upgrade.carry_state(driver, plan)
     for first_new, last in data.get("downtimes", []):  # (checkpoints before issue 44 have none)
         driver.graph.coalesce_downtime(last, first_new)
     log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
              checkpoint.pending_times_ms)
+    return plan
 
 
 def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
@@ -125,6 +132,8 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
         times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
     driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
     plan = rerun(driver, cp, times, restart_ms)
+    # the states an upgrade added hold what the new version outputs: from its first re-run batch
+    driver.snapshots.begin(plan.rerun_batch_times[0] if plan.rerun_batch_times else restart_ms)
     return replace(plan, coalesced_batch_times=tuple(coalesced))
 
 

@@ -44,6 +44,10 @@ class ReceiverInputDStream(InputDStream):
         self.receiver = receiver
         receiver.bind(self.input_id)
 
+    def renumber(self, input_id: int) -> None:
+        super().renumber(input_id)
+        self.receiver.bind(input_id)
+
     def compute(self, time_ms: int) -> RDD | None:
         blocks = self._host.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
         self._host.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})

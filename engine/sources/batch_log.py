@@ -30,9 +30,15 @@ On-disk format (readable by Spark's tooling and :mod:`checkpoint`'s readers):
 * ``offsets/<id>``: :class:`sparkwal.checkpoint.OffsetSeq` version 1: the metadata line
   ``{"batchWatermarkMs":0,"batchTimestampMs":<batch time ms>,"conf":{...}}``, then one line per
   direct input (input order): the batch's END offset of every partition the input knows, as
-  Spark's Kafka source writes them: ``{"<topic>":{"<partition>":<offset>,...}}``. A batch's
-  range of a partition starts at the previous entry's offset (batch 0: the input's initial
-  offset), else (a partition new in the batch) at the source's earliest offset. A batch whose
+  Spark's Kafka source writes them: ``{"<topic>":{"<partition>":<offset>,...}}``. The conf's
+  ``sparkwal.inputIds`` (:data:`INPUT_IDS_FIELD`, ``"0,2"``) names the input id of each line, so
+  that an entry stays readable by a new version whose graph has other direct inputs (an entry
+  without it, an earlier release's, has a line per direct input of the graph that wrote it: the
+  restored checkpoint's ``direct_inputs``, else this graph's). A batch's
+  range of a partition starts at the previous entry's offset (batch 0, or an input the previous
+  entry has no line for, one an upgrade added: the input's initial offsets), else (a partition new
+  in the batch) at the source's earliest offset. An input a logged entry has no line for has no
+  range in that batch. A batch whose
   previous entry is gone cannot be recomputed: an error naming the file, never a wider range.
 * ``sources/<input id>/0``: ``v1`` and the same JSON: where the input started (Spark's Kafka
   source keeps its initial offsets there too).
@@ -78,6 +84,8 @@ log = logging.getLogger(__name__)
 #: newest's ``.bk``, or the previous name's file), which it falls back to when the newest does not
 #: verify (:mod:`sparkwal.checkpoint.checkpoint_file`)
 RESTORABLE_CHECKPOINTS = 2
+#: an offsets entry's conf: the input id of each of its lines, comma-separated
+INPUT_IDS_FIELD = "sparkwal.inputIds"
 
 
 def offsets_json(ends: dict[TopicPartition, int]) -> str:
@@ -120,7 +128,8 @@ class BatchLog:
     """The offsets/commits pair of one context (see the module docstring for the protocol)."""
 
     def __init__(self, directory: str | StorageLocation, inputs: list, *, storage_options: dict | None = None,
-                 sync: bool = True, retain: int = 100, on_commit=None, lock=None):
+                 sync: bool = True, retain: int = 100, on_commit=None, lock=None,
+                 legacy_ids: list[int] | None = None):
         if retain < 1:
             raise ValueError(f"minBatchesToRetain must be >= 1, got {retain}")
         self.directory = str(directory)
@@ -129,13 +138,15 @@ class BatchLog:
         self.commits = CommitLog(self._layout.at(self._layout.commits), storage_options, sync=sync)
         self._options, self._sync = storage_options, sync
         self.inputs = list(inputs)  # the direct inputs, in input order
+        #: the input ids of the lines of an entry that does not name them (an earlier release's)
+        self.legacy_ids = [s.input_id for s in self.inputs] if legacy_ids is None else list(legacy_ids)
         self.retain = retain
         self._on_commit = on_commit  # (batch_id, time_ms) after each commit file
         self._fence = lock  # the driver's leadership: no offsets or commit once it is lost
         self._lock = threading.Lock()
         self._ids: dict[int, int] = {}  # batch time -> id, of logged batches
         self._times: dict[int, int] = {}  # id -> batch time
-        self._ends: dict[int, list[dict]] = {}  # id -> end offsets per input (parsed lazily)
+        self._ends: dict[int, dict[int, dict]] = {}  # id -> input id -> end offsets (parsed lazily)
         self._raw: dict[int, OffsetSeq] = {}
         self._next_id = 0
         self._committed = -1  # the highest id of the commit log's prefix
@@ -160,10 +171,12 @@ class BatchLog:
             if not isinstance(entry, OffsetSeq) or entry.metadata is None:
                 raise ValueError(f"{self.offsets.file_url(i)} is not a DStream batch (OffsetSeq v1 "
                                  "with metadata); this checkpoint belongs to another kind of query")
-            if len(entry.offsets) != len(self.inputs):
+            ids = self._line_ids(entry, i)
+            if len(entry.offsets) != len(ids):
                 raise ValueError(
                     f"{self.offsets.file_url(i)} has offsets of {len(entry.offsets)} direct inputs, "
-                    f"this graph has {len(self.inputs)}: the graph changed since it was written")
+                    f"and {len(ids)} are known to have written it ({ids}): the graph changed since it was "
+                    "written (recover it with getOrCreate(..., upgrade=True) and the program that wrote it)")
             epoch = offsets_epoch(entry)
             if epoch < newest_epoch:
                 log.warning("%s was written at leader epoch %d after batch %d at epoch %d: a late write of a "
@@ -213,17 +226,32 @@ class BatchLog:
     def batch_id(self, time_ms: int) -> int | None:
         return self._ids.get(time_ms)
 
-    def _input_ends(self, batch_id: int, stream) -> dict[TopicPartition, int]:
-        ends = self._ends.get(batch_id)
-        if ends is None:
+    def _line_ids(self, entry: OffsetSeq, batch_id: int) -> list[int]:
+        """The input id of each line of ``entry`` (see the module's docstring)."""
+        named = entry.metadata.conf.get(INPUT_IDS_FIELD) if entry.metadata is not None else None
+        if named is None:
+            return self.legacy_ids
+        try:
+            return [int(v) for v in named.split(",")] if named else []
+        except ValueError:
+            raise ValueError(f"{self.offsets.file_url(batch_id)}: {INPUT_IDS_FIELD} is {named!r}, not input ids "
+                             "separated by commas") from None
+
+    def _input_ends(self, batch_id: int, stream) -> dict[TopicPartition, int] | None:
+        """``stream``'s end offsets in logged batch ``batch_id``; None: the entry has no line for it."""
+        ends = self._ends.setdefault(batch_id, {})
+        if stream.input_id not in ends:
             entry = self._raw[batch_id]
-            url = self.offsets.file_url(batch_id)
-            ends = [parse_offsets_json(text, s.source, url) for text, s in zip(entry.offsets, self.inputs)]
-            self._ends[batch_id] = ends
-        return ends[self.inputs.index(stream)]
+            ids = self._line_ids(entry, batch_id)
+            if stream.input_id not in ids:
+                return None
+            text = entry.offsets[ids.index(stream.input_id)]
+            ends[stream.input_id] = parse_offsets_json(text, stream.source, self.offsets.file_url(batch_id))
+        return ends[stream.input_id]
 
     def latest_ends(self, stream) -> dict[TopicPartition, int] | None:
-        """Where ``stream`` resumes planning: the end offsets of the last logged batch."""
+        """Where ``stream`` resumes planning: its end offsets in the last logged batch (None: none,
+        or that batch was logged before an upgrade added it)."""
         if self._next_id == 0:
             return None
         return self._input_ends(self._next_id - 1, stream)
@@ -234,16 +262,20 @@ class BatchLog:
         if i is None:
             return None
         ends = self._input_ends(i, stream)
+        if ends is None:  # logged before an upgrade added the input: nothing of it in this batch
+            return [], {}
         if i - 1 in self._times:
-            starts = self._input_ends(i - 1, stream)
-        elif i == 0:  # the first batch ever starts where the input started
-            starts = self.initial_offsets(stream)
-            if starts is None:
-                raise ValueError(f"batch 0 (time {time_ms}) cannot be recomputed: "
-                                 f"{self._initial_log(stream).file_url(0)} (its start offsets) is missing")
-        else:  # never from the input's start: that would widen the batch over earlier ones
+            starts = self._input_ends(i - 1, stream)  # None: logged before an upgrade added the input
+        elif i != 0:  # never from the input's start: that would widen the batch over earlier ones
             raise ValueError(f"batch {i} (time {time_ms}) cannot be recomputed: "
                              f"{self.offsets.file_url(i - 1)} (its start offsets) is missing (purged)")
+        else:
+            starts = None
+        if starts is None:  # the input's first batch starts where the input started
+            starts = self.initial_offsets(stream)
+            if starts is None:
+                raise ValueError(f"batch {i} (time {time_ms}) cannot be recomputed: "
+                                 f"{self._initial_log(stream).file_url(0)} (its start offsets) is missing")
         missing = [tp for tp in ends if tp not in starts]  # new in batch i: from the source's earliest
         if missing:
             starts = {**starts, **stream.source.earliest_offsets(missing)}
@@ -274,6 +306,7 @@ class BatchLog:
             if self._fence is not None:
                 self._fence.check()
                 conf = {**conf, LEADER_EPOCH_FIELD: str(self._fence.epoch)}
+            conf = {**conf, INPUT_IDS_FIELD: ",".join(str(s.input_id) for s in self.inputs)}
             entry = OffsetSeq([offsets_json(e) for e in ends], OffsetSeqMetadata(0, time_ms, conf))
             if not self.offsets.add(i, entry):
                 existing = self.offsets.get(i)
@@ -283,7 +316,7 @@ class BatchLog:
                         f"streaming contexts are writing batch {i} of {self.directory}")
                 self.offsets.replace(i, entry)
             self._ids[time_ms], self._times[i], self._raw[i] = i, time_ms, entry
-            self._ends[i] = [dict(e) for e in ends]
+            self._ends[i] = {s.input_id: dict(e) for s, e in zip(self.inputs, ends)}
             self._next_id = i + 1
             self._offsets_written += 1
             return i

@@ -252,7 +252,7 @@ class InternalMapWithStateDStream(DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         previous = self.previous_batch_ms(time_ms)
-        state = self.get_or_compute(previous) if previous > self.zero_time_ms else None
+        state = self.get_or_compute(previous) if self.has_state_before(previous) else None
         data = self.dependencies[0].get_or_compute(time_ms)
         update = self._update(time_ms)
         on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS])

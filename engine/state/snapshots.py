@@ -88,6 +88,11 @@ class StateSnapshots:
         self._preloaded: dict[tuple[int, int], tuple[str, RDD]] = {}
         self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
         self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): see load_for_restart
+        #: stream index -> the number its snapshots are named by, where an upgrade moved it
+        #: (absent: its index): a carried state keeps its chain's, a new one gets one no state had
+        self.slots: dict[int, int] = {}
+        #: stream index -> the first batch time of a state an upgrade added (None: set at its start)
+        self.starts: dict[int, int | None] = {}
 
     @property
     def deltas_per_full(self) -> int:
@@ -127,9 +132,12 @@ class StateSnapshots:
                         f"{bound // driver.batch_ms}) until a full snapshot cuts it")
         return None
 
-    def restore(self, data: dict) -> None:
+    def restore(self, data: dict, slots: dict | None = None, starts: dict | None = None) -> None:
         """From a checkpoint's ``state`` entry: each snapshot located in this checkpoint directory,
-        wherever it was written (:mod:`sparkwal.checkpoint.layout`)."""
+        wherever it was written (:mod:`sparkwal.checkpoint.layout`); ``slots`` and ``starts``: the
+        checkpoint's ``state_slots`` and ``state_starts`` (see :attr:`slots`, :attr:`starts`)."""
+        self.slots = {int(i): int(n) for i, n in (slots or {}).items()}
+        self.starts = {int(i): int(t) for i, t in (starts or {}).items()}
         layout = CheckpointLayout(self._driver.checkpoint_dir)
         elsewhere = layout.written_at(state_names(data))
         if elsewhere is not None:
@@ -141,6 +149,35 @@ class StateSnapshots:
     def checkpoint_data(self) -> dict:
         layout = CheckpointLayout(self._driver.checkpoint_dir)
         return {str(i): s.to_json(layout) for i, s in self.by_stream.items()}
+
+    def placement_data(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The checkpoint's ``state_slots`` and ``state_starts`` (empty but after an upgrade)."""
+        return ({str(i): n for i, n in self.slots.items()},
+                {str(i): t for i, t in self.starts.items() if t is not None})
+
+    def carry(self, moved: dict[int, int], new_states: list[int]) -> None:
+        """An upgrade: the restored state of the checkpoint's stream ``old`` goes to this graph's
+        ``moved[old]``, under the number its snapshots are named by (so that no other stream's
+        snapshot of the same batch time ever replaces one of its chain); the states of
+        ``new_states`` start empty, at the first batch the new version runs (:meth:`begin`),
+        under numbers no state of the checkpoint had. Called after :meth:`restore`."""
+        restored, old_slots = self.by_stream, self.slots
+        self.by_stream, self.slots, self.starts = {}, {}, {}
+        for old, new in moved.items():
+            if old in restored:
+                self.by_stream[new] = restored[old]
+            self.slots[new] = old_slots.get(old, old)
+        fresh = max([*old_slots.values(), *restored, *moved, *self.slots.values(),
+                     len(self._driver.graph.streams) - 1], default=-1) + 1
+        for index in new_states:
+            self.slots[index], self.starts[index] = fresh, None
+            fresh += 1
+
+    def begin(self, first_ms: int) -> None:
+        """The states an upgrade added start at ``first_ms``, the first batch the new version runs."""
+        for index, start in self.starts.items():
+            self.starts[index] = first_ms if start is None else start
+            self._driver.graph.streams[index].state_start_ms = self.starts[index]
 
     def check_directory(self) -> None:
         """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
@@ -177,6 +214,9 @@ class StateSnapshots:
         stream = self._driver.graph.streams[index]
         times = sorted(state.snapshots)
         usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
+        start = self.starts.get(index)
+        if not usable and start is not None and first_ms <= start:  # added by an upgrade: empty before it
+            return []
         if not usable and times:
             if not stream.state_is_output:
                 raise CheckpointMismatchError(
@@ -309,7 +349,7 @@ class StateSnapshots:
         for index, stream, rdd in list(self._due(time_ms)):
             state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
             epoch = driver.leader_epoch  # in the name: see checkpoint.state_files
-            url = (CheckpointLayout(driver.checkpoint_dir).state_snapshot(index, time_ms)
+            url = (CheckpointLayout(driver.checkpoint_dir).state_snapshot(self.slots.get(index, index), time_ms)
                    + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None
@@ -388,5 +428,6 @@ class StateSnapshots:
             base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
                        default=None)
             start = stream.oldest_lineage_start()
-            floor = min(floor, base if base is not None else zero, zero if start is None else start)
+            begins = zero if stream.state_start_ms is None else stream.state_start_ms
+            floor = min(floor, base if base is not None else begins, begins if start is None else start)
         return floor

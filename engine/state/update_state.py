@@ -45,7 +45,7 @@ class ReducedWindowedDStream(KeyValueState, DStream):
         current_begin = time_ms - self.window_ms
         previous_end = time_ms - self.slide_ms
         previous_begin = current_begin - self.slide_ms
-        previous = self.get_or_compute(previous_end) if previous_end > self.zero_time_ms else None
+        previous = self.get_or_compute(previous_end) if self.has_state_before(previous_end) else None
         if previous is not None and self.window_ms >= 5 * self.slide_ms:
             old = parent.rdds_between(previous_begin + parent.slide_ms, current_begin)
             subtracted = self._inv(previous, self._sc.union(old)) if old else previous
@@ -70,7 +70,7 @@ class StateDStream(KeyValueState, DStream):
 
     def compute(self, time_ms: int) -> RDD | None:
         previous = self.previous_batch_ms(time_ms)
-        last = self.get_or_compute(previous) if previous > self.zero_time_ms else None
+        last = self.get_or_compute(previous) if self.has_state_before(previous) else None
         rdd = self.dependencies[0].get_or_compute(time_ms)
         if rdd is None:
             return last

@@ -1,0 +1,205 @@
+"""Upgrades to a changed program (``getOrCreate(..., upgrade=True)``): each input's position and
+each stateful operator's state go to the stream of the same identity, wherever the new version
+put it; a state the new version adds starts empty at its first batch; a loss is refused by name
+unless the program drops it; a direct stream's logged uncommitted batch re-runs in the new graph
+exactly once, and an input the new version adds reads from its own start."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+from test_direct_stream import Committed, append
+from test_engine_recovery import Completed, ms, put_file
+
+from sparkwal.checkpoint import CommitLog, OffsetSeqLog, read_checkpoint
+from sparkwal.engine import CheckpointMismatchError, StateSpec, StreamingContext
+from sparkwal.engine.sources import FileLogSource
+from sparkwal.wal import ManualClock
+
+
+class Totals:
+    """Word totals (``updateStateByKey``, snapshotted every batch); the new version adds a
+    lower-casing step before them, a line count state and a second output."""
+
+    def __init__(self, sc, tmp_path):
+        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+        self.indir.mkdir(exist_ok=True)
+        self.totals: dict[int, list] = {}
+        self.lines: dict[int, list] = {}
+
+    def setup(self, clock, done, version: int):
+        def create():
+            ssc = StreamingContext(self.sc, 0.5, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            lines = ssc.textFileStream(str(self.indir))
+            if version >= 2:
+                lines = lines.map(str.lower)
+                def count(key, value, state):  # (defined here: the workers cannot import this module)
+                    state.update((state.get() if state.exists() else 0) + value)
+
+                line_total = lines.map(lambda _: ("lines", 1)).mapWithState(StateSpec.function(count))
+                line_total.checkpoint(0.5)
+                kept_lines = self.lines
+                line_total.stateSnapshots().foreachRDD(lambda t, rdd: kept_lines.__setitem__(ms(t), rdd.collect()))
+            if version == 4:  # a second state of the kind and input of the totals: told apart by order only
+                lines.map(lambda w: (w, 1)).updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).foreachRDD(
+                    lambda rdd: None)
+            if version != 3:  # version 3 drops the totals
+                words = lines.flatMap(str.split).map(lambda w: (w, 1)).reduceByKey(operator.add)
+                totals = words.updateStateByKey(lambda vs, s: sum(vs) + (s or 0))
+                totals.checkpoint(0.5)
+                kept = self.totals
+                totals.foreachRDD(lambda t, rdd: kept.__setitem__(ms(t), sorted(rdd.collect())))
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+    def run(self, version: int, start_ms: int, until_ms: int, files: dict[int, str]):
+        clock, done = ManualClock(start_ms), Completed()
+        ssc = StreamingContext.getOrCreate(str(self.ckpt), self.setup(clock, done, version), upgrade=True)
+        ssc.start()
+        t = start_ms
+        while t < until_ms:
+            t += 500
+            if t in files:
+                put_file(self.indir, f"{t}.txt", files[t], t - 100)
+            clock.advance(500)
+            done.wait_for(t)
+        ssc.stop(stopSparkContext=False)
+        return ssc
+
+
+@pytest.mark.slow
+def test_a_changed_program_keeps_its_state_and_a_new_state_starts_empty(spark_context, tmp_path):
+    app = Totals(spark_context, tmp_path)
+    app.run(1, 0, 1000, {500: "X y", 1000: "x"})
+    assert app.totals[1000] == [("X", 1), ("x", 1), ("y", 1)]
+    before = read_checkpoint(str(app.ckpt)).data
+    old_state = next(iter(before["state"]))  # the totals' stream index in version 1
+
+    ssc = app.run(2, 1000, 1500, {1500: "Y z"})
+    plan = ssc._driver.upgrade_plan.lines()
+    assert any(line.startswith(f"carried: updateStateByKey(files:{app.indir})") for line in plan), plan
+    assert any(line.startswith("new: mapWithState(") for line in plan), plan
+    # the totals went on from version 1's; the lower-casing applies to what version 2 reads
+    assert app.totals[1500] == [("X", 1), ("x", 1), ("y", 2), ("z", 1)]
+    # the new state counts only the lines version 2 read (its first batch is 1500)
+    assert app.lines[1500] == [("lines", 1)]
+    after = read_checkpoint(str(app.ckpt)).data
+    slots = {int(i): n for i, n in after["state_slots"].items()}
+    carried = next(i for i, n in slots.items() if n == int(old_state))
+    assert carried != int(old_state)  # the totals moved: the map came before them
+    assert all(ref["url"].startswith(f"state/{old_state}-")
+               for ref in after["state"][str(carried)]["snapshots"].values())
+    added = next(i for i in slots if i != carried)
+    assert slots[added] > max(int(i) for i in before["identities"])  # a number no stream had
+    assert after["state_starts"] == {str(added): 1500}
+
+    # the same version again: where the upgrade put things is the checkpoint's now
+    ssc = app.run(2, 1500, 2000, {2000: "x"})
+    assert ssc._driver.upgrade_plan is None
+    assert app.totals[2000] == [("X", 1), ("x", 2), ("y", 2), ("z", 1)]
+    assert app.lines[2000] == [("lines", 2)]
+
+
+def test_an_upgrade_that_loses_a_state_is_refused_unless_the_program_drops_it(spark_context, tmp_path,
+                                                                                live_settings):
+    app = Totals(spark_context, tmp_path)
+    app.run(1, 0, 500, {500: "a"})
+    with pytest.raises(CheckpointMismatchError) as refused:
+        StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(600), Completed(), 3), upgrade=True)
+    said = str(refused.value)
+    assert f"the checkpoint's state of updateStateByKey updateStateByKey(files:{app.indir}) has no stream" in said
+    assert "spark.sparkwal.upgrade.allowDrop" in said and "carried: files:" in said
+    with pytest.raises(CheckpointMismatchError, match=r"told apart from a stream like it only by the program's order"):
+        StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(600), Completed(), 4), upgrade=True)
+
+    live_settings({"spark.sparkwal.upgrade.allowDrop": f"updateStateByKey(files:{app.indir})"})
+    ssc = app.run(3, 500, 1000, {1000: "b c"})
+    assert any(line.startswith("dropped: updateStateByKey(") for line in ssc._driver.upgrade_plan.lines())
+
+    assert app.lines[1000] == [("lines", 1)]  # the new state: only what version 3 read
+
+
+def test_without_upgrade_a_changed_graph_is_refused_saying_what_an_upgrade_would_do(spark_context, tmp_path):
+    """A checkpoint's own program (recovered with its code) must be the program that runs: a
+    changed setup is only taken with upgrade=True; the refusal says what that would carry."""
+    app = Totals(spark_context, tmp_path)
+    app.run(1, 0, 500, {500: "a"})
+    ckpt = read_checkpoint(str(app.ckpt))
+    ssc = app.setup(ManualClock(600), Completed(), 2)()
+    with pytest.raises(CheckpointMismatchError) as refused:
+        ssc._driver.restore(ckpt, "checkpoint")
+    assert "An upgrade (getOrCreate(..., upgrade=True) with this program) would match them by identity: " \
+           f"carried: files:{app.indir} (files input; stream 0 -> 0)" in str(refused.value)
+
+
+class TwoLogs:
+    """Version 1 reads log ``a``; version 2 reads a new log ``b`` (made first: input 0 of its
+    program) and ``a``, each recorded by batch time; ``a``'s output fails from ``fail_from`` on."""
+
+    def __init__(self, sc, tmp_path):
+        self.sc = sc
+        self.logs = {n: tmp_path / n for n in "ab"}
+        for d in self.logs.values():
+            d.mkdir()
+        self.ckpt = tmp_path / "ckpt"
+        self.got: dict[str, dict[int, list]] = {"a": {}, "b": {}}
+
+    def setup(self, clock, version: int, fail_from: int | None, *listeners):
+        def create():
+            ssc = StreamingContext(self.sc, 0.5, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            names = "ba" if version == 2 else "a"
+            for name in names:
+                stream = ssc.directStream(FileLogSource(str(self.logs[name])))
+                got = self.got[name]
+
+                def record(t, rdd, got=got, name=name):
+                    if name == "a" and fail_from is not None and ms(t) >= fail_from:
+                        raise RuntimeError("output failed")
+                    got[ms(t)] = sorted(rdd.collect())
+                stream.foreachRDD(record)
+            for listener in listeners:
+                ssc.addStreamingListener(listener)
+            return ssc
+        return create
+
+
+def test_a_logged_uncommitted_batch_reruns_in_the_new_graph_once_and_a_new_input_reads_from_its_start(
+        spark_context, tmp_path):
+    app = TwoLogs(spark_context, tmp_path)
+    append(app.logs["a"] / "p", "a0")
+    append(app.logs["b"] / "p", "b0", "b1")
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, 1, 1000, done))
+    ssc.start()
+    clock.advance(500)
+    done.wait_for(500)
+    append(app.logs["a"] / "p", "a1")
+    clock.advance(500)  # batch 1000 is logged, its output fails: not committed
+    with pytest.raises(RuntimeError):
+        ssc.awaitTermination(30)
+    ssc.stop(stopSparkContext=False)
+    assert CommitLog(str(app.ckpt / "commits")).batch_ids() == [0]
+    assert OffsetSeqLog(str(app.ckpt / "offsets")).get(1).metadata.conf["sparkwal.inputIds"] == "0"
+
+    append(app.logs["a"] / "p", "a2")
+    clock2, done2, committed = ManualClock(1000), Completed(), Committed()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, 2, None, done2, committed),
+                                        upgrade=True)
+    ssc2.start()
+    assert ssc2.rerun_batch_times == [1000]
+    done2.wait_for(1000)
+    clock2.advance(500)
+    done2.wait_for(1500)
+    ssc2.stop(stopSparkContext=False)
+
+    assert app.got["a"] == {500: ["a0"], 1000: ["a1"], 1500: ["a2"]}  # the logged range once, then on
+    assert app.got["b"][1000] == [] and app.got["b"][1500] == ["b0", "b1"]  # from its own start
+    offsets = OffsetSeqLog(str(app.ckpt / "offsets"))
+    # log a keeps input id 0 (its start offsets and logged lines), log b gets 1 though made first
+    assert offsets.get(2).metadata.conf["sparkwal.inputIds"] == "0,1"
+    assert (app.ckpt / "sources" / "1" / "0").exists()
+    assert CommitLog(str(app.ckpt / "commits")).batch_ids() == [0, 1, 2]
