@@ -1,8 +1,9 @@
 """State snapshot files: the on-disk format of a stateful stream's state at one batch time.
 
 A snapshot is a flat set of files named ``<base>.*`` (``<base>`` = ``<checkpoint>/state/<stream
-index>-<batch ms>-e<epoch>``, the epoch being the writing driver's leadership epoch; without one,
-``<stream index>-<batch ms>``). The epoch in the name fences the parts, which Spark's tasks write:
+number>-<batch ms>-e<epoch>``, the epoch being the writing driver's leadership epoch; without one,
+``<stream number>-<batch ms>``; the stream number is its index in the graph, or after an upgrade
+moved it the one its checkpoint's ``state_slots`` gives, which no other stream's snapshots use). The epoch in the name fences the parts, which Spark's tasks write:
 a driver that lost the leadership, and its tasks still running, write only under their own
 epoch's name, which no later driver's checkpoint references:
 
@@ -26,7 +27,8 @@ epoch's name, which no later driver's checkpoint references:
        "base_ms": <the previous snapshot of the chain, for a delta>, "num_partitions": n,
        "partitioned": <part i holds exactly the keys that portable_hash puts in partition i>,
        "hash_seed": <the executors' PYTHONHASHSEED then>, "parts": [[rows, bytes, crc32c], ...],
-       "leader_epoch": <the writing driver's leadership epoch; absent before sparkwal had one>}
+       "leader_epoch": <the writing driver's leadership epoch; absent before sparkwal had one>,
+       "state_version": <the program's version of the values (sparkwal.engine.state.versions); absent: 1>}
 
 A delta holds the keys updated or removed since the snapshot ``base_ms``; the state at ``t`` is
 the newest full snapshot at or before ``t`` with every delta after it applied in order (a *chain*).

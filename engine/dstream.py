@@ -318,11 +318,11 @@ class DStream(StreamMachinery):
                                  to_ms(windowDuration), slide)
 
     def updateStateByKey(self, updateFunc: Callable, numPartitions: int | None = None,
-                         initialRDD: RDD | list | None = None) -> DStream:
-        """State per key: ``updateFunc(new_values, last_state) -> new_state`` (None drops the key)."""
-        if initialRDD is not None and not isinstance(initialRDD, RDD):
-            initialRDD = self._sc.parallelize(initialRDD)
-        return self.stateful_stream("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD)
+                         initialRDD: RDD | list | None = None, stateVersion: int = 1,
+                         migrate: Callable | None = None) -> DStream:
+        """``updateFunc(new_values, last_state) -> new_state`` per key (None drops it); versions: state/versions.py"""
+        return self.stateful_stream("updateStateByKey", updateFunc, self._partitions(numPartitions), initialRDD,
+                                    stateVersion, migrate)
 
     def mapWithState(self, spec) -> DStream:
         """Spark's mapWithState: ``spec`` (a :class:`sparkwal.engine.StateSpec`) calls its function once per

@@ -63,6 +63,9 @@ class StreamIdentity:
     #: what an input's positions mean: ``files``, ``files#records=8``, ``direct:KafkaSource``,
     #: ``receiver:SocketReceiver``, ``queue``; a state's kind
     source_kind: str = ""
+    #: a state's version (:mod:`sparkwal.engine.state.versions`), and whether it migrates older ones
+    state_version: int = 1
+    migrates: bool = False
 
     @property
     def name(self) -> str:
@@ -77,7 +80,8 @@ class StreamIdentity:
         """The checkpoint's entry (msgpack: strings, integers, booleans, None)."""
         return {"identity": self.identity, "uid": self.uid, "kind": self.kind, "ambiguous": self.ambiguous,
                 "input_id": self.input_id, "window_ms": self.window_ms, "slide_ms": self.slide_ms,
-                "sources": list(self.sources), "upstream": list(self.upstream), "source_kind": self.source_kind}
+                "sources": list(self.sources), "upstream": list(self.upstream), "source_kind": self.source_kind,
+                "state_version": self.state_version, "migrates": self.migrates}
 
 
 def check_uid(name: object) -> str:
@@ -165,7 +169,8 @@ def identities(graph) -> dict[int, StreamIdentity]:
             input_id=None if stream.dependencies else stream.input_id,
             window_ms=getattr(stream, "window_ms", None) if stream.dependencies else None,
             slide_ms=stream.slide_ms if stream.dependencies else None,
-            sources=tuple(sources), upstream=_upstream(stream), source_kind=source_kind)
+            sources=tuple(sources), upstream=_upstream(stream), source_kind=source_kind,
+            state_version=stream.state_version, migrates=stream.state_migrate is not None)
     return found
 
 

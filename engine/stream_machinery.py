@@ -60,6 +60,10 @@ class StreamMachinery:
         name_stream(self, self._host.graph, name)
         return self
 
+    #: a stateful stream's state version, and ``migrate(from_version, value) -> value``, which brings
+    #: a value an older version wrote up to this one as a snapshot is read (snapshots record it)
+    state_version: int = 1
+    state_migrate: Callable | None = None
     #: a stateful stream an upgrade added: the first batch time its state holds (the state before
     #: it is empty, whatever batches ran before the upgrade); None: since the zero time
     state_start_ms: int | None = None

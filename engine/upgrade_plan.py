@@ -68,9 +68,12 @@ def from_record(index: Any, record: Any) -> StreamIdentity:
     if kind not in _INPUT_KINDS and not identity.startswith(f"{kind}(") or \
             kind in _INPUT_KINDS and not identity.startswith(kind):
         raise bad("its kind is not its identity's")
+    version, migrates = record.get("state_version", 1), record.get("migrates", False)  # (absent before versions)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1 or not isinstance(migrates, bool):
+        raise bad("state_version or migrates")
     input_id, window_ms, slide_ms = ints
     return StreamIdentity(int(index), kind, identity, uid, record["ambiguous"], input_id, window_ms, slide_ms,
-                          tuple(sources), tuple(upstream), source_kind)
+                          tuple(sources), tuple(upstream), source_kind, version, migrates)
 
 
 @dataclass
@@ -87,6 +90,8 @@ class UpgradePlan:
     def lines(self) -> list[str]:
         """The plan for a person, one line per stream, refusals last."""
         out = [f"carried: {new.name} ({_what(new)}; stream {old.index} -> {new.index}"
+               + (f"; migrated from state version {old.state_version} to {new.state_version}"
+                  if old.state_version != new.state_version else "")
                + (f"; was {old.name})" if old.name != new.name else ")") for old, new in self.carried]
         out += [f"new: {s.name} ({_start(s)})" for s in self.new]
         out += [f"dropped: {s.name} ({_what(s)})" for s in self.dropped]
@@ -94,7 +99,8 @@ class UpgradePlan:
 
     def to_json(self) -> dict:
         def one(s: PlannedStream) -> dict:
-            return {"name": s.name, "identity": s.identity, "uid": s.uid, "kind": s.kind, "stream": s.index}
+            return {"name": s.name, "identity": s.identity, "uid": s.uid, "kind": s.kind, "stream": s.index,
+                    "state_version": s.state_version}
         return {"carried": [{"from": one(old), "to": one(new)} for old, new in self.carried],
                 "new": [one(s) for s in self.new], "dropped": [one(s) for s in self.dropped],
                 "refusals": list(self.refusals), "loses_nothing": self.loses_nothing}
@@ -184,6 +190,12 @@ def _mismatch(old: PlannedStream, new: PlannedStream, carried_to: dict[int, int]
     if old.upstream != new.upstream:
         return (f"{new.name} reads its sources through other windows or slides ({', '.join(new.upstream)}) "
                 f"than the checkpoint's ({', '.join(old.upstream)}): its state was made of those")
+    if old.state_version > new.state_version:
+        return (f"{new.name} holds state of version {old.state_version}, newer than this program's "
+                f"({new.state_version}): no function brings values back to an older version")
+    if old.state_version < new.state_version and not new.migrates:
+        return (f"{new.name} holds state of version {old.state_version}, and this program's is {new.state_version} "
+                "with no migrate function (stateVersion(version, migrate=g), g(from_version, value) -> value)")
     if (old.window_ms, old.slide_ms) != (new.window_ms, new.slide_ms):
         return (f"{new.name} keeps the reductions of a {old.window_ms} ms window sliding by {old.slide_ms} ms; "
                 f"a {new.window_ms} ms window sliding by {new.slide_ms} ms would count batches it never added")

@@ -99,10 +99,8 @@ def test_save_as_text_files_replaces_what_an_earlier_run_left(spark_context, tmp
 
 
 class _Input:
-    input_id = 0
-
-    def __init__(self, path):
-        self.source = FileLogSource(str(path))
+    def __init__(self, path, input_id=0):
+        self.source, self.input_id = FileLogSource(str(path)), input_id
 
 
 def test_batch_log_retains_min_batches_and_refuses_a_changed_graph(tmp_path):
@@ -120,8 +118,19 @@ def test_batch_log_retains_min_batches_and_refuses_a_changed_graph(tmp_path):
     again.recover()
     assert again.latest_logged_id() == 9 and again.is_committed(5000) and not again.rerun_times
     assert again.latest_ends(one) == {TopicPartition("log", "a"): 9}
-    with pytest.raises(ValueError, match="offsets of 1 direct inputs, this graph has 2"):
-        BatchLog(str(tmp_path / "ckpt"), [one, _Input(tmp_path / "other")]).recover()
+    # each entry names its lines' inputs: one an upgrade added has no range in the logged batches
+    added = _Input(tmp_path / "other", input_id=1)
+    upgraded = BatchLog(str(tmp_path / "ckpt"), [one, added])
+    upgraded.recover()
+    assert upgraded.latest_ends(added) is None and upgraded.logged_ranges(added, 5000) == ([], {})
+    assert upgraded.latest_ends(one) == {TopicPartition("log", "a"): 9}
+    # an entry that does not name them (an earlier release's) has a line per input of its graph
+    (tmp_path / "ckpt" / "offsets" / "9").write_text(
+        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":5000,"conf":{}}\n{"log":{"a":9}}')
+    with pytest.raises(ValueError, match=r"offsets/9 has offsets of 1 direct inputs, and 2 are known to have "
+                                         r"written it \(\[0, 1\]\): the graph changed"):
+        BatchLog(str(tmp_path / "ckpt"), [one, added]).recover()
+    assert BatchLog(str(tmp_path / "ckpt"), [one, added], legacy_ids=[0]).recover() is None
 
 
 def test_commits_wait_for_the_checkpoint_and_for_every_earlier_batch(tmp_path):

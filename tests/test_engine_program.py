@@ -126,8 +126,8 @@ def test_upgrade_runs_the_new_code_on_the_checkpointed_state(spark_context, dirs
     upgraded.stop(stopSparkContext=False, stopGraceFully=True)
 
     changed = running_totals(spark_context, indir, outdir, calls, tag="v3", extra_map=True)
-    with pytest.raises(CheckpointMismatchError, match="graph changed since the checkpoint"):
-        StreamingContext.getOrCreate(ckpt, changed, upgrade=True)
+    # a changed graph is taken by an upgrade (tests/test_upgrade.py); this one is not started
+    assert StreamingContext.getOrCreate(ckpt, changed, upgrade=True).recovery == "upgrade"
     # the upgraded run wrote its own program: recovering without upgrade runs v2's code
     recovered = StreamingContext.getOrCreate(ckpt, changed)
     assert recovered.recovery == "checkpoint" and calls == ["v1", "v2", "v3"]

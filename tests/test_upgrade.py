@@ -6,6 +6,7 @@ exactly once, and an input the new version adds reads from its own start."""
 
 from __future__ import annotations
 
+import json
 import operator
 
 import pytest
@@ -203,3 +204,56 @@ def test_a_logged_uncommitted_batch_reruns_in_the_new_graph_once_and_a_new_input
     assert offsets.get(2).metadata.conf["sparkwal.inputIds"] == "0,1"
     assert (app.ckpt / "sources" / "1" / "0").exists()
     assert CommitLog(str(app.ckpt / "commits")).batch_ids() == [0, 1, 2]
+
+
+class Versioned:
+    """Word totals as ints (state version 1), then as {"n": total} dicts (version 2, migrating)."""
+
+    def __init__(self, sc, tmp_path):
+        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+        self.indir.mkdir(exist_ok=True)
+        self.totals: dict[int, list] = {}
+        self.migrated: list = []
+
+    def setup(self, clock, done, version: int):
+        def create():
+            ssc = StreamingContext(self.sc, 0.5, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            words = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
+            if version == 1:
+                totals = words.updateStateByKey(lambda vs, s: sum(vs) + (s or 0))
+            else:
+                def to_v2(from_version, value):
+                    assert from_version == 1
+                    return {"n": value}
+
+                totals = words.updateStateByKey(lambda vs, s: {"n": sum(vs) + (s["n"] if s else 0)},
+                                                stateVersion=2, migrate=to_v2 if version == 2 else None)
+            totals.checkpoint(0.5)
+            kept = self.totals
+            totals.foreachRDD(lambda t, rdd: kept.__setitem__(ms(t), sorted(rdd.collect(), key=str)))
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+    def run(self, version: int, start_ms: int, until_ms: int, files: dict[int, str]):
+        return Totals.run(self, version, start_ms, until_ms, files)  # type: ignore[arg-type]
+
+
+def test_a_state_version_migrates_every_older_value_once_and_snapshots_record_it(spark_context, tmp_path):
+    app = Versioned(spark_context, tmp_path)
+    app.run(1, 0, 500, {500: "a b a"})
+    assert app.totals[500] == [("a", 2), ("b", 1)]
+    with pytest.raises(CheckpointMismatchError, match=r"written at state version 1, and this program's is 2 with "
+                                                      r"no migrate function"):
+        app.run(3, 500, 500, {})  # version 2 without migrate: refused at the restart, naming the snapshot
+    app.run(2, 500, 1000, {1000: "b"})
+    assert app.totals[1000] == [("a", {"n": 2}), ("b", {"n": 2})]  # migrated, then updated by the new code
+    data = read_checkpoint(str(app.ckpt)).data
+    (chain,) = data["state"].values()
+    newest = chain["snapshots"][str(max(int(t) for t in chain["snapshots"]))]
+    manifest = json.loads((app.ckpt / (newest["url"] + ".manifest")).read_text())
+    assert manifest["state_version"] == 2 and manifest["kind"] == "full"  # a chain never mixes versions
+    assert data["identities"][next(iter(data["state"]))]["state_version"] == 2
+    with pytest.raises(CheckpointMismatchError, match=r"written at state version 2, newer than this program's \(1\)"):
+        app.run(1, 1000, 1000, {})  # a rollback cannot read the later version's state

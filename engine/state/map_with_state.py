@@ -23,6 +23,7 @@ mapped record whatever it is (``None`` included).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from functools import partial
 
 from pyspark import RDD, StorageLevel
@@ -33,6 +34,7 @@ from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
 from .driver_state import DriverState, driver_batch
 from .snapshot_tasks import DriverParts
+from . import versions
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
 
@@ -97,6 +99,7 @@ class StateSpec:
         self._initial = None
         self._partitions: int | None = None
         self._timeout_ms: int | None = None
+        self._state_version, self._migrate = 1, None
 
     @staticmethod
     def function(mappingFunction) -> StateSpec:
@@ -110,6 +113,12 @@ class StateSpec:
         if int(numPartitions) < 1:
             raise ValueError(f"numPartitions must be at least 1, not {numPartitions}")
         self._partitions = int(numPartitions)
+        return self
+
+    def stateVersion(self, version: int, migrate=None) -> StateSpec:
+        """The version of the state's values this function writes, and ``migrate(from_version, value)
+        -> value`` for those an older version wrote (:mod:`sparkwal.engine.state.versions`)."""
+        self._state_version, self._migrate = versions.check(version, migrate)
         return self
 
     def timeout(self, idleDuration: float) -> StateSpec:
@@ -128,6 +137,10 @@ class StateSpec:
 
     def getNumPartitions(self) -> int | None:
         return self._partitions
+
+    def getStateVersion(self) -> tuple[int, Callable | None]:
+        """(state version, migrate function)."""
+        return self._state_version, self._migrate
 
     def getTimeoutInterval(self) -> int | None:
         """The idle timeout in milliseconds (None: none)."""
@@ -229,6 +242,7 @@ class InternalMapWithStateDStream(DStream):
         self._initial = spec.getInitialStateRDD()
         self.num_partitions = spec.getNumPartitions() or self._sc.defaultParallelism
         self.timeout_ms = spec.getTimeoutInterval()
+        self.state_version, self.state_migrate = spec.getStateVersion()
         self.must_checkpoint = True
         self.storage_level = StorageLevel.MEMORY_ONLY
         self._uid = uuid.uuid4().hex  # names this run's live maps in the workers

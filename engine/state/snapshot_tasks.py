@@ -15,6 +15,7 @@ with them, credentials never (the executors take theirs from their environment).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from pyspark import RDD, SparkContext
@@ -26,6 +27,8 @@ from sparkwal.checkpoint.state_files import (VERSION, SnapshotError, delete_snap
                                     write_manifest)
 from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
+
+from . import versions
 
 __all__ = ["DriverParts", "SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
            "read_chain", "write_snapshot"]
@@ -50,7 +53,8 @@ def is_hash_partitioned(rdd: RDD) -> bool:
 
 
 def write_snapshot(rows: RDD | DriverParts, url: str | StorageLocation, *, time_ms: int, base_ms: int | None,
-                   partitioned: bool, storage_options: dict | None = None, fence=None) -> dict:
+                   partitioned: bool, storage_options: dict | None = None, fence=None,
+                   state_version: int = 1) -> dict:
     """Write the rows ``(key, value, updated_ms, removed)`` of every partition of ``rows`` (an RDD,
     written by its tasks, or :class:`DriverParts`, written here) as snapshot ``url`` (a delta when
     ``base_ms`` is set), replacing an incomplete one a killed run left (of this epoch or an older
@@ -87,6 +91,8 @@ def write_snapshot(rows: RDD | DriverParts, url: str | StorageLocation, *, time_
                 "kind": "delta" if delta else "full", "time_ms": time_ms, "base_ms": base_ms,
                 "num_partitions": len(parts), "partitioned": partitioned,
                 "hash_seed": hash_seed(rows.context), "parts": [entry for _, entry in parts]}
+    if state_version != 1:
+        manifest["state_version"] = state_version
     if fence is not None:
         fence.check()
         manifest["leader_epoch"] = fence.epoch
@@ -94,13 +100,15 @@ def write_snapshot(rows: RDD | DriverParts, url: str | StorageLocation, *, time_
     return manifest
 
 
-def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict | None = None
-               ) -> tuple[RDD, bool]:
+def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict | None = None,
+               version: tuple[int, Callable | None, str] | None = None) -> tuple[RDD, bool]:
     """The state at the chain's end as an RDD of rows ``(key, value, updated_ms)``, partition
     ``i`` from part ``i`` of every snapshot of the chain (merged in order, in parallel tasks), and
     whether it is hash-partitioned as it was written (then it carries the partitioner). The
     manifests are read now, so a missing or incomplete snapshot fails here, by name; the parts
-    are read and checked by the tasks."""
+    are read and checked by the tasks. ``version``: (the program's state version, its migrate
+    function, the stream's name): values of an older version are migrated
+    (:func:`sparkwal.engine.state.versions.migrated`)."""
     manifests = [read_manifest(ref.url, storage_options) for ref in chain]
     n = len(manifests[-1]["parts"])
     for ref, m in zip(chain, manifests):
@@ -119,10 +127,12 @@ def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict
                                 for m in manifests)
     if partitioned:  # n tiny seed records, shuffled so that the JVM knows the partitioner
         seeds = sc.parallelize([(i, None) for i in range(n)], n).partitionBy(n)
-        return seeds.mapPartitionsWithIndex(read, preservesPartitioning=True), True
-    if n == 0:
-        return sc.emptyRDD(), False
-    return sc.parallelize(range(n), n).flatMap(read), False
+        rows = seeds.mapPartitionsWithIndex(read, preservesPartitioning=True)
+    else:
+        rows = sc.parallelize(range(n), n).flatMap(read) if n else sc.emptyRDD()
+    if version is not None:
+        rows = versions.migrated(rows, [ref.url for ref in chain], manifests, *version)
+    return rows, partitioned
 
 
 def apply_delta(sc: SparkContext, rows: RDD, ref: SnapshotRef, base_parts: int,

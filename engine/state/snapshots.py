@@ -47,6 +47,7 @@ from sparkwal.checkpoint.state_chains import SnapshotRef, StreamState, parse_sta
 from sparkwal.checkpoint.state_files import read_manifest
 
 from .. import config
+from . import versions
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
 
 from ..host import DriverFacts
@@ -196,7 +197,8 @@ class StateSnapshots:
     def _read(self, stream, state: StreamState, time_ms: int, checkpoint_time_ms: int | None = None):
         driver = self._driver
         try:
-            rows, partitioned = read_chain(driver.sc, state.chain(time_ms), driver.storage_options)
+            rows, partitioned = read_chain(driver.sc, state.chain(time_ms), driver.storage_options,
+                                           (stream.state_version, stream.state_migrate, state.name))
         except SnapshotError as e:
             if checkpoint_time_ms is None:
                 raise
@@ -321,8 +323,8 @@ class StateSnapshots:
         if len(deltas) >= self.deltas_per_full or sum(r.bytes for r in deltas) >= max(chain[0].bytes, 1):
             return True
         manifest = read_manifest(state.snapshots[previous].url, self._driver.storage_options)
-        return (len(manifest["parts"]) != rdd.getNumPartitions()
-                or not manifest.get("partitioned") or not stream.state_partitioned(rdd))
+        return (len(manifest["parts"]) != rdd.getNumPartitions() or not manifest.get("partitioned")
+                or not stream.state_partitioned(rdd) or versions.written_at(manifest) != stream.state_version)
 
     def _due(self, time_ms: int):
         """(index, stream, its state RDD at ``time_ms``) of each stream whose snapshot is due."""
@@ -360,7 +362,8 @@ class StateSnapshots:
                 rows = stream.state_rows(rdd, time_ms)
             manifest = write_snapshot(rows, url, time_ms=time_ms, base_ms=base,
                                       partitioned=stream.state_partitioned(rdd),
-                                      storage_options=driver.storage_options, fence=driver.lead())
+                                      storage_options=driver.storage_options, fence=driver.lead(),
+                                      state_version=stream.state_version)
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
             self.sizes.setdefault(state.name, {})[
                 "fullBytes" if base is None else "deltaBytes"] = state.snapshots[time_ms].bytes

@@ -17,6 +17,7 @@ from pyspark import RDD, StorageLevel
 
 from ..dstream import DStream
 from ..errors import StateError
+from . import versions
 from .kv_rows import KeyValueState
 
 
@@ -152,5 +153,11 @@ def reduce_by_key_and_window(reduced: DStream, reduce_func, inv_reduce_func, win
 
 
 @DStream.operation("updateStateByKey")
-def update_state_by_key(parent: DStream, update_func, num_partitions: int, initial: RDD | None) -> DStream:
-    return StateDStream(parent.context(), parent, update_by_key(update_func, num_partitions), initial)
+def update_state_by_key(parent: DStream, update_func, num_partitions: int, initial: RDD | list | None,
+                        state_version: int = 1, migrate=None) -> DStream:
+    if initial is not None and not isinstance(initial, RDD):
+        initial = parent.context().sparkContext.parallelize(initial)
+    version = versions.check(state_version, migrate)
+    stream = StateDStream(parent.context(), parent, update_by_key(update_func, num_partitions), initial)
+    stream.state_version, stream.state_migrate = version
+    return stream
