@@ -3,9 +3,10 @@
 A snapshot is a flat set of files named ``<base>.*`` (``<base>`` = ``<checkpoint>/state/<stream
 number>-<batch ms>-e<epoch>``, the epoch being the writing driver's leadership epoch; without one,
 ``<stream number>-<batch ms>``; the stream number is its index in the graph, or after an upgrade
-moved it the one its checkpoint's ``state_slots`` gives, which no other stream's snapshots use). The epoch in the name fences the parts, which Spark's tasks write:
-a driver that lost the leadership, and its tasks still running, write only under their own
-epoch's name, which no later driver's checkpoint references:
+moved it the one its checkpoint's ``state_slots`` gives, which no other stream's snapshots use).
+The epoch in the name fences the parts, which Spark's tasks write: a driver that lost the
+leadership, and its tasks still running, write only under their own epoch's name, which no later
+driver's checkpoint references:
 
 * ``<base>.part-<i>`` (i = 00000, 00001, ...): partition i's rows, written by the task that holds
   the partition, each file put atomically.
