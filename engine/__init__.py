@@ -25,6 +25,7 @@ _HOMES = {
         "StreamingListenerReceiverStarted", "StreamingListenerReceiverStopped",
         "StreamingListenerStandbyReady", "StreamingListenerStreamingStarted"],
     ".driver.leadership": ["DriverAlreadyActiveError"],
+    ".driver.upgrade_preview": ["UPGRADE_CHECKPOINT_ENV", "UPGRADE_PLAN_ENV"],
     ".environment": ["EnvironmentShippingError", "prepare_conf"],
     ".errors": ["EngineError", "StateError"],
     ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],

@@ -15,7 +15,7 @@ from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import Clock, resolve
 
 from . import config
-from .driver import Driver
+from .driver import Driver, upgrade_preview
 from .driver.program import load_program, warm_active_workers
 from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
@@ -271,6 +271,8 @@ class StreamingContext:
         (the copy is a fork: both drivers would consume the same inputs), unless
         ``spark.sparkwal.copy.allowLiveSource`` or :attr:`allow_live_source` is true."""
         driver = self._driver
+        if upgrade_preview.requested():  # sparkwal upgrade plan, for a program that makes its context itself
+            upgrade_preview.write_and_exit(driver, driver.checkpoint_dir)
         if driver.state == INITIALIZED and driver.checkpoint_dir is not None:
             refused = fork_refusal(driver.checkpoint_dir, driver.storage_options,
                                    self.allow_live_source or driver.settings[config.ALLOW_LIVE_SOURCE])
@@ -408,6 +410,8 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
                    clock) -> StreamingContext:
     """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
     data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
+    if upgrade_preview.requested():  # sparkwal upgrade plan: the new program's plan, nothing started
+        upgrade_preview.write_and_exit(setup().driver, path)
     warm_active_workers()  # while the checkpoint is read
     checkpoint = None
     for attempt in range(3):

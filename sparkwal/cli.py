@@ -10,6 +10,9 @@ the main job and the drills, and show what a checkpoint's drivers did.
     sparkwal checkpoint state DIR [--out F]   the newest state of each stateful stream, as a
                                               table (printed, or written as Parquet or Arrow)
     sparkwal checkpoint copy SRC DST          a consistent copy, also while its driver runs
+    sparkwal upgrade plan DIR -- PROGRAM [ARGS]
+                                              what deploying PROGRAM on the checkpoint would carry
+                                              over, start anew, drop, migrate and re-run
     sparkwal run wordcount [ARGS]             the main job (python -m sparkwal.engine.wordcount ARGS)
     sparkwal drill [ARGS]                     the kill-and-restart drill (python -m sparkwal.engine.drill ARGS)
     sparkwal ui DIR [--port P] | status DIR   a checkpoint's driver runs and batches, served or printed
@@ -31,6 +34,7 @@ import sys
 from .checkpoint_verbs import (checkpoint_copy, checkpoint_inspect, checkpoint_repair, checkpoint_state,
                                checkpoint_verify)
 from .common import OK, PROBLEM, USAGE, MissingDirectory, UsageError, emit
+from .upgrade_verbs import upgrade_plan
 from .wal_verbs import wal_inspect, wal_repair, wal_verify
 
 __all__ = ["OK", "PROBLEM", "USAGE", "build_parser", "main"]
@@ -41,6 +45,10 @@ APP_VERBS = {"run": "run an app: sparkwal run wordcount [ARGS] (the main job)",
              "drill": "the kill-and-restart drill (sparkwal drill --help)",
              "ui": "serve a checkpoint's driver runs and batches (Spark's pages and REST API)",
              "status": "print a checkpoint's driver runs and batches"}
+
+
+PLAN_HELP = ("what deploying a new version of the program on the checkpoint would carry over, start anew, drop, "
+             "migrate, repartition and re-run (nothing started, nothing written)")
 
 
 def _limit(text: str) -> int:
@@ -58,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint,run,drill,ui,status}")
+    areas = parser.add_subparsers(dest="area", required=True, metavar="{wal,checkpoint,upgrade,run,drill,ui,status}")
     verbs = {
         "wal": {"inspect": (wal_inspect, "segments, records and the writer's lock or lease"),
                 "verify": (wal_verify, "read every record with its checks"),
@@ -98,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument("--records", action="store_true",
                                help="list records (tracker events decoded)")
             p.set_defaults(func=func)
+    plan = areas.add_parser("upgrade", help="upgrade commands: plan").add_subparsers(
+        dest="verb", required=True, metavar="{plan}").add_parser(
+        "plan", help=PLAN_HELP, description=PLAN_HELP, usage="sparkwal upgrade plan DIR [--json] -- PROGRAM [ARGS...]")
+    plan.add_argument("dir", metavar="DIR", help="the checkpoint: a local path or an fsspec URL")
+    plan.add_argument("program", nargs="*", metavar="PROGRAM [ARGS...]",
+                      help="the new version's Python file and its arguments, after --")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--timeout", type=float, default=300.0, help="seconds the program may take to build "
+                      "its streams (300)")
+    plan.set_defaults(func=upgrade_plan, storage_option=[])
     for verb, text in APP_VERBS.items():  # parsed by the app itself (see main): listed here
         areas.add_parser(verb, help=text, add_help=False)
     return parser
@@ -115,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         from sparkwal.engine.apps import run_from_command
 
         return run_from_command(argv)
+    after = None
+    if argv[:2] == ["upgrade", "plan"] and "--" in argv:  # the program's own arguments: never sparkwal's
+        argv, after = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
+    if after is not None:
+        args.program = [*args.program, *after]
     try:
         return args.func(args)
     except UsageError as e:

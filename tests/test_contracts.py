@@ -166,7 +166,7 @@ NAMES = {
 
 #: the command's verbs (issues 11, 17, 32, 41)
 VERBS = {"wal": ["inspect", "verify", "repair"], "checkpoint": ["inspect", "verify", "repair", "state", "copy"],
-         "run": [], "drill": [], "ui": [], "status": []}
+         "upgrade": ["plan"], "run": [], "drill": [], "ui": [], "status": []}
 
 #: Spark's streaming REST API, the paths and the fields of each answer (issue 32)
 REST = {

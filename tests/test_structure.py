@@ -20,7 +20,7 @@ TOP_MODULES = {"sparkwal.errors", "sparkwal.service"}
 #: gateway (engine/jvm_view.py keeps the classes it looked up), confluent-kafka's end-of-partition
 #: code, and CPython's frame access for creation sites.
 FOREIGN_PRIVATE = {"_jvm", "_jsc", "_jrdd", "_jrdd_deserializer", "_active_spark_context",
-                   "_fqn", "_gateway_client", "_PARTITION_EOF", "_getframe"}
+                   "_fqn", "_gateway_client", "_PARTITION_EOF", "_getframe", "_exit"}
 
 
 def modules() -> dict[str, Path]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 
 import pytest
+from test_cli import sparkwal
 from test_direct_stream import Committed, append
 from test_engine_recovery import Completed, ms, put_file
 
@@ -257,3 +259,40 @@ def test_a_state_version_migrates_every_older_value_once_and_snapshots_record_it
     assert data["identities"][next(iter(data["state"]))]["state_version"] == 2
     with pytest.raises(CheckpointMismatchError, match=r"written at state version 2, newer than this program's \(1\)"):
         app.run(1, 1000, 1000, {})  # a rollback cannot read the later version's state
+
+
+def _tree(root) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.mark.slow
+def test_the_plan_command_says_what_a_deploy_would_do_writing_nothing(spark_context, tmp_path):
+    """``sparkwal upgrade plan CHECKPOINT -- PROGRAM ARGS``: the new program's streams built, none
+    started; carried, new, migrated, repartitioned and re-run said, exit 0; a loss exit 1."""
+    app = Totals(spark_context, tmp_path)
+    app.run(1, 0, 500, {500: "a b"})
+    before = _tree(app.ckpt)
+    program = os.path.join(os.path.dirname(__file__), "upgrade_plan_app.py")
+
+    ok = sparkwal("upgrade", "plan", app.ckpt, "--json", "--", program, app.ckpt, app.indir, "2", expect=0)
+    plan = json.loads(ok.stdout)
+    assert plan["loses_nothing"] and plan["checkpoint"] == str(app.ckpt)
+    lines = "\n".join(plan["lines"])
+    assert f"carried: files:{app.indir} (files input; stream 0 -> 0)" in lines
+    assert "carried: updateStateByKey(files:" in lines and "migrated from state version 1 to 2" in lines
+    assert "new: mapWithState(" in lines
+    assert f"repartitioned: updateStateByKey(files:{app.indir}) from 2 to 3 partitions" in lines
+    assert plan["rerun_batch_times"] == [] and "started" not in ok.stdout
+
+    lost = sparkwal("upgrade", "plan", app.ckpt, "--", program, app.ckpt, app.indir, "3", expect=1)
+    assert f"refused: the checkpoint's state of updateStateByKey updateStateByKey(files:{app.indir}) has no " \
+           "stream in this program" in lost.stdout
+    assert _tree(app.ckpt) == before  # nothing written, nothing created
+
+    missing = sparkwal("upgrade", "plan", app.ckpt, "--", tmp_path / "nope.py", expect=2)
+    assert missing.stderr.strip() == f"sparkwal: no such program file: {tmp_path / 'nope.py'}"
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('the program needs its config file')\n")
+    failed = sparkwal("upgrade", "plan", app.ckpt, "--", broken, expect=1)
+    assert failed.stderr.strip() == (f"sparkwal: {broken} ended (status 1) without building a StreamingContext: "
+                                     "the program needs its config file")

@@ -11,6 +11,8 @@ module                job
 ``batches``           the batch log's side of each batch (plan, log, commit)
 ``checkpointing``     what a DStream checkpoint holds, and what follows once one is durable
 ``recovery``          Spark's restart rule: which batches re-run after a restart
+``upgrade``           a changed program taking a checkpoint's inputs and state by identity
+``upgrade_preview``   ``sparkwal upgrade plan``: that plan, said before the deploy
 ``program``           the graph pickled into the checkpoint's code part, and read back
 ``leadership``        leading the checkpoint directory (epochs, leases, fencing)
 ``standby``           a hot standby that takes the stream over

@@ -60,6 +60,7 @@ class StateDStream(KeyValueState, DStream):
     """updateStateByKey: the state at ``t`` = ``func(state at t - slide, batch at t)``."""
 
     state_operator = "updateStateByKey"
+    num_partitions: int | None = None  # the state's (None: a graph pickled before it was kept)
     transient_fields = (*DStream.transient_fields, "_initial")  # a restart restores the state instead
 
     def __init__(self, ssc, parent: DStream, func, initial: RDD | None):
@@ -155,9 +156,9 @@ def reduce_by_key_and_window(reduced: DStream, reduce_func, inv_reduce_func, win
 @DStream.operation("updateStateByKey")
 def update_state_by_key(parent: DStream, update_func, num_partitions: int, initial: RDD | list | None,
                         state_version: int = 1, migrate=None) -> DStream:
-    if initial is not None and not isinstance(initial, RDD):
-        initial = parent.context().sparkContext.parallelize(initial)
+    rdd = parent.context().sparkContext.parallelize(initial) if isinstance(initial, list) else initial
     version = versions.check(state_version, migrate)
-    stream = StateDStream(parent.context(), parent, update_by_key(update_func, num_partitions), initial)
+    stream = StateDStream(parent.context(), parent, update_by_key(update_func, num_partitions), rdd)
     stream.state_version, stream.state_migrate = version
+    stream.num_partitions = num_partitions
     return stream
