@@ -42,10 +42,14 @@ class DStreamGraph:
         #: coalesced (``spark.sparkwal.recovery.coalesceDowntime``): checkpointed, as a later
         #: restart re-running the first new batch must build its state on the same batch again
         self.downtimes: dict[int, int] = {}
+        #: above every input id this checkpoint directory ever gave (checkpointed as ``next_ids``):
+        #: an input an upgrade adds never takes the id, files and blocks of one an earlier one dropped
+        self.next_input_id = 0
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("downtimes", {})  # a graph pickled before downtimes were kept
+        self.__dict__.setdefault("next_input_id", len(self.inputs))
 
     def register(self, stream) -> None:
         self.streams.append(stream)
@@ -53,8 +57,9 @@ class DStreamGraph:
     def add_input(self, stream) -> int:
         """Register an input stream; return its id, as Spark's ``getNewInputStreamId``: its index,
         or after an upgrade renumbered the inputs (:meth:`renumber_inputs`) one above every id."""
-        new_id = max((s.input_id for s in self.inputs), default=-1) + 1
+        new_id = max([self.next_input_id - 1, *(s.input_id for s in self.inputs)]) + 1
         self.inputs.append(stream)
+        self.next_input_id = new_id + 1
         return new_id
 
     def renumber_inputs(self, ids: dict[int, int]) -> None:
@@ -66,10 +71,26 @@ class DStreamGraph:
         for position, stream in enumerate(self.inputs):
             stream.renumber(ids[position])
         self.inputs.sort(key=lambda s: s.input_id)
+        self.next_input_id = max([self.next_input_id, *(i + 1 for i in ids.values())])
 
     def remember(self, duration_ms: int) -> None:
         """Every stream keeps its RDDs for at least ``duration_ms`` (Spark's ``DStreamGraph.remember``)."""
         self.remember_ms = duration_ms
+
+    def input_ids_by_creation(self) -> list[int]:
+        """The inputs' ids in the order the program made them (checkpointed as ``input_ids``)."""
+        inputs = {id(s) for s in self.inputs}
+        return [s.input_id for s in self.streams if id(s) in inputs]
+
+    def keep_input_ids(self, ids: list[int]) -> None:
+        """Give the inputs, in the order the program made them, ``ids`` (a checkpoint's
+        ``input_ids``, of the same graph): a restart of a program an upgrade renumbered."""
+        position = {id(s): i for i, s in enumerate(self.inputs)}
+        made = [s for s in self.streams if id(s) in position]
+        if len(ids) != len(made):
+            raise ValueError(f"the checkpoint names {len(ids)} input ids, the graph has {len(made)} inputs")
+        if [s.input_id for s in made] != ids:
+            self.renumber_inputs({position[id(s)]: i for s, i in zip(made, ids)})
 
     def add_output(self, stream) -> int:
         """Register an output operation; return its id (its index)."""

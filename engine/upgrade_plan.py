@@ -22,8 +22,9 @@ The rules, stream by stream in the checkpoint's order (a state's sources are set
 * a program's stream with no match is new: an input starts as the program says, a state empty (a
   window's from its parent's batches).
 
-Not covered yet (the upgrade that applies a plan must add them): outputs with batches pending or
-logged uncommitted, and receiver inputs no output reaches, whose blocks are not in the plan.
+Applied by :mod:`sparkwal.engine.driver.upgrade`. Outputs are not matched: a batch pending or logged
+uncommitted re-runs the new graph's outputs (an output the new version removed does not get it). An
+input no output reaches has no identity and is not in the plan: it gets a new id.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Delta chains under SIGKILL: an app counting 60,000 lines over 50,000 keys with mapWithState and
 updateStateByKey, snapshotted every batch, is killed at random moments (mid-batch, mid-snapshot,
-mid-checkpoint) and restarted each time; both states must end exact."""
+mid-checkpoint) and restarted each time; both states must end exact. The second run is a new version
+of the program (an upgrade: every stream moved, mapWithState repartitioned from 4 to 6, updateStateByKey
+at state version 2 migrating the counts), killed during its first batch; the last run is that version
+again."""
 
 from __future__ import annotations
 
@@ -14,16 +17,18 @@ from collections import Counter
 
 import pytest
 
+from sparkwal.checkpoint import read_checkpoint
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KEYS, PER_FILE, FILES = 50_000, 20_000, 3
 
 
-def start(workdir) -> subprocess.Popen:
+def start(workdir, version: int = 1) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT)
     err = open(os.path.join(workdir, "app.log"), "a")
     return subprocess.Popen([sys.executable, os.path.join(HERE, "state_crash_app.py"), str(workdir),
-                             str(PER_FILE * FILES)], stdout=subprocess.DEVNULL, stderr=err, env=env,
+                             str(PER_FILE * FILES), str(version)], stdout=subprocess.DEVNULL, stderr=err, env=env,
                             start_new_session=True)
 
 
@@ -44,23 +49,37 @@ def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path
         (log / f"p{f}").write_text("".join(k + "\n" for k in keys))
         expected.update(keys)
     rng = random.Random(17)
-    for kill in range(2):
-        proc = start(tmp_path)
-        try:  # wait for this run's first snapshots, then kill it at a random moment
-            seen = snapshots_written(tmp_path)
-            deadline = time.monotonic() + 120
-            while snapshots_written(tmp_path) < seen + 2 and time.monotonic() < deadline:
-                assert proc.poll() is None, f"run {kill} exited with {proc.returncode} (see app.log)"
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 1.5))
+    for version in (1, 2):
+        proc = start(tmp_path, version)
+        try:
+            if version == 1:  # wait for this run's first snapshots, then kill it at a random moment
+                seen = snapshots_written(tmp_path)
+                deadline = time.monotonic() + 120
+                while snapshots_written(tmp_path) < seen + 2 and time.monotonic() < deadline:
+                    assert proc.poll() is None, f"run {version} exited with {proc.returncode} (see app.log)"
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 1.5))
+            else:  # the upgrade, killed during its first batch (0.5 s batches; it re-runs the one cut short)
+                started = tmp_path / f"started-{proc.pid}"
+                deadline = time.monotonic() + 120
+                while not started.exists() and time.monotonic() < deadline:
+                    assert proc.poll() is None, f"the upgrade exited with {proc.returncode} (see app.log)"
+                    time.sleep(0.02)
+                time.sleep(rng.uniform(0.0, 0.5))
             assert proc.poll() is None and not (tmp_path / "final.json").exists(), "finished too early"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    proc = start(tmp_path)
+    proc = start(tmp_path, 2)
     assert proc.wait(timeout=300) == 0, "the last run failed (see app.log)"
     final = json.loads((tmp_path / "final.json").read_text())
     assert final["m"] == dict(expected), "mapWithState's state differs"
     assert final["u"] == dict(expected), "updateStateByKey's state differs"
-    kinds = {json.loads(p.read_text())["kind"] for p in (tmp_path / "ckpt" / "state").glob("*.manifest")}
-    assert kinds == {"full", "delta"}
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "ckpt" / "state").glob("*.manifest")]
+    assert {m["kind"] for m in manifests} == {"full", "delta"}
+    data = read_checkpoint(str(tmp_path / "ckpt")).data
+    assert data["state_slots"], "the upgrade did not move the states"
+    newest = {index: chain["snapshots"][max(chain["snapshots"], key=int)]["url"]
+              for index, chain in data["state"].items()}
+    read = {index: json.loads((tmp_path / "ckpt" / f"{url}.manifest").read_text()) for index, url in newest.items()}
+    assert sorted((m.get("state_version", 1), m["num_partitions"]) for m in read.values()) == [(1, 6), (2, 2)]

@@ -7,6 +7,7 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
      "slide_ms"}} of each input and stateful operator an output reaches: what an upgrade knows it by
      (:mod:`sparkwal.engine.identity`),
      "batch_ms", "zero_time_ms", "inputs": {input id: the input's own data (files seen, ...)},
+     "input_ids": [the inputs' ids in the order the program made them (an upgrade may have renumbered them)],
      "state": {stream index: its state snapshots}, "batch_log_latest": the newest logged batch id
      (-1: no batch log), "code": the program's code part, "conf": the SparkConf pairs,
      "completed_ms": the checkpoint's batch time when it was written after every output of that
@@ -17,6 +18,7 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
      "downtimes": [[first new batch time, the last batch time before it], ...] of downtimes a
      restart coalesced (``spark.sparkwal.recovery.coalesceDowntime``) after the floor,
      and after an upgrade to a changed graph (:mod:`sparkwal.engine.driver.upgrade`):
+     "next_ids": {"input": above every input id given here, "state": above every snapshot number},
      "state_slots": {stream index: the number its snapshots are named by, where not its index},
      "state_starts": {stream index: the first batch time of a state the upgrade added},
      "batch_log_lines": [the input id of each line of an offsets entry that does not name them]}
@@ -147,6 +149,7 @@ class Checkpointing:
             "batch_ms": driver.batch_ms,
             "zero_time_ms": driver.graph.zero_time_ms,
             "inputs": {str(s.input_id): s.checkpoint_data() for s in driver.graph.inputs},
+            "input_ids": driver.graph.input_ids_by_creation(),
             "state": driver.snapshots.checkpoint_data(),
             **self._placement(),
             "batch_log_latest": driver.batch_log.latest_logged_id() if driver.batch_log is not None else -1,
@@ -164,10 +167,10 @@ class Checkpointing:
         driver.checkpoint_writer.write(Checkpoint(time_ms, pending, data))
 
     def _placement(self) -> dict:
-        """Where an upgrade put things (written after one, else nothing: the format as before)."""
+        """Where an upgrade put things (``next_ids`` always; the others after an upgrade)."""
         driver = self._driver
-        out: dict[str, object] = {}
-        slots, starts = driver.snapshots.placement_data()
+        slots, starts, next_slot = driver.snapshots.placement_data()
+        out: dict[str, object] = {"next_ids": {"input": driver.graph.next_input_id, "state": next_slot}}
         if slots:
             out["state_slots"] = slots
         if starts:

@@ -101,9 +101,14 @@ def restore(driver: RecoveryHost, checkpoint: Checkpoint, kind: str | None = Non
                 f"written: {difference}. {_by_identity(driver, data)}"
                 "Restore the original graph, or start from a new checkpoint directory")
         plan = upgrade.apply(driver, checkpoint, difference)
+    elif isinstance(data.get("input_ids"), list):  # the same graph, which an upgrade may have renumbered
+        driver.graph.keep_input_ids([int(i) for i in data["input_ids"]])
     for s in driver.graph.inputs:
         s.restore(data.get("inputs", {}).get(str(s.input_id), {}))
-    driver.snapshots.restore(data.get("state", {}), data.get("state_slots"), data.get("state_starts"))
+    next_ids = data.get("next_ids") or {}
+    driver.graph.next_input_id = max(driver.graph.next_input_id, int(next_ids.get("input", 0)))
+    driver.snapshots.restore(data.get("state", {}), data.get("state_slots"), data.get("state_starts"),
+                             next_ids.get("state"))
     if plan is not None:
         upgrade.carry_state(driver, plan)
     for first_new, last in data.get("downtimes", []):  # (checkpoints before issue 44 have none)

@@ -88,6 +88,7 @@ def _renumber_inputs(driver: RecoveryHost, data: dict, plan: UpgradePlan) -> Non
     kept = {new.index: old.input_id for old, new in plan.carried if old.is_input}
     known = [int(k) for k in (data.get("inputs") or {})] + list(data.get("batch_log_lines") or [])
     known += [r.get("input_id") or 0 for r in data["identities"].values() if isinstance(r, dict)]
+    known.append(int((data.get("next_ids") or {}).get("input", 0)) - 1)  # ids earlier upgrades dropped
     fresh = max([*known, *kept.values()], default=-1) + 1
     ids = {}
     for i, stream in enumerate(graph.inputs):

@@ -94,6 +94,9 @@ class StateSnapshots:
         self.slots: dict[int, int] = {}
         #: stream index -> the first batch time of a state an upgrade added (None: set at its start)
         self.starts: dict[int, int | None] = {}
+        #: above every number a state's snapshots were ever named by here (checkpointed): an upgrade
+        #: never gives a new state the number of one an earlier upgrade dropped
+        self.next_slot = 0
 
     @property
     def deltas_per_full(self) -> int:
@@ -133,12 +136,14 @@ class StateSnapshots:
                         f"{bound // driver.batch_ms}) until a full snapshot cuts it")
         return None
 
-    def restore(self, data: dict, slots: dict | None = None, starts: dict | None = None) -> None:
+    def restore(self, data: dict, slots: dict | None = None, starts: dict | None = None,
+                next_slot: int | None = None) -> None:
         """From a checkpoint's ``state`` entry: each snapshot located in this checkpoint directory,
         wherever it was written (:mod:`sparkwal.checkpoint.layout`); ``slots`` and ``starts``: the
         checkpoint's ``state_slots`` and ``state_starts`` (see :attr:`slots`, :attr:`starts`)."""
         self.slots = {int(i): int(n) for i, n in (slots or {}).items()}
         self.starts = {int(i): int(t) for i, t in (starts or {}).items()}
+        self.next_slot = int(next_slot or 0)
         layout = CheckpointLayout(self._driver.checkpoint_dir)
         elsewhere = layout.written_at(state_names(data))
         if elsewhere is not None:
@@ -151,10 +156,13 @@ class StateSnapshots:
         layout = CheckpointLayout(self._driver.checkpoint_dir)
         return {str(i): s.to_json(layout) for i, s in self.by_stream.items()}
 
-    def placement_data(self) -> tuple[dict[str, int], dict[str, int]]:
-        """The checkpoint's ``state_slots`` and ``state_starts`` (empty but after an upgrade)."""
+    def placement_data(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """The checkpoint's ``state_slots`` and ``state_starts`` (empty but after an upgrade), and
+        the number above every one snapshots were named by."""
+        named = [*self.slots.values(), *(i for i in self.by_stream if i not in self.slots)]
         return ({str(i): n for i, n in self.slots.items()},
-                {str(i): t for i, t in self.starts.items() if t is not None})
+                {str(i): t for i, t in self.starts.items() if t is not None},
+                max([self.next_slot - 1, *named, len(self._driver.graph.streams) - 1]) + 1)
 
     def carry(self, moved: dict[int, int], new_states: list[int]) -> None:
         """An upgrade: the restored state of the checkpoint's stream ``old`` goes to this graph's
@@ -162,14 +170,16 @@ class StateSnapshots:
         snapshot of the same batch time ever replaces one of its chain); the states of
         ``new_states`` start empty, at the first batch the new version runs (:meth:`begin`),
         under numbers no state of the checkpoint had. Called after :meth:`restore`."""
-        restored, old_slots = self.by_stream, self.slots
+        restored, old_slots, old_starts = self.by_stream, self.slots, self.starts
         self.by_stream, self.slots, self.starts = {}, {}, {}
         for old, new in moved.items():
             if old in restored:
                 self.by_stream[new] = restored[old]
             self.slots[new] = old_slots.get(old, old)
+            if old in old_starts:  # a state an earlier upgrade added keeps its start
+                self.starts[new] = old_starts[old]
         fresh = max([*old_slots.values(), *restored, *moved, *self.slots.values(),
-                     len(self._driver.graph.streams) - 1], default=-1) + 1
+                     len(self._driver.graph.streams) - 1, self.next_slot - 1], default=-1) + 1
         for index in new_states:
             self.slots[index], self.starts[index] = fresh, None
             fresh += 1
@@ -349,7 +359,7 @@ class StateSnapshots:
         referenced by the checkpoint, deleted when retired), then serve it read back."""
         driver = self._driver
         for index, stream, rdd in list(self._due(time_ms)):
-            state = self.by_stream.setdefault(index, StreamState(stream.state_name(index)))
+            state = self.by_stream.setdefault(index, StreamState(stream.state_name(self.slots.get(index, index))))
             epoch = driver.leader_epoch  # in the name: see checkpoint.state_files
             url = (CheckpointLayout(driver.checkpoint_dir).state_snapshot(self.slots.get(index, index), time_ms)
                    + (f"-e{epoch}" if epoch is not None else ""))
