@@ -106,6 +106,11 @@ def test_a_changed_program_keeps_its_state_and_a_new_state_starts_empty(spark_co
     assert app.totals[2000] == [("X", 1), ("x", 2), ("y", 2), ("z", 1)]
     assert app.lines[2000] == [("lines", 2)]
 
+    # every run is on record, an upgrade with its plan (sparkwal status, the Streaming page's recoveries)
+    runs = json.loads(sparkwal("status", app.ckpt, "--json", expect=0).stdout)["runs"]
+    assert [("upgradePlan" in r) for r in runs] == [False, True, False]
+    assert runs[1]["upgradePlan"][2].startswith("new: mapWithState(")
+
     # a second upgrade: the state the first added keeps its start and its number
     ssc = app.run(5, 2000, 2500, {2500: "z"})
     assert ssc._driver.upgrade_plan is not None

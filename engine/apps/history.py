@@ -111,6 +111,7 @@ def status(argv: list[str], prog: str = "sparkwal status") -> int:
         print(f"  {r.get('startTime')}  {r.get('kind'):8} epoch {r.get('epoch')}"
               + (f", after {r['downtimeMs'] / 1000:.1f} s down" if r.get("downtimeMs") is not None else "")
               + (f", re-ran {len(r['rerunBatches'])} batch(es)" if r.get("rerunBatches") else "")
+              + (f", upgraded to a changed program: {'; '.join(r['upgradePlan'])}" if r.get("upgradePlan") else "")
               + (f", fenced: {r['fenced']}" if r.get("fenced") else "")
               + (f", ended {r['endTime']}" if r.get("endTime") else "")
               + (", running" if r.get("ended") == "running" else "")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from sparkwal.wal import Leadership
 
     from ..state import StateSnapshots
+    from ..upgrade_plan import UpgradePlan
     from .events import EventBus
     from .standby import Standby
 
@@ -56,6 +57,8 @@ class ObserverHost(DriverFacts, Protocol):
     def rerun_batch_times(self) -> list[int]: ...
     @property
     def skipped_batch_times(self) -> list[int]: ...
+    @property
+    def upgrade_plan(self) -> UpgradePlan | None: ...
     @property
     def standby_requested(self) -> bool: ...
     @property
@@ -127,6 +130,8 @@ class Observer:
         facts = {"kind": kind, "epoch": driver.leader_epoch, "startTime": driver.clock.now_ms(),
                  "checkpointTime": driver.restored.checkpoint_time_ms if driver.restored is not None else None,
                  "rerunBatches": list(driver.rerun_batch_times), "skippedBatches": list(driver.skipped_batch_times)}
+        if driver.upgrade_plan is not None:  # what the upgrade to a changed program carried (bounded)
+            facts["upgradePlan"] = [line[:500] for line in driver.upgrade_plan.lines()[:100]]
         self.status.run.update(facts)
         self.recorder.expect_reruns(driver.rerun_batch_times)
         self.metrics.on_run(self.status.run, self.prior_runs)

@@ -156,7 +156,13 @@ def _recovery_panel(recoveries: list[dict], shown: dict) -> str:
         if r.get("id") is None or r.get("startTimeEpoch") == shown.get("startTime"):
             return text
         return f"<a href='/history/{quote(str(r['id']), safe='')}/streaming/'>{text}</a>"
-    rows = [[escape(str(r.get("kind"))), escape(str(r.get("epoch"))), started(r),
+    def kind(r):
+        plan = r.get("upgradePlan")
+        if not plan:
+            return escape(str(r.get("kind")))
+        return (f"{escape(str(r.get('kind')))} (upgrade)<ul class='plan'>"
+                + "".join(f"<li>{escape(str(line))}</li>" for line in plan) + "</ul>")
+    rows = [[kind(r), escape(str(r.get("epoch"))), started(r),
              _ms(r.get("downtimeMs")), escape(_batches_text(r.get("rerunBatches") or [])),
              escape(_when(r.get("firstNewBatch"))), ended(r)] for r in recoveries]
     return ("<h2>Recoveries</h2><p class='note'>Every run of a driver on this checkpoint, oldest first "

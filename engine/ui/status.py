@@ -279,6 +279,7 @@ def recoveries(runs: list[dict], last_event_ms: dict, endings: list[str] | None 
             "firstNewBatch": run.get("firstNewBatch"),
             "rerunBatches": list(run.get("rerunBatches") or []),
             "skippedBatches": list(run.get("skippedBatches") or []),
+            "upgradePlan": [str(line) for line in run.get("upgradePlan") or []][:100] or None,
             "takeoverMs": run.get("takeoverMs"),
             "downtimeMs": (run["startTime"] - prev_last) if prev_last is not None and run.get("startTime") else None,
             "endTime": spark_date(run.get("endTime")),
