@@ -362,9 +362,6 @@ class StreamingContext:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
         ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
-        if standby and ssc.driver.upgrade_plan is not None:
-            raise ValueError("getOrCreate(..., upgrade=True, standby=True): a standby on a changed program is "
-                             "not supported yet; deploy the new version with a stop and upgrade=True")
         ssc.driver.request_standby(standby)
         ssc.allow_live_source = allow_live_source
         return ssc

@@ -2,14 +2,15 @@
 per key by mapWithState and by updateStateByKey, both snapshotted every batch (delta chains of
 up to three deltas), at a capped rate so that the run spans many batches.
 
-    python tests/state_crash_app.py WORKDIR TOTAL_LINES [VERSION]
+    python tests/state_crash_app.py WORKDIR TOTAL_LINES [VERSION [standby]]
 
 It stops once both states count TOTAL_LINES, after writing them to WORKDIR/final.json. Tests
 SIGKILL it at random moments and run it again: a restart must restore both states exactly.
 VERSION 2 is a new version of the program, started with ``getOrCreate(..., upgrade=True)``: a
 step added before both states (every stream moves), mapWithState in 6 partitions instead of 4, and
 updateStateByKey's values ``{"n": count}`` at state version 2, migrating version 1's counts. It
-writes WORKDIR/started-<pid> once its stream has started.
+writes WORKDIR/started-<pid> once its stream has started (a standby: once it stands by, and
+WORKDIR/leads-<pid> once it took over).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def setup(sc, workdir: str, total: int, version: int = 1):
 def main() -> None:
     workdir, total = sys.argv[1], int(sys.argv[2])
     version = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    standby = sys.argv[4:5] == ["standby"]
     from pyspark import SparkConf, SparkContext
 
     conf = (SparkConf().setMaster("local[2]").setAppName("state-crash")
@@ -78,16 +80,19 @@ def main() -> None:
             .set("spark.sparkwal.state.deltasPerFull", "3"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
-    run_until_final(workdir, setup(sc, workdir, total, version), upgrade=version > 1)
+    run_until_final(workdir, setup(sc, workdir, total, version), upgrade=version > 1, standby=standby)
 
 
-def run_until_final(workdir: str, create, upgrade: bool = False) -> None:
+def run_until_final(workdir: str, create, upgrade: bool = False, standby: bool = False) -> None:
     """Run the app of WORKDIR/ckpt (``create`` makes a new one) until WORKDIR/final.json exists."""
     from sparkwal.engine import StreamingContext
 
-    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create, upgrade=upgrade)
+    ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create, upgrade=upgrade, standby=standby)
     ssc.start()
     open(os.path.join(workdir, f"started-{os.getpid()}"), "w").close()
+    if standby:
+        ssc.awaitLeadership()
+        open(os.path.join(workdir, f"leads-{os.getpid()}"), "w").close()
     final = os.path.join(workdir, "final.json")
     while not os.path.exists(final) and not ssc.awaitTerminationOrTimeout(0.1):
         pass

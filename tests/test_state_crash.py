@@ -24,12 +24,30 @@ ROOT = os.path.dirname(HERE)
 KEYS, PER_FILE, FILES = 50_000, 20_000, 3
 
 
-def start(workdir, version: int = 1) -> subprocess.Popen:
+def start(workdir, version: int = 1, *more: str) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT)
     err = open(os.path.join(workdir, "app.log"), "a")
     return subprocess.Popen([sys.executable, os.path.join(HERE, "state_crash_app.py"), str(workdir),
-                             str(PER_FILE * FILES), str(version)], stdout=subprocess.DEVNULL, stderr=err, env=env,
-                            start_new_session=True)
+                             str(PER_FILE * FILES), str(version), *more], stdout=subprocess.DEVNULL, stderr=err,
+                            env=env, start_new_session=True)
+
+
+def write_log(log) -> Counter:
+    log.mkdir()
+    expected: Counter = Counter()
+    for f in range(FILES):
+        keys = [f"k{(f * PER_FILE + j) * 7 % KEYS}" for j in range(PER_FILE)]
+        (log / f"p{f}").write_text("".join(k + "\n" for k in keys))
+        expected.update(keys)
+    return expected
+
+
+def wait_for(path, proc, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert proc.poll() is None, f"{what} exited with {proc.returncode} (see app.log)"
+        assert time.monotonic() < deadline, f"{what}: no {path.name} in 120 s"
+        time.sleep(0.02)
 
 
 def snapshots_written(workdir) -> int:
@@ -41,13 +59,7 @@ def snapshots_written(workdir) -> int:
 def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path):
     import json
 
-    log = tmp_path / "log"
-    log.mkdir()
-    expected = Counter()
-    for f in range(FILES):
-        keys = [f"k{(f * PER_FILE + j) * 7 % KEYS}" for j in range(PER_FILE)]
-        (log / f"p{f}").write_text("".join(k + "\n" for k in keys))
-        expected.update(keys)
+    expected = write_log(tmp_path / "log")
     rng = random.Random(17)
     for version in (1, 2):
         proc = start(tmp_path, version)
@@ -60,11 +72,7 @@ def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path
                     time.sleep(0.05)
                 time.sleep(rng.uniform(0.0, 1.5))
             else:  # the upgrade, killed during its first batch (0.5 s batches; it re-runs the one cut short)
-                started = tmp_path / f"started-{proc.pid}"
-                deadline = time.monotonic() + 120
-                while not started.exists() and time.monotonic() < deadline:
-                    assert proc.poll() is None, f"the upgrade exited with {proc.returncode} (see app.log)"
-                    time.sleep(0.02)
+                wait_for(tmp_path / f"started-{proc.pid}", proc, "the upgrade")
                 time.sleep(rng.uniform(0.0, 0.5))
             assert proc.poll() is None and not (tmp_path / "final.json").exists(), "finished too early"
         finally:
@@ -83,3 +91,36 @@ def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path
               for index, chain in data["state"].items()}
     read = {index: json.loads((tmp_path / "ckpt" / f"{url}.manifest").read_text()) for index, url in newest.items()}
     assert sorted((m.get("state_version", 1), m["num_partitions"]) for m in read.values()) == [(1, 6), (2, 2)]
+
+
+@pytest.mark.driver
+def test_a_standby_on_the_new_version_takes_over_from_the_old_with_every_state_exact(tmp_path):
+    """Version 2 waits as a hot standby beside version 1 (``upgrade=True, standby=True``), taking each
+    of its checkpoints by the upgrade's plan; version 1 is killed; version 2 takes over with the states
+    moved, repartitioned and migrated, and ends exact."""
+    import json
+
+    expected = write_log(tmp_path / "log")
+    old = start(tmp_path, 1)
+    new = None
+    try:
+        seen = 0
+        deadline = time.monotonic() + 120
+        while snapshots_written(tmp_path) < seen + 2 and time.monotonic() < deadline:
+            assert old.poll() is None, f"version 1 exited with {old.returncode} (see app.log)"
+            time.sleep(0.05)
+        new = start(tmp_path, 2, "standby")
+        wait_for(tmp_path / f"started-{new.pid}", new, "the standby")
+        time.sleep(1.0)  # it tails the old version's checkpoints, each by the plan
+        assert not (tmp_path / f"leads-{new.pid}").exists() and not (tmp_path / "final.json").exists()
+    finally:
+        os.killpg(old.pid, signal.SIGKILL)
+        old.wait()
+    assert new.wait(timeout=300) == 0, "the new version failed (see app.log)"
+    assert (tmp_path / f"leads-{new.pid}").exists()
+    final = json.loads((tmp_path / "final.json").read_text())
+    assert final["m"] == dict(expected) and final["u"] == dict(expected)
+    data = read_checkpoint(str(tmp_path / "ckpt")).data
+    assert data["state_slots"] and {r["state_version"] for r in data["identities"].values()} == {1, 2}
+    assert "took over" in (tmp_path / "app.log").read_text()
+

@@ -186,7 +186,7 @@ class TwoLogs:
 
 
 def test_a_logged_uncommitted_batch_reruns_in_the_new_graph_once_and_a_new_input_reads_from_its_start(
-        spark_context, tmp_path, live_settings):
+        spark_context, tmp_path):
     app = TwoLogs(spark_context, tmp_path)
     append(app.logs["a"] / "p", "a0")
     append(app.logs["b"] / "p", "b0", "b1")
@@ -234,10 +234,6 @@ def test_a_logged_uncommitted_batch_reruns_in_the_new_graph_once_and_a_new_input
     ssc3.stop(stopSparkContext=False)
     assert app.got["a"][2000] == ["a3"] and app.got["b"][2000] == ["b2"]
     assert OffsetSeqLog(str(app.ckpt / "offsets")).get(3).metadata.conf["sparkwal.inputIds"] == "0,1"
-    live_settings({"spark.sparkwal.upgrade.allowDrop": f"direct:FileLogSource({app.logs['b']})"})
-    with pytest.raises(ValueError, match="a standby on a changed program is not supported yet"):
-        StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(2000), 1, None), upgrade=True,
-                                     standby=True)
 
 
 class Versioned:

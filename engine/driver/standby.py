@@ -56,6 +56,7 @@ from ..host import DriverFacts
 
 if TYPE_CHECKING:
     from ..state import StateSnapshots
+    from ..upgrade_plan import UpgradePlan
     from .events import EventBus
     from .leadership import DriverLeadership
 
@@ -78,6 +79,8 @@ class StandbyHost(DriverFacts, Protocol):
     def lock(self) -> threading.RLock: ...
     @property
     def rerun_batch_times(self) -> list[int]: ...
+    @property
+    def upgrade_plan(self) -> UpgradePlan | None: ...
     def current_leader(self): ...
     def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
@@ -301,7 +304,8 @@ class _Tail:
                           and cp.pending_times_ms == seen.pending_times_ms
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
-        driver.restore(cp)
+        # a standby on a new version of the program takes each checkpoint of the old one by its plan
+        driver.restore(cp, "upgrade" if driver.upgrade_plan is not None else None)
         driver.leadership.min_epoch = max(driver.leadership.min_epoch, cp.leader_epoch)  # epochs only grow
         self.checkpoint = cp
         if not preload:

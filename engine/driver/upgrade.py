@@ -77,8 +77,9 @@ def apply(driver: RecoveryHost, checkpoint: Checkpoint, difference: str) -> Upgr
             f"the upgrade cannot take {where} without losing something: {'; '.join(plan.refusals)}. "
             f"(The rest of the plan: {'; '.join(line for line in plan.lines() if not line.startswith('refused'))})")
     _renumber_inputs(driver, data, plan)
-    for line in plan.lines():
-        log.info("upgrade: %s", line)
+    if driver.upgrade_plan is None or driver.upgrade_plan.lines() != plan.lines():  # (a standby's every look)
+        for line in plan.lines():
+            log.info("upgrade: %s", line)
     return plan
 
 
