@@ -29,6 +29,18 @@ def count_update(values, state):
     return sum(values) + (state or 0)
 
 
+def write_total(time, rdd) -> None:
+    """``--totals``: the sum of the state's counts after the batch, a JSON line in the events file
+    (named by the environment: the graph, pickled into the checkpoint, holds no open file)."""
+    with open(os.environ["STATE_APP_EVENTS"], "a") as f:
+        f.write(json.dumps({"event": "total", "time_ms": int(time.timestamp() * 1000),
+                            "total": rdd.values().sum(), "at": _now()}) + "\n")
+
+
+def _now() -> float:
+    return time.time()
+
+
 def count_map(key, value, state):
     state.update((state.getOption() or 0) + value)
 
@@ -44,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events", required=True)
     p.add_argument("--standby", action="store_true",
                    help="sparkwal: a hot standby of the driver leading --checkpoint")
+    p.add_argument("--version", type=int, default=1, choices=[1, 2],
+                   help="sparkwal: 2 adds a step before the state (a changed graph; upgrade_bench)")
+    p.add_argument("--upgrade", action="store_true", help="sparkwal: getOrCreate(..., upgrade=True)")
+    p.add_argument("--totals", action="store_true", help="update: each batch's sum of counts, as an event")
     p.add_argument("--conf", action="append", metavar="KEY=VALUE", default=[])
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[])
     args = p.parse_args(argv)
@@ -72,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from sparkwal.engine import StateSpec, StreamingContext, StreamingListener
     events = open(args.events, "a", buffering=1)
+    os.environ["STATE_APP_EVENTS"] = args.events
     options = None
     if args.storage_option:
         from sparkwal.wal.storage import parse_storage_options
@@ -83,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     def create():
         ssc = StreamingContext(sc, args.batch)
         ssc.checkpoint(args.checkpoint, **where)
-        pairs = ssc.textFileStream(args.input).map(lambda k: (k, 1))
+        lines = ssc.textFileStream(args.input)
+        pairs = (lines.filter(bool) if args.version == 2 else lines).map(lambda k: (k, 1))
         if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
             out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
         elif args.op == "shuffle":  # no state: the batch moved to its keys' partitions, a floor
@@ -92,7 +110,10 @@ def main(argv: list[str] | None = None) -> None:
             out = pairs.updateStateByKey(count_update, numPartitions=n)
         if args.op != "shuffle":
             out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
-        out.foreachRDD(lambda rdd: None if rdd.count() < 0 else None)  # materialise every batch
+        if args.totals and args.op == "update":
+            out.foreachRDD(write_total)  # (materialises every batch too)
+        else:
+            out.foreachRDD(lambda rdd: None if rdd.count() < 0 else None)  # materialise every batch
         return ssc
 
     class Listener(StreamingListener):
@@ -113,10 +134,11 @@ def main(argv: list[str] | None = None) -> None:
             events.write(json.dumps({"event": "takeover", "took_ms": e.took_ms, "epoch": e.epoch,
                                      "rerun": len(e.rerun_batch_times), "at": time.time()}) + "\n")
 
+    how = {**where, **({"upgrade": True} if args.upgrade else {})}
     if args.standby:
-        ssc = StreamingContext.getOrCreate(args.checkpoint, create, standby=True, **where)
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create, standby=True, **how)
     else:
-        ssc = StreamingContext.getOrCreate(args.checkpoint, create, **where)
+        ssc = StreamingContext.getOrCreate(args.checkpoint, create, **how)
     ssc.addStreamingListener(Listener())
     ssc.start()
     if args.standby and ssc.isStandby():
@@ -124,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         ssc.awaitLeadership()
     events.write(json.dumps({"event": "started", "at": time.time()}) + "\n")
     ssc.awaitTermination()
+    events.write(json.dumps({"event": "stopped", "at": time.time()}) + "\n")
 
 
 if __name__ == "__main__":
