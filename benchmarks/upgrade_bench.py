@@ -119,6 +119,40 @@ def run(handovers: int, cold: int, keys: int, batch_s: float) -> dict:
             "doubled": max(0, counted - fed), "keys": keys, "batch_s": batch_s}
 
 
+def repartition(keys: int, batch_s: float, to: int) -> dict:
+    """A ``mapWithState`` state of ``keys`` keys in 2 partitions, snapshotted; the driver stopped
+    gracefully; then started again with 2 partitions and with ``to`` (one shuffle when its state
+    is read back). Measured: the processing time of the first batch after each start, which reads
+    the state (the batch itself holds one line)."""
+    workdir = tempfile.mkdtemp(prefix="upgrade-bench-repartition-")
+    folder = os.path.join(workdir, "in")
+    os.makedirs(folder)
+    out: dict[str, float] = {}
+    try:
+        for label, partitions in (("build", 2), ("2 -> 2", 2), (f"2 -> {to}", to)):
+            app = App(workdir, "sparkwal", batch_s, extra=(*CONF[:2], "--op", "map", "--partitions", str(partitions)))
+            app.wait(lambda e: e["event"] == "started", timeout=600)
+            if label == "build":
+                _write(folder, "all", (f"k{i}" for i in range(keys)))
+                app.wait(lambda e: e["event"] == "batch" and e["records"] >= keys, timeout=600)
+                time.sleep(3 * batch_s)  # its snapshot (every two batches)
+            else:
+                _write(folder, f"one-{len(out)}", ["k0"])
+                first = app.wait(lambda e: e["event"] == "batch" and e["records"] > 0, timeout=600)
+                out[label] = first["processing_ms"] / 1000
+            _stop(app)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def _write(folder: str, name: str, lines) -> None:
+    staged = os.path.join(folder, f".{name}")
+    with open(staged, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.rename(staged, os.path.join(folder, name))
+
+
 def _quantiles(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -130,8 +164,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cold", type=int, default=5)
     p.add_argument("--keys", type=int, default=2000)
     p.add_argument("--batch", type=float, default=1.0)
+    p.add_argument("--repartition-keys", type=int, default=0,
+                   help="also: a mapWithState state of this many keys read back from 2 into 8 partitions")
     p.add_argument("--json", metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
+    if args.repartition_keys:
+        moved = repartition(args.repartition_keys, 2.0, 8)
+        print(f"mapWithState, {args.repartition_keys} keys: the first batch after a restart reads the state: "
+              + ", ".join(f"{k} partitions {v:.2f} s" for k, v in moved.items()))
+        if not (args.handovers or args.cold):
+            return
     r = run(args.handovers, args.cold, args.keys, args.batch)
     print(f"upgrade of a changed program, {args.batch:g} s batches, {args.keys} keys, local disk (fsync'd)")
     print(f"{'row':<14} {'n':>3} {'pause p50':>10} {'p99':>8}   lost  doubled")
