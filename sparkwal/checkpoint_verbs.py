@@ -227,3 +227,67 @@ def checkpoint_copy(args) -> int:
         lines.append(f"FORK: {r.fork}")
     emit(args, {**dataclasses.asdict(r), "ok": not r.problems}, lines)
     return PROBLEM if r.problems else OK
+
+
+def checkpoint_handover(args) -> int:
+    """Ask DIR's leader to finish its batches, write its checkpoint and give the leadership up;
+    wait (``--timeout``) for a standby to lead at a newer epoch and complete its first batch.
+    The request is a file in DIR (the storage seam's :meth:`request_handover`), read by the leader
+    after a batch; one not answered in time is taken back."""
+    import time
+
+    from sparkwal.wal.storage import resolve
+
+    require_directory(args, "checkpoint")
+    options = storage_options(args.storage_option)
+    storage, root = resolve(args.dir, options)
+    leader = storage.leader(root)
+    if leader is None or leader.held is False:
+        raise MissingDirectory(f"no live driver leads {args.dir}: there is nothing to hand over")
+    old, began = leader.epoch, time.monotonic()
+    storage.request_handover(root, old, int(time.time() * 1000))
+    new = None
+    while time.monotonic() - began < args.timeout:
+        now = storage.leader(root)
+        if now is not None and now.epoch > old and now.held is not False:
+            new = now.epoch
+            if _batch_done_at(args.dir, options, new):
+                took = time.monotonic() - began
+                emit(args, {"dir": args.dir, "from_epoch": old, "to_epoch": new, "took_s": round(took, 3),
+                            "ok": True}, [f"handed over {args.dir}: epoch {old} -> {new}, the new leader's first "
+                                          f"batch done {took:.1f} s after the request"])
+                return OK
+        time.sleep(0.05)
+    storage.withdraw_handover(root, old)
+    now = storage.leader(root)
+    if new is not None:
+        why = f"a standby leads at epoch {new} but completed no batch within {args.timeout:g} s"
+    elif now is not None and now.epoch == old and now.held is not False:
+        why = (f"the leader (epoch {old}) did not hand over within {args.timeout:g} s; it leads on (the request is "
+               "taken back)")
+    else:
+        why = (f"the leader (epoch {old}) stopped, and no standby took over within {args.timeout:g} s: start the "
+               "new version (getOrCreate(..., upgrade=True))")
+    emit(args, {"dir": args.dir, "from_epoch": old, "error": why, "ok": False}, [])
+    print(f"sparkwal: {why}")
+    return PROBLEM
+
+
+def _batch_done_at(directory: str, options: dict | None, epoch: int) -> bool:
+    """Whether the leader at ``epoch`` completed a batch: a checkpoint it wrote after a batch's
+    outputs succeeded, or a commit it wrote (read only; no log is created)."""
+    from sparkwal.checkpoint import CommitLog, read_checkpoint
+    from sparkwal.checkpoint.layout import CheckpointLayout
+    from sparkwal.wal.storage import resolve
+
+    cp = read_checkpoint(directory, storage_options=options)
+    if cp is not None and cp.leader_epoch == epoch and cp.data.get("completed_ms") is not None:
+        return True
+    commits = CheckpointLayout(directory).commits
+    storage, path = resolve(commits, options)
+    if not storage.exists(path):
+        return False
+    log = CommitLog(commits, options)
+    newest = max(log.batch_ids(), default=None)
+    commit = log.get(newest) if newest is not None else None
+    return commit is not None and (commit.leader_epoch or 0) >= epoch

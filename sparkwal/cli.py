@@ -10,6 +10,8 @@ the main job and the drills, and show what a checkpoint's drivers did.
     sparkwal checkpoint state DIR [--out F]   the newest state of each stateful stream, as a
                                               table (printed, or written as Parquet or Arrow)
     sparkwal checkpoint copy SRC DST          a consistent copy, also while its driver runs
+    sparkwal checkpoint handover DIR          the leader finishes its batches and a standby (a new
+                                              version's) takes the stream over [--timeout S]
     sparkwal upgrade plan DIR -- PROGRAM [ARGS]
                                               what deploying PROGRAM on the checkpoint would carry
                                               over, start anew, drop, migrate and re-run
@@ -31,8 +33,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checkpoint_verbs import (checkpoint_copy, checkpoint_inspect, checkpoint_repair, checkpoint_state,
-                               checkpoint_verify)
+from .checkpoint_verbs import (checkpoint_copy, checkpoint_handover, checkpoint_inspect, checkpoint_repair,
+                               checkpoint_state, checkpoint_verify)
 from .common import OK, PROBLEM, USAGE, MissingDirectory, UsageError, emit
 from .upgrade_verbs import upgrade_plan
 from .wal_verbs import wal_inspect, wal_repair, wal_verify
@@ -78,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "the offsets/commits restartable (with --yes)"),
             "state": (checkpoint_state, "the newest state of each stateful stream, as a table"),
             "copy": (checkpoint_copy, "a consistent copy of a checkpoint into a new directory, also "
-                     "while its driver runs (no lock, no pause)")},
+                     "while its driver runs (no lock, no pause)"),
+            "handover": (checkpoint_handover, "ask the leader to finish its batches and hand the stream over "
+                         "to a standby (a new version's: getOrCreate(..., upgrade=True, standby=True))")},
     }
     for area, commands in verbs.items():
         sub = areas.add_parser(area, help=f"{area} commands: {', '.join(commands)}").add_subparsers(
@@ -96,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                                help="an fsspec storage option of DST (repeatable)")
             if verb == "repair":
                 p.add_argument("--yes", action="store_true", help="apply the plan")
+            if verb == "handover":
+                p.add_argument("--timeout", type=float, default=60.0,
+                               help="seconds to wait for the standby's first batch (60)")
             if verb == "state":
                 p.add_argument("--out", metavar="FILE", help="write the table (Parquet if FILE ends "
                                "in .parquet, else Arrow IPC); one file per stream when there are several")

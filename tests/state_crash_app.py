@@ -76,7 +76,7 @@ def main() -> None:
     conf = (SparkConf().setMaster("local[2]").setAppName("state-crash")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1")
-            .set("spark.streaming.direct.maxRatePerPartition", "5000")
+            .set("spark.streaming.direct.maxRatePerPartition", os.environ.get("STATE_CRASH_RATE", "5000"))
             .set("spark.sparkwal.state.deltasPerFull", "3"))
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")

@@ -164,9 +164,10 @@ NAMES = {
     "sparkwal.tracker.RateLimiter": ["current_limit"],
 }
 
-#: the command's verbs (issues 11, 17, 32, 41)
-VERBS = {"wal": ["inspect", "verify", "repair"], "checkpoint": ["inspect", "verify", "repair", "state", "copy"],
-         "upgrade": ["plan"], "run": [], "drill": [], "ui": [], "status": []}
+#: the command's verbs (issues 11, 17, 32, 41, 65)
+VERBS = {"wal": ["inspect", "verify", "repair"],
+         "checkpoint": ["inspect", "verify", "repair", "state", "copy", "handover"], "upgrade": ["plan"],
+         "run": [], "drill": [], "ui": [], "status": []}
 
 #: Spark's streaming REST API, the paths and the fields of each answer (issue 32)
 REST = {

@@ -24,8 +24,8 @@ ROOT = os.path.dirname(HERE)
 KEYS, PER_FILE, FILES = 50_000, 20_000, 3
 
 
-def start(workdir, version: int = 1, *more: str) -> subprocess.Popen:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT)
+def start(workdir, version: int = 1, *more: str, rate: int = 5000) -> subprocess.Popen:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT, STATE_CRASH_RATE=str(rate))
     err = open(os.path.join(workdir, "app.log"), "a")
     return subprocess.Popen([sys.executable, os.path.join(HERE, "state_crash_app.py"), str(workdir),
                              str(PER_FILE * FILES), str(version), *more], stdout=subprocess.DEVNULL, stderr=err,
@@ -94,14 +94,15 @@ def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path
 
 
 @pytest.mark.driver
-def test_a_standby_on_the_new_version_takes_over_from_the_old_with_every_state_exact(tmp_path):
+def test_a_standby_on_the_new_version_takes_the_stream_over_by_a_handover_with_every_state_exact(tmp_path):
     """Version 2 waits as a hot standby beside version 1 (``upgrade=True, standby=True``), taking each
-    of its checkpoints by the upgrade's plan; version 1 is killed; version 2 takes over with the states
+    of its checkpoints by the upgrade's plan; ``sparkwal checkpoint handover`` asks version 1 to finish
+    its batches and give the leadership up (it exits by itself); version 2 takes over with the states
     moved, repartitioned and migrated, and ends exact."""
     import json
 
     expected = write_log(tmp_path / "log")
-    old = start(tmp_path, 1)
+    old = start(tmp_path, 1, rate=1000)  # 20 s of lines: both versions run batches of them
     new = None
     try:
         seen = 0
@@ -109,13 +110,20 @@ def test_a_standby_on_the_new_version_takes_over_from_the_old_with_every_state_e
         while snapshots_written(tmp_path) < seen + 2 and time.monotonic() < deadline:
             assert old.poll() is None, f"version 1 exited with {old.returncode} (see app.log)"
             time.sleep(0.05)
-        new = start(tmp_path, 2, "standby")
+        new = start(tmp_path, 2, "standby", rate=1000)
         wait_for(tmp_path / f"started-{new.pid}", new, "the standby")
-        time.sleep(1.0)  # it tails the old version's checkpoints, each by the plan
         assert not (tmp_path / f"leads-{new.pid}").exists() and not (tmp_path / "final.json").exists()
+        handed = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "handover", str(tmp_path / "ckpt"),
+                                 "--json", "--timeout", "120"], capture_output=True, text=True, timeout=180,
+                                env=dict(os.environ, PYTHONPATH=ROOT))
+        assert handed.returncode == 0, handed.stdout + handed.stderr
+        said = json.loads(handed.stdout)
+        assert said["ok"] and said["to_epoch"] > said["from_epoch"]
+        assert old.wait(timeout=120) == 0, "version 1 did not stop by itself (see app.log)"
     finally:
-        os.killpg(old.pid, signal.SIGKILL)
-        old.wait()
+        if old.poll() is None:
+            os.killpg(old.pid, signal.SIGKILL)
+            old.wait()
     assert new.wait(timeout=300) == 0, "the new version failed (see app.log)"
     assert (tmp_path / f"leads-{new.pid}").exists()
     final = json.loads((tmp_path / "final.json").read_text())
@@ -123,4 +131,3 @@ def test_a_standby_on_the_new_version_takes_over_from_the_old_with_every_state_e
     data = read_checkpoint(str(tmp_path / "ckpt")).data
     assert data["state_slots"] and {r["state_version"] for r in data["identities"].values()} == {1, 2}
     assert "took over" in (tmp_path / "app.log").read_text()
-

@@ -324,3 +324,20 @@ def test_the_plan_command_says_what_a_deploy_would_do_writing_nothing(spark_cont
     failed = sparkwal("upgrade", "plan", app.ckpt, "--", broken, expect=1)
     assert failed.stderr.strip() == (f"sparkwal: {broken} ended (status 1) without building a StreamingContext: "
                                      "the program needs its config file")
+
+
+def test_a_handover_is_asked_of_one_epoch_and_refused_where_no_driver_leads(tmp_path):
+    from sparkwal.wal.storage import resolve
+
+    storage, root = resolve(str(tmp_path))
+    storage.request_handover(root, 3, 1000)
+    assert storage.handover_requested(root, 3) and not storage.handover_requested(root, 4)
+    storage.withdraw_handover(root, 4)  # another epoch's leaves it
+    assert storage.handover_requested(root, 3)
+    storage.withdraw_handover(root, 3)
+    assert not storage.handover_requested(root, 3)
+    (tmp_path / ".leader.handover").write_text('{"epoch": 3')  # half a request is none
+    assert not storage.handover_requested(root, 3)
+
+    nobody = sparkwal("checkpoint", "handover", tmp_path, expect=1)
+    assert nobody.stderr.strip() == f"sparkwal: no live driver leads {tmp_path}: there is nothing to hand over"

@@ -6,6 +6,7 @@ listed in :mod:`sparkwal.wal.storage`."""
 from __future__ import annotations
 
 import io
+import json
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -151,6 +152,25 @@ class Storage(ABC):
         """``directory``'s current (or last) leader, found without taking anything; None when no
         driver ever led it."""
         return None
+
+    def request_handover(self, directory: str, epoch: int, requested_ms: int) -> None:
+        """Ask ``directory``'s leader at ``epoch`` to hand its leadership over (a request file:
+        :data:`sparkwal.wal.locks.LEADER_HANDOVER`); a leader of another epoch never reads it as its own."""
+        record = {"epoch": epoch, "requested_ms": requested_ms}
+        self.put(self.join(directory, locks.LEADER_HANDOVER), json.dumps(record).encode())
+
+    def handover_requested(self, directory: str, epoch: int) -> bool:
+        """Whether a handover of ``directory``'s leadership at ``epoch`` is asked for."""
+        try:
+            record = json.loads(self.read_file(self.join(directory, locks.LEADER_HANDOVER)))
+        except (FileNotFoundError, ValueError):  # none, or half a request: none
+            return False
+        return isinstance(record, dict) and record.get("epoch") == epoch
+
+    def withdraw_handover(self, directory: str, epoch: int) -> None:
+        """Take back the request of a handover at ``epoch`` (one of another epoch stays)."""
+        if self.handover_requested(directory, epoch):
+            self.delete(self.join(directory, locks.LEADER_HANDOVER))
 
     def seed_epoch(self, directory: str, epoch: int, holder: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
         """Make ``directory``'s next leader start after ``epoch``, with no leader holding it now

@@ -24,6 +24,9 @@ LEASE_FILE = ".writer.lease"
 LEADER_LOCK = ".leader.lock"
 LEADER_EPOCH = ".leader.epoch"
 LEADER_LEASES = ".leader"
+#: ``{"epoch": e, "requested_ms": t}``: ``sparkwal checkpoint handover`` asks the leader at epoch
+#: ``e`` to finish its batches, write its checkpoint and give the leadership up (to a standby)
+LEADER_HANDOVER = ".leader.handover"
 
 
 @dataclass(frozen=True)

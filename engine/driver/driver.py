@@ -270,8 +270,7 @@ class Driver:
 
     @property
     def leader_epoch(self) -> int | None:
-        lead = self.lead()
-        return lead.epoch if lead is not None else None
+        return lead.epoch if (lead := self.lead()) is not None else None
 
     def current_leader(self):
         """Who leads the checkpoint directory now, as its lock records it (holder, epoch,
@@ -392,6 +391,7 @@ class Driver:
             s.on_batch_completed(info)
         if self.receiver_tracker is not None:
             self.receiver_tracker.on_batch_completed(time_ms, info)
+        leadership.hand_over_if_asked(self, lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True))
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
         if thresh_ms < self.clock.now_ms():

@@ -79,6 +79,8 @@ FAILED_POLL_S = 0.05
 MAX_POLL_S = 1.0
 #: how often a stall is looked for (spark.sparkwal.leader.stallIntervals)
 STALL_CHECK_S = 1.0
+#: how often a leader looks for ``sparkwal checkpoint handover``'s request (after a batch)
+HANDOVER_LOOK_S = 1.0
 
 
 class DriverAlreadyActiveError(EngineError, RuntimeError):
@@ -110,6 +112,8 @@ class DriverLeadership:
         self.min_epoch = 0
         #: spark.sparkwal.leader.allowNetworkFilesystem
         self.network_filesystem_ok = False
+        self._next_handover_look = 0.0
+        self.handing_over = False  # a handover was asked for: the stream stops gracefully
 
     def record_fence(self, error: BaseException) -> bool:
         """Note that the leadership is lost, because of ``error``; True the first time only, and
@@ -242,6 +246,19 @@ class DriverLeadership:
 
         self._renewer = Service("leader-lease", renew).start()
 
+    def handover_requested(self) -> bool:
+        """Whether ``sparkwal checkpoint handover`` asks this leader to hand over (the request is
+        looked at once a second at most: one read, after a batch)."""
+        now = time.monotonic()
+        if self.held is None or now < self._next_handover_look:
+            return False
+        self._next_handover_look = now + HANDOVER_LOOK_S
+        try:
+            return self.storage.handover_requested(self.path, self.held.epoch)
+        except Exception as e:  # noqa: BLE001 (a failed look is no request; the next batch looks again)
+            log.warning("%s: could not look for a handover request: %s", self.url, one_line(e))
+            return False
+
     def release(self) -> None:
         """Give the leadership up (a standby's failed takeover may take it again later)."""
         self._stop.set()
@@ -351,6 +368,20 @@ def fence(driver: FencingHost, error: BaseException) -> None:
     except Exception:  # noqa: BLE001
         log.warning("could not cancel the running jobs", exc_info=True)
     driver.report_error(error, None)
+
+
+def hand_over_if_asked(driver: FencingHost, stop: Callable[[], None]) -> None:
+    """After a batch: when ``sparkwal checkpoint handover`` asks this leader to hand over, stop the
+    stream gracefully (``stop``, on a thread of its own: the batches generated finish, the checkpoint
+    is written, the leadership given up, as a SIGTERM with stopGracefullyOnShutdown does), for the
+    standby to take over."""
+    lead = driver.leadership
+    if lead is None or lead.handing_over or driver.stopping or not lead.handover_requested():
+        return
+    lead.handing_over = True
+    log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a standby "
+                "to take over", lead.url)
+    Service("sparkwal-handover", stop, daemon=False).start()  # the process waits for the stop to finish
 
 
 def confirm_leadership(driver: FencingHost) -> None:
