@@ -11,9 +11,9 @@ a tenth of the keys every batch interval (the first: every key). Its two version
 1 -> 2 -> 1 ...
 
 * **handover**: the new version waits as a hot standby beside the old (``upgrade=True,
-  standby=True``), taking each of the old one's checkpoints by the upgrade's plan; the old one is
-  stopped gracefully (SIGTERM with ``spark.streaming.stopGracefullyOnShutdown``: it finishes the
-  batches it has, writes its checkpoint, gives the leadership up and exits); the standby takes over.
+  standby=True``), taking each of the old one's checkpoints by the upgrade's plan; ``sparkwal
+  checkpoint handover`` asks the old one to stop gracefully (it finishes the batches it has, writes
+  its checkpoint, gives the leadership up and exits); the standby takes over.
 * **cold upgrade**: SIGTERM as above, then the new version started (``getOrCreate(...,
   upgrade=True)``) once the old one exited.
 
@@ -33,6 +33,8 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -53,6 +55,17 @@ def _done(app: App) -> list[dict]:
 def _stop(app: App) -> float:
     """SIGTERM (a graceful stop), and the time of its last completed batch once it exited."""
     os.killpg(app.proc.pid, signal.SIGTERM)
+    app.proc.wait(timeout=120)
+    return max(e["at"] for e in _done(app))
+
+
+def _hand_over(workdir: str, app: App) -> float:
+    """``sparkwal checkpoint handover``, and the time of the old version's last completed batch once
+    it exited."""
+    done = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "handover", os.path.join(workdir, "ckpt"),
+                           "--timeout", "120"], capture_output=True, text=True, timeout=180)
+    if done.returncode != 0:
+        raise RuntimeError(f"the handover failed: {done.stdout}{done.stderr}")
     app.proc.wait(timeout=120)
     return max(e["at"] for e in _done(app))
 
@@ -82,14 +95,12 @@ def run(handovers: int, cold: int, keys: int, batch_s: float) -> dict:
                     apps.append(new)
                     new.wait(lambda e: e["event"] == "hot")
                     time.sleep(2 * batch_s)  # it has taken the old version's newest checkpoints
-                    last = max(e["time_ms"] for e in _done(active))
-                    last_at = _stop(active)
+                    last_at = _hand_over(workdir, active)
                 else:
-                    last = max(e["time_ms"] for e in _done(active))
                     last_at = _stop(active)
                     new = _start(workdir, version, batch_s, False, True)
                     apps.append(new)
-                last = max([last, *(e["time_ms"] for e in _done(active))])
+                last = max(e["time_ms"] for e in _done(active))
                 first = new.wait(lambda e, last=last: e["event"] == "batch" and e["time_ms"] > last)
                 pauses[kind].append(first["at"] - last_at)
                 active = new

@@ -272,7 +272,7 @@ class StreamingContext:
         ``spark.sparkwal.copy.allowLiveSource`` or :attr:`allow_live_source` is true."""
         driver = self._driver
         if upgrade_preview.requested():  # sparkwal upgrade plan, for a program that makes its context itself
-            upgrade_preview.write_and_exit(driver, driver.checkpoint_dir)
+            upgrade_preview.write_and_exit(driver, driver.checkpoint_dir, "fresh", driver.storage_options)
         if driver.state == INITIALIZED and driver.checkpoint_dir is not None:
             refused = fork_refusal(driver.checkpoint_dir, driver.storage_options,
                                    self.allow_live_source or driver.settings[config.ALLOW_LIVE_SOURCE])
@@ -411,7 +411,7 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
     """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
     data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
     if upgrade_preview.requested():  # sparkwal upgrade plan: the new program's plan, nothing started
-        upgrade_preview.write_and_exit(setup().driver, path)
+        upgrade_preview.write_and_exit(setup().driver, path, "upgrade" if upgrade else "recover", storage_options)
     warm_active_workers()  # while the checkpoint is read
     checkpoint = None
     for attempt in range(3):

@@ -38,12 +38,11 @@ def upgrade_plan(args) -> int:
         try:
             _, err = proc.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            err = None
+        finally:  # whatever the program left running (its JVM, workers) goes with it; Ctrl-C too
+            _kill_group(proc)
+        if err is None and not os.path.exists(out):
             return _cannot(args, f"{program} built no StreamingContext within {args.timeout:g} s (--timeout)")
-        except BaseException:  # Ctrl-C: the program's process group goes too
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
         if not os.path.exists(out):
             said = [line for line in (err or "").splitlines() if line.strip()]
             why = f": {said[-1].strip()[:300]}" if said else ""
@@ -55,6 +54,17 @@ def upgrade_plan(args) -> int:
     lines = [f"upgrade plan: {program} on {result['checkpoint']}", *result.get("lines", [])]
     emit(args, result, lines)
     return OK if result.get("loses_nothing") else PROBLEM
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # a descendant of its own session holds the pipe: not waited for
+        pass
 
 
 def _cannot(args, why: str, result: dict | None = None) -> int:

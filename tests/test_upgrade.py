@@ -316,6 +316,9 @@ def test_the_plan_command_says_what_a_deploy_would_do_writing_nothing(spark_cont
     assert f"refused: the checkpoint's state of updateStateByKey updateStateByKey(files:{app.indir}) has no " \
            "stream in this program" in lost.stdout
     assert _tree(app.ckpt) == before  # nothing written, nothing created
+    plain = sparkwal("upgrade", "plan", app.ckpt, "--", program, app.ckpt, app.indir, "2", "plain", expect=1)
+    assert plain.stderr.strip() == ("sparkwal: the program calls getOrCreate without upgrade=True: a deploy would "
+                                    "run the checkpoint's own program, not this one (pass upgrade=True)")
 
     missing = sparkwal("upgrade", "plan", app.ckpt, "--", tmp_path / "nope.py", expect=2)
     assert missing.stderr.strip() == f"sparkwal: no such program file: {tmp_path / 'nope.py'}"

@@ -56,7 +56,6 @@ from ..host import DriverFacts
 
 if TYPE_CHECKING:
     from ..state import StateSnapshots
-    from ..upgrade_plan import UpgradePlan
     from .events import EventBus
     from .leadership import DriverLeadership
 
@@ -80,7 +79,7 @@ class StandbyHost(DriverFacts, Protocol):
     @property
     def rerun_batch_times(self) -> list[int]: ...
     @property
-    def upgrade_plan(self) -> UpgradePlan | None: ...
+    def recovery(self) -> str: ...
     def current_leader(self): ...
     def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
@@ -301,11 +300,11 @@ class _Tail:
         cp = self._follower.read_if_changed(force)
         seen = self.checkpoint
         if cp is None or (seen is not None and cp.checkpoint_time_ms == seen.checkpoint_time_ms
-                          and cp.pending_times_ms == seen.pending_times_ms
+                          and cp.leader_epoch == seen.leader_epoch and cp.pending_times_ms == seen.pending_times_ms
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
         # a standby on a new version of the program takes each checkpoint of the old one by its plan
-        driver.restore(cp, "upgrade" if driver.upgrade_plan is not None else None)
+        driver.restore(cp, "upgrade" if driver.recovery == "upgrade" else None)
         driver.leadership.min_epoch = max(driver.leadership.min_epoch, cp.leader_epoch)  # epochs only grow
         self.checkpoint = cp
         if not preload:

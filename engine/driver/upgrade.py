@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
+from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.wal import resolve
 
 from .. import config
 from ..identity import identities
@@ -90,12 +92,27 @@ def _renumber_inputs(driver: RecoveryHost, data: dict, plan: UpgradePlan) -> Non
     known = [int(k) for k in (data.get("inputs") or {})] + list(data.get("batch_log_lines") or [])
     known += [r.get("input_id") or 0 for r in data["identities"].values() if isinstance(r, dict)]
     known.append(int((data.get("next_ids") or {}).get("input", 0)) - 1)  # ids earlier upgrades dropped
+    known += _ids_with_files(driver)  # an upgrade killed before its first checkpoint may have used some
     fresh = max([*known, *kept.values()], default=-1) + 1
     ids = {}
     for i, stream in enumerate(graph.inputs):
         carried = kept.get(position[id(stream)])
         ids[i], fresh = (carried, fresh) if carried is not None else (fresh, fresh + 1)
     graph.renumber_inputs(ids)
+
+
+def _ids_with_files(driver: RecoveryHost) -> list[int]:
+    """The input ids that name a directory of start offsets or received blocks (read only)."""
+    layout = CheckpointLayout(driver.checkpoint_dir)
+    found = []
+    for where in (layout.sources, layout.received_data):
+        storage, path = resolve(where, driver.storage_options)
+        try:
+            names = storage.list_dirs(path) if storage.exists(path) else []
+        except NotImplementedError:  # (memory://, which no upgrade outlives)
+            names = []
+        found += [int(n.split("-")[0]) for n in names if n.split("-")[0].isdigit()]
+    return found
 
 
 def carry_state(driver: RecoveryHost, plan: UpgradePlan) -> None:

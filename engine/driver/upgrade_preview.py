@@ -43,10 +43,24 @@ def requested() -> bool:
     return bool(os.environ.get(UPGRADE_PLAN_ENV))
 
 
-def write_and_exit(driver: Driver, program_checkpoint: str | None) -> None:
-    """Write the plan to the file ``SPARKWAL_UPGRADE_PLAN`` names, then end the process (status 0)."""
+#: what a deploy of the program would do instead of an upgrade: why the plan refuses it
+_NOT_AN_UPGRADE = {
+    "recover": "the program calls getOrCreate without upgrade=True: a deploy would run the checkpoint's own "
+               "program, not this one (pass upgrade=True)",
+    "fresh": "the program starts a new stream (it calls start() without getOrCreate): nothing of the checkpoint "
+             "would carry over"}
+
+
+def write_and_exit(driver: Driver, program_checkpoint: str | None, how: str, storage_options: dict | None) -> None:
+    """Write the plan to the file ``SPARKWAL_UPGRADE_PLAN`` names, then end the process (status 0).
+    ``how``: "upgrade" (``getOrCreate(..., upgrade=True)``), "recover" (``getOrCreate`` without it) or
+    "fresh" (``start()`` of a context the program made)."""
     try:
-        result = preview(driver, os.environ.get(UPGRADE_CHECKPOINT_ENV) or program_checkpoint, program_checkpoint)
+        if how in _NOT_AN_UPGRADE:
+            result = {"error": _NOT_AN_UPGRADE[how], "loses_nothing": False}
+        else:
+            result = preview(driver, os.environ.get(UPGRADE_CHECKPOINT_ENV) or program_checkpoint, program_checkpoint,
+                             storage_options)
     except Exception as e:  # noqa: BLE001 (said to the command, one line)
         result = {"error": f"{type(e).__name__}: {e}", "loses_nothing": False}
     with open(os.environ[UPGRADE_PLAN_ENV], "w") as f:
@@ -55,11 +69,12 @@ def write_and_exit(driver: Driver, program_checkpoint: str | None) -> None:
     os._exit(0)  # the program's own code after getOrCreate/start() must not run: it would start things
 
 
-def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | None) -> dict:
+def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | None,
+            storage_options: dict | None = None) -> dict:
     """The plan from the checkpoint in ``checkpoint`` to ``driver``'s graph (read only)."""
     if checkpoint is None:
         return {"error": "the program names no checkpoint directory, and none was given", "loses_nothing": False}
-    options = driver.storage_options if program_checkpoint == checkpoint else None
+    options = (storage_options or driver.storage_options) if program_checkpoint == checkpoint else None
     cp = read_checkpoint(checkpoint, storage_options=options)
     if cp is None:
         return {"error": f"{checkpoint} holds no DStream checkpoint", "checkpoint": checkpoint,
@@ -76,7 +91,7 @@ def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | No
         plan.refusals.append(f"the checkpoint was written with a batch duration of {data.get('batch_ms')} ms, this "
                              f"program uses {driver.batch_ms} ms (a batch duration change is not an upgrade yet)")
     reruns = sorted({*cp.pending_times_ms, *_logged_uncommitted(checkpoint, options)})
-    repartitioned = _repartitioned(driver, data, plan, checkpoint)
+    repartitioned = _repartitioned(driver, data, plan, checkpoint, options)
     lines = plan.lines()
     lines += [f"repartitioned: {r['name']} from {r['from']} to {r['to']} partitions" for r in repartitioned]
     lines.append(f"re-run in the new graph: batches {reruns}" if reruns else "re-run: no batch")
@@ -102,7 +117,7 @@ def _logged_uncommitted(checkpoint: str, options: dict | None) -> list[int]:
     return times
 
 
-def _repartitioned(driver: Driver, data: dict, plan, checkpoint: str) -> list[dict]:
+def _repartitioned(driver: Driver, data: dict, plan, checkpoint: str, options: dict | None) -> list[dict]:
     out = []
     layout = CheckpointLayout(checkpoint)
     for old, new in plan.carried:
@@ -113,7 +128,7 @@ def _repartitioned(driver: Driver, data: dict, plan, checkpoint: str) -> list[di
             continue
         newest = chain[max(chain, key=int)]
         try:
-            had = len(read_manifest(layout.locate(newest["url"]))["parts"])
+            had = len(read_manifest(layout.locate(newest["url"]), options)["parts"])
         except Exception as e:  # noqa: BLE001 (the restart would name it; the plan says it)
             log.warning("the newest snapshot of %s cannot be read: %s", new.name, e)
             continue

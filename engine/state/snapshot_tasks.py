@@ -136,14 +136,16 @@ def read_chain(sc: SparkContext, chain: list[SnapshotRef], storage_options: dict
 
 
 def apply_delta(sc: SparkContext, rows: RDD, ref: SnapshotRef, base_parts: int,
-                storage_options: dict | None = None) -> RDD | None:
+                storage_options: dict | None = None, state_version: int = 1) -> RDD | None:
     """The state at ``ref`` (a delta) as rows ``(key, value, updated_ms)``, as :func:`read_chain`
     gives them, from ``rows`` ``(key, value, updated_ms, removed)``: the state at the delta's base,
     hash-partitioned in ``base_parts`` partitions, each in update order. Partition ``i`` is merged
     with the delta's part ``i`` in its own task: no shuffle, and no file of the base read again.
-    None when the delta is not laid out like the base (then its chain is read whole)."""
+    None when the delta is not laid out like the base, or its values are of another state version
+    than ``state_version`` (then its chain is read whole, and migrated)."""
     manifest = read_manifest(ref.url, storage_options)
     if (manifest["kind"] != "delta" or len(manifest["parts"]) != base_parts
+            or versions.written_at(manifest) != state_version
             or not manifest.get("partitioned") or manifest.get("hash_seed") != hash_seed(sc)):
         return None
     where = StorageLocation.of(ref.url, storage_options)

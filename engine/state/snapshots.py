@@ -303,7 +303,7 @@ class StateSnapshots:
             if not stream.state_partitioned(rdd):
                 return None
             rows = apply_delta(driver.sc, stream.state_rows(rdd, before.time_ms), ref,
-                               rdd.getNumPartitions(), driver.storage_options)
+                               rdd.getNumPartitions(), driver.storage_options, stream.state_version)
             if rows is None:
                 return None
             rdd = stream.state_from_rows(rows, True)
