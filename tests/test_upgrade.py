@@ -12,7 +12,7 @@ import os
 
 import pytest
 from test_cli import sparkwal
-from test_direct_stream import Committed, append
+from test_direct_stream import append
 from test_engine_recovery import Completed, ms, put_file
 
 from sparkwal.checkpoint import CommitLog, OffsetSeqLog, read_checkpoint
@@ -204,9 +204,8 @@ def test_a_logged_uncommitted_batch_reruns_in_the_new_graph_once_and_a_new_input
     assert OffsetSeqLog(str(app.ckpt / "offsets")).get(1).metadata.conf["sparkwal.inputIds"] == "0"
 
     append(app.logs["a"] / "p", "a2")
-    clock2, done2, committed = ManualClock(1000), Completed(), Committed()
-    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, 2, None, done2, committed),
-                                        upgrade=True)
+    clock2, done2 = ManualClock(1000), Completed()
+    ssc2 = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock2, 2, None, done2), upgrade=True)
     ssc2.start()
     assert ssc2.rerun_batch_times == [1000]
     done2.wait_for(1000)
