@@ -118,6 +118,11 @@ SIGNATURES = {
     "sparkwal.engine.read_state": "(checkpointPath, storage_options=None)",
     # issue 34: the conf a cluster's SparkContext is made with
     "sparkwal.engine.prepare_conf": "(conf=None)",
+    # issue 65: upgrades (stream identities, state versions)
+    "sparkwal.engine.DStream.uid": "(name)",
+    "sparkwal.engine.StateSpec.stateVersion": "(version, migrate=None)",
+    "sparkwal.engine.DStream.updateStateByKey": "(updateFunc, numPartitions=None, initialRDD=None, stateVersion=1, "
+                                                "migrate=None)",
 }
 
 #: object -> names it must have (issue 5: every public method of pyspark.streaming.DStream ...)
@@ -138,7 +143,7 @@ NAMES = {
         "onReceiverStopped", "onDriverTakeover"],
     "sparkwal.engine.Receiver": ["onStart", "onStop", "store", "storeBlock", "restart", "stop", "reportError",
                                  "isStarted", "isStopped", "streamId", "preferredLocation"],
-    "sparkwal.engine.StateSpec": ["function", "initialState", "numPartitions", "timeout"],
+    "sparkwal.engine.StateSpec": ["function", "initialState", "numPartitions", "timeout", "stateVersion"],
     "sparkwal.engine.State": ["exists", "get", "getOption", "update", "remove", "isTimingOut"],
     "sparkwal.engine": ["StreamingContext", "DStream", "StreamingListener", "Receiver", "SocketReceiver",
                         "StateSpec", "State", "BatchInfo", "CheckpointMismatchError", "DriverAlreadyActiveError",
@@ -209,6 +214,7 @@ CONF_KEYS = [
     "spark.sparkwal.state.driverMaxKeys",  # issue 44: a small mapWithState state on the driver
     "spark.sparkwal.leader.stallIntervals", "spark.sparkwal.copy.allowLiveSource",  # issue 62
     "spark.sparkwal.leader.allowNetworkFilesystem",  # issue 62
+    "spark.sparkwal.upgrade.allowDrop",  # issue 65
 ]
 
 #: the main job's JSON-line events, which tools read (issues 11, 18, 30, 32)
@@ -384,7 +390,7 @@ def test_the_checkpoint_layout_keeps_sparks_names():
     assert LOG_DIR_NAME == layout.RECEIVED_BLOCK_METADATA
 
 
-#: the command lines' flags (issues 5, 9, 10, 11, 18, 30, 32, 33, 34, 41)
+#: the command lines' flags (issues 5, 9, 10, 11, 18, 30, 32, 33, 34, 41, 65)
 FLAGS = {
     ("sparkwal.engine.wordcount",): ["--dir", "--batch", "--files", "--seconds", "--upgrade", "--master", "--source",
                                      "--source-port", "--checkpoint", "--input", "--storage-option", "--standby",
@@ -398,6 +404,8 @@ FLAGS = {
     ("sparkwal", "checkpoint", "copy"): ["--storage-option", "--dst-storage-option", "--json"],
     ("sparkwal", "ui"): ["--port", "--host", "--storage-option", "--json"],
     ("sparkwal", "status"): ["--storage-option", "--json"],
+    ("sparkwal", "upgrade", "plan"): ["--json", "--timeout"],  # issue 65
+    ("sparkwal", "checkpoint", "handover"): ["--timeout", "--json", "--storage-option"],  # issue 65
 }
 
 
