@@ -365,8 +365,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
         stopping_after_failure()
         ssc.stop(stopSparkContext=True, stopGraceFully=False)  # 4 if its lease lapsed on the storage
-        return _fail(f"this driver was fenced and wrote nothing more: {e}",
-                     a.STORAGE if a.storage_fault(e) else a.FENCED)
+        storage = a.storage_fault(e)  # its lease lapsed while the store failed: the storage's fault (status 4)
+        return _fail(f"{'the storage failed: ' if storage else ''}this driver was fenced and wrote nothing more: {e}",
+                     a.STORAGE if storage else a.FENCED)
     except Exception as e:  # noqa: BLE001  a batch failed: one line, the checkpoint resumes it
         emit({"event": "failed", "message": a.one_line(e)}, args.json, "")
         stopping_after_failure()
