@@ -77,6 +77,8 @@ def test_drill_direct_mode_counts_every_line_exactly_once_across_a_kill(tmp_path
     docs/direct.md."""
     report = direct_drill.run(1, 0.5, seed=7, workdir=str(tmp_path), log=lambda *_: None)
     assert report["kills"] == 1 and report["restarts"] == 1
-    assert report["lines_appended"] > 100
+    # lines are appended from the drill's start until the restart (about 24 a second): the first run's
+    # start and first batch (3-4 s here, less on a quick day), then up to 3 batches before the kill
+    assert report["lines_appended"] > 50
     assert report["records_lost"] == 0 and report["duplicates"] == 0 and report["words_exact"], report
     assert report["ok"]
