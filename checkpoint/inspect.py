@@ -135,8 +135,8 @@ def inspect_checkpoint(url: str, storage_options: dict | None = None, verify_sta
             report.problems.append(f"{storage.url(names[layout.METADATA].path)}: not JSON ({e})")
     if layout.OFFSETS in subdirs or layout.COMMITS in subdirs:
         paths = layout.CheckpointLayout(report.url)
-        offsets = OffsetSeqLog(paths.offsets, storage_options)
-        commits = CommitLog(paths.commits, storage_options)
+        offsets = OffsetSeqLog(paths.offsets, storage_options, create=False)
+        commits = CommitLog(paths.commits, storage_options, create=False)
         report.offsets, report.commits = _log_summary(offsets), _log_summary(commits)
         report.problems += report.offsets.problems + report.commits.problems
         try:

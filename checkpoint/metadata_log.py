@@ -63,14 +63,17 @@ class MetadataLog(Generic[T]):
 
     max_version = 1
 
-    def __init__(self, path: str | StorageLocation, storage_options: dict | None = None, *, sync: bool = True):
+    def __init__(self, path: str | StorageLocation, storage_options: dict | None = None, *, sync: bool = True,
+                 create: bool = True):
         """``sync=False``: entries are not fsync'd (still atomic; a machine crash may lose the
-        newest ones, never a process crash)."""
+        newest ones, never a process crash). ``create=False``: a reader's view (inspectors, plans):
+        the directory is not made, and a missing one reads as an empty log."""
         self.path = str(path)
         self.sync = sync
         self._storage: Storage
         self._storage, self._dir = resolve(path, storage_options)
-        self._storage.makedirs(self._dir)
+        if create:
+            self._storage.makedirs(self._dir)
 
     # ---------------------------------------------------------------- format hooks
 

@@ -179,8 +179,8 @@ def checkpoint_repair(args) -> int:
                   for s in steps] + [f"damaged segment kept as {p}" for p in moved]
     if r.offsets is not None:
         paths = CheckpointLayout(r.url)
-        offsets = OffsetSeqLog(paths.offsets, options)
-        commits = CommitLog(paths.commits, options)
+        offsets = OffsetSeqLog(paths.offsets, options, create=False)
+        commits = CommitLog(paths.commits, options, create=False)
         plan = plan_repair(offsets, commits)
         data["plan"] = plan
         lines += [f"offsets/commits: {plan.reason}"] + [f"  delete {u}" for u in plan.delete]
@@ -278,16 +278,9 @@ def _batch_done_at(directory: str, options: dict | None, epoch: int) -> bool:
     outputs succeeded, or a commit it wrote (read only; no log is created)."""
     from sparkwal.checkpoint import CommitLog, read_checkpoint
     from sparkwal.checkpoint.layout import CheckpointLayout
-    from sparkwal.wal.storage import resolve
 
     cp = read_checkpoint(directory, storage_options=options)
     if cp is not None and cp.leader_epoch == epoch and cp.data.get("completed_ms") is not None:
         return True
-    commits = CheckpointLayout(directory).commits
-    storage, path = resolve(commits, options)
-    if not storage.exists(path):
-        return False
-    log = CommitLog(commits, options)
-    newest = max(log.batch_ids(), default=None)
-    commit = log.get(newest) if newest is not None else None
-    return commit is not None and (commit.leader_epoch or 0) >= epoch
+    newest = CommitLog(CheckpointLayout(directory).commits, options, create=False).get_latest()
+    return newest is not None and (newest[1].leader_epoch or 0) >= epoch

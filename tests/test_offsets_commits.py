@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sparkwal.checkpoint import (CommitLog, CommitMetadata, MalformedLogError, OffsetMap, OffsetSeq,
@@ -69,6 +71,20 @@ def test_offset_seq_log_serialization_round_trip(tmp_path):
     again = OffsetSeqLog(str(tmp_path / "offsets"))
     assert again.get(0) == batch0 and again.get(1) == batch1
     assert (tmp_path / "offsets" / "1").read_bytes() == b'v1\n\n{"logOffset":2}\n{"b":1}\n-'
+
+
+def test_an_inspection_of_a_query_with_no_commit_yet_creates_nothing(tmp_path):
+    """Inspectors only read: a checkpoint with offsets and no commit keeps having no ``commits/``."""
+    from sparkwal.checkpoint.inspect import inspect_checkpoint
+
+    ckpt = tmp_path / "query"
+    ckpt.mkdir()
+    put(ckpt, "offsets", 0, GOLDEN_CKPT_2_1_0_OFFSETS_0)
+    report = inspect_checkpoint(str(ckpt))
+    assert report.offsets.ids == [0] and report.commits.ids == [] and report.restart.rerun
+    assert sorted(os.listdir(ckpt)) == ["offsets"]
+    assert CommitLog(str(ckpt / "commits"), create=False).get_latest() is None
+    assert not (ckpt / "commits").exists()
 
 
 def test_log_written_by_a_future_version(tmp_path):

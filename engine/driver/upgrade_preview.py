@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import CommitLog, OffsetSeqLog, read_checkpoint
 from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.checkpoint.resume import resolve_restart
 from sparkwal.checkpoint.state_files import read_manifest
-from sparkwal.wal import resolve
 
 from . import upgrade
 
@@ -101,20 +101,13 @@ def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | No
 
 
 def _logged_uncommitted(checkpoint: str, options: dict | None) -> list[int]:
+    """The times of the logged batches a restart re-runs with their logged offsets (Spark's rules:
+    :func:`sparkwal.checkpoint.resume.resolve_restart`, which also refuses logs it cannot resume from)."""
     layout = CheckpointLayout(checkpoint)
-    storage, root = resolve(layout.offsets, options)
-    if not storage.exists(root):  # (a log made here would create its directory)
-        return []
-    offsets = OffsetSeqLog(layout.offsets, options)
-    commits_storage, commits_root = resolve(layout.commits, options)
-    committed = max(CommitLog(layout.commits, options).batch_ids(), default=-1) \
-        if commits_storage.exists(commits_root) else -1
-    times = []
-    for i in offsets.batch_ids():
-        entry = offsets.get(i) if i > committed else None
-        if entry is not None and getattr(entry, "metadata", None) is not None:
-            times.append(entry.metadata.batch_timestamp_ms)
-    return times
+    offsets = OffsetSeqLog(layout.offsets, options, create=False)
+    restart = resolve_restart(offsets, CommitLog(layout.commits, options, create=False))
+    entries = [offsets.get(i) for i in restart.rerun_batches]
+    return [e.metadata.batch_timestamp_ms for e in entries if e is not None and e.metadata is not None]
 
 
 def _repartitioned(driver: Driver, data: dict, plan, checkpoint: str, options: dict | None) -> list[dict]:
