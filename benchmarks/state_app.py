@@ -13,7 +13,8 @@ records each batch: updateStateByKey's are the whole state, mapWithState's the t
 ``--op shuffle`` keeps no state: the batch's records moved to their keys' partitions and counted,
 the floor under any stateful batch of the same data. Each completed batch appends a JSON
 line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
-FILE (``at``: the wall clock when the listener saw it).
+FILE (``at``: the wall clock when the listener saw it; sparkwal's also ``breakdown`` and
+``operations``: where the batch's time went, ``BatchInfo.breakdown`` and each output operation's).
 """
 
 from __future__ import annotations
@@ -123,9 +124,11 @@ def main(argv: list[str] | None = None) -> None:
                 row = (b.batchTime().milliseconds(), b.numRecords(), b.processingDelay(), b.schedulingDelay())
             else:
                 row = (b.batch_time_ms, b.num_records, b.processing_delay_ms, b.scheduling_delay_ms)
+            where = {} if args.engine == "pyspark" else {  # where the batch's time went (ms)
+                "breakdown": b.breakdown, "operations": [o.breakdown for o in b.output_operation_infos.values()]}
             events.write(json.dumps({"event": "batch", "time_ms": row[0], "records": row[1],
                                      "processing_ms": row[2], "scheduling_ms": row[3],
-                                     "at": time.time()}) + "\n")
+                                     "at": time.time(), **where}) + "\n")
 
         def onStandbyReady(self, e):
             events.write(json.dumps({"event": "hot", "took_ms": e.took_ms, "at": time.time()}) + "\n")

@@ -282,6 +282,24 @@ def test_state_and_windows_recover_from_snapshots_not_from_old_input(spark_conte
         assert app.windows[t] == expected_window(t), f"window at {t}"
 
 
+def test_a_graceful_stop_snapshots_the_last_batchs_state_whatever_the_interval(spark_context, tmp_path):
+    """What goes on after a graceful stop or a handover (a restart, a standby taking over) starts
+    from the last batch's state: none of the batches since the last interval's snapshot re-runs."""
+    from sparkwal.checkpoint.inspect import inspect_checkpoint
+
+    app = SnapshotApp(spark_context, tmp_path)
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(clock, done))
+    ssc.start()
+    for t in (500, 1000, 1500):  # snapshots every 1 s: at 1000; 1500 is between two
+        put_file(app.indir, f"{t}.txt", words_at(t), t - 100)
+        clock.advance(500)
+        done.wait_for(t)
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+    states = inspect_checkpoint(str(app.ckpt)).state
+    assert len(states) == 2 and [s.newest_ms for s in states] == [1500, 1500], states
+
+
 def test_a_missing_snapshot_is_named(spark_context, tmp_path):
     app = stopped_app_with_snapshots(spark_context, tmp_path)
     victim = sorted((app.ckpt / "state").glob("*.manifest"))[-1]

@@ -3,9 +3,8 @@
 ``StreamingContext`` keeps pyspark's API; everything that runs the stream works on a
 :class:`Driver`: the checkpoint directory and its storage options, the leadership and its epoch,
 the batch log, the state snapshots, the block and receiver trackers, the job generator and
-scheduler, and the :class:`~sparkwal.engine.driver.events.EventBus` that listeners subscribe to. The
-driver's modules read and change these attributes only through this object (a test walks the
-package's syntax trees to keep it so).
+scheduler, and the :class:`~sparkwal.engine.driver.events.EventBus` that listeners subscribe to. The driver's
+modules read and change these attributes only through this object (a test walks the syntax trees to keep it so).
 
 Its lifecycle is Spark's ``StreamingContext.start``/``stop`` (``StreamingContext.scala``): lead the
 checkpoint directory (:mod:`.leadership`) or stand by (:mod:`.standby`), write the program's code
@@ -312,6 +311,7 @@ class Driver:
             self.stopping = True
             if self.state == ACTIVE and not self.is_standby:
                 self.graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
+                self.snapshots.each_batch |= graceful  # the batches left snapshot their state: none re-runs
                 receiver_lifecycle.stop_receivers(self, graceful)
                 self.generator.timer.stop()
                 finished = graceful and self.await_batches()

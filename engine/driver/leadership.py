@@ -49,6 +49,7 @@ from ..host import DriverFacts
 if TYPE_CHECKING:
     from .events import EventBus
     from .scheduler import JobGenerator
+    from ..state.snapshots import StateSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class FencingHost(DriverFacts, Protocol):
     def stopping(self) -> bool: ...
     @property
     def progress_ms(self) -> int | None: ...
+    @property
+    def snapshots(self) -> StateSnapshots: ...
     def lead(self) -> Leadership | None: ...
     def on_fenced(self, error: BaseException) -> None: ...
     def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
@@ -379,6 +382,7 @@ def hand_over_if_asked(driver: FencingHost, stop: Callable[[], None]) -> None:
     if lead is None or lead.handing_over or driver.stopping or not lead.handover_requested():
         return
     lead.handing_over = True
+    driver.snapshots.each_batch = True  # before this batch's completion is checkpointed: its state too
     log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a standby "
                 "to take over", lead.url)
     Service("sparkwal-handover", stop, daemon=False).start()  # the process waits for the stop to finish

@@ -372,6 +372,20 @@ class JobGenerator:
         with self._processed:
             self._processed.wait(timeout_s)
 
+    def snapshot_last_state(self, timeout_s: float) -> None:
+        """A graceful stop, every batch done: where the checkpoint interval left the last batch's
+        state without a snapshot, snapshot it (its completion's checkpoint written again with it),
+        so that the driver going on (a restart, a standby taking over) starts from that state
+        instead of re-running the batches since the last snapshot from their inputs."""
+        last, snapshots = self.last_processed_ms, self._driver.snapshots
+        if last is None or not snapshots.each_batch or not snapshots.any_due(last):
+            return
+        try:
+            self._events.submit(self._guard, self._driver.do_checkpoint, last, True).result(timeout_s)
+        except TimeoutError:
+            log.warning("graceful stop: the state of batch %s was not snapshotted in time; a restart re-runs it "
+                        "from its inputs", last)
+
     def stop(self, cancel_queued: bool = False) -> None:
         """Stop the timer and the event thread; ``cancel_queued`` drops the generations not
         started (a stop that gave up waiting: those batches are left to the restart). Batches
@@ -392,6 +406,7 @@ def await_batches(generator: JobGenerator, scheduler: JobScheduler, remaining_s:
     returned and named in one warning."""
     while generator.drain(remaining_s()) and scheduler.wait_idle(remaining_s()):
         if not generator.queued_times():
+            generator.snapshot_last_state(remaining_s())
             return []
         # batches held for a state's lineage: released once the last completion is processed
         generator.wait_processed(min(0.1, remaining_s()))

@@ -97,6 +97,10 @@ class StateSnapshots:
         #: above every number a state's snapshots were ever named by here (checkpointed): an upgrade
         #: never gives a new state the number of one an earlier upgrade dropped
         self.next_slot = 0
+        #: a graceful stop or a handover began: each batch still to complete snapshots its state,
+        #: whatever the checkpoint interval, so the driver that goes on (a standby taking over, a
+        #: restart) starts from the last batch's state instead of recomputing batches from inputs
+        self.each_batch = False
 
     @property
     def deltas_per_full(self) -> int:
@@ -343,7 +347,7 @@ class StateSnapshots:
         for index, stream in enumerate(self._driver.graph.streams):
             if not stream.must_checkpoint or not stream.checkpoint_ms:
                 continue
-            if (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
+            if not self.each_batch and (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
                 continue
             rdd = stream.generated_rdds.get(time_ms)
             state = self.by_stream.get(index)
