@@ -9,7 +9,7 @@ SIGKILL it at random moments and run it again: a restart must restore both state
 VERSION 2 is a new version of the program, started with ``getOrCreate(..., upgrade=True)``: a
 step added before both states (every stream moves), mapWithState in 6 partitions instead of 4, and
 updateStateByKey's values ``{"n": count}`` at state version 2, migrating version 1's counts. It
-writes WORKDIR/started-<pid> once its stream has started (a standby: once it stands by, and
+writes WORKDIR/started-<pid> (holding its PySpark's version) once its stream has started (a standby: once it stands by, and
 WORKDIR/leads-<pid> once it took over).
 """
 
@@ -89,7 +89,10 @@ def run_until_final(workdir: str, create, upgrade: bool = False, standby: bool =
 
     ssc = StreamingContext.getOrCreate(os.path.join(workdir, "ckpt"), create, upgrade=upgrade, standby=standby)
     ssc.start()
-    open(os.path.join(workdir, f"started-{os.getpid()}"), "w").close()
+    import pyspark
+
+    with open(os.path.join(workdir, f"started-{os.getpid()}"), "w") as f:
+        f.write(pyspark.__version__)
     if standby:
         ssc.awaitLeadership()
         open(os.path.join(workdir, f"leads-{os.getpid()}"), "w").close()

@@ -22,12 +22,15 @@ from sparkwal.checkpoint import read_checkpoint
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KEYS, PER_FILE, FILES = 50_000, 20_000, 3
+#: the oldest PySpark sparkwal supports, in a virtualenv of its own: the README's test command makes it
+#: (``.venv35``, PySpark 3.5.0) before the suite runs; SPARKWAL_OLDEST_PYSPARK_PYTHON names another
+OLDEST_PYSPARK_PYTHON = os.environ.get("SPARKWAL_OLDEST_PYSPARK_PYTHON", os.path.join(ROOT, ".venv35", "bin", "python"))
 
 
-def start(workdir, version: int = 1, *more: str, rate: int = 5000) -> subprocess.Popen:
+def start(workdir, version: int = 1, *more: str, rate: int = 5000, python: str = sys.executable) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT, STATE_CRASH_RATE=str(rate))
     err = open(os.path.join(workdir, "app.log"), "a")
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "state_crash_app.py"), str(workdir),
+    return subprocess.Popen([python, os.path.join(HERE, "state_crash_app.py"), str(workdir),
                              str(PER_FILE * FILES), str(version), *more], stdout=subprocess.DEVNULL, stderr=err,
                             env=env, start_new_session=True)
 
@@ -94,15 +97,21 @@ def test_state_is_exact_after_sigkills_at_random_points_of_delta_chains(tmp_path
 
 
 @pytest.mark.driver
-def test_a_standby_on_the_new_version_takes_the_stream_over_by_a_handover_with_every_state_exact(tmp_path):
-    """Version 2 waits as a hot standby beside version 1 (``upgrade=True, standby=True``), taking each
-    of its checkpoints by the upgrade's plan; ``sparkwal checkpoint handover`` asks version 1 to finish
-    its batches and give the leadership up (it exits by itself); version 2 takes over with the states
-    moved, repartitioned and migrated, and ends exact."""
+def test_a_standby_on_the_new_version_and_the_newest_pyspark_takes_over_by_a_handover_with_every_state_exact(
+        tmp_path):
+    """Version 1 runs on the oldest PySpark sparkwal supports (3.5); version 2, on the newest, waits
+    as a hot standby beside it (``upgrade=True, standby=True``), taking each of its checkpoints by the
+    upgrade's plan; ``sparkwal checkpoint handover`` asks version 1 to finish its batches and give the
+    leadership up (it exits by itself); version 2 takes over with the states moved, repartitioned and
+    migrated, and ends exact."""
     import json
 
+    import pyspark
+
+    assert os.access(OLDEST_PYSPARK_PYTHON, os.X_OK), (
+        f"{OLDEST_PYSPARK_PYTHON}: no Python with PySpark 3.5 (the README's test command makes .venv35 first)")
     expected = write_log(tmp_path / "log")
-    old = start(tmp_path, 1, rate=1000)  # 20 s of lines: both versions run batches of them
+    old = start(tmp_path, 1, rate=1000, python=OLDEST_PYSPARK_PYTHON)  # 20 s of lines: both versions run batches
     new = None
     try:
         seen = 0
@@ -112,6 +121,8 @@ def test_a_standby_on_the_new_version_takes_the_stream_over_by_a_handover_with_e
             time.sleep(0.05)
         new = start(tmp_path, 2, "standby", rate=1000)
         wait_for(tmp_path / f"started-{new.pid}", new, "the standby")
+        assert (tmp_path / f"started-{old.pid}").read_text().startswith("3.5.")
+        assert (tmp_path / f"started-{new.pid}").read_text() == pyspark.__version__
         assert not (tmp_path / f"leads-{new.pid}").exists() and not (tmp_path / "final.json").exists()
         handed = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "handover", str(tmp_path / "ckpt"),
                                  "--json", "--timeout", "120"], capture_output=True, text=True, timeout=180,
