@@ -9,8 +9,8 @@ SIGKILL it at random moments and run it again: a restart must restore both state
 VERSION 2 is a new version of the program, started with ``getOrCreate(..., upgrade=True)``: a
 step added before both states (every stream moves), mapWithState in 6 partitions instead of 4, and
 updateStateByKey's values ``{"n": count}`` at state version 2, migrating version 1's counts. It
-writes WORKDIR/started-<pid> (holding its PySpark's version) once its stream has started (a standby: once it stands by, and
-WORKDIR/leads-<pid> once it took over).
+writes WORKDIR/started-<pid> (holding its PySpark's version) once its stream has started (a
+standby: once it stands by, and WORKDIR/leads-<pid> once it took over).
 """
 
 from __future__ import annotations
