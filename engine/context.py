@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
@@ -14,12 +16,12 @@ from sparkwal.checkpoint.errors import CheckpointMismatchError, MissingCodePartE
 from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import Clock, resolve
 
-from . import config
+from . import config, rejoin
 from .driver import Driver, upgrade_preview
-from .driver.program import load_program, warm_active_workers
+from .driver.program import load_program, warm_active_workers, warn_if_written_by_another_app
 from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
-from .errors import EngineError
+from .errors import CopySourceActiveError
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener
 from .receiver.input import ReceiverInputDStream
@@ -31,16 +33,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ACTIVE", "INITIALIZED", "STOPPED", "CheckpointMismatchError", "CopySourceActiveError",
            "StreamingContext", "StreamingContextStateError"]
-
-
-class CopySourceActiveError(EngineError, RuntimeError):
-    """start() on a copy (``sparkwal checkpoint copy``) whose source a live driver leads, refused:
-    ``source`` (its URL) and ``leader`` (a ``sparkwal.wal.storage.LeaderInfo``) say which."""
-
-    def __init__(self, message: str, source: str, leader):
-        super().__init__(message)
-        self.source = source
-        self.leader = leader
 
 
 def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:
@@ -99,9 +91,8 @@ class StreamingContext:
 
     @property
     def uiWebUrl(self) -> str | None:
-        """The streaming UI's address (``{uiWebUrl}/streaming/``, ``/api/v1/...``, ``/metrics``)
-        once started; None before, and when ``spark.ui.enabled`` is false (see
-        :mod:`sparkwal.engine.driver.observability`)."""
+        """The streaming UI's address (``{uiWebUrl}/streaming/``, ``/api/v1/...``, ``/metrics``) once
+        started; None before, and when ``spark.ui.enabled`` is false (:mod:`.driver.observability`)."""
         observer = self._driver.observer
         return observer.url if observer is not None else None
 
@@ -294,28 +285,51 @@ class StreamingContext:
     def awaitLeadership(self, timeout: float | None = None) -> bool:
         """Block until this context is the active driver (True), or ``timeout`` seconds passed,
         or it stopped (False). An error of the takeover is raised here."""
+        self._wait(lambda driver: driver.leader_event, timeout)
         driver = self._driver
-        driver.leader_event.wait(timeout)
-        driver.raise_error()
         return driver.leader_event.is_set() and driver.state == ACTIVE and not driver.is_standby
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops; an error raised in a batch is raised here."""
-        self._driver.terminated.wait(timeout)
-        self._driver.raise_error()
+        self._wait(lambda driver: driver.terminated, timeout)
 
     def awaitTerminationOrTimeout(self, timeout: float) -> bool:
         """True if the context stopped (or failed) within ``timeout`` seconds."""
-        stopped = self._driver.terminated.wait(timeout)
-        self._driver.raise_error()
-        return stopped
+        return self._wait(lambda driver: driver.terminated, timeout)
+
+    def _wait(self, event: Callable[[Driver], threading.Event], timeout: float | None) -> bool:
+        """Wait for ``event`` of the driver (True) or ``timeout``, raising its error; a fenced leader of
+        ``getOrCreate(..., standby=True)`` rejoins as a standby and the wait goes on (:mod:`.rejoin`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            driver = self._driver
+            happened = event(driver).wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            rejoiner = driver.rejoiner
+            if rejoiner is None or not rejoiner.rejoin(lambda: self._driver, driver, self._start_rejoined):
+                driver.raise_error()
+                return happened
+
+    def _start_rejoined(self, fresh: Driver, fenced: Driver) -> bool:
+        self._driver, fresh.context = fresh, self
+        try:
+            self.start()
+        except Exception as e:  # noqa: BLE001  (logged; the fence is raised)
+            self._driver = fenced
+            fresh.stop(graceful=False)
+            rejoin.failed(fenced, e)
+            return False
+        log.warning("%s: rejoined as a %s", fenced.checkpoint_dir, "standby" if fresh.is_standby else "leader")
+        return True
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
         """Stop the streams (a standby just stops waiting: the active driver is not touched), then
         give up the leadership; ``stopSparkContext`` stops the SparkContext too."""
-        self._driver.stop(stopGraceFully)
+        if self._driver.rejoiner is not None:  # (after a rejoin under way: this stops the driver it started)
+            self._driver.rejoiner.stopping()
+        driver = self._driver
+        driver.stop(stopGraceFully)
         if stopSparkContext:
-            self._driver.sc.stop()
+            driver.sc.stop()
 
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
@@ -351,6 +365,8 @@ class StreamingContext:
         returns at once and it waits as a hot standby (``isStandby()``), writing nothing, until
         it takes the stream over from the newest checkpoint when that driver dies (see
         :mod:`sparkwal.engine.driver.standby`); with no live leader it starts as the active driver.
+        Fenced as a leader (its lease lapsed and another driver took over), it rejoins as a standby
+        and its ``await...`` wait goes on (:mod:`sparkwal.engine.rejoin`).
 
         ``allow_live_source=True`` (as ``spark.sparkwal.copy.allowLiveSource``): ``start()`` on a
         copy whose source a live driver leads runs anyway (see :meth:`start`), two drivers then
@@ -361,8 +377,10 @@ class StreamingContext:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
             return _setup(setupFunc)
-        ssc = _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
-        ssc.driver.request_standby(standby)
+        def make() -> StreamingContext:
+            return _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
+        ssc = make()
+        ssc.driver.request_standby(standby, rejoin.Rejoiner(make) if standby else None)  # fenced: see _wait
         ssc.allow_live_source = allow_live_source
         return ssc
 
@@ -390,20 +408,9 @@ def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> Stre
         stream.attach(ssc)
     ssc.checkpoint(path, storage_options=storage_options)
     ssc.driver.restore(checkpoint, "checkpoint")
-    _warn_if_written_by_another_app(checkpoint, path, sc)
+    warn_if_written_by_another_app(checkpoint, path, sc)
     log.info("recovered the program and its state from the checkpoint in %s", path)
     return ssc
-
-
-def _warn_if_written_by_another_app(checkpoint, path: str, sc: SparkContext) -> None:
-    """pyspark's contract stands (the checkpoint's program runs), but a checkpoint written by an
-    application of another name is probably not the one meant: one line names both."""
-    written_by = dict(checkpoint.data.get("conf") or []).get("spark.app.name")
-    if written_by and written_by != sc.appName:
-        log.warning("the checkpoint in %s was written by application %r, and this SparkContext is "
-                    "%r: the checkpoint's program runs (getOrCreate recovers what a checkpoint "
-                    "holds); give each application a checkpoint directory of its own",
-                    path, written_by, sc.appName)
 
 
 def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None,
@@ -438,5 +445,5 @@ def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None
         ssc.checkpoint(path, storage_options=storage_options)
     if checkpoint is not None:
         ssc.driver.restore(checkpoint, "upgrade")
-        _warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
+        warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
     return ssc

@@ -37,3 +37,13 @@ class StateError(EngineError, RuntimeError):
 
 class StreamingContextStateError(EngineError, RuntimeError):
     """An operation not allowed in the context's (or a stream's) current state."""
+
+
+class CopySourceActiveError(EngineError, RuntimeError):
+    """start() on a copy (``sparkwal checkpoint copy``) whose source a live driver leads, refused:
+    ``source`` (its URL) and ``leader`` (a ``sparkwal.wal.storage.LeaderInfo``) say which."""
+
+    def __init__(self, message: str, source: str, leader):
+        super().__init__(message)
+        self.source = source
+        self.leader = leader

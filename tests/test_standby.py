@@ -402,7 +402,7 @@ def test_a_takeover_after_a_kill_loses_nothing_and_counts_nothing_twice(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.driver
-def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_its_lease(tmp_path, s3_url):
+def test_on_s3_a_paused_leader_is_fenced_or_rejoins_as_a_standby_and_a_killed_one_is_taken_over(tmp_path, s3_url):
     import json
 
     bucket, options = s3_url
@@ -434,15 +434,25 @@ def test_on_s3_a_paused_leader_is_fenced_and_a_killed_one_is_taken_over_after_it
         first.reader.join(5)
         assert first.fenced is not None and "epoch 1" in first.fenced["message"]
 
+        # a leader started with --standby (getOrCreate(..., standby=True)) is paused in turn: fenced,
+        # it rejoins as the new leader's standby, and takes the stream over again when that one dies
         third = AppRun(str(workdir), 1.0, extra_args=(*args, "--standby"), env=env)
         runs.append(third)
         wait(third.standby_seen.is_set, 120, "the next standby", third)
-        second.kill()
+        os.killpg(second.proc.pid, signal.SIGSTOP)
         wait(third.took_over.is_set, 60, "the second takeover", third)
         assert third.takeover["epoch"] == 3
+        done = len(third.batches())
+        wait(lambda: len(third.batches()) > done, 60, "a batch of the third leader", third)
+        os.killpg(second.proc.pid, signal.SIGCONT)
+        wait(lambda: second.rejoined is not None, 120, "the fenced leader rejoining as a standby", second)
+        assert second.proc.poll() is None and "epoch 2" in second.rejoined["message"] and second.rejoined["standby"]
+        third.kill()
+        wait(second.took_over.is_set, 60, "the takeover by the driver that rejoined", second)
+        assert second.takeover["epoch"] == 4
         generator.join()
         wait_until_counted(str(workdir), generated, 90)
-        third.terminate()
+        second.terminate()
     finally:
         stop.set()
         for r in runs:

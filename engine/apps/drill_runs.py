@@ -36,6 +36,8 @@ class AppRun:
         self.takeover: dict | None = None  # a standby's takeover event, once it took over
         self.took_over = threading.Event()
         self.fenced: dict | None = None  # the app's "fenced" event: its leadership was lost
+        self.rejoined: dict | None = None  # fenced, started with --standby: its "rejoined" event
+        self.standby = "--standby" in extra_args  # started with getOrCreate(..., standby=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sparkwal.engine.wordcount", "--dir", workdir, "--batch", str(batch),
              "--files", "0", "--seconds", "0", "--json", *(["--upgrade"] if upgrade else []),
@@ -70,6 +72,10 @@ class AppRun:
                 self.standby_seen.set()
             elif event.get("event") == "fenced":
                 self.fenced = event
+            elif event.get("event") == "rejoined":  # fenced, it waits again as a standby
+                self.fenced = self.rejoined = event
+                self.took_over.clear()
+                self.standby_seen.set()
             elif event.get("event") == "takeover":
                 self.takeover = event
                 self.took_over.set()

@@ -27,7 +27,8 @@ later (the seed fixes the sequence) one nemesis strikes:
   over (or the drill starts a new driver, which waits the lease out); once the new leader has
   completed a batch, the held writes are forwarded (landing after the takeover: a checkpoint,
   offsets, a lease renewal of the old epoch), then the old driver resumes: it must exit fenced
-  (status 3), and the new leader must not stop.
+  (status 3) or, started with ``--standby``, rejoin as the new leader's standby, and the new leader
+  must not stop.
 
 Then the job runs until everything offered is counted, and the outputs are checked as in the kill
 drills: exactly once for files (every file in exactly one batch, word totals exact) and direct
@@ -110,7 +111,8 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
     workload = WORKLOADS[mode](workdir, files, batch, seed)
     env = {"AWS_ACCESS_KEY_ID": "nemesis", "AWS_SECRET_ACCESS_KEY": "nemesis", **workload.env}
     pair = _Pair(workdir, batch, (*args, *workload.args), env, standby)
-    counts = {"kills": 0, "storms": 0, "outages": 0, "zombies": 0, "zombies_fenced": 0, "zombie_writes_late": 0,
+    counts = {"kills": 0, "storms": 0, "outages": 0, "zombies": 0, "zombies_fenced": 0, "zombies_rejoined": 0,
+              "zombie_writes_late": 0,
               "clean_stops": 0, "unclean_stops": 0}
     unclean: list[str] = []
     struck: list[str] = []
@@ -132,13 +134,14 @@ def run(faults: int | None, files: int, batch: float, seed: int, workdir: str, l
                 counts["kills"] += 1
             elif nemesis == "zombie":
                 counts["zombies"] += 1
-                status, late = pair.zombie(proxy)
+                outcome, late = pair.zombie(proxy)
                 counts["zombie_writes_late"] += late
-                if status == 3:
+                if outcome in ("fenced", "rejoined"):
                     counts["zombies_fenced"] += 1
+                    counts["zombies_rejoined"] += outcome == "rejoined"
                 else:
                     counts["unclean_stops"] += 1
-                    unclean.append(f"zombie: the resumed driver ended with status {status}, not 3 (fenced)")
+                    unclean.append(f"zombie: the resumed driver {outcome}")
             elif nemesis == "storm":
                 proxy.rates = dict(STORM)
                 time.sleep(rng.uniform(3, 6))
@@ -237,9 +240,11 @@ class _Pair:
             if not self.spare.standby_seen.wait(180):
                 self.failures.append("a standby did not report that it waits")
 
-    def zombie(self, proxy) -> tuple[int | None, int]:
+    def zombie(self, proxy) -> tuple[str, int]:
         """The active driver paused past its lease with writes in flight, a new leader, the old
-        writes landing late, the old driver resumed: (its exit status, the writes that landed)."""
+        writes landing late, the old driver resumed: (what it did, the writes that landed). It
+        must exit fenced (status 3: "fenced"), or, started with ``--standby``, rejoin as the
+        new leader's standby ("rejoined"; it is the pair's spare from then on)."""
         old = self.active
         proxy.hold()
         time.sleep(1.5 * self._batch)  # its writes of a batch and a half wait in the "network"
@@ -249,7 +254,7 @@ class _Pair:
             if self.spare is not None and self.spare.proc.poll() is None:
                 if not self.spare.took_over.wait(LEASE_S + 60):
                     self.failures.append("zombie: the standby did not take over from the paused driver")
-                    return None, 0
+                    return "was not taken over", 0
                 self.active, self.spare = self.spare, None
                 self.takeovers += 1
             else:  # a new driver waits the paused one's lease out, then leads
@@ -263,11 +268,24 @@ class _Pair:
             late = _landed(proxy) - landed_before
         finally:
             os.killpg(old.proc.pid, signal.SIGCONT)
+        if old.standby:
+            deadline = time.monotonic() + 120
+            while old.rejoined is None and old.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if old.rejoined is None or old.proc.poll() is not None or not old.rejoined.get("standby"):
+                old.kill()
+                return f"did not rejoin as a standby ({old.rejoined or f'status {old.proc.returncode}'})", late
+            if self.spare is None or self.spare.proc.poll() is not None:
+                self.spare = old
+            else:
+                old.terminate()
+            return "rejoined", late
         try:
-            return old.proc.wait(60), late
+            status = old.proc.wait(60)
         except Exception:  # noqa: BLE001  it did not stop: a zombie that goes on is a failure
             old.kill()
-            return None, late
+            return "did not stop", late
+        return "fenced" if status == 3 else f"ended with status {status}, not 3 (fenced)", late
 
     def ended_by_themselves(self) -> list[str]:
         out = []

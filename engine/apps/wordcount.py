@@ -358,9 +358,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         if not stop.is_set():
             recovered(ssc, args.json)
         deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None
+        leader = ssc.driver
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             if ssc.awaitTerminationOrTimeout(0.2):
                 break
+            if ssc.driver is not leader:  # fenced, it rejoined as a standby (getOrCreate(..., standby=True))
+                fence, leader = leader.fenced or leader.error, ssc.driver
+                emit({"event": "rejoined", "standby": ssc.isStandby(), "message": str(fence)}, args.json,
+                     f"fenced ({fence}): rejoined as a {'standby' if ssc.isStandby() else 'leader'}")
     except FencedError as e:
         emit({"event": "fenced", "message": str(e)}, args.json, f"fenced: {e}")
         stopping_after_failure()

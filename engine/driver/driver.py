@@ -96,7 +96,7 @@ class Driver:
         self.receiver_tracker: ReceiverTracker | None = None  # made at start when there are receiver inputs
         self.checkpointing = checkpointing.Checkpointing(self)
         self.terminated = threading.Event()
-        self.standby_requested = False  # getOrCreate(..., standby=True)
+        self.standby_requested, self.rejoiner = False, None  # getOrCreate(..., standby=True): see request_standby
         self.standby: standby.Standby | None = None  # while started as a standby
         self.leadership: leadership.DriverLeadership | None = None  # made at start when checkpointing
         self.leader_event = threading.Event()  # set once this driver is the active one
@@ -252,9 +252,9 @@ class Driver:
         """Run ``graph`` (a checkpoint's program's) instead of the one built on this driver."""
         self.graph = graph
 
-    def request_standby(self, standby: bool) -> None:
-        """``start()`` stands by while another driver leads the checkpoint directory."""
-        self.standby_requested = standby
+    def request_standby(self, standby: bool, rejoiner=None) -> None:
+        """``start()`` stands by while another driver leads; fenced, it rejoins by ``rejoiner`` (engine/rejoin.py)."""
+        self.standby_requested, self.rejoiner = standby, rejoiner
 
     def prepare_program(self) -> tuple[bytes, list[list[str]]]:
         """The checkpoint's code part and conf pairs, as a leader writes them at start (a

@@ -91,6 +91,11 @@ class EventBus:
                 if listener in listeners:
                     listeners.remove(listener)
 
+    def queued_subscribers(self) -> list:
+        """The listeners called on the bus's own thread (a program's, ``addStreamingListener``)."""
+        with self._lock:
+            return list(self._queued_listeners)
+
     def subscribers(self) -> list:
         with self._lock:
             return [*self._synchronous, *self._queued_listeners]

@@ -230,8 +230,8 @@ class DriverLeadership:
                     return
                 stall = stalled() if stalled is not None else None
                 if stall is not None:
-                    on_fenced(FencedError(f"{self.url}: {stall}: this driver gave its leadership up "
-                                          "for a standby to take over"))
+                    on_fenced(LeaderStalledError(f"{self.url}: {stall}: this driver gave its leadership up "
+                                                 "for a standby to take over"))
                     # a request sent just before is answered, or abandoned, within this
                     stop.wait(request_timeout_s(self.lease_ms))
                     lead.release()
@@ -297,6 +297,11 @@ class StallWatch:
             return None
         return (f"no batch completed for {idle_ms / 1000:.1f} s while batches were due "
                 f"({config.LEADER_STALL_INTERVALS.key}={self.intervals}, batches of {self.batch_ms} ms)")
+
+
+class LeaderStalledError(FencedError):
+    """A leader whose stream stalled gave its leadership up (``spark.sparkwal.leader.stallIntervals``):
+    it ends, even when started with ``standby=True``, so that its process starts anew."""
 
 
 class LeaseSettingsError(EngineError, ValueError):

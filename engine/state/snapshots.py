@@ -1,13 +1,12 @@
-"""StateSnapshots: writing each stateful stream's state as a chain of snapshots, and which of them
-a checkpoint needs.
+"""StateSnapshots: writing each stateful stream's state as a chain of snapshots, and which of them a checkpoint needs.
 
-At every checkpoint-interval time a stateful stream's state is written (by Spark's tasks; the
-files' format is :mod:`sparkwal.checkpoint.state_files`', the checkpoint's entry
+At every checkpoint-interval time a stateful stream's state is written (by Spark's tasks; the files'
+format is :mod:`sparkwal.checkpoint.state_files`', the checkpoint's entry
 :mod:`sparkwal.checkpoint.state_chains`'): a *delta* of the keys changed or removed since the stream's
 previous snapshot, or a *full* snapshot when there is none yet, when the chain already holds
-``spark.sparkwal.state.deltasPerFull`` deltas (default 10), when its deltas together are as
-large as its full snapshot (so a restart reads at most about twice the state), or when the state's
-lineage reaches back ``spark.sparkwal.state.maxLineageBatches`` batches (default 50).
+``spark.sparkwal.state.deltasPerFull`` deltas (default 10), when its deltas together are as large as
+its full snapshot (a restart reads at most about twice the state), or when the state's lineage
+reaches back ``spark.sparkwal.state.maxLineageBatches`` batches (default 50).
 
 A full snapshot is then read back, partitioned as before, cached, and served from then on: the
 state's lineage ends there (Spark's RDD checkpoint, whose files are read only when the cache is
@@ -17,21 +16,20 @@ snapshot (at most ``deltasPerFull`` intervals, and ``spark.sparkwal.state.maxLin
 batches), and :meth:`StateSnapshots.floor` keeps the inputs of those batches, which an executor
 that loses the cached state recomputes from.
 
-A backlog must not lengthen it: batches are generated on time (as Spark's), each on the state of
-the batch before, so batches generated while the one whose full snapshot cuts the lineage waits
-to run would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs built on a
-checkpointed one in place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits`
-names the batches that would reach back further than the next cut can be due (``maxLineageBatches``
-plus a checkpoint interval): the generator holds them until the cut is made
-(:class:`sparkwal.engine.driver.scheduler.JobGenerator`), so no task's lineage is ever longer, whatever the
-backlog. A Java thread's stack deserializes such a task's RDDs recursively: the soak's driver died
-of a StackOverflowError with ~160 batches of lineage queued at 1 s batches.
+A backlog must not lengthen it: batches are generated on time (as Spark's), each on the state of the
+batch before, so batches generated while the one whose full snapshot cuts the lineage waits to run
+would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs built on a checkpointed one in
+place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits` names the batches that
+would reach back further than the next cut can be due (``maxLineageBatches`` plus an interval): the
+generator (:class:`sparkwal.engine.driver.scheduler.JobGenerator`) holds them until the cut is made. A
+Java thread deserializes a task's RDDs recursively: a soak's driver died of a StackOverflowError with
+~160 batches of lineage queued at 1 s batches.
 
-A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before
-it, for mapWithState, whose re-run batches must call the function again) and recomputes the
-later batches from their inputs. Snapshots outside the chains of the three newest are retired,
-and deleted once two checkpoints taken after their retirement (a main file and its .bk) are
-durable: checkpoints are written behind the batches, and one taken earlier still references them.
+A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before it,
+for mapWithState, whose re-run batches must call the function again) and recomputes the later batches
+from their inputs. Snapshots outside the chains of the three newest are retired, and deleted once two
+checkpoints taken after their retirement (a main file and its .bk) are durable: checkpoints are
+written behind the batches, and one taken earlier still references them.
 """
 
 from __future__ import annotations
@@ -47,21 +45,18 @@ from sparkwal.checkpoint.state_chains import SnapshotRef, StreamState, parse_sta
 from sparkwal.checkpoint.state_files import read_manifest
 
 from .. import config
+from ..host import DriverFacts
 from . import versions
 from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
-
-from ..host import DriverFacts
 
 if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
     from sparkwal.wal import Leadership
 
-
 log = logging.getLogger(__name__)
 
 DELTAS_PER_FULL = config.DELTAS_PER_FULL.default
-#: a full snapshot once the state's lineage reaches back this many batches, whatever the deltas
-#: (``spark.sparkwal.state.maxLineageBatches``): each batch adds a few RDDs to it
+#: a full snapshot once the lineage reaches back this many batches (``spark.sparkwal.state.maxLineageBatches``)
 MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
 CHAINS_KEPT = 3
 
@@ -88,18 +83,15 @@ class StateSnapshots:
         #: (the newest snapshot URL of the chain read, the cached RDD)
         self._preloaded: dict[tuple[int, int], tuple[str, RDD]] = {}
         self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
-        self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): see load_for_restart
-        #: stream index -> the number its snapshots are named by, where an upgrade moved it
-        #: (absent: its index): a carried state keeps its chain's, a new one gets one no state had
+        self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): load_for_restart
+        #: stream index -> the number its snapshots are named by where an upgrade moved it (absent: its index)
         self.slots: dict[int, int] = {}
         #: stream index -> the first batch time of a state an upgrade added (None: set at its start)
         self.starts: dict[int, int | None] = {}
-        #: above every number a state's snapshots were ever named by here (checkpointed): an upgrade
-        #: never gives a new state the number of one an earlier upgrade dropped
+        #: above every number snapshots were ever named by here: a new state never takes a dropped one's
         self.next_slot = 0
-        #: a graceful stop or a handover began: each batch still to complete snapshots its state,
-        #: whatever the checkpoint interval, so the driver that goes on (a standby taking over, a
-        #: restart) starts from the last batch's state instead of recomputing batches from inputs
+        #: a graceful stop or a handover began: each batch left snapshots its state, whatever the interval,
+        #: so the driver that goes on starts from the last batch's state, recomputing no batch from inputs
         self.each_batch = False
 
     @property
@@ -415,6 +407,14 @@ class StateSnapshots:
             else:
                 keep.append((queued_then, path))
         self._retired = keep
+
+    def release_cached(self) -> None:
+        """Unpersist a standby's preloaded state and what a takeover kept of it (a driver replaced)."""
+        rdds = [rdd for _url, rdd in self._preloaded.values()] + self._unpersist_later[1]
+        self._preloaded.clear()
+        self._unpersist_later = (0, [])
+        for rdd in rdds:
+            rdd.unpersist(blocking=False)
 
     def on_batch_done(self, time_ms: int) -> None:
         """Unpersist a standby's preloaded state that no stream serves, once the first new batch
