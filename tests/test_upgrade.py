@@ -343,3 +343,68 @@ def test_a_handover_is_asked_of_one_epoch_and_refused_where_no_driver_leads(tmp_
 
     nobody = sparkwal("checkpoint", "handover", tmp_path, expect=1)
     assert nobody.stderr.strip() == f"sparkwal: no live driver leads {tmp_path}: there is nothing to hand over"
+
+
+class Batches:
+    """Word totals (``updateStateByKey``, snapshotted every second) at a batch duration of the
+    version's choosing; ``window=True`` adds a window over the words."""
+
+    def __init__(self, sc, tmp_path):
+        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+        self.indir.mkdir()
+        self.totals: dict[int, list] = {}
+
+    def setup(self, clock, done, batch_s: float, window: bool = False):
+        def create():
+            ssc = StreamingContext(self.sc, batch_s, clock=clock)
+            ssc.checkpoint(str(self.ckpt))
+            words = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
+            totals = words.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
+            kept = self.totals
+            totals.foreachRDD(lambda t, rdd: kept.__setitem__(ms(t), sorted(rdd.collect())))
+            if window:
+                words.reduceByKeyAndWindow(operator.add, operator.sub, 2.0, 1.0).checkpoint(2.0).foreachRDD(
+                    lambda rdd: None)
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+    def run(self, batch_s: float, start_ms: int, times: list[int], files: dict[int, str], graceful: bool):
+        clock, done = ManualClock(start_ms), Completed()
+        ssc = StreamingContext.getOrCreate(str(self.ckpt), self.setup(clock, done, batch_s), upgrade=True)
+        ssc.start()
+        for t in times:
+            if t in files:
+                put_file(self.indir, f"{t}.txt", files[t], t - 100)
+            clock.advance(t - clock.now_ms())
+            done.wait_for(t)
+        ssc.stop(stopSparkContext=False, stopGraceFully=graceful)
+        return ssc
+
+
+@pytest.mark.slow
+def test_a_batch_duration_change_keeps_every_state_exact_after_a_graceful_stop_and_is_refused_otherwise(
+        spark_context, tmp_path):
+    """Version 1 at 0.5 s batches, version 2 at 1 s: the new batches follow the last one the old
+    version completed, on a grid of their own, with every count and every file seen carried. Refused,
+    naming why and what to do: after a stop that left the last batch's state unsnapshotted (its
+    interval is 1 s), and for a window (its state holds slices of the old batches)."""
+    from collections import Counter
+
+    app = Batches(spark_context, tmp_path)
+    files = {500: "a b", 1000: "a", 1500: "b b", 2000: "a", 2500: "c b", 3500: "c", 4500: "c a"}
+    app.run(0.5, 0, [500, 1000, 1500], files, graceful=False)  # its last snapshot: of batch 1000
+    with pytest.raises(CheckpointMismatchError, match=r"from 500 ms to 1000 ms.*newest snapshot .* of batch 1000, "
+                                                      r"not of the last batch \(1500\).*gracefully"):
+        app.run(1.0, 1600, [], files, graceful=False)
+    with pytest.raises(CheckpointMismatchError, match=r"500 ms, this program uses 1000 ms, and .*windowed"):
+        StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(1600), Completed(), 1.0, window=True),
+                                     upgrade=True)
+    app.run(0.5, 1600, [2000, 2500], files, graceful=True)  # 2500: between two intervals, snapshotted
+    ssc = app.run(1.0, 2600, [3500, 4500], files, graceful=True)
+    assert ssc.rerun_batch_times == [] and sorted(app.totals) == [500, 1000, 1500, 2000, 2500, 3500, 4500]
+    expected: Counter = Counter()
+    for t in sorted(app.totals):
+        expected.update(files[t].split())
+        assert app.totals[t] == sorted(expected.items()), f"totals at {t}"
+    assert read_checkpoint(str(app.ckpt)).data["batch_ms"] == 1000

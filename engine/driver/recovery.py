@@ -90,10 +90,9 @@ def restore(driver: RecoveryHost, checkpoint: Checkpoint, kind: str | None = Non
     ``kind`` is "upgrade": then a changed graph takes what the plan carries (returned; None: the
     graph is the checkpoint's), or the upgrade is refused, naming every loss."""
     data = checkpoint.data
-    if data.get("batch_ms") != driver.batch_ms:
-        raise CheckpointMismatchError(
-            f"the checkpoint in {driver.checkpoint_dir} was written with a batch duration of "
-            f"{data.get('batch_ms')} ms, this program uses {driver.batch_ms} ms")
+    refused = batch_change_refusal(driver, data.get("batch_ms"), kind)
+    if refused is not None:
+        raise CheckpointMismatchError(refused)
     plan = None
     if data.get("fingerprint") != driver.graph.fingerprint():
         difference = _first_difference(data.get("graph", ""), driver.graph.describe())
@@ -124,8 +123,10 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     """Spark's restart rule, from checkpoint ``cp``: re-run the pending batches and every batch
     time from the checkpoint time up to the restart time, plus every logged uncommitted batch.
     Committed batches among them do not run their outputs again."""
-    zero = cp.data["zero_time_ms"]
-    check_batch_log_agrees(driver, cp, zero)
+    zero = since = cp.data["zero_time_ms"]
+    if cp.data.get("batch_ms") != driver.batch_ms:  # an upgrade to another batch duration: a new grid
+        zero, since = new_batch_grid(driver, cp), cp.checkpoint_time_ms
+    check_batch_log_agrees(driver, cp, zero, since)
     driver.graph.start(zero)
     restart_ms = driver.generator.timer.restart_time(zero)
     down = list(range(cp.checkpoint_time_ms, restart_ms, driver.batch_ms))
@@ -142,6 +143,56 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     # the states an upgrade added hold what the new version outputs: from its first re-run batch
     driver.snapshots.begin(plan.rerun_batch_times[0] if plan.rerun_batch_times else restart_ms)
     return replace(plan, coalesced_batch_times=tuple(coalesced))
+
+
+def batch_change_refusal(driver: RecoveryHost, old_ms: int | None, kind: str | None) -> str | None:
+    """Why a checkpoint written at a batch duration of ``old_ms`` cannot run at this program's, or
+    None. Only an upgrade changes it, and only where every state kept is exact whatever the batches
+    are: a key's value in ``updateStateByKey`` and ``mapWithState`` (its timeouts count time, not
+    batches) does not depend on how its records were cut into batches; a window's state does (it holds
+    slices of the old duration and subtracts them as they leave), as does a stream sliding over
+    several batches."""
+    if old_ms is None or old_ms == driver.batch_ms:
+        return None
+    change = (f"the checkpoint in {driver.checkpoint_dir} was written with a batch duration of {old_ms} ms, "
+              f"this program uses {driver.batch_ms} ms")
+    if kind != "upgrade":
+        return f"{change}: a batch duration changes only in an upgrade (getOrCreate(..., upgrade=True))"
+    for s in driver.graph.streams:
+        if getattr(s, "window_ms", None) is not None:
+            return (f"{change}, and {s} is windowed: its state holds slices of the old batches (a batch duration "
+                    "changes only where each state is kept per key: updateStateByKey, mapWithState)")
+        if s.slide_ms != driver.batch_ms:
+            return f"{change}, and {s} slides every {s.slide_ms} ms: a batch duration change needs every stream at it"
+    return None
+
+
+def new_batch_grid(driver: RecoveryHost, cp: Checkpoint) -> int:
+    """The zero time of the new batch duration's grid (an upgrade that changes it): one new batch
+    before the last batch the old version completed, ``cp``'s, so that batch is on the grid, its
+    state (snapshotted at a graceful stop or a handover) the one the first new batch builds on.
+    Refused, in one line, while batches of the old duration are left to re-run (a kill, not a
+    stop) or a state's newest snapshot is older than that batch."""
+    blog = driver.batch_log
+    left = sorted({*cp.pending_times_ms, *(blog.rerun_times if blog is not None else [])})
+    change = f"the batch duration changes from {cp.data.get('batch_ms')} ms to {driver.batch_ms} ms"
+    if left or cp.data.get("completed_ms") != cp.checkpoint_time_ms:
+        raise CheckpointMismatchError(
+            f"{change}, but the checkpoint in {driver.checkpoint_dir} leaves batches of the old duration to re-run "
+            f"({left or [cp.checkpoint_time_ms]}): stop the old version gracefully (SIGTERM with "
+            "spark.streaming.stopGracefullyOnShutdown, or sparkwal checkpoint handover), which completes them, "
+            "then start this one")
+    for index, stream in enumerate(driver.graph.streams):
+        if not stream.must_checkpoint or driver.snapshots.starts.get(index, -1) is None:
+            continue  # (a state this upgrade adds starts empty)
+        times = driver.snapshots.by_stream[index].snapshots if index in driver.snapshots.by_stream else {}
+        if max(times, default=None) != cp.checkpoint_time_ms:
+            raise CheckpointMismatchError(
+                f"{change}, but the newest snapshot of {stream} is of batch {max(times, default=None)}, not of the "
+                f"last batch ({cp.checkpoint_time_ms}): its state would be recomputed at the old duration; stop the "
+                "old version gracefully with this sparkwal (it snapshots the last batch), then start this one")
+    log.warning("%s: the new batches run at %d ms from batch %d on", change, driver.batch_ms, cp.checkpoint_time_ms)
+    return cp.checkpoint_time_ms - driver.batch_ms
 
 
 def coalesce_downtime(driver: RecoveryHost, cp: Checkpoint, times: list[int], logged: list[int],
@@ -208,8 +259,9 @@ def rerun(driver: RecoveryHost, cp: Checkpoint | None, times: list[int], restart
     return RestartPlan(restart, tuple(times), rerun_times, skipped, skip_outputs)
 
 
-def check_batch_log_agrees(driver: RecoveryHost, cp: Checkpoint, zero: int) -> None:
-    """The offset log must hold every batch the checkpoint saw logged, on its batch grid."""
+def check_batch_log_agrees(driver: RecoveryHost, cp: Checkpoint, zero: int, since: int) -> None:
+    """The offset log must hold every batch the checkpoint saw logged, those after ``since`` on its
+    batch grid (a new batch duration's grid begins after the old batches)."""
     blog = driver.batch_log
     if blog is None:
         return
@@ -221,7 +273,7 @@ def check_batch_log_agrees(driver: RecoveryHost, cp: Checkpoint, zero: int) -> N
             f"{blog.latest_logged_id()}: the offset log was lost or restored from an older "
             "copy; restore it (or start from a new checkpoint directory)")
     for t in blog.logged_times():
-        if (t - zero) % driver.batch_ms:
+        if t > since and (t - zero) % driver.batch_ms:
             raise CheckpointMismatchError(
                 f"{blog.offsets.file_url(blog.batch_id(t))} logs batch time {t}, which is not "
                 f"on this checkpoint's batch grid (zero time {zero}, {driver.batch_ms} ms)")

@@ -55,7 +55,23 @@ def plan_for(driver: RecoveryHost, data: dict) -> UpgradePlan | None:
     recorded = data.get("identities")
     if not isinstance(recorded, dict) or not recorded:
         return None
+    old_ms = data.get("batch_ms")
+    if isinstance(old_ms, int) and old_ms != driver.batch_ms:  # (recovery.batch_change_refusal allows it)
+        recorded = {k: _rebatched(r, old_ms, driver.batch_ms) for k, r in recorded.items()}
     return plan_upgrade(recorded, identities(driver.graph), allowed_drops(driver.settings), DROP_HINT)
+
+
+def _rebatched(record, old_ms: int, new_ms: int):
+    """A recorded identity read at a new batch duration: a stream at the old batch's slide is at the
+    new one's (a batch duration changes only where every stream slides by one batch)."""
+    if not isinstance(record, dict):
+        return record
+    out = dict(record)
+    if out.get("slide_ms") == old_ms:
+        out["slide_ms"] = new_ms
+    if isinstance(out.get("upstream"), list):
+        out["upstream"] = sorted(f"slide {new_ms}" if u == f"slide {old_ms}" else u for u in out["upstream"])
+    return out
 
 
 def apply(driver: RecoveryHost, checkpoint: Checkpoint, difference: str) -> UpgradePlan:

@@ -13,7 +13,9 @@ The JSON object: :meth:`sparkwal.engine.upgrade_plan.UpgradePlan.to_json`'s fiel
 None: none), ``checkpoint_time_ms``, ``rerun_batch_times`` (the checkpoint's pending batches and the
 logged uncommitted ones: they re-run in the new graph, once), ``repartitioned`` (``[{"name", "from",
 "to"}]``: a carried state whose number of partitions changes, restored into the new one by one
-shuffle), ``lines`` (the plan for a person) and, when the plan cannot be made, ``error``.
+shuffle), ``batch_change`` (``{"from_ms", "to_ms", "from_batch"}``: the batch duration changes, the
+new batches following that one; None: it does not), ``lines`` (the plan for a person) and, when the
+plan cannot be made, ``error``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.checkpoint.resume import resolve_restart
 from sparkwal.checkpoint.state_files import read_manifest
 
-from . import upgrade
+from . import recovery, upgrade
 
 if TYPE_CHECKING:
     from .driver import Driver
@@ -87,16 +89,28 @@ def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | No
                 "wrote it) and the graph changed: restore the original graph and run it once with this sparkwal",
                 "checkpoint": checkpoint, "loses_nothing": same,
                 "lines": ["the graph is the checkpoint's: everything is carried"] if same else []}
-    if data.get("batch_ms") != driver.batch_ms:
-        plan.refusals.append(f"the checkpoint was written with a batch duration of {data.get('batch_ms')} ms, this "
-                             f"program uses {driver.batch_ms} ms (a batch duration change is not an upgrade yet)")
+    batch_change = None
+    refused = recovery.batch_change_refusal(driver, data.get("batch_ms"), "upgrade")
+    if refused is not None:
+        plan.refusals.append(refused)
     reruns = sorted({*cp.pending_times_ms, *_logged_uncommitted(checkpoint, options)})
+    if refused is None and data.get("batch_ms") != driver.batch_ms:
+        if reruns or data.get("completed_ms") != cp.checkpoint_time_ms:
+            plan.refusals.append(f"the batch duration changes from {data.get('batch_ms')} ms to {driver.batch_ms} ms, "
+                                 "but batches of the old duration are left to re-run: stop the old version "
+                                 "gracefully (or hand over), which completes them")
+        else:
+            batch_change = {"from_ms": data.get("batch_ms"), "to_ms": driver.batch_ms,
+                            "from_batch": cp.checkpoint_time_ms}
     repartitioned = _repartitioned(driver, data, plan, checkpoint, options)
     lines = plan.lines()
     lines += [f"repartitioned: {r['name']} from {r['from']} to {r['to']} partitions" for r in repartitioned]
     lines.append(f"re-run in the new graph: batches {reruns}" if reruns else "re-run: no batch")
+    if batch_change is not None:
+        lines.append(f"batch duration: {batch_change['from_ms']} ms -> {batch_change['to_ms']} ms, the new batches "
+                     f"after batch {batch_change['from_batch']} (every state kept is per key: exact)")
     return {**plan.to_json(), "checkpoint": checkpoint, "program_checkpoint": program_checkpoint,
-            "checkpoint_time_ms": cp.checkpoint_time_ms, "rerun_batch_times": reruns,
+            "checkpoint_time_ms": cp.checkpoint_time_ms, "rerun_batch_times": reruns, "batch_change": batch_change,
             "repartitioned": repartitioned, "lines": lines, "error": None}
 
 
