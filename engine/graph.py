@@ -42,6 +42,9 @@ class DStreamGraph:
         #: coalesced (``spark.sparkwal.recovery.coalesceDowntime``): checkpointed, as a later
         #: restart re-running the first new batch must build its state on the same batch again
         self.downtimes: dict[int, int] = {}
+        #: the last batch of the old duration when an upgrade changed the batch duration (None: never):
+        #: the batches up to it are on the old grid, complete; checkpointed as ``batch_grid_from_ms``
+        self.batch_grid_from_ms: int | None = None
         #: above every input id this checkpoint directory ever gave (checkpointed as ``next_ids``):
         #: an input an upgrade adds never takes the id, files and blocks of one an earlier one dropped
         self.next_input_id = 0

@@ -346,22 +346,34 @@ def test_a_handover_is_asked_of_one_epoch_and_refused_where_no_driver_leads(tmp_
 
 
 class Batches:
-    """Word totals (``updateStateByKey``, snapshotted every second) at a batch duration of the
-    version's choosing; ``window=True`` adds a window over the words."""
+    """Word totals of a file stream and a direct stream, by ``updateStateByKey`` and by
+    ``mapWithState`` (both snapshotted every second), at a batch duration of the version's choosing;
+    ``window=True`` adds a window over the words."""
 
     def __init__(self, sc, tmp_path):
-        self.sc, self.indir, self.ckpt = sc, tmp_path / "in", tmp_path / "ckpt"
+        self.sc, self.indir, self.ckpt, self.log = sc, tmp_path / "in", tmp_path / "ckpt", tmp_path / "log"
         self.indir.mkdir()
+        self.log.mkdir()
+        (self.log / "p").write_text("")
         self.totals: dict[int, list] = {}
+        self.mapped: dict[int, list] = {}
 
     def setup(self, clock, done, batch_s: float, window: bool = False):
         def create():
             ssc = StreamingContext(self.sc, batch_s, clock=clock)
             ssc.checkpoint(str(self.ckpt))
-            words = ssc.textFileStream(str(self.indir)).flatMap(str.split).map(lambda w: (w, 1))
+            lines = ssc.textFileStream(str(self.indir)).union(ssc.directStream(FileLogSource(str(self.log))))
+            words = lines.flatMap(str.split).map(lambda w: (w, 1))
             totals = words.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)
-            kept = self.totals
+            kept, mapped = self.totals, self.mapped
             totals.foreachRDD(lambda t, rdd: kept.__setitem__(ms(t), sorted(rdd.collect())))
+
+            def count(key, value, state):  # (defined here: the workers cannot import this module)
+                state.update((state.get() if state.exists() else 0) + value)
+
+            counted = words.mapWithState(StateSpec.function(count))
+            counted.checkpoint(1.0)
+            counted.stateSnapshots().foreachRDD(lambda t, rdd: mapped.__setitem__(ms(t), sorted(rdd.collect())))
             if window:
                 words.reduceByKeyAndWindow(operator.add, operator.sub, 2.0, 1.0).checkpoint(2.0).foreachRDD(
                     lambda rdd: None)
@@ -376,6 +388,7 @@ class Batches:
         for t in times:
             if t in files:
                 put_file(self.indir, f"{t}.txt", files[t], t - 100)
+                append(self.log / "p", f"d{t % 3}")  # and a line of the direct stream
             clock.advance(t - clock.now_ms())
             done.wait_for(t)
         ssc.stop(stopSparkContext=False, stopGraceFully=graceful)
@@ -392,7 +405,7 @@ def test_a_batch_duration_change_keeps_every_state_exact_after_a_graceful_stop_a
     from collections import Counter
 
     app = Batches(spark_context, tmp_path)
-    files = {500: "a b", 1000: "a", 1500: "b b", 2000: "a", 2500: "c b", 3500: "c", 4500: "c a"}
+    files = {500: "a b", 1000: "a", 1500: "b b", 2000: "a", 2500: "c b", 3500: "c", 4500: "c a", 5500: "b"}
     app.run(0.5, 0, [500, 1000, 1500], files, graceful=False)  # its last snapshot: of batch 1000
     with pytest.raises(CheckpointMismatchError, match=r"from 500 ms to 1000 ms.*newest snapshot .* of batch 1000, "
                                                       r"not of the last batch \(1500\).*gracefully"):
@@ -402,9 +415,11 @@ def test_a_batch_duration_change_keeps_every_state_exact_after_a_graceful_stop_a
                                      upgrade=True)
     app.run(0.5, 1600, [2000, 2500], files, graceful=True)  # 2500: between two intervals, snapshotted
     ssc = app.run(1.0, 2600, [3500, 4500], files, graceful=True)
-    assert ssc.rerun_batch_times == [] and sorted(app.totals) == [500, 1000, 1500, 2000, 2500, 3500, 4500]
+    assert ssc.rerun_batch_times == [] and read_checkpoint(str(app.ckpt)).data["batch_ms"] == 1000
+    app.run(1.0, 4600, [5500], files, graceful=False)  # a restart on the new grid: the old grid's offsets stay
+    assert sorted(app.totals) == [500, 1000, 1500, 2000, 2500, 3500, 4500, 5500]
     expected: Counter = Counter()
     for t in sorted(app.totals):
-        expected.update(files[t].split())
+        expected.update([*files[t].split(), f"d{t % 3}"])
         assert app.totals[t] == sorted(expected.items()), f"totals at {t}"
-    assert read_checkpoint(str(app.ckpt)).data["batch_ms"] == 1000
+        assert app.mapped[t] == sorted(expected.items()), f"mapWithState at {t}"

@@ -17,6 +17,8 @@ A checkpoint's ``data`` (the file format itself is :mod:`sparkwal.checkpoint.che
      and received data are kept from there; ``sparkwal checkpoint copy`` copies from there),
      "downtimes": [[first new batch time, the last batch time before it], ...] of downtimes a
      restart coalesced (``spark.sparkwal.recovery.coalesceDowntime``) after the floor,
+     "batch_grid_from_ms": after an upgrade that changed the batch duration, the last batch of the
+     old one (the batches up to it are complete, on the old grid; absent: none changed it),
      and after an upgrade to a changed graph (:mod:`sparkwal.engine.driver.upgrade`):
      "next_ids": {"input": above every input id given here, "state": above every snapshot number},
      "state_slots": {stream index: the number its snapshots are named by, where not its index},
@@ -130,6 +132,14 @@ class Checkpointing:
             driver.snapshots.snapshot_due(time_ms)
         self._write(time_ms, clear_later)
 
+    def write_on_new_grid(self, last_ms: int) -> None:
+        """An upgrade that changed the batch duration: the old version's last batch, complete,
+        checkpointed again on the new grid (batch duration, zero time) before any new batch is
+        logged, durable before the start returns: a kill from here on restarts as this version."""
+        self._driver.succeeded_ms = max(self._driver.succeeded_ms, last_ms)
+        self._write(last_ms, True)
+        self._driver.checkpoint_writer.flush()
+
     def write_first(self, first_ms: int) -> None:
         """A new stream's first checkpoint, of the time before its first batch, durable before
         ``start()`` returns: a driver killed before its first batch's checkpoint then restarts from
@@ -161,6 +171,8 @@ class Checkpointing:
             LEADER_EPOCH_KEY: driver.leader_epoch,
             "floor_ms": floor,
             "downtimes": driver.graph.downtimes_since(floor),
+            **({"batch_grid_from_ms": driver.graph.batch_grid_from_ms}
+               if driver.graph.batch_grid_from_ms is not None else {}),
         }
         with self._floors_lock:
             self._floors.setdefault(time_ms, []).append((floor, time.monotonic()))

@@ -23,7 +23,10 @@ from ..upgrade_plan import UpgradePlan
 from . import upgrade
 
 if TYPE_CHECKING:
+    from sparkwal.tracker import ReceivedBlockTracker
+
     from ..sources.batch_log import BatchLog
+    from .checkpointing import Checkpointing
     from ..state import StateSnapshots
     from .scheduler import JobGenerator
 
@@ -41,6 +44,10 @@ class RecoveryHost(DriverFacts, Protocol):
     def generator(self) -> JobGenerator: ...
     @property
     def upgrade_plan(self) -> UpgradePlan | None: ...
+    @property
+    def block_tracker(self) -> ReceivedBlockTracker | None: ...
+    @property
+    def checkpointing(self) -> Checkpointing: ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ def restore(driver: RecoveryHost, checkpoint: Checkpoint, kind: str | None = Non
         upgrade.carry_state(driver, plan)
     for first_new, last in data.get("downtimes", []):  # (checkpoints before issue 44 have none)
         driver.graph.coalesce_downtime(last, first_new)
+    driver.graph.batch_grid_from_ms = data.get("batch_grid_from_ms")
     log.info("restored checkpoint of batch %d (pending %s)", checkpoint.checkpoint_time_ms,
              checkpoint.pending_times_ms)
     return plan
@@ -123,18 +131,23 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     """Spark's restart rule, from checkpoint ``cp``: re-run the pending batches and every batch
     time from the checkpoint time up to the restart time, plus every logged uncommitted batch.
     Committed batches among them do not run their outputs again."""
-    zero = since = cp.data["zero_time_ms"]
-    if cp.data.get("batch_ms") != driver.batch_ms:  # an upgrade to another batch duration: a new grid
-        zero, since = new_batch_grid(driver, cp), cp.checkpoint_time_ms
+    zero = cp.data["zero_time_ms"]
+    changed = cp.data.get("batch_ms") != driver.batch_ms  # an upgrade to another batch duration: a new grid
+    if changed:
+        zero, driver.graph.batch_grid_from_ms = new_batch_grid(driver, cp), cp.checkpoint_time_ms
+    # the batches up to the last one of an old batch duration are complete: none is generated again
+    since = max(zero, driver.graph.batch_grid_from_ms or zero)
     check_batch_log_agrees(driver, cp, zero, since)
     driver.graph.start(zero)
+    if changed:
+        driver.checkpointing.write_on_new_grid(cp.checkpoint_time_ms)
     restart_ms = driver.generator.timer.restart_time(zero)
     down = list(range(cp.checkpoint_time_ms, restart_ms, driver.batch_ms))
     logged = driver.batch_log.rerun_times if driver.batch_log is not None else []
     # (a stream's first checkpoint is of its zero time, before its first batch: not a batch)
     # (a downtime an earlier restart coalesced has no batch times: they ran as its first new batch)
     times = sorted({t for t in [*cp.pending_times_ms, *down, *logged]
-                    if zero < t < restart_ms and not driver.graph.coalesced(t)})
+                    if since < t < restart_ms and not driver.graph.coalesced(t)})
     coalesced: list[int] = []
     if driver.settings[config.COALESCE_DOWNTIME]:
         times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
@@ -174,7 +187,11 @@ def new_batch_grid(driver: RecoveryHost, cp: Checkpoint) -> int:
     Refused, in one line, while batches of the old duration are left to re-run (a kill, not a
     stop) or a state's newest snapshot is older than that batch."""
     blog = driver.batch_log
-    left = sorted({*cp.pending_times_ms, *(blog.rerun_times if blog is not None else [])})
+    allocated = driver.block_tracker.last_allocated_batch_ms if driver.block_tracker is not None else None
+    # logged, or given receiver blocks, after the checkpoint (a kill before its generation's checkpoint)
+    logged = blog.logged_times() if blog is not None else []
+    later = [t for t in [*logged, allocated or 0] if t > cp.checkpoint_time_ms]
+    left = sorted({*cp.pending_times_ms, *(blog.rerun_times if blog is not None else []), *later})
     change = f"the batch duration changes from {cp.data.get('batch_ms')} ms to {driver.batch_ms} ms"
     if left or cp.data.get("completed_ms") != cp.checkpoint_time_ms:
         raise CheckpointMismatchError(

@@ -378,13 +378,14 @@ class JobGenerator:
         so that the driver going on (a restart, a standby taking over) starts from that state
         instead of re-running the batches since the last snapshot from their inputs."""
         last, snapshots = self.last_processed_ms, self._driver.snapshots
-        if last is None or not snapshots.each_batch or not snapshots.any_due(last):
+        snapshots.each_batch = True  # (only now: a backlog drained by the stop snapshots at its intervals)
+        if last is None or not snapshots.any_due(last):
             return
         try:
             self._events.submit(self._guard, self._driver.do_checkpoint, last, True).result(timeout_s)
         except TimeoutError:
-            log.warning("graceful stop: the state of batch %s was not snapshotted in time; a restart re-runs it "
-                        "from its inputs", last)
+            log.warning("graceful stop: the state of batch %s is still being snapshotted past "
+                        "spark.streaming.gracefulStopTimeout; the stop waits for it", last)
 
     def stop(self, cancel_queued: bool = False) -> None:
         """Stop the timer and the event thread; ``cancel_queued`` drops the generations not
