@@ -118,8 +118,9 @@ def test_file_stream_and_state_recover_after_a_stop(spark_context, tmp_path):
     assert app.totals[1500] == [("x", 3), ("y", 2), ("z", 1)]  # state carried across the restart
 
 
-def test_a_changed_batch_duration_is_refused_naming_both(spark_context, tmp_path):
-    """(A changed graph is an upgrade: tests/test_upgrade.py.)"""
+def test_a_changed_batch_duration_is_refused_naming_both_where_the_state_would_not_be_exact(spark_context, tmp_path):
+    """Stopped without a snapshot of its last batch's state, the old version's state would be
+    recomputed at the new duration. (Where it is exact, the change is an upgrade: tests/test_upgrade.py.)"""
     app, ssc, clock, done = started_app(spark_context, tmp_path)
     indir, ckpt = app.indir, app.ckpt
     clock.advance(500)
@@ -127,8 +128,9 @@ def test_a_changed_batch_duration_is_refused_naming_both(spark_context, tmp_path
     ssc.stop(stopSparkContext=False)
 
     slower = WordCountApp(spark_context, indir, ckpt, batch=1.0)
-    with pytest.raises(CheckpointMismatchError, match="batch duration of 500 ms, this program uses 1000 ms"):
-        StreamingContext.getOrCreate(str(ckpt), slower.setup(ManualClock(600), Completed()), upgrade=True)
+    upgraded = StreamingContext.getOrCreate(str(ckpt), slower.setup(ManualClock(600), Completed()), upgrade=True)
+    with pytest.raises(CheckpointMismatchError, match="batch duration changes from 500 ms to 1000 ms.*snapshot"):
+        upgraded.start()
 
 
 def test_get_or_create_without_a_checkpoint_just_builds(spark_context, tmp_path):

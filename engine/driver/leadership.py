@@ -299,7 +299,7 @@ class StallWatch:
                 f"({config.LEADER_STALL_INTERVALS.key}={self.intervals}, batches of {self.batch_ms} ms)")
 
 
-class LeaderStalledError(FencedError):
+class LeaderStalledError(EngineError, FencedError):
     """A leader whose stream stalled gave its leadership up (``spark.sparkwal.leader.stallIntervals``):
     it ends, even when started with ``standby=True``, so that its process starts anew."""
 
