@@ -77,16 +77,21 @@ def test_credentials_in_storage_options_reach_no_task_and_no_checkpoint(spark_co
         wait_until(lambda: acks.exists() and len(acks.read_text().split()) == 5, what="5 blocks in the receiver WAL")
         fs.pipe(f"{bucket}/in/a.txt", b"x\ny\nz\n")
         fs.pipe(f"{bucket}/log/p0", b"l0\nl1\nl2\n")
-        for i in range(1, 7):  # snapshots written (and a full one read back) by tasks at 1 s
+        # the store stamps the file on the wall clock, which ran on while the receiver started: the
+        # manual clock's batches go on past that stamp (at least 6: snapshots written, and a full one
+        # read back, by tasks at 1 s)
+        stamped = int(fs.info(f"{bucket}/in/a.txt")["LastModified"].timestamp() * 1000)
+        last = start + 1000 * max(3, -(-(stamped - start) // 1000) + 1)
+        for t in range(start + 500, last + 1, 500):
             clock.advance(500)
-            done.wait_for(start + 500 * i)
+            done.wait_for(t)
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=True)
     expected = dict.fromkeys([f"b{i}-{j}" for i in range(5) for j in range(10)] + ["x", "y", "z", "l0", "l1", "l2"], 1)
-    assert totals(start + 3000) == expected
+    assert totals(last) == expected
 
     # recovered from the checkpoint, whose streams hold no credentials: the driver's environment's
-    clock2, done2 = ManualClock(start + 3000), Completed()
+    clock2, done2 = ManualClock(last), Completed()
     ssc2 = StreamingContext.getOrCreate(f"{bucket}/ckpt", create(clock2, done2), storage_options=options,
                                         clock=clock2)
     ssc2.addStreamingListener(done2)
@@ -94,10 +99,10 @@ def test_credentials_in_storage_options_reach_no_task_and_no_checkpoint(spark_co
     try:
         fs.pipe(f"{bucket}/log/p0", b"l0\nl1\nl2\nl3\n")
         clock2.advance(500)
-        done2.wait_for(start + 3500)
+        done2.wait_for(last + 500)
     finally:
         ssc2.stop(stopSparkContext=False)
-    assert totals(start + 3500) == expected | {"l3": 1}
+    assert totals(last + 500) == expected | {"l3": 1}
 
     leaked = sum(CANARY.encode() in p for p in pickled)
     assert pickled and leaked == 0, f"{leaked} of {len(pickled)} pickled closures or records hold the credentials"
