@@ -311,6 +311,7 @@ class Driver:
             self.stopping = True
             if self.state == ACTIVE and not self.is_standby:
                 self.graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
+                self.snapshots.each_batch |= graceful  # the batches left snapshot their state: none re-runs
                 receiver_lifecycle.stop_receivers(self, graceful)
                 self.generator.timer.stop()
                 finished = graceful and self.await_batches()

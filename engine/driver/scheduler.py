@@ -378,8 +378,7 @@ class JobGenerator:
         so that the driver going on (a restart, a standby taking over) starts from that state
         instead of re-running the batches since the last snapshot from their inputs."""
         last, snapshots = self.last_processed_ms, self._driver.snapshots
-        snapshots.each_batch = True  # (only now: a backlog drained by the stop snapshots at its intervals)
-        if last is None or not snapshots.any_due(last):
+        if last is None or not snapshots.each_batch or not snapshots.any_due(last):
             return
         try:
             self._events.submit(self._guard, self._driver.do_checkpoint, last, True).result(timeout_s)
