@@ -171,13 +171,21 @@ def batch_change_refusal(driver: RecoveryHost, old_ms: int | None, kind: str | N
               f"this program uses {driver.batch_ms} ms")
     if kind != "upgrade":
         return f"{change}: a batch duration changes only in an upgrade (getOrCreate(..., upgrade=True))"
+    s, windowed = _spanning_batches(driver)
+    if s is None:
+        return None
+    if windowed:
+        return (f"{change}, and {s} is windowed: its state holds slices of the old batches (a batch duration "
+                "changes only where each state is kept per key: updateStateByKey, mapWithState)")
+    return f"{change}, and {s} slides every {s.slide_ms} ms: a batch duration change needs every stream at it"
+
+
+def _spanning_batches(driver: RecoveryHost) -> tuple:
+    """(the first stream that spans several batches, whether it is a window), or (None, False)."""
     for s in driver.graph.streams:
-        if getattr(s, "window_ms", None) is not None:
-            return (f"{change}, and {s} is windowed: its state holds slices of the old batches (a batch duration "
-                    "changes only where each state is kept per key: updateStateByKey, mapWithState)")
-        if s.slide_ms != driver.batch_ms:
-            return f"{change}, and {s} slides every {s.slide_ms} ms: a batch duration change needs every stream at it"
-    return None
+        if getattr(s, "window_ms", None) is not None or s.slide_ms != driver.batch_ms:
+            return s, getattr(s, "window_ms", None) is not None
+    return None, False
 
 
 def new_batch_grid(driver: RecoveryHost, cp: Checkpoint) -> int:
@@ -237,13 +245,13 @@ def coalesce_downtime(driver: RecoveryHost, cp: Checkpoint, times: list[int], lo
 
 def why_not_coalesced(driver: RecoveryHost) -> str | None:
     """Why this program's missed batches cannot run as one, or None."""
+    s, windowed = _spanning_batches(driver)
+    if s is not None:
+        return f"{s} is windowed (each window needs its own batches)" if windowed else \
+            f"{s} slides every {s.slide_ms} ms, not every batch"
     for s in driver.graph.streams:
-        if getattr(s, "window_ms", None) is not None:
-            return f"{s} is windowed (each window needs its own batches)"
         if getattr(s, "timeout_ms", None) is not None:
             return f"{s} has a state timeout (keys are timed out batch by batch)"
-        if s.slide_ms != driver.batch_ms:
-            return f"{s} slides every {s.slide_ms} ms, not every batch"
     return None
 
 
