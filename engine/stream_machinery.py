@@ -218,6 +218,11 @@ class StreamMachinery:
             self.generated_rdds[time_ms] = rdd
             self.lineage_from[time_ms] = time_ms
 
+    def read_ahead(self, rdd: RDD) -> None:
+        """A takeover's state served by :meth:`serve_state`, read into the executors' cache before
+        the first batch that uses it (see ``engine/driver/standby.py``)."""
+        rdd.count()
+
     def replace_rdd(self, time_ms: int, old: RDD, new: RDD) -> None:
         """Serve ``new`` (same contents, e.g. read back from a snapshot) for ``time_ms`` from now
         on; ``old`` stays cached until the time is forgotten, as jobs may still be using it."""

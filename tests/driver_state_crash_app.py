@@ -3,14 +3,14 @@ AckedLineSource (reliable receiver, receiver WAL on, ``spark.sparkwal.receiver.p
 counted per key by ``reduceByKey`` then ``mapWithState``, whose state stays on the driver while it
 is small; snapshotted every second.
 
-    python tests/driver_state_crash_app.py WORKDIR PORT TOTAL_LINES
+    python tests/driver_state_crash_app.py WORKDIR PORT TOTAL_LINES [standby]
 
 The source's secret is in the environment variable ``DRIVER_STATE_SECRET``. The app appends to
 WORKDIR/batches.jsonl, per batch with records, whether its state was held on the driver (and its
 process id, which names the run), and stops
 once the state counts TOTAL_LINES, after writing it to WORKDIR/final.json. Tests SIGKILL it at
 random moments, or inside a batch held by WORKDIR/hold, and run it again: a restart must restore the
-state exactly.
+state exactly. With ``standby``, it waits as a hot standby, to take over by a handover.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main() -> None:
     sc.setLogLevel("ERROR")
     from state_crash_app import run_until_final  # (this script's folder; the driver's alone)
 
-    run_until_final(workdir, setup(sc, workdir, port, total))
+    run_until_final(workdir, setup(sc, workdir, port, total), standby=sys.argv[4:] == ["standby"])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ that precompute a ``reduceByKey``) under SIGKILL: the driver is killed at random
 every line offered so far acknowledged (stored in the receiver WAL) but not all processed, and
 restarted; the state must end exact: restored from the snapshots the driver wrote, the batches
 since re-run from the WAL (in the executors), then held on the driver again. The first kill comes
-inside a batch with records (held by the app's test hook), so a re-run is certain, not left to timing."""
+inside a batch with records (held by the app's test hook), so a re-run is certain, not left to timing.
+The last run takes over from a hot standby by a handover (``sparkwal checkpoint handover``) while
+lines keep coming: the state its first batch builds on is read ahead to the driver by the takeover."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -23,14 +26,14 @@ from sparkwal.engine.receiver.acked_lines import AckedLineSource
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SECRET = "driver-state-crash-secret"
-KEYS, PER_PHASE, PHASES = 300, 3000, 3
+KEYS, PER_PHASE, PHASES = 300, 3000, 4
 
 
-def start(workdir, port: int, total: int) -> subprocess.Popen:
+def start(workdir, port: int, total: int, *more: str) -> subprocess.Popen:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT, DRIVER_STATE_SECRET=SECRET)
     err = open(os.path.join(workdir, "app.log"), "a")
     return subprocess.Popen([sys.executable, os.path.join(HERE, "driver_state_crash_app.py"), str(workdir),
-                             str(port), str(total)], stdout=subprocess.DEVNULL, stderr=err, env=env,
+                             str(port), str(total), *more], stdout=subprocess.DEVNULL, stderr=err, env=env,
                             start_new_session=True)
 
 
@@ -58,6 +61,30 @@ def wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float = 120) -
         time.sleep(0.05)
 
 
+def hand_over(workdir, source: AckedLineSource, leader: subprocess.Popen, total: int, lines: tuple[int, int],
+              expected: Counter) -> subprocess.Popen:
+    """Start a hot standby, offer ``lines`` (the last phase's) while ``sparkwal checkpoint handover``
+    moves the leadership to it; the leader must exit by itself. Returns the standby."""
+    standby = start(workdir, source.address[1], total, "standby")
+    try:
+        wait_for("the standby", (workdir / f"started-{standby.pid}").exists, standby)
+        feeding = threading.Thread(target=offer_lines, args=(source, *lines, expected))
+        feeding.start()
+        try:
+            handed = subprocess.run([sys.executable, "-m", "sparkwal", "checkpoint", "handover", str(workdir / "ckpt"),
+                                     "--timeout", "120"], capture_output=True, text=True, timeout=180,
+                                    env=dict(os.environ, PYTHONPATH=ROOT))
+        finally:
+            feeding.join()
+        assert handed.returncode == 0, handed.stdout + handed.stderr
+        assert leader.wait(timeout=120) == 0, "the leader did not stop by itself (see app.log)"
+    except BaseException:
+        os.killpg(standby.pid, signal.SIGKILL)
+        standby.wait()
+        raise
+    return standby
+
+
 @pytest.mark.driver
 def test_a_driver_held_state_is_exact_after_sigkills_at_random_moments(tmp_path):
     total = PER_PHASE * PHASES
@@ -72,9 +99,12 @@ def test_a_driver_held_state_is_exact_after_sigkills_at_random_moments(tmp_path)
                 wait_for("receiver connection", lambda: source.statistics().connections > connections, proc)
                 seen = snapshots_written(tmp_path)
                 first, end = phase * PER_PHASE, (phase + 1) * PER_PHASE
-                if phase == PHASES - 1:
+                if phase == PHASES - 2:  # a standby takes over by a handover, the last phase's lines coming
                     offer_lines(source, first, end, expected)
-                    assert proc.wait(timeout=180) == 0, "the last run failed (see app.log)"
+                    wait_for("two state snapshots", lambda: snapshots_written(tmp_path) >= seen + 2, proc)
+                    resent = source.statistics().lines_resent  # every line was acknowledged before each kill
+                    proc = hand_over(tmp_path, source, proc, total, (end, total), expected)
+                    assert proc.wait(timeout=180) == 0, "the standby that took over failed (see app.log)"
                     break
                 held = phase == 0  # the first kill comes inside a batch with records, so one is re-run
                 offer_lines(source, first, end - 300 if held else end, expected)
@@ -94,7 +124,8 @@ def test_a_driver_held_state_is_exact_after_sigkills_at_random_moments(tmp_path)
                     (tmp_path / name).unlink(missing_ok=True)
     finally:
         source.close()
-    assert source.statistics().lines_resent == 0  # every line was acknowledged before each kill
+    assert "took over" in (tmp_path / "app.log").read_text()
+    assert resent == 0  # (the receiver stopped by the handover may leave lines in flight: sent again)
     final = json.loads((tmp_path / "final.json").read_text())
     assert final == dict(expected), "the state differs"
     batches = [json.loads(line) for line in (tmp_path / "batches.jsonl").read_text().splitlines()]
@@ -103,5 +134,5 @@ def test_a_driver_held_state_is_exact_after_sigkills_at_random_moments(tmp_path)
         runs.setdefault(b["run"], []).append(b["on_driver"])
     places = list(runs.values())
     # the first run held the state on the driver; the restart after the held batch re-ran it in the
-    # executors; the last run ended with the state back on the driver
+    # executors; the run that took over ended with the state back on the driver
     assert all(places[0]) and not all(places[1]) and places[-1][-1], runs

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from ..dstream import Job, describe_times
@@ -297,6 +297,10 @@ class JobGenerator:
         held for a state's lineage)."""
         with self._queued_lock:
             return sorted(self._queued | set(self._held))
+
+    def call(self, fn: Callable, *args) -> Future:
+        """Run ``fn(*args)`` on the generation thread, after every generation queued so far."""
+        return self._events.submit(fn, *args)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every event queued so far has run; False on timeout."""

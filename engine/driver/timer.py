@@ -15,6 +15,7 @@ class RecurringTimer:
         self._clock, self.period_ms, self._callback, self.name = clock, period_ms, callback, name
         self._next: int | None = None
         self.last_fired_ms: int | None = None
+        self.first_ms: int | None = None  # the first time it fires
         self._stopped = threading.Event()
         self._thread: Service | None = None
 
@@ -27,7 +28,7 @@ class RecurringTimer:
         return zero_ms + ((now - zero_ms) // self.period_ms + 1) * self.period_ms
 
     def start(self, first_ms: int) -> None:
-        self._next = first_ms
+        self._next = self.first_ms = first_ms
         self._thread = Service(self.name, self._loop).start()
 
     def _loop(self) -> None:

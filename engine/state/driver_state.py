@@ -26,6 +26,7 @@ driver's): the receivers send each key's hash with its combined value, so the dr
 from __future__ import annotations
 
 import logging
+import threading
 from functools import partial
 from itertools import chain
 from typing import Callable
@@ -146,14 +147,34 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
     return DriverState(sc, n, run)
 
 
+_PREFETCH_LOCK = threading.Lock()  # a batch's fetch waits for a takeover's prefetch under way
+
+
+def prefetch(stream, previous: RDD, bound: int) -> None:
+    """A takeover: the state its first batch starts from, counted and collected to the driver while
+    that batch is due (its generation would otherwise run these two jobs: 0.4-0.7 s on two cores)."""
+    with _PREFETCH_LOCK:
+        stream.prefetched = (previous, *_collect(previous, bound))
+
+
 def _fetch(stream, previous: RDD, time_ms: int, bound: int) -> list | None:
     """An executor state's records, collected to the driver when it holds at most ``bound`` keys
     (counted first, by a job that moves no state); None when it does not, or not yet."""
     if time_ms < (stream.driver_retry_ms or 0):
         return None
-    keys = sum(previous.map(lambda r: r[1].keys).collect())
-    if not 0 <= keys <= bound:
+    with _PREFETCH_LOCK:
+        held, stream.prefetched = stream.prefetched, None
+    ahead = held is not None and held[0] is previous
+    keys, records = held[1:] if ahead else _collect(previous, bound)
+    if records is None:
         _refused(stream, time_ms)
         return None
-    log.info("%s: the state (%d keys) moves to the driver", stream.creation_site, keys)
-    return sorted(previous.collect(), key=lambda r: r[0])
+    log.info("%s: the state (%d keys%s) moves to the driver", stream.creation_site, keys,
+             ", read ahead by the takeover" if ahead else "")
+    return records
+
+
+def _collect(state: RDD, bound: int) -> tuple[int, list | None]:
+    """(the keys ``state`` holds, its records in partition order, or None when more than ``bound``)."""
+    keys = sum(state.map(lambda r: r[1].keys).collect())
+    return keys, sorted(state.collect(), key=lambda r: r[0]) if 0 <= keys <= bound else None

@@ -32,7 +32,7 @@ from .. import config
 from ..driver_rows import DriverRowsRDD
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
-from .driver_state import DriverState, driver_batch
+from .driver_state import DriverState, driver_batch, prefetch
 from .snapshot_tasks import DriverParts
 from . import versions
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
@@ -230,9 +230,11 @@ def _by_partition(rdd: RDD, n: int) -> RDD:
 class InternalMapWithStateDStream(DStream):
     """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
 
-    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms")  # a restart restores the state
+    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched")  # restored
     #: a batch before this time does not try to bring the state back to the driver (driver_state.py)
     driver_retry_ms: int | None = None
+    #: (the state RDD, its records or None when too many) collected ahead by a takeover (driver_state.py)
+    prefetched: tuple | None = None
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
 
@@ -282,6 +284,15 @@ class InternalMapWithStateDStream(DStream):
             raise StateError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+
+    def read_ahead(self, rdd: RDD) -> None:
+        """Also collected to the driver where a precomputed batch would run the state there
+        (:func:`~sparkwal.engine.state.driver_state.prefetch`)."""
+        bound = self._host.settings[config.DRIVER_STATE_KEYS]
+        if self._host.settings[config.RECEIVER_PRECOMPUTE] and bound > 0:
+            prefetch(self, rdd, bound)
+        else:
+            super().read_ahead(rdd)
 
     def _update(self, time_ms: int):
         """The batch's function of (partition index, records): the state record first."""
