@@ -55,7 +55,9 @@ class App:
 
     def __init__(self, workdir: str, engine: str, batch_s: float, standby: bool = False,
                  checkpoint: str | None = None, extra: tuple = (), env: dict | None = None):
-        self.events_path = os.path.join(workdir, f"events-{len(os.listdir(workdir))}.jsonl")
+        # numbered by the apps started before (the directory's other entries come and go: a SQLite journal)
+        started = sum(n.startswith("events-") and n.endswith(".jsonl") for n in os.listdir(workdir))
+        self.events_path = os.path.join(workdir, f"events-{started}.jsonl")
         open(self.events_path, "w").close()
         self._events: list[dict] = []
         self._read_to = 0

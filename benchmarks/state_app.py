@@ -3,9 +3,16 @@ be SIGKILLed and restarted with ``getOrCreate``):
 
     python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map,shuffle}
         --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N] [--standby]
-        [--conf KEY=VALUE ...] [--storage-option KEY=VALUE ...]
+        [--conf KEY=VALUE ...] [--storage-option KEY=VALUE ...] [--source filelog [--sink SQLITE_FILE]]
+        [--source receiver --source-port PORT [--precompute]]
 
 sparkwal's checkpoint may be any fsspec URL (``--storage-option`` as the main job's).
+``--source filelog`` reads ``--input`` as a FileLogSource (a direct stream, its lines' offsets
+logged); with ``--sink``, ``mapWithState`` counts and each batch's keys and new counts go into a
+SQLite file with the batch's offsets in one transaction (``SQLiteSink``: exactly once).
+``--source receiver`` reads an ``AckedLineSource`` (receiver WAL on): each batch's counts (a
+``reduceByKey``, precomputed by the receiver with ``--precompute``) into ``mapWithState``, whose
+state's total is a ``total`` event every batch.
 
 Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
 sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
@@ -46,6 +53,26 @@ def count_map(key, value, state):
     state.update((state.getOption() or 0) + value)
 
 
+def count_map_emit(key, value, state):
+    """``--sink``'s mapping: the key's count after the record."""
+    n = (state.getOption() or 0) + value
+    state.update(n)
+    return key, n
+
+
+def write_counts(cur, batch_ms: int, records: list) -> None:
+    """``--sink``: the batch's record count and its keys' new counts, in the transaction that stores
+    the batch's offsets (exactly once: a batch re-run after a commit writes nothing)."""
+    cur.execute("CREATE TABLE IF NOT EXISTS batches (batch_ms INTEGER PRIMARY KEY, records INTEGER NOT NULL)")
+    cur.execute("CREATE TABLE IF NOT EXISTS counts (key TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+    newest: dict[str, int] = {}
+    for key, n in records:
+        newest[key] = max(n, newest.get(key, 0))
+    cur.executemany("INSERT INTO counts VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET n = excluded.n",
+                    list(newest.items()))
+    cur.execute("INSERT INTO batches VALUES (?, ?)", (batch_ms, len(records)))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
@@ -61,6 +88,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="sparkwal: 2 adds a step before the state (a changed graph; upgrade_bench)")
     p.add_argument("--upgrade", action="store_true", help="sparkwal: getOrCreate(..., upgrade=True)")
     p.add_argument("--totals", action="store_true", help="update: each batch's sum of counts, as an event")
+    p.add_argument("--source", choices=["files", "filelog", "receiver"], default="files",
+                   help="sparkwal: filelog reads --input as a FileLogSource (a direct stream) instead; receiver "
+                        "reads an AckedLineSource at --source-port (its secret: $STATE_APP_SOURCE_SECRET)")
+    p.add_argument("--source-port", type=int)
+    p.add_argument("--precompute", action="store_true", help="receiver: spark.sparkwal.receiver.precompute")
+    p.add_argument("--sink", metavar="SQLITE_FILE",
+                   help="sparkwal, --source filelog --op map: each batch's keys and count into this SQLite "
+                        "file, exactly once (SQLiteSink)")
     p.add_argument("--conf", action="append", metavar="KEY=VALUE", default=[])
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[])
     args = p.parse_args(argv)
@@ -76,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         conf.setMaster(os.environ["SPARKWAL_BENCH_MASTER"])
         for pair in filter(None, os.environ.get("SPARKWAL_BENCH_CONF", "").split(",")):
             conf.set(*pair.split("=", 1))
+    if args.source == "receiver":  # the receiver WAL; blocks cut at least twice a batch
+        conf.set("spark.streaming.receiver.writeAheadLog.enable", "true")
+        conf.set("spark.streaming.blockInterval", f"{min(200, int(args.batch * 500))}ms")
+        conf.setExecutorEnv("STATE_APP_SOURCE_SECRET", os.environ["STATE_APP_SOURCE_SECRET"])
+        if args.precompute:
+            conf.set("spark.sparkwal.receiver.precompute", "true")
     for pair in args.conf:
         conf.set(*pair.split("=", 1))
     if args.engine == "sparkwal":  # off local mode: the executors' workers set up (installed there)
@@ -101,8 +142,31 @@ def main(argv: list[str] | None = None) -> None:
     def create():
         ssc = StreamingContext(sc, args.batch)
         ssc.checkpoint(args.checkpoint, **where)
-        lines = ssc.textFileStream(args.input)
+        if args.source == "filelog":
+            from sparkwal.engine.sinks import SQLiteSink
+            from sparkwal.engine.sources import FileLogSource
+
+            sink = SQLiteSink(args.sink, "state_app") if args.sink else None
+            lines = ssc.directStream(FileLogSource(args.input), fromOffsets=sink.offsets() if sink else None)
+        elif args.source == "receiver":
+            from sparkwal.engine.receiver.acked_lines import AckedLineReceiver
+
+            lines = ssc.receiverStream(AckedLineReceiver("127.0.0.1", args.source_port,
+                                                         secret_env="STATE_APP_SOURCE_SECRET"))
+        else:
+            lines = ssc.textFileStream(args.input)
         pairs = (lines.filter(bool) if args.version == 2 else lines).map(lambda k: (k, 1))
+        if args.source == "receiver":  # (a batch's counts, precomputed by its receiver with --precompute)
+            counted = pairs.reduceByKey(lambda a, b: a + b).mapWithState(
+                StateSpec.function(count_map_emit).numPartitions(n))
+            counted.checkpoint(2 * args.batch)
+            counted.stateSnapshots().foreachRDD(write_total)
+            return ssc
+        if args.sink:  # its output: each record's key and count, into the sink with the batch's offsets
+            out = pairs.mapWithState(StateSpec.function(count_map_emit).numPartitions(n))
+            out.checkpoint(2 * args.batch)
+            sink.saveStream(out, lines, write_counts)
+            return ssc
         if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
             out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
         elif args.op == "shuffle":  # no state: the batch moved to its keys' partitions, a floor
