@@ -212,8 +212,9 @@ def run(handovers: int, cold: int, keys: int, batch_s: float, app: str = "files"
                 a.proc.wait()
         if source is not None:
             source.close()
+    gaps = _steady_gaps(apps)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"app": app, "pauses_s": pauses, "steady_gaps_s": _steady_gaps(apps), "fed": fed, "counted": state,
+    return {"app": app, "pauses_s": pauses, "steady_gaps_s": gaps, "fed": fed, "counted": state,
             "output": output, "lost": max(0, fed - min(state, output)), "doubled": max(0, max(state, output) - fed),
             "keys": keys, "batch_s": batch_s}
 
