@@ -160,10 +160,14 @@ class JobScheduler:
                 self._pending.pop(js.time_ms, None)
             self._lock.notify_all()
         if complete:
-            js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
-            phases = Phases()
-            with phases.phase("commit"):
-                self._driver.on_batch_done(js.time_ms, js.info())
+            try:
+                js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
+                phases = Phases()
+                with phases.phase("commit"):
+                    self._driver.on_batch_done(js.time_ms, js.info())
+            except BaseException:  # no completion to wait for (a graceful stop's wait)
+                self._driver.generator.completion_failed(js.time_ms)
+                raise
             written_ms = self._driver.checkpoint_write_ms(js.time_ms)
             with js.lock:
                 if written_ms is not None:
@@ -298,6 +302,18 @@ class JobGenerator:
         with self._queued_lock:
             return sorted(self._queued | set(self._held))
 
+    def completions_due(self) -> bool:
+        """Whether a batch generated with jobs has its completion still to be processed (read
+        off the event thread, which alone changes the set)."""
+        return bool(self._in_flight) and self._driver.fenced is None
+
+    def completion_failed(self, time_ms: int) -> None:
+        """A batch whose jobs ended but whose commit failed: no completion comes."""
+        try:
+            self._events.submit(self._in_flight.discard, time_ms)
+        except RuntimeError:  # stopped
+            pass
+
     def call(self, fn: Callable, *args) -> Future:
         """Run ``fn(*args)`` on the generation thread, after every generation queued so far."""
         return self._events.submit(fn, *args)
@@ -359,12 +375,14 @@ class JobGenerator:
 
     def _clear_metadata(self, time_ms: int) -> None:
         driver = self._driver
-        driver.graph.clear_metadata(time_ms)
-        driver.do_checkpoint(time_ms, clear_later=True)
-        if driver.checkpoint_writer is None:  # else once the checkpoint is durable
-            driver.cleanup_old_blocks(time_ms - driver.max_remember_ms())
-        driver.input_infos.cleanup(time_ms - driver.max_remember_ms())
-        self._in_flight.discard(time_ms)  # its snapshot, if due, is served now
+        try:
+            driver.graph.clear_metadata(time_ms)
+            driver.do_checkpoint(time_ms, clear_later=True)
+            if driver.checkpoint_writer is None:  # else once the checkpoint is durable
+                driver.cleanup_old_blocks(time_ms - driver.max_remember_ms())
+            driver.input_infos.cleanup(time_ms - driver.max_remember_ms())
+        finally:  # (processed, even when its checkpoint failed: a graceful stop waits for no more)
+            self._in_flight.discard(time_ms)  # its snapshot, if due, is served now
         self._release_held()
         with self._processed:
             self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
@@ -381,14 +399,20 @@ class JobGenerator:
         state without a snapshot, snapshot it (its completion's checkpoint written again with it),
         so that the driver going on (a restart, a standby taking over) starts from that state
         instead of re-running the batches since the last snapshot from their inputs."""
-        last, snapshots = self.last_processed_ms, self._driver.snapshots
-        if last is None or not snapshots.each_batch or not snapshots.any_due(last):
-            return
-        try:
-            self._events.submit(self._guard, self._driver.do_checkpoint, last, True).result(timeout_s)
+        try:  # (the last batch decided on the event thread: a completion queued before it is processed)
+            self._events.submit(self._guard, self._snapshot_last_state).result(timeout_s)
         except TimeoutError:
-            log.warning("graceful stop: the state of batch %s is still being snapshotted past "
-                        "spark.streaming.gracefulStopTimeout; the stop waits for it", last)
+            log.warning("graceful stop: the last batch's state is still being snapshotted past "
+                        "spark.streaming.gracefulStopTimeout; the stop waits for it")
+
+    def _snapshot_last_state(self) -> None:
+        """On the event thread. A batch's job set leaves the pending ones (a graceful stop's wait
+        ends) before its completion is queued here: the last processed batch read earlier could be
+        the one before it, whose completion checkpoint written after it would then take its place
+        (a checkpoint file is named by the newest time written) and re-run it at the restart."""
+        last, snapshots = self.last_processed_ms, self._driver.snapshots
+        if last is not None and snapshots.each_batch and snapshots.any_due(last):
+            self._driver.do_checkpoint(last, True)
 
     def stop(self, cancel_queued: bool = False) -> None:
         """Stop the timer and the event thread; ``cancel_queued`` drops the generations not
@@ -409,10 +433,11 @@ def await_batches(generator: JobGenerator, scheduler: JobScheduler, remaining_s:
     restart (they are in the checkpoint, logged in the batch log or due again: nothing is lost),
     returned and named in one warning."""
     while generator.drain(remaining_s()) and scheduler.wait_idle(remaining_s()):
-        if not generator.queued_times():
+        if not generator.queued_times() and not generator.completions_due():
             generator.snapshot_last_state(remaining_s())
             return []
-        # batches held for a state's lineage: released once the last completion is processed
+        # batches held for a state's lineage, or a completion not processed yet (a job set leaves
+        # the pending ones before its completion is queued): once the last completion is processed
         generator.wait_processed(min(0.1, remaining_s()))
     left = sorted(set(scheduler.pending_times()) | set(generator.queued_times()))
     if left:
