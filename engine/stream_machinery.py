@@ -218,10 +218,14 @@ class StreamMachinery:
             self.generated_rdds[time_ms] = rdd
             self.lineage_from[time_ms] = time_ms
 
-    def read_ahead(self, rdd: RDD) -> None:
-        """A takeover's state served by :meth:`serve_state`, read into the executors' cache before
-        the first batch that uses it (see ``engine/driver/standby.py``)."""
-        rdd.count()
+    def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
+        """A takeover's state that its first batch builds on: called on the generation thread,
+        returns the read to run beside it (into the executors' cache), called with False to give it
+        up (see ``engine/driver/standby.py``)."""
+        def read(run: bool) -> None:
+            if run:
+                rdd.count()
+        return read
 
     def replace_rdd(self, time_ms: int, old: RDD, new: RDD) -> None:
         """Serve ``new`` (same contents, e.g. read back from a snapshot) for ``time_ms`` from now

@@ -120,6 +120,7 @@ def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standb
                 log(f"kill {k}: SIGKILL to process group {app.proc.pid} after "
                     f"{time.monotonic() - started:.1f} s, {len(app.batches())} batches")
                 continue
+            _wait_first_batch(app, 120)  # the last run also takes lines as they come, not only the backlog
             stop_input.set()
             feeder.join()
             if waiting is not None and waiting is not app:

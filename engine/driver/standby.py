@@ -125,14 +125,17 @@ class Standby:
         self.tail: _Tail | None = None  # the UI shows how far behind it is
         self._stop = threading.Event()
         self._thread = Service("standby", self._stand_by)
+        self._reading: Service | None = None  # a takeover's read of state (_read_state)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop waiting (a takeover under way finishes first)."""
+        """Stop waiting (a takeover under way finishes first), and a takeover's read of state."""
         self._stop.set()
         self._thread.join()
+        if self._reading is not None and self._reading.is_alive():
+            self._driver.sc.cancelJobGroup(_Tail.PRELOAD_GROUP)
 
     def _stand_by(self) -> None:
         driver = self._driver
@@ -192,7 +195,7 @@ class Standby:
             self.waiting = False
             driver.start_active(kind="takeover")
         if not driver.rerun_batch_times:  # (batches re-run with outputs compute their state themselves)
-            Service("standby-takeover-state", _read_state, driver).start()
+            self._reading = Service("standby-takeover-state", _read_state, driver, self._stop).start()
         return cp, int((time.monotonic() - began) * 1000)
 
     def _announce(self, cp: Checkpoint | None, took: int) -> None:
@@ -322,33 +325,58 @@ class _Tail:
         return driver.snapshots.preload(first, cp.checkpoint_time_ms)
 
 
-def _read_state(driver: StandbyHost) -> None:
+def _read_state(driver: StandbyHost, stop: threading.Event) -> None:
     """A takeover's first batch starts from the state of the batch before it, which no job of the
     takeover computes (a committed batch is re-generated without its jobs): generated now, as that
     batch's generation would, and read while the batch is due (``stream.read_ahead``: into the
-    executors' cache, or to the driver for a ``mapWithState`` run there), not by its generation."""
+    executors' cache, or to the driver for a ``mapWithState`` run there), not by its generation.
+    A stop gives the reads not done up, and cancels the one under way (:meth:`Standby.stop`)."""
+    given_up = threading.Event()
     try:
-        ahead = driver.generator.call(_state_ahead, driver).result(READ_AHEAD_WAIT_S)
+        generated = driver.generator.call(_state_ahead, driver, given_up)
+        try:
+            reads = generated.result(READ_AHEAD_WAIT_S)
+        except TimeoutError:  # the generation thread is busy: too late to help
+            given_up.set()
+            reads = [] if generated.cancel() else generated.result()
+    except Exception as e:  # noqa: BLE001  (stopped, or the state failed: its batch fails and reports it)
+        log.debug("the takeover's state, ahead of its first batch: %s", one_line(e))
+        return
+    failed: BaseException | None = None
+    try:
         driver.sc.setJobGroup(_Tail.PRELOAD_GROUP, "takeover: the state its first batch starts from",
                               interruptOnCancel=True)
-        for stream, rdd in ahead:
-            stream.read_ahead(rdd)
-    except Exception as e:  # noqa: BLE001  (the batch reads it itself; a stop cancels this)
-        log.debug("reading the takeover's state ahead of its first batch: %s", one_line(e))
+        while reads:  # each one run, or given up (a batch waiting for it then reads it itself)
+            read = reads.pop(0)
+            try:
+                read(failed is None and not given_up.is_set() and not stop.is_set())
+            except Exception as e:  # noqa: BLE001  (the batch reads it itself, and reports a real failure)
+                failed = e
+                log.debug("reading the takeover's state ahead of its first batch: %s", one_line(e))
+    finally:
+        for read in reads:  # (a batch must not wait for a read that never comes)
+            read(False)
 
 
-def _state_ahead(driver: StandbyHost) -> list:
-    """On the generation thread, after the re-generated batches: ``(stream, RDD)``, the state each
+def _state_ahead(driver: StandbyHost, given_up: threading.Event) -> list:
+    """On the generation thread, after the re-generated batches: the reads of the state each
     stateful stream's first new batch builds on (none once that batch is generated)."""
-    timer, ahead = driver.generator.timer, []
-    if timer.first_ms is None or timer.last_fired_ms is not None:
+    first, reads = driver.generator.timer.first_ms, []
+    if first is None or given_up.is_set():
         return []
-    for index in driver.snapshots.by_stream:
-        stream = driver.graph.streams[index]
-        before = stream.previous_batch_ms(timer.first_ms)
-        rdd = stream.get_or_compute(before) if stream.has_state_before(before) else None
-        ahead += [(stream, rdd)] if rdd is not None else []
-    return ahead
+    try:
+        for index in driver.snapshots.by_stream:
+            stream = driver.graph.streams[index]
+            before = stream.previous_batch_ms(first)
+            if first in stream.generated_rdds or not stream.has_state_before(before):
+                continue
+            rdd = stream.get_or_compute(before)
+            reads += [stream.read_ahead(rdd)] if rdd is not None else []
+    except BaseException:
+        for read in reads:  # (a batch must not wait for a read that never comes)
+            read(False)
+        raise
+    return reads
 
 
 WORKERS_PER_CORE = 8

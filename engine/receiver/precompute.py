@@ -235,6 +235,10 @@ class Precomputed:
     def held_bytes(self) -> int:
         return self._held
 
+    def covers(self, head) -> bool:
+        """Whether ``head``'s batches may come from the receivers' results."""
+        return id(head) in self._plans
+
     def plans_of(self, stream_id: int) -> tuple[BlockPlan, ...]:
         return self._by_stream.get(stream_id, ())
 

@@ -26,7 +26,7 @@ driver's): the receivers send each key's hash with its combined value, so the dr
 from __future__ import annotations
 
 import logging
-import threading
+from concurrent.futures import Future
 from functools import partial
 from itertools import chain
 from typing import Callable
@@ -109,11 +109,12 @@ def _partitioned(data, n: int) -> list[list]:
 
 
 def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, update: Callable,
-                 bound: int) -> DriverState | None:
+                 bound: int, ahead: tuple[RDD, Future] | None = None) -> DriverState | None:
     """The state of ``stream`` (an ``InternalMapWithStateDStream``) at ``time_ms`` worked out on the
     driver from ``previous`` (the state before, None at the first batch) and ``data`` (the batch's
     records), calling ``update(i, records)`` per partition; None when the batch must run in the
-    executors (see the module's docstring). ``bound``: ``spark.sparkwal.state.driverMaxKeys``."""
+    executors (see the module's docstring). ``bound``: ``spark.sparkwal.state.driverMaxKeys``;
+    ``ahead``: a takeover's :func:`prefetch` of a state, used when it is ``previous``."""
     held = isinstance(data, DriverRowsRDD) and data.key_hashes is not None
     if bound <= 0 or not (held or known_empty(data)):
         return None
@@ -133,7 +134,7 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
             return None
         records = partial(_empty_records, n)
     else:
-        fetched = _fetch(stream, previous, time_ms, bound)
+        fetched = _fetch(stream, previous, time_ms, bound, ahead)
         if fetched is None:
             return None
         records = partial(list, fetched)
@@ -147,30 +148,42 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
     return DriverState(sc, n, run)
 
 
-_PREFETCH_LOCK = threading.Lock()  # a batch's fetch waits for a takeover's prefetch under way
+#: how long a batch waits for a takeover's prefetch under way before collecting the state itself
+PREFETCH_WAIT_S = 60.0
 
 
-def prefetch(stream, previous: RDD, bound: int) -> None:
-    """A takeover: the state its first batch starts from, counted and collected to the driver while
-    that batch is due (its generation would otherwise run these two jobs: 0.4-0.7 s on two cores)."""
-    with _PREFETCH_LOCK:
-        stream.prefetched = (previous, *_collect(previous, bound))
+def prefetch(state: RDD, bound: int, ahead: Future, run: bool = True) -> None:
+    """A takeover's read of the state its first batch starts from, beside the wait for that batch
+    (whose generation would otherwise run these two jobs: 0.4-0.7 s on two cores): ``ahead``
+    gets (keys, records or None when more than ``bound``), or the failure; ``run=False`` gives it up
+    (cancelled: the batch collects the state itself)."""
+    if not run or not ahead.set_running_or_notify_cancel():
+        ahead.cancel()
+        return
+    try:
+        ahead.set_result(_collect(state, bound))
+    except BaseException as e:
+        ahead.set_exception(e)
+        raise
 
 
-def _fetch(stream, previous: RDD, time_ms: int, bound: int) -> list | None:
+def _fetch(stream, previous: RDD, time_ms: int, bound: int, ahead: tuple[RDD, Future] | None) -> list | None:
     """An executor state's records, collected to the driver when it holds at most ``bound`` keys
     (counted first, by a job that moves no state); None when it does not, or not yet."""
     if time_ms < (stream.driver_retry_ms or 0):
         return None
-    with _PREFETCH_LOCK:
-        held, stream.prefetched = stream.prefetched, None
-    ahead = held is not None and held[0] is previous
-    keys, records = held[1:] if ahead else _collect(previous, bound)
+    read = None
+    if ahead is not None and ahead[0] is previous and not ahead[1].cancel():  # (not started: collected here)
+        try:
+            read = ahead[1].result(PREFETCH_WAIT_S)
+        except Exception as e:  # noqa: BLE001  (cancelled, failed or late: collected here, as without it)
+            log.debug("%s: the takeover's read of the state: %s", stream.creation_site, e)
+    keys, records = read if read is not None else _collect(previous, bound)
     if records is None:
         _refused(stream, time_ms)
         return None
     log.info("%s: the state (%d keys%s) moves to the driver", stream.creation_site, keys,
-             ", read ahead by the takeover" if ahead else "")
+             ", read ahead by the takeover" if read is not None else "")
     return records
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 
 from pyspark import RDD, StorageLevel
@@ -233,7 +234,7 @@ class InternalMapWithStateDStream(DStream):
     transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched")  # restored
     #: a batch before this time does not try to bring the state back to the driver (driver_state.py)
     driver_retry_ms: int | None = None
-    #: (the state RDD, its records or None when too many) collected ahead by a takeover (driver_state.py)
+    #: (the state RDD, the Future of its keys and records) a takeover reads for the next batch (driver_state.py)
     prefetched: tuple | None = None
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
@@ -271,7 +272,11 @@ class InternalMapWithStateDStream(DStream):
         state = self.get_or_compute(previous) if self.has_state_before(previous) else None
         data = self.dependencies[0].get_or_compute(time_ms)
         update = self._update(time_ms)
-        on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS])
+        ahead, self.prefetched = self.prefetched, None  # (for the one batch after a takeover's read_ahead)
+        on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS],
+                                 ahead)
+        if ahead is not None:
+            ahead[1].cancel()  # not used by this batch: not read, unless under way
         if on_driver is not None:
             return on_driver
         if state is None:
@@ -285,14 +290,18 @@ class InternalMapWithStateDStream(DStream):
                                f"alike ({both.getNumPartitions()} partitions after their union)")
         return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
 
-    def read_ahead(self, rdd: RDD) -> None:
-        """Also collected to the driver where a precomputed batch would run the state there
-        (:func:`~sparkwal.engine.state.driver_state.prefetch`)."""
+    def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
+        """Collected to the driver where a precomputed batch would run the state there
+        (:func:`~sparkwal.engine.state.driver_state.prefetch`; the next batch's generation takes it)."""
         bound = self._host.settings[config.DRIVER_STATE_KEYS]
-        if self._host.settings[config.RECEIVER_PRECOMPUTE] and bound > 0:
-            prefetch(self, rdd, bound)
-        else:
-            super().read_ahead(rdd)
+        precomputed = getattr(self._host.receiver_tracker, "precomputed", None)
+        if isinstance(rdd, DriverState):
+            return lambda run: None  # (on the driver already)
+        if bound <= 0 or precomputed is None or not precomputed.covers(self.dependencies[0]):
+            return super().read_ahead(rdd)
+        ahead: Future = Future()
+        self.prefetched = (rdd, ahead)
+        return partial(prefetch, rdd, bound, ahead)
 
     def _update(self, time_ms: int):
         """The batch's function of (partition index, records): the state record first."""
