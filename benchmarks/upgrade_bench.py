@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cold", type=int, default=5)
     p.add_argument("--keys", type=int, default=2000)
     p.add_argument("--batches", default="1.0", help="batch durations in seconds, comma-separated (e.g. 1.0,0.1)")
+    p.add_argument("--batch", type=float, help="deprecated alias: --batches with one duration")
     p.add_argument("--apps", default="files,direct,receiver",
                    help="files: a file stream into updateStateByKey; direct: a direct stream into mapWithState "
                         "and SQLite, exactly once; receiver: a receiver with its WAL, precomputed, into "
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also: a mapWithState state of this many keys read back from 2 into 8 partitions")
     p.add_argument("--json", metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
+    if args.batch is not None:
+        args.batches = str(args.batch)
     if args.repartition_keys:
         moved = repartition(args.repartition_keys, 2.0, 8)
         print(f"mapWithState, {args.repartition_keys} keys: the first batch after a restart reads the state: "
