@@ -286,14 +286,20 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.batch is not None:
         args.batches = str(args.batch)
+    apps = args.apps.split(",")
+    if unknown := [a for a in apps if a not in ("files", "direct", "receiver")]:
+        p.error(f"--apps: no app {', '.join(unknown)} (files, direct, receiver)")
+    try:
+        batches = [float(b) for b in args.batches.split(",")]
+    except ValueError:
+        p.error(f"--batches: {args.batches!r} is not a comma-separated list of seconds")
     if args.repartition_keys:
         moved = repartition(args.repartition_keys, 2.0, 8)
         print(f"mapWithState, {args.repartition_keys} keys: the first batch after a restart reads the state: "
               + ", ".join(f"{k} partitions {v:.2f} s" for k, v in moved.items()))
         if not (args.handovers or args.cold):
             return
-    results = [run(args.handovers, args.cold, args.keys, batch_s, app)
-               for app in args.apps.split(",") for batch_s in map(float, args.batches.split(","))]
+    results = [run(args.handovers, args.cold, args.keys, batch_s, app) for app in apps for batch_s in batches]
     print(f"upgrade of a changed program, {args.keys} keys, checkpoints on the local disk (fsync'd)")
     print(f"{'app':<8} {'batch':>6} {'row':<19} {'n':>4} {'pause p50':>10} {'p99':>8}   lost  doubled")
     for r in results:
