@@ -12,7 +12,9 @@ The receiver turns each chunk into one block with ``storeBlock`` and acknowledge
 driver. The source keeps every line not yet acknowledged and, when a receiver (re)connects, sends
 them again from the oldest. So nothing acknowledged is ever lost, and the only duplicates are
 chunks that were stored but whose acknowledgement did not reach the source before a crash; the
-source counts the lines it re-sent (``statistics().lines_resent``), which bounds them.
+source counts the lines it re-sent (``statistics().lines_resent``), which bounds them. A stop
+(a graceful one, a handover to a standby) is no crash: the receiver shuts its reading side, and
+the chunk being stored is acknowledged before the connection closes (:meth:`AckedLineReceiver.onStop`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
-from sparkwal.service import spawn
+from sparkwal.service import Service, spawn
 
 from . import wire
 from ..sources.protocol import SourceError
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 LABEL = b"sparkwal-acked-lines"
 MAX_CHUNK = 4 << 20
+STOP_WAIT_S = 10.0  # a stop's wait for the chunk being stored to be acknowledged
+CLOSE_DRAIN_S = 0.5  # then, the wait for the source to close its side (what it sends meanwhile is dropped)
 _CHUNK = struct.Struct(">QI")
 _ACK = struct.Struct(">Q")
 
@@ -179,8 +184,17 @@ class AckedLineSource:
             _close(conn)
 
 
-def _close(sock: socket.socket) -> None:
+def _close(sock: socket.socket, drain_s: float = 0.0) -> None:
+    """Close ``sock``; with ``drain_s``, first end the sending side and read what is left for up to
+    that long: closing with unread bytes (the source's next chunk) sends a reset, which may discard
+    the last acknowledgement before the source reads it."""
     try:
+        if drain_s > 0:
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(drain_s)
+            deadline = time.monotonic() + drain_s
+            while time.monotonic() < deadline and sock.recv(1 << 16):
+                pass
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
@@ -201,11 +215,12 @@ class AckedLineReceiver(Receiver):
         self._secret = None if secret is None else _secret_bytes(secret)
         self.secret_env = secret_env
         self._sock: socket.socket | None = None
-        self._running = False
+        self._running: object | None = None  # this start's token: a thread of an earlier start ends
+        self._receiving: Service | None = None
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_sock"], state["_running"] = None, False
+        state["_sock"], state["_running"], state["_receiving"] = None, None, None
         return state
 
     def _secret_value(self) -> bytes:
@@ -217,28 +232,52 @@ class AckedLineReceiver(Receiver):
         return _secret_bytes(value)
 
     def onStart(self) -> None:
-        self._running = True
-        spawn(f"acked-lines-{self.port}", self._receive)
+        self._running = token = object()
+        self._receiving = spawn(f"acked-lines-{self.port}", self._receive, token)
 
     def onStop(self) -> None:
-        self._running = False
-        sock, self._sock = self._sock, None
-        if sock is not None:
+        """Stop receiving. A chunk being stored is still acknowledged: the connection's reading side
+        is shut (the wait for the next chunk ends), and the receiving thread, which then sends the
+        acknowledgement and closes the connection, is waited for (up to ``STOP_WAIT_S``). Closing
+        the connection at once would leave a chunk stored but unacknowledged, sent again to the next
+        receiver: a duplicate at every stop that met a chunk, where only a crash may leave one."""
+        self._running = None
+        sock, receiving = self._sock, self._receiving
+        if sock is None:  # (connecting: it closes the connection itself once made)
+            return
+        try:
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+        if receiving is not None and not receiving.join(STOP_WAIT_S):
+            log.warning("acked-line receiver: a chunk from %s:%d was still being stored after %.0f s; "
+                        "closing (the source sends it again)", self.host, self.port, STOP_WAIT_S)
             _close(sock)
 
-    def _receive(self) -> None:
+    def _failed(self, token: object, message: str, error: BaseException) -> None:
+        """Restart this receiver, unless it was stopped or started again since ``token``'s start."""
+        if self._running is token and not self.isStopped():
+            self.restart(message, error)
+
+    def _receive(self, token: object) -> None:
+        sock = None
         try:
             sock = socket.create_connection((self.host, self.port), timeout=30)
             sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
             wire.client_handshake(sock, self._secret_value(), LABEL)
             sock.settimeout(None)
-            self._sock = sock
         except (OSError, wire.ProtocolError, RuntimeError) as e:
-            if self._running:
-                self.restart(f"Error connecting to {self.host}:{self.port}", e)
+            if sock is not None:
+                _close(sock)
+            self._failed(token, f"Error connecting to {self.host}:{self.port}", e)
+            return
+        self._sock = sock
+        if self._running is not token:  # (stopped while connecting)
+            self._sock = None
+            _close(sock)
             return
         try:
-            while self._running:
+            while self._running is token:
                 seq, n = _CHUNK.unpack(wire.recv_exact(sock, _CHUNK.size))
                 if not 0 < n <= MAX_CHUNK:
                     raise wire.ProtocolError(f"chunk {seq} of {n} bytes outside 1..{MAX_CHUNK}")
@@ -246,8 +285,10 @@ class AckedLineReceiver(Receiver):
                 self.storeBlock(lines, {"seq": seq})  # durable and recorded when it returns
                 sock.sendall(_ACK.pack(seq))
         except (OSError, ConnectionError, wire.ProtocolError) as e:
-            if self._running:
-                self.restart(f"Error receiving from {self.host}:{self.port}", e)
-        except RuntimeError as e:  # storeBlock failed: nothing acknowledged, the source resends
-            if self._running:
-                self.restart("Could not store a block", e)
+            self._failed(token, f"Error receiving from {self.host}:{self.port}", e)
+        except RuntimeError as e:  # storeBlock failed (or the receiver stopped): nothing acknowledged
+            self._failed(token, "Could not store a block", e)
+        finally:
+            if self._sock is sock:
+                self._sock = None
+            _close(sock, drain_s=CLOSE_DRAIN_S)
