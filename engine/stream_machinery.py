@@ -218,6 +218,11 @@ class StreamMachinery:
             self.generated_rdds[time_ms] = rdd
             self.lineage_from[time_ms] = time_ms
 
+    def state_snapshotted(self, chains: dict) -> None:
+        """A restart: committed batch time it re-generates -> the checkpoint's snapshot of this stream's
+        state after it (a :class:`~sparkwal.engine.state.snapshot_tasks.ChainOnDriver`; a ``mapWithState``
+        lets the driver read it rather than compute that batch's state)."""
+
     def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
         """A takeover's state that its first batch builds on: called on the generation thread,
         returns the read to run beside it (into the executors' cache), called with False to give it

@@ -16,6 +16,7 @@ from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
 from sparkwal.engine import StateSpec, StreamingContext, read_state
 from sparkwal.engine.driver_rows import DriverRowsRDD
 from sparkwal.engine.receiver.acked_lines import AckedLineReceiver, AckedLineSource
+from sparkwal.engine.state.snapshot_tasks import ChainOnDriver
 
 from test_receiver_precompute import with_conf
 from test_receivers import wait_until
@@ -48,21 +49,34 @@ class App:
         self.undo = with_conf(sc, **{"spark.sparkwal.receiver.precompute": "true",
                                  "spark.streaming.blockInterval": "100ms", **conf})
         self.source = AckedLineSource(SECRET)
-        self.ssc = ssc = StreamingContext(sc, 0.5)
         self.ckpt = str(tmp_path / "ckpt")
+        # (batch ms, mapped records, held on the driver); the functions close over these, not the app
+        self.batches = []  # type: list[tuple[int, list, bool]]
+        self.states = {}  # type: dict[int, dict]
+        self.offered = 0
+        self.create = lambda: self._program(sc, spec, interval)
+        self.ssc = self.create()
+        self.ssc.start()
+
+    def _program(self, sc, spec, interval) -> StreamingContext:
+        ssc = StreamingContext(sc, 0.5)
         ssc.checkpoint(self.ckpt)
         lines = ssc.receiverStream(AckedLineReceiver("127.0.0.1", self.source.address[1], SECRET))
         mapped = (lines.flatMap(str.split).map(word_count).reduceByKey(lambda a, b: a + b)
                   .mapWithState(spec).checkpoint(interval))
-        # (batch ms, mapped records, held on the driver); the functions close over these, not the app
-        self.batches = batches = []  # type: list[tuple[int, list, bool]]
-        self.states = states = {}  # type: dict[int, dict]
+        batches, states = self.batches, self.states
         mapped.foreachRDD(lambda t, rdd: batches.append(
             (int(t.timestamp() * 1000), rdd.collect(), isinstance(rdd, DriverRowsRDD))))
         mapped.stateSnapshots().foreachRDD(
             lambda t, rdd: states.__setitem__(int(t.timestamp() * 1000), dict(rdd.collect())))
-        self.offered = 0
-        ssc.start()
+        return ssc
+
+    def restart(self) -> None:
+        """A graceful stop (the receivers' last blocks in a last batch, its state snapshotted),
+        then the program again from the checkpoint, beside the same source."""
+        self.ssc.stop(stopSparkContext=False, stopGraceFully=True)
+        self.ssc = StreamingContext.getOrCreate(self.ckpt, self.create, upgrade=True)
+        self.ssc.start()
 
     def offer(self, lines: list[str]) -> None:
         self.source.offer(lines)
@@ -108,6 +122,41 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
     table = read_state(app.ckpt)[summary.name]  # written by the driver, read as any snapshot
     assert dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist())) == \
         app.states[summary.chain[-1]["time_ms"]]
+
+
+def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batch(spark_context, tmp_path):
+    """A graceful stop snapshots its last batch (here the first snapshot: the interval is longer
+    than the run), and a restart starts from it. The restarted driver's first batches (before the
+    receivers' first blocks: empty) run on the driver at once: the driver reads the state from its
+    snapshot itself, no job; after the second stop, whose last batch (with records) is re-generated
+    from an earlier snapshot and its inputs, the driver reads that batch's own snapshot instead."""
+    app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(3), interval=60.0)
+    restarts = []
+    try:
+        app.offer(["a b"] * 30)
+        wait_until(lambda: app.totals() == {"a": 30, "b": 30}, what="the first lines")
+        for step in range(2):
+            app.offer(["a c"] * 10)  # stored and recorded: the stop's last batch takes them
+            app.restart()
+            restarts.append(max(t for t, _, _ in app.batches))
+            wait_until(lambda: len([b for b in app.batches if b[0] > restarts[-1]]) >= 2,
+                       what=f"two batches after restart {step + 1}")
+        app.offer(["a"] * 5)
+        wait_until(lambda: app.totals() == {"a": 55, "b": 30, "c": 20}, what="every total after the restarts")
+    finally:
+        app.stop()
+    after = sorted(b for b in app.batches if b[0] > restarts[0])
+    assert all(on_driver for _, _, on_driver in after), after  # the empty first ones too
+
+    # the driver's read of a chain: exact, and refused where the executors must read it
+    (index, state), = checkpoint_state(app.ckpt).items()
+    newest = max(state.snapshots)
+    chain = ChainOnDriver(state.chain(newest), None, 1)
+    parts = chain.read(spark_context, 3, 100_000)
+    assert parts is not None and {k: v for part in parts for k, v, _ in part} == app.states[newest]
+    assert chain.read(spark_context, 2, 100_000) is None  # another partition count: shuffled by the executors
+    assert chain.read(spark_context, 3, 2) is None  # more keys than the bound, by its manifests
+    assert ChainOnDriver(state.chain(newest), None, 2).read(spark_context, 3, 100_000) is None  # to migrate
 
 
 @pytest.mark.compat

@@ -151,8 +151,9 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     coalesced: list[int] = []
     if driver.settings[config.COALESCE_DOWNTIME]:
         times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
-    driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms)
     plan = rerun(driver, cp, times, restart_ms)
+    driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms,
+                                      plan.skipped_batch_times)
     # the states an upgrade added hold what the new version outputs: from its first re-run batch
     driver.snapshots.begin(plan.rerun_batch_times[0] if plan.rerun_batch_times else restart_ms)
     return replace(plan, coalesced_batch_times=tuple(coalesced))

@@ -37,7 +37,7 @@ from pyspark.rdd import Partitioner, portable_hash
 from ..driver_rows import DriverRowsRDD
 from ..errors import StateError
 from ..stream_machinery import known_empty
-from .snapshot_tasks import DriverParts
+from .snapshot_tasks import DriverParts, chain_on_driver
 from .state_map import StateMap, StateRecord
 
 log = logging.getLogger(__name__)
@@ -109,19 +109,29 @@ def _partitioned(data, n: int) -> list[list]:
 
 
 def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, update: Callable,
-                 bound: int, ahead: tuple[RDD, Future] | None = None) -> DriverState | None:
+                 bound: int, ahead: tuple[RDD, Future] | None = None, precomputed: bool = False
+                 ) -> DriverState | None:
     """The state of ``stream`` (an ``InternalMapWithStateDStream``) at ``time_ms`` worked out on the
     driver from ``previous`` (the state before, None at the first batch) and ``data`` (the batch's
     records), calling ``update(i, records)`` per partition; None when the batch must run in the
     executors (see the module's docstring). ``bound``: ``spark.sparkwal.state.driverMaxKeys``;
-    ``ahead``: a takeover's :func:`prefetch` of a state, used when it is ``previous``."""
+    ``ahead``: a takeover's :func:`prefetch` of a state, used when it is ``previous``;
+    ``precomputed``: the stream's batches may come from the receivers' results."""
     held = isinstance(data, DriverRowsRDD) and data.key_hashes is not None
     if bound <= 0 or not (held or known_empty(data)):
         return None
-    if not held and previous is not None and not isinstance(previous, DriverState):
-        return None  # an empty batch does not bring a state to the driver
     sc, n = stream.context().sparkContext, stream.num_partitions
-    if isinstance(previous, DriverState):
+    records: Callable[[], list]
+    if not held and previous is not None and not isinstance(previous, DriverState):
+        # an empty batch does not bring a state to the driver (the batches after it may not be
+        # precomputed), but for one read back from snapshots that the driver reads itself, without
+        # a job: a restart's first batches, before the receivers' first blocks
+        read = _chain_records(previous, bound) if precomputed else None
+        if read is None:
+            return None
+        log.info("%s: the state (%d keys) moves to the driver, read from its snapshots", stream.creation_site, read[0])
+        records = partial(list, read[1])
+    elif isinstance(previous, DriverState):
         keys = previous.key_count
         if keys is not None and keys > bound:
             log.info("%s: the state holds %d keys, more than spark.sparkwal.state.driverMaxKeys (%d): "
@@ -188,6 +198,28 @@ def _fetch(stream, previous: RDD, time_ms: int, bound: int, ahead: tuple[RDD, Fu
 
 
 def _collect(state: RDD, bound: int) -> tuple[int, list | None]:
-    """(the keys ``state`` holds, its records in partition order, or None when more than ``bound``)."""
+    """(the keys ``state`` holds, its records in partition order, or None when more than ``bound``):
+    read by the driver itself when it was read back from snapshots it can read
+    (:class:`~sparkwal.engine.state.snapshot_tasks.ChainOnDriver`), else by two jobs."""
+    read = _chain_records(state, bound)
+    if read is not None:
+        return read
     keys = sum(state.map(lambda r: r[1].keys).collect())
     return keys, sorted(state.collect(), key=lambda r: r[0]) if 0 <= keys <= bound else None
+
+
+def _chain_records(state: RDD, bound: int) -> tuple[int, list] | None:
+    """(keys, records) of ``state`` read by the driver from the snapshots it was read back from, or
+    None where it cannot (not read back, laid out otherwise, more than ``bound`` keys, a storage
+    error: the executors' jobs read it then, as they would without this)."""
+    chain = chain_on_driver(state)
+    try:
+        parts = chain.read(state.context, state.getNumPartitions(), bound) if chain is not None else None
+    except Exception as e:  # noqa: BLE001  (any failure of a shortcut: the jobs that read it anyway)
+        log.warning("the driver could not read the state from its snapshots (%s): the executors read it", e)
+        return None
+    if parts is None:
+        return None
+    records = [(i, StateRecord.of(-1, StateMap({k: v for k, v, _ in rows}, {k: t for k, _, t in rows}), []))
+               for i, rows in enumerate(parts)]
+    return sum(len(rows) for rows in parts), records

@@ -34,7 +34,7 @@ from ..driver_rows import DriverRowsRDD
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
 from .driver_state import DriverState, driver_batch, prefetch
-from .snapshot_tasks import DriverParts
+from .snapshot_tasks import DriverParts, chain_on_driver
 from . import versions
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
 
@@ -231,11 +231,13 @@ def _by_partition(rdd: RDD, n: int) -> RDD:
 class InternalMapWithStateDStream(DStream):
     """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
 
-    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched")  # restored
+    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched", "snapshotted")
     #: a batch before this time does not try to bring the state back to the driver (driver_state.py)
     driver_retry_ms: int | None = None
     #: (the state RDD, the Future of its keys and records) a takeover reads for the next batch (driver_state.py)
     prefetched: tuple | None = None
+    #: a restart's re-generated batch time -> the checkpoint's snapshot of the state after it (ChainOnDriver)
+    snapshotted: dict | None = None
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
 
@@ -273,8 +275,9 @@ class InternalMapWithStateDStream(DStream):
         data = self.dependencies[0].get_or_compute(time_ms)
         update = self._update(time_ms)
         ahead, self.prefetched = self.prefetched, None  # (for the one batch after a takeover's read_ahead)
+        snapshot = self.snapshotted.pop(time_ms, None) if self.snapshotted else None
         on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS],
-                                 ahead)
+                                 ahead, self._precomputed())
         if ahead is not None:
             ahead[1].cancel()  # not used by this batch: not read, unless under way
         if on_driver is not None:
@@ -288,20 +291,33 @@ class InternalMapWithStateDStream(DStream):
         if both.getNumPartitions() != n:
             raise StateError(f"{self}: the state and the batch of {time_ms} are not partitioned "
                                f"alike ({both.getNumPartitions()} partitions after their union)")
-        return both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+        state = both.mapPartitionsWithIndex(update, preservesPartitioning=True)
+        chain_on_driver(state, snapshot)  # (driver_state.py reads it)
+        return state
+
+    def state_snapshotted(self, chains: dict) -> None:
+        """A committed batch a restart re-generates without outputs has, as its state, the snapshot the
+        checkpoint took after it (consistent with the outputs committed, whatever code re-generates it):
+        where the driver takes the state, it reads that snapshot itself rather than run the batch in the
+        executors (a takeover's last committed batch)."""
+        self.snapshotted = dict(chains) or None
 
     def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
         """Collected to the driver where a precomputed batch would run the state there
         (:func:`~sparkwal.engine.state.driver_state.prefetch`; the next batch's generation takes it)."""
         bound = self._host.settings[config.DRIVER_STATE_KEYS]
-        precomputed = getattr(self._host.receiver_tracker, "precomputed", None)
         if isinstance(rdd, DriverState):
             return lambda run: None  # (on the driver already)
-        if bound <= 0 or precomputed is None or not precomputed.covers(self.dependencies[0]):
+        if bound <= 0 or not self._precomputed():
             return super().read_ahead(rdd)
         ahead: Future = Future()
         self.prefetched = (rdd, ahead)
         return partial(prefetch, rdd, bound, ahead)
+
+    def _precomputed(self) -> bool:
+        """Whether this state's batches may come from the receivers' results (driver_state.py)."""
+        precomputed = getattr(self._host.receiver_tracker, "precomputed", None)
+        return precomputed is not None and precomputed.covers(self.dependencies[0])
 
     def _update(self, time_ms: int):
         """The batch's function of (partition index, records): the state record first."""

@@ -16,6 +16,7 @@ with them, credentials never (the executors take theirs from their environment).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from pyspark import RDD, SparkContext
@@ -30,8 +31,8 @@ from sparkwal.wal.storage import resolve
 
 from . import versions
 
-__all__ = ["DriverParts", "SnapshotError", "apply_delta", "delete_snapshot", "hash_seed", "is_hash_partitioned",
-           "read_chain", "write_snapshot"]
+__all__ = ["ChainOnDriver", "DriverParts", "SnapshotError", "apply_delta", "chain_on_driver", "delete_snapshot",
+           "hash_seed", "is_hash_partitioned", "read_chain", "write_snapshot"]
 
 
 class DriverParts(NamedTuple):
@@ -155,3 +156,50 @@ def apply_delta(sc: SparkContext, rows: RDD, ref: SnapshotRef, base_parts: int,
         return ((k, v, t) for k, (v, t) in state.items())
 
     return rows.mapPartitionsWithIndex(merge, preservesPartitioning=True)
+
+
+#: how many parts the driver reads at once (an object store answers each read in tens of ms)
+DRIVER_READERS = 16
+
+
+class ChainOnDriver(NamedTuple):
+    """A snapshot chain the driver may read itself, without a Spark job: a state restored from it
+    that moves to the driver (:mod:`sparkwal.engine.state.driver_state`) is read here in a few
+    milliseconds rather than by two jobs (its keys counted, then its records collected: 0.3-0.5 s
+    on two cores), the first batch of a takeover included. Attached to the RDD read from it
+    (:func:`chain_on_driver`)."""
+
+    chain: list[SnapshotRef]
+    storage_options: dict | None
+    state_version: int
+
+    def read(self, sc: SparkContext, num_partitions: int, max_keys: int) -> list[list[tuple]] | None:
+        """Partition ``i``'s rows ``(key, value, updated_ms)`` in update order, from part ``i`` of
+        every snapshot of the chain, for each of ``num_partitions``; None where the executors must
+        read it instead: laid out otherwise (another partition count or ``PYTHONHASHSEED``), of
+        another state version (migrated as it is read), or more than ``max_keys`` rows by its
+        manifests (which count a key once per snapshot it is in: never fewer than it holds)."""
+        manifests = [read_manifest(ref.url, self.storage_options) for ref in self.chain]
+        seed = hash_seed(sc)
+        if any(len(m["parts"]) != num_partitions or not m.get("partitioned") or m.get("hash_seed") != seed
+               or versions.written_at(m) != self.state_version for m in manifests):
+            return None
+        if sum(entry[0] for m in manifests for entry in m["parts"]) > max_keys:
+            return None
+        links = [(StorageLocation.of(ref.url, self.storage_options), m) for ref, m in zip(self.chain, manifests)]
+
+        def part(i: int) -> list[tuple]:
+            state = merge_chain(part_rows(where, i, m) for where, m in links)
+            return [(k, v, t) for k, (v, t) in state.items()]
+
+        if num_partitions <= 1:
+            return [part(i) for i in range(num_partitions)]
+        with ThreadPoolExecutor(min(DRIVER_READERS, num_partitions), thread_name_prefix="sparkwal-state-read") as pool:
+            return list(pool.map(part, range(num_partitions)))
+
+
+def chain_on_driver(rdd: RDD, chain: ChainOnDriver | None = None) -> ChainOnDriver | None:
+    """The chain ``rdd`` (a state read back from snapshots) was read from; with ``chain``, record it."""
+    if chain is not None:
+        setattr(rdd, "sparkwal_chain", chain)  # (pyspark's RDD takes attributes; it declares none of ours)
+    return getattr(rdd, "sparkwal_chain", None)

@@ -21,20 +21,19 @@ batch before, so batches generated while the one whose full snapshot cuts the li
 would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs built on a checkpointed one in
 place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits` names the batches that
 would reach back further than the next cut can be due (``maxLineageBatches`` plus an interval): the
-generator (:class:`sparkwal.engine.driver.scheduler.JobGenerator`) holds them until the cut is made. A
-Java thread deserializes a task's RDDs recursively: a soak's driver died of a StackOverflowError with
-~160 batches of lineage queued at 1 s batches.
+generator (:class:`sparkwal.engine.driver.scheduler.JobGenerator`) holds them until the cut is made (a
+soak's driver died of a StackOverflowError, Java deserializing RDDs recursively, with ~160 queued).
 
-A restart reads, for each stream, the newest snapshot at or before its first re-run batch (before it,
-for mapWithState, whose re-run batches must call the function again) and recomputes the later batches
-from their inputs. Snapshots outside the chains of the three newest are retired, and deleted once two
-checkpoints taken after their retirement (a main file and its .bk) are durable: checkpoints are
-written behind the batches, and one taken earlier still references them.
+A restart reads each stream's newest usable snapshot (:meth:`StateSnapshots._restart_times`) and
+recomputes the later batches from their inputs. Snapshots outside the chains of the three newest are
+retired, and deleted once two checkpoints taken after their retirement (a main file and its .bk) are
+durable: checkpoints are written behind the batches, and one taken earlier still references them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Protocol
 
 from pyspark import RDD, StorageLevel
@@ -47,7 +46,8 @@ from sparkwal.checkpoint.state_files import read_manifest
 from .. import config
 from ..host import DriverFacts
 from . import versions
-from .snapshot_tasks import SnapshotError, apply_delta, delete_snapshot, read_chain, write_snapshot
+from .snapshot_tasks import (ChainOnDriver, SnapshotError, apply_delta, chain_on_driver, delete_snapshot, read_chain,
+                             write_snapshot)
 
 if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
@@ -79,8 +79,7 @@ class StateSnapshots:
         #: stream name -> the newest snapshots' sizes: "fullBytes", "deltaBytes", and "keys" (as of
         #: the newest full snapshot), for the UI and the metrics
         self.sizes: dict[str, dict[str, int]] = {}
-        #: a standby's state, read and cached ahead of a takeover: (stream index, batch time) ->
-        #: (the newest snapshot URL of the chain read, the cached RDD)
+        #: a standby's state read ahead of a takeover: (stream index, batch time) -> (chain's newest URL, RDD)
         self._preloaded: dict[tuple[int, int], tuple[str, RDD]] = {}
         self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
         self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): load_for_restart
@@ -90,17 +89,11 @@ class StateSnapshots:
         self.starts: dict[int, int | None] = {}
         #: above every number snapshots were ever named by here: a new state never takes a dropped one's
         self.next_slot = 0
-        #: a graceful stop or a handover began: each batch left snapshots its state, whatever the interval,
-        #: so the driver that goes on starts from the last batch's state, recomputing no batch from inputs
+        #: a graceful stop or handover began: each batch left snapshots its state (the next driver re-runs none)
         self.each_batch = False
 
-    @property
-    def deltas_per_full(self) -> int:
-        return self._driver.settings[config.DELTAS_PER_FULL]
-
-    @property
-    def max_lineage_batches(self) -> int:
-        return self._driver.settings[config.MAX_LINEAGE_BATCHES]
+    deltas_per_full = property(lambda self: self._driver.settings[config.DELTAS_PER_FULL])
+    max_lineage_batches = property(lambda self: self._driver.settings[config.MAX_LINEAGE_BATCHES])
 
     @property
     def roots(self) -> dict[int, int]:
@@ -114,10 +107,9 @@ class StateSnapshots:
         return out
 
     def generation_waits(self, time_ms: int) -> str | None:
-        """Why the batch of ``time_ms`` must not be generated before the batches in flight are
-        done, or None: some stateful stream's state would reach back more than
-        ``maxLineageBatches`` plus a checkpoint interval, so the full snapshot that cuts it is
-        due at a batch generated already (see the module's docstring)."""
+        """Why the batch of ``time_ms`` must wait for the batches in flight, or None: a state would reach
+        back more than ``maxLineageBatches`` plus an interval, its cutting full snapshot due at a batch
+        generated already (see the module's docstring)."""
         driver = self._driver
         if driver.checkpoint_dir is None:  # the state is checkpointed locally, cut in place
             return None
@@ -134,9 +126,8 @@ class StateSnapshots:
 
     def restore(self, data: dict, slots: dict | None = None, starts: dict | None = None,
                 next_slot: int | None = None) -> None:
-        """From a checkpoint's ``state`` entry: each snapshot located in this checkpoint directory,
-        wherever it was written (:mod:`sparkwal.checkpoint.layout`); ``slots`` and ``starts``: the
-        checkpoint's ``state_slots`` and ``state_starts`` (see :attr:`slots`, :attr:`starts`)."""
+        """From a checkpoint's ``state`` entry, each snapshot located in this directory wherever it was
+        written (:mod:`sparkwal.checkpoint.layout`); the ``state_slots`` and ``state_starts`` entries."""
         self.slots = {int(i): int(n) for i, n in (slots or {}).items()}
         self.starts = {int(i): int(t) for i, t in (starts or {}).items()}
         self.next_slot = int(next_slot or 0)
@@ -153,19 +144,17 @@ class StateSnapshots:
         return {str(i): s.to_json(layout) for i, s in self.by_stream.items()}
 
     def placement_data(self) -> tuple[dict[str, int], dict[str, int], int]:
-        """The checkpoint's ``state_slots`` and ``state_starts`` (empty but after an upgrade), and
-        the number above every one snapshots were named by."""
+        """The checkpoint's ``state_slots``, ``state_starts`` (empty but after an upgrade), the next free number."""
         named = [*self.slots.values(), *(i for i in self.by_stream if i not in self.slots)]
         return ({str(i): n for i, n in self.slots.items()},
                 {str(i): t for i, t in self.starts.items() if t is not None},
                 max([self.next_slot - 1, *named, len(self._driver.graph.streams) - 1]) + 1)
 
     def carry(self, moved: dict[int, int], new_states: list[int]) -> None:
-        """An upgrade: the restored state of the checkpoint's stream ``old`` goes to this graph's
-        ``moved[old]``, under the number its snapshots are named by (so that no other stream's
-        snapshot of the same batch time ever replaces one of its chain); the states of
-        ``new_states`` start empty, at the first batch the new version runs (:meth:`begin`),
-        under numbers no state of the checkpoint had. Called after :meth:`restore`."""
+        """An upgrade: the restored state of the checkpoint's stream ``old`` goes to this graph's ``moved[old]``,
+        under the number its snapshots are named by (no other stream's snapshot of the same batch time ever
+        replaces one of its chain); the states of ``new_states`` start empty, at the first batch the new
+        version runs (:meth:`begin`), under numbers no state of the checkpoint had. After :meth:`restore`."""
         restored, old_slots, old_starts = self.by_stream, self.slots, self.starts
         self.by_stream, self.slots, self.starts = {}, {}, {}
         for old, new in moved.items():
@@ -187,9 +176,8 @@ class StateSnapshots:
             self._driver.graph.streams[index].state_start_ms = self.starts[index]
 
     def check_directory(self) -> None:
-        """Snapshots are written and read by Spark's tasks, in other processes: a ``memory://``
-        filesystem (private to each process) cannot hold them. A bad ``maxLineageBatches`` fails
-        here, at start, not in a batch."""
+        """Spark's tasks write and read snapshots: a ``memory://`` filesystem (private to a process) cannot
+        hold them. A bad ``maxLineageBatches`` fails here, at start, not in a batch."""
         driver = self._driver
         stateful = [s for s in driver.graph.streams if s.must_checkpoint]
         if stateful:
@@ -211,14 +199,19 @@ class StateSnapshots:
             raise CheckpointMismatchError(
                 f"{e}; it holds the state of batch {time_ms}, referenced by the checkpoint of batch "
                 f"{checkpoint_time_ms}: the state cannot be restored") from None
-        rdd = stream.state_from_rows(rows, partitioned)
+        return self._cached(stream.state_from_rows(rows, partitioned), stream, state, time_ms)
+
+    def _cached(self, rdd, stream, state: StreamState, time_ms: int):
+        """``rdd``, the state at snapshot ``time_ms``, cached; the driver may read its chain itself."""
+        chain_on_driver(rdd, ChainOnDriver(state.chain(time_ms), self._driver.storage_options, stream.state_version))
         return rdd.persist(StorageLevel.MEMORY_ONLY)
 
-    def _restart_times(self, index: int, state: StreamState, first_ms: int, checkpoint_time_ms: int
-                       ) -> list[int]:
-        """The snapshot times a restart re-running ``first_ms`` onwards serves ``index``'s state
-        from: the newest one before ``first_ms`` (at it, for mapWithState, whose re-run batches must
-        call the function again, and every later one of those)."""
+    def _restart_times(self, index: int, state: StreamState, first_ms: int, checkpoint_time_ms: int,
+                       committed: Collection[int] = ()) -> list[int]:
+        """The snapshot times a restart re-running ``first_ms`` onwards serves ``index``'s state from: the
+        newest at or before ``first_ms`` and every later one (before it for mapWithState, whose re-run batches
+        call the function again, but at a ``committed`` one, not re-run, that nothing else remembers, when
+        none is before it: a graceful stop in the first checkpoint interval snapshots only its last batch)."""
         stream = self._driver.graph.streams[index]
         times = sorted(state.snapshots)
         usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
@@ -226,7 +219,8 @@ class StateSnapshots:
         if not usable and start is not None and first_ms <= start:  # added by an upgrade: empty before it
             return []
         if not usable and times:
-            if not stream.state_is_output:
+            if not stream.state_is_output and not (times[0] == first_ms and first_ms in committed
+                                                   and not self._records_remembered(stream)):
                 raise CheckpointMismatchError(
                     f"{stream}: the oldest state snapshot the checkpoint of batch "
                     f"{checkpoint_time_ms} references is of batch {times[0]}, not before the "
@@ -235,6 +229,12 @@ class StateSnapshots:
         if not usable:
             return []
         return [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
+
+    def _records_remembered(self, stream) -> bool:
+        """Whether a stream on ``stream`` keeps an RDD past its batch (a window, ``remember``): a state
+        served at a re-generated batch leaves that batch's mapped records empty."""
+        return any(stream in s.dependencies and (s.remember_ms is None or s.remember_ms > s.slide_ms)
+                   for s in self._driver.graph.streams)
 
     def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
         """The state of ``index`` at snapshot time ``t``: the standby's preloaded RDD when it read
@@ -248,15 +248,17 @@ class StateSnapshots:
         advanced = self._advance(stream, index, state, t) if self._preloaded else None
         return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
-    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int) -> None:
+    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int, committed: Collection[int] = ()):
         """Serve each stateful stream's state from its newest snapshot a restart can use.
         ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
         driver = self._driver
         for index, state in self.by_stream.items():
             stream = driver.graph.streams[index]
-            later = self._restart_times(index, state, first_ms, checkpoint_time_ms)
+            later = self._restart_times(index, state, first_ms, checkpoint_time_ms, committed)
             for t in later:
                 stream.serve_state(t, self._load(index, state, t, checkpoint_time_ms))
+            stream.state_snapshotted({t: ChainOnDriver(state.chain(t), driver.storage_options, stream.state_version)
+                                      for t in state.snapshots if t in committed and t not in later})
         # the rest of a standby's preloaded state is unpersisted once the first new batch is
         # done: until then the state served may be a delta applied to it, not computed yet
         # (a batch re-run for its generation only computes nothing)
@@ -264,7 +266,7 @@ class StateSnapshots:
         self._unpersist_later = (new_ms, rest)
         self._preloaded.clear()
 
-    def preload(self, first_ms: int, checkpoint_time_ms: int) -> list:
+    def preload(self, first_ms: int, checkpoint_time_ms: int, committed: Collection[int] = ()) -> list:
         """A standby: the state a takeover re-running ``first_ms`` onwards would start from, read
         into RDDs cached in this driver's executors (the caller materialises the returned new ones
         now, so that the takeover's first batch finds them there, then calls
@@ -273,7 +275,7 @@ class StateSnapshots:
         since its last look, and the whole state only at a full snapshot."""
         self._wanted, new = set(), []
         for index, state in self.by_stream.items():
-            for t in self._restart_times(index, state, first_ms, checkpoint_time_ms):
+            for t in self._restart_times(index, state, first_ms, checkpoint_time_ms, committed):
                 self._wanted.add((index, t))
                 url = state.snapshots[t].url
                 if self._preloaded.get((index, t), (None,))[0] == url:
@@ -303,7 +305,7 @@ class StateSnapshots:
             if rows is None:
                 return None
             rdd = stream.state_from_rows(rows, True)
-        return rdd.persist(StorageLevel.MEMORY_ONLY)
+        return self._cached(rdd, stream, state, t)
 
     def drop_unwanted(self) -> None:
         """After the newest preload was materialised: forget the state it no longer needs."""
@@ -428,14 +430,12 @@ class StateSnapshots:
                     rdd.unpersist(blocking=False)
 
     def floor(self, floor: int) -> int:
-        """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need:
-        a stateful stream restarts from its newest snapshot at or before ``floor`` (before it, for
-        mapWithState) and recomputes the batches after it from their inputs, so those batches'
-        inputs must be kept (the snapshot may lag the batches by more than the remember duration).
-        The running state's lineage starts at the last full snapshot it was read back from (a batch
-        generated before that snapshot was read back, at an earlier one): an executor that loses
-        the cached state recomputes the batches since then from their inputs, which must be kept
-        too."""
+        """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need: a stateful
+        stream restarts from its newest snapshot at or before ``floor`` (before it, for mapWithState) and
+        recomputes the batches after it from their inputs, which are kept (the snapshot may lag the batches
+        by more than the remember duration). The running state's lineage starts at the last full snapshot
+        it was read back from (or earlier): an executor that loses the cached state recomputes the batches
+        since then from their inputs, kept too."""
         driver = self._driver
         zero = driver.graph.zero_time_ms or 0
         for index, stream in enumerate(driver.graph.streams):
