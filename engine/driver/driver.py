@@ -63,8 +63,7 @@ class Driver:
 
     def __init__(self, context, sc: SparkContext, batch_ms: int, clock: Clock | None,
                  concurrent_jobs: int | None):
-        self.context = context
-        self.sc = sc
+        self.context, self.sc = context, sc
         self.settings = StreamingConf.of(sc.getConf())  # every setting, checked once (engine/config.py)
         #: the retries of this driver's storage calls (spark.sparkwal.storage.deadline; each request's answer
         #: within its lease's margin); its checkpoint location carries it, and while it runs it is the default
@@ -206,6 +205,7 @@ class Driver:
             leadership.stream_started(self)  # the leadership lost since it was taken: the start fails here
             first = plan.first_ms
             self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
+            self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(self)  # (started below)
             self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
                 self.checkpointing.write_first(first)
@@ -216,7 +216,7 @@ class Driver:
             if self.leadership is not None:
                 self.leadership.release()
             raise
-        self.receiver_tracker = receiver_lifecycle.start_receivers(self)
+        receiver_lifecycle.start_receivers(self)
         self.generator.timer.start(first)
         self.activate()
         self.observer.on_active()

@@ -48,15 +48,18 @@ def make_block_tracker(driver: ReceiverLifecycleHost) -> ReceivedBlockTracker:
                                 lock=driver.lead() if logged else None)
 
 
-def start_receivers(driver: ReceiverLifecycleHost) -> ReceiverTracker | None:
+def make_receiver_tracker(driver: ReceiverLifecycleHost) -> ReceiverTracker | None:
     """The tracker of the inputs with a receiver to run (others get their blocks from elsewhere),
-    started; None when there are none."""
+    not started (:func:`start_receivers`): a restart's re-run batches, generated before the
+    receivers start, see which streams the receivers precompute; None when there are none."""
     receivers = [s for s in driver.graph.inputs if getattr(s, "receiver", None) is not None]
-    if not receivers:
-        return None
-    tracker = ReceiverTracker(driver, receivers)
-    tracker.start()
-    return tracker
+    return ReceiverTracker(driver, receivers) if receivers else None
+
+
+def start_receivers(driver: ReceiverLifecycleHost) -> None:
+    """Start the receivers of :func:`make_receiver_tracker`'s tracker, if any."""
+    if driver.receiver_tracker is not None:
+        driver.receiver_tracker.start()
 
 
 def stop_receivers(driver: ReceiverLifecycleHost, graceful: bool) -> None:

@@ -183,8 +183,7 @@ class JobScheduler:
         ``time_ms``: the same operation of later batches does not run (output_order)."""
         note_failure(self._lock, self._failed_in_order, output_op_id, time_ms)
 
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no batch is running or queued; False on timeout."""
+    def wait_idle(self, timeout_s: float) -> bool:  # until no batch runs or is queued; False on timeout
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending, timeout_s)
 
@@ -225,10 +224,15 @@ class JobScheduler:
     def stop(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
+    def prestart(self, task: Callable[[], None]) -> None:
+        """Start every job thread now, each running ``task`` (a standby opens their Py4J connections
+        ahead of a takeover; ``task`` holds each until all have one: an idle thread takes the next)."""
+        for _ in range(self.concurrent_jobs):
+            self._pool.submit(task)
+
 
 def job_group(time_ms: int, output_op_id: int, run: str = "") -> str:
-    """One Spark job group per output operation of a batch: cancelled together at a stop, and
-    the way each operation's Spark job ids are found (the UI's batch page links them)."""
+    """One Spark job group per output operation of a batch: cancelled at a stop; the UI finds its jobs by it."""
     return f"sparkwal-streaming-{run + '-' if run else ''}batch-{time_ms}-op-{output_op_id}"
 
 
@@ -389,16 +393,14 @@ class JobGenerator:
             self._processed.notify_all()
 
     def wait_processed(self, timeout_s: float) -> None:
-        """Wait until the next batch's completion is processed (held batches released), or
-        ``timeout_s``."""
+        """Wait until the next batch's completion is processed (held batches released), or ``timeout_s``."""
         with self._processed:
             self._processed.wait(timeout_s)
 
     def snapshot_last_state(self, timeout_s: float) -> None:
-        """A graceful stop, every batch done: where the checkpoint interval left the last batch's
-        state without a snapshot, snapshot it (its completion's checkpoint written again with it),
-        so that the driver going on (a restart, a standby taking over) starts from that state
-        instead of re-running the batches since the last snapshot from their inputs."""
+        """A graceful stop, every batch done: where the checkpoint interval left the last batch's state
+        without a snapshot, snapshot it (its completion's checkpoint written again with it), so that the
+        driver going on (a restart, a standby) starts from that state, re-running no batch from inputs."""
         try:  # (the last batch decided on the event thread: a completion queued before it is processed)
             self._events.submit(self._guard, self._snapshot_last_state).result(timeout_s)
         except TimeoutError:
