@@ -220,6 +220,6 @@ def _chain_records(state: RDD, bound: int) -> tuple[int, list] | None:
         return None
     if parts is None:
         return None
-    records = [(i, StateRecord.of(-1, StateMap({k: v for k, v, _ in rows}, {k: t for k, _, t in rows}), []))
+    records = [(i, StateRecord.of(-1, StateMap.of_rows(rows), []))
                for i, rows in enumerate(parts)]
     return sum(len(rows) for rows in parts), records

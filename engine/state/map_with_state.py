@@ -214,11 +214,7 @@ def _build_partition(index, records, time_ms, uid, live_keys=LIVE_KEYS):
 def _restore_partition(index, rows, uid, live_keys=LIVE_KEYS):
     """Partition ``index``'s state from a snapshot chain's rows ``(key, value, updated_ms)``,
     which come in update order (a full snapshot is written in that order and deltas after it)."""
-    values, times = {}, {}
-    for k, v, t in rows:
-        values[k] = v
-        times[k] = t
-    yield index, _record_of(uid, index, StateMap(values, times), live_keys)
+    yield index, _record_of(uid, index, StateMap.of_rows(rows), live_keys)
 
 
 def _by_partition(rdd: RDD, n: int) -> RDD:

@@ -203,8 +203,11 @@ class StateSnapshots:
 
     def _cached(self, rdd, stream, state: StreamState, time_ms: int):
         """``rdd``, the state at snapshot ``time_ms``, cached; the driver may read its chain itself."""
-        chain_on_driver(rdd, ChainOnDriver(state.chain(time_ms), self._driver.storage_options, stream.state_version))
+        chain_on_driver(rdd, self._on_driver(stream, state, time_ms))
         return rdd.persist(StorageLevel.MEMORY_ONLY)
+
+    def _on_driver(self, stream, state: StreamState, time_ms: int) -> ChainOnDriver:  # (driver_state.py)
+        return ChainOnDriver(state.chain(time_ms), self._driver.storage_options, stream.state_version)
 
     def _restart_times(self, index: int, state: StreamState, first_ms: int, checkpoint_time_ms: int,
                        committed: Collection[int] = ()) -> list[int]:
@@ -231,15 +234,13 @@ class StateSnapshots:
         return [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
 
     def _records_remembered(self, stream) -> bool:
-        """Whether a stream on ``stream`` keeps an RDD past its batch (a window, ``remember``): a state
-        served at a re-generated batch leaves that batch's mapped records empty."""
+        """Whether a stream on ``stream`` keeps an RDD past its batch (a window, ``remember``)."""
         return any(stream in s.dependencies and (s.remember_ms is None or s.remember_ms > s.slide_ms)
                    for s in self._driver.graph.streams)
 
     def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
-        """The state of ``index`` at snapshot time ``t``: the standby's preloaded RDD when it read
-        the same snapshot (or one of its chain: the deltas since are applied to it), else read now
-        (cached, materialised by the first job using it)."""
+        """The state of ``index`` at snapshot ``t``: the standby's preloaded RDD of that snapshot (or of
+        its chain, the deltas since applied to it), else read now (cached, made by its first job)."""
         url = state.snapshots[t].url
         preloaded = self._preloaded.get((index, t))
         if preloaded is not None and preloaded[0] == url:
@@ -249,15 +250,14 @@ class StateSnapshots:
         return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
 
     def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int, committed: Collection[int] = ()):
-        """Serve each stateful stream's state from its newest snapshot a restart can use.
-        ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
-        driver = self._driver
+        """Serve each stateful stream's state from its newest usable snapshot, and hand each committed re-generated
+        batch its own. ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
         for index, state in self.by_stream.items():
-            stream = driver.graph.streams[index]
+            stream = self._driver.graph.streams[index]
             later = self._restart_times(index, state, first_ms, checkpoint_time_ms, committed)
             for t in later:
                 stream.serve_state(t, self._load(index, state, t, checkpoint_time_ms))
-            stream.state_snapshotted({t: ChainOnDriver(state.chain(t), driver.storage_options, stream.state_version)
+            stream.state_snapshotted({t: self._on_driver(stream, state, t)
                                       for t in state.snapshots if t in committed and t not in later})
         # the rest of a standby's preloaded state is unpersisted once the first new batch is
         # done: until then the state served may be a delta applied to it, not computed yet

@@ -80,6 +80,16 @@ class StateMap:
         self.values, self.times, self.removed = values or {}, times or {}, removed or {}
         self.touched: dict | None = None
 
+    @classmethod
+    def of_rows(cls, rows) -> StateMap:
+        """From a snapshot chain's rows ``(key, value, updated_ms)`` in update order (a full snapshot's,
+        then each delta's): the last row of a key wins, and the times stay in update order."""
+        values, times = {}, {}
+        for k, v, t in rows:
+            values[k] = v
+            times[k] = t
+        return cls(values, times)
+
     def __getstate__(self):
         return self.values, self.times, self.removed
 
