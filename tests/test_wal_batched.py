@@ -195,3 +195,47 @@ def test_many_short_lingers_never_break_the_wake_up_protocol(tmp_path):
     run_concurrently(writer, [(t,) for t in range(6)])
     assert log.statistics().records_written == 1800
     log.close()
+
+
+class InterruptedLog(GatedLog):
+    """Its next group write raises ``interrupt`` (as a signal handler's ``sys.exit`` would)."""
+
+    def __init__(self, log_dir, interrupt):
+        super().__init__(log_dir)
+        self.interrupt = interrupt
+
+    def write_many(self, records, time_ms):
+        if self.interrupt is not None:
+            interrupt, self.interrupt = self.interrupt, None
+            raise interrupt
+        return super().write_many(records, time_ms)
+
+
+def test_a_failed_group_write_fails_its_writers_and_the_next_group_is_written(tmp_path):
+    log = BatchedWriteAheadLog(InterruptedLog(tmp_path, OSError("disk full")), batching_timeout_s=5)
+    with pytest.raises(WalError, match="group write at time 1 failed: disk full"):
+        log.write(b"lost", 1)
+    log.write(b"kept", 2)
+    log.close()
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert list(reader.read_all()) == [b"kept"]
+
+
+@pytest.mark.parametrize("interrupt", [SystemExit(3), KeyboardInterrupt()])
+def test_an_interrupt_in_a_group_write_ends_the_writer_and_every_later_write_fails_at_once(tmp_path, interrupt):
+    """A SystemExit or KeyboardInterrupt is not a write error to carry on after: the writer thread
+    ends, its group's writer fails naming it, a later write fails at once (not after its batching
+    timeout, not written by a thread that should have stopped), and close still closes the log."""
+    wrapped = InterruptedLog(tmp_path, interrupt)
+    log = BatchedWriteAheadLog(wrapped, batching_timeout_s=30)
+    with pytest.raises(WalError, match="group write at time 1 failed"):
+        log.write(b"interrupted", 1)
+    t, result = in_thread(log.write, b"later", 2)
+    t.join(10)
+    assert not t.is_alive()
+    assert isinstance(result.get("error"), WalError), result
+    assert f"ended on {interrupt!r}" in str(result["error"])
+    log.close()
+    assert wrapped.closed
+    with FileBasedWriteAheadLog(str(tmp_path)) as reader:
+        assert list(reader.read_all()) == []

@@ -91,6 +91,8 @@ class BatchedWriteAheadLog(WriteAheadLog):
         self._wake = threading.Event()
         self._writer_idle = False
         self._active = True
+        self._ended: BaseException | None = None  # what ended the writer thread, if anything did
+        self._closed = False
         self._target = 1  # queued records worth waiting for
         self._recent_writers: deque[int] = deque(maxlen=4)
         self._write_time_s = 0.0  # moving average of one group write
@@ -114,6 +116,9 @@ class BatchedWriteAheadLog(WriteAheadLog):
         done.acquire()
         p = _Pending(prepared, size, time_ms, done)
         with self._qlock:
+            if self._ended is not None:
+                raise WalError(f"write at time {time_ms} refused: the writer thread of {self.wrapped!r} "
+                               f"ended on {self._ended!r}") from self._ended
             if not self._active:
                 raise WalError("close() was called on BatchedWriteAheadLog before write request "
                                f"with time {time_ms} could be fulfilled")
@@ -162,8 +167,9 @@ class BatchedWriteAheadLog(WriteAheadLog):
         """Stop accepting writes, write what is already queued (bounded by the batching
         timeout), fail whatever is left, close the wrapped log."""
         with self._qlock:
-            if not self._active:
+            if self._closed:
                 return
+            self._closed = True
             self._active = False
             self._wake_writer()
         ended = self._thread.join(self._timeout)
@@ -221,14 +227,28 @@ class BatchedWriteAheadLog(WriteAheadLog):
             return group
 
     def _run(self) -> None:
-        while True:
-            group = self._take_group()
-            if group is None:
-                return
-            try:
+        group: list[_Pending] = []
+        try:
+            while (group := self._take_group()) is not None:
                 self._write_group(group)
-            except BaseException:  # never let the writer thread die with callers waiting
-                log.exception("BatchedWriteAheadLog writer loop error")
+        except BaseException as exc:  # the thread ends: nobody may be left waiting on it
+            self._writer_ended(exc, group or [])
+
+    def _writer_ended(self, exc: BaseException, group: list[_Pending]) -> None:
+        """The writer thread ends on ``exc`` (a ``SystemExit`` or ``KeyboardInterrupt`` raised in a
+        wrapped write, or a bug): every caller still waiting, in ``group`` or queued, fails naming
+        it, and every later write fails at once instead of waiting its batching timeout."""
+        log.error("BatchedWriteAheadLog writer thread of %r ended: %r; every later write fails", self.wrapped, exc,
+                  exc_info=exc if isinstance(exc, Exception) else None)  # a bug's trace, for its report
+        with self._qlock:
+            self._ended = exc
+            self._active = False
+            waiting, self._queue = group + self._queue, []
+            self._queued_records = 0
+        for p in waiting:
+            if p.handles is None and p.error is None:
+                p.error = exc
+                p.done.release()
 
     def _write_group(self, group: list[_Pending]) -> None:
         group.sort(key=_by_time)
@@ -239,7 +259,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
             if len(handles) != len(records):
                 raise WalError(f"{self.wrapped!r} returned {len(handles)} handles for "
                                f"{len(records)} records")
-        except BaseException as exc:
+        except Exception as exc:  # (a SystemExit or KeyboardInterrupt ends the thread: _writer_ended)
             for p in group:
                 p.error = exc
                 p.done.release()
