@@ -66,6 +66,17 @@ def test_the_main_job_takes_its_own_checkpoint(tmp_path):
     assert proc.returncode == 1 and "could not start" in proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.driver
+def test_a_checkpoint_that_does_not_verify_is_not_taken_for_another_programs(tmp_path):
+    """The look before the start leaves an unreadable checkpoint to the start, which names it."""
+    (tmp_path / "work" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "work" / "checkpoint" / "checkpoint-1000").write_bytes(b"not a checkpoint")
+    proc = run("sparkwal.engine.wordcount", "--dir", tmp_path / "work", "--seconds", "1", "--files", "0")
+    assert "another program" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "could not start" in last and "checkpoint-1000" in last, proc.stderr
+
+
 def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_context, tmp_path, caplog):
     app = SnapshotApp(spark_context, tmp_path)
     ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), None or _noop()))

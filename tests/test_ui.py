@@ -144,6 +144,7 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
                       "Completed Batches", "Recoveries", "Checkpoints"):
             assert title in page
         assert page.count("<svg") == 8 and "<script>" not in page
+        assert "Leadership" in page and "<td>the leader</td>" in page
         status, batch_page = get(f"{url}/streaming/batch/?id=1500")
         assert status == 200 and "&lt;script&gt;alert(1)&lt;/script&gt;" in batch_page and "<script>" not in batch_page
         assert "Where the time went" in batch_page and "blockAllocation" in batch_page
@@ -168,11 +169,24 @@ def test_rest_api_pages_and_metrics_agree_with_the_listener(ui_enabled, tmp_path
         suffixes = ("_bucket", "_sum", "_count")
         assert {q for q in queried if q not in served and not (q.endswith(suffixes) and q.rsplit("_", 1)[0] in served)
                 and q.removesuffix("_total") not in served} == set()  # the docs' dashboard asks for what is served
-        assert app.counted == [10, 10, 10, 10]  # the failing output did not stop the app
+
+        storage = app.ssc.driver.leadership.storage  # a failing store: the page says so, not "no leader"
+        real_leader = storage.leader
+        storage.leader = lambda path: (_ for _ in ()).throw(OSError(5, "Input/output error <b>"))
+        try:
+            app.run_batches(1)  # (a page is rendered again on a new batch)
+            status, page = get(f"{url}/streaming/")
+        finally:
+            storage.leader = real_leader
+        assert status == 200
+        assert "the leadership could not be read (OSError: [Errno 5] Input/output error &lt;b&gt;)" in page
+        app.run_batches(1)
+        assert "<td>the leader</td>" in get(f"{url}/streaming/")[1]
+        assert app.counted == [10] * 6  # the failing output did not stop the app
     finally:
         app.ssc.stop(stopSparkContext=False)
     events = list(read_events(read_runs(str(tmp_path / "cp" / "events"))[0]["path"]))
-    assert [e["batchTime"] for e in events if e["event"] == "batch"] == [500, 1000, 1500, 2000]
+    assert [e["batchTime"] for e in events if e["event"] == "batch"] == [500, 1000, 1500, 2000, 2500, 3000]
     assert events[-1]["event"] == "stopped"
 
 

@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 from sparkwal.engine.errors import one_line  # also the apps' (a.one_line)
+from sparkwal.errors import SparkwalError
 
 OK, FAILED, USAGE, FENCED, STORAGE, LEADER_HELD = 0, 1, 2, 3, 4, 5
 
@@ -199,6 +200,11 @@ def storage_fault(error: BaseException) -> bool:
     return False
 
 
+#: what looking at a checkpoint before the start may meet and leave to the start to report: the store
+#: failing or refusing (OSError, WalError), the files not verifying (CheckpointError), a URL or storage
+#: option it cannot take (ValueError), a filesystem's package missing (ImportError). A bug is raised.
+STORAGE_OR_DATA_ERRORS = (OSError, SparkwalError, ValueError, ImportError)
+
 #: the main job's spark.app.name, and the input stream each of its --source modes reads
 MAIN_JOB = "sparkwal-wordcount"
 MAIN_JOB_INPUTS = {"files": "FileInputDStream", "receiver": "ReceiverInputDStream",
@@ -213,7 +219,7 @@ def checkpoint_program(url: str, options: dict | None) -> tuple[str, list[str]] 
 
     try:
         cp = read_checkpoint(url, storage_options=options)
-    except Exception:  # noqa: BLE001
+    except STORAGE_OR_DATA_ERRORS:  # unreadable: the job's start reads it again and says why
         return None
     if cp is None:
         return None
@@ -258,7 +264,7 @@ def check_no_leader(prog: str, url: str, options: dict | None) -> None:
     try:
         storage, root = resolve(url, options)
         leader = storage.leader(root) if storage.exists(root) else None
-    except Exception:  # noqa: BLE001  unknown here: start() says
+    except STORAGE_OR_DATA_ERRORS:  # unknown here: start() says
         return
     if leader is not None and leader.held and leader.kind == "lock":
         print(f"{prog}: {leader_held_line(leader.describe(), url)}", file=sys.stderr)

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
 from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.errors import SparkwalError
 
 from .. import config
+from ..errors import one_line
 from ..ui.catalog import Catalog
 from ..ui.metrics import Metrics
 from ..ui.recorder import Recorder
@@ -92,6 +94,7 @@ class Observer:
         self.writer: EventLogWriter | None = None
         self.server: UiServer | None = None
         self.prior_runs: list[dict] = []
+        self._leader_unreadable: str | None = None  # why the leadership could not be read, while it cannot
 
     @property
     def url(self) -> str | None:
@@ -174,8 +177,17 @@ class Observer:
         out: dict = {"spark_ui": driver.sc.uiWebUrl}
         try:
             leader = driver.current_leader()
-        except Exception:  # noqa: BLE001
-            leader = None
+        except (OSError, SparkwalError) as e:  # the page says so (not "no leader"); the log once per outage
+            if self._leader_unreadable is None:
+                log.warning("could not read who leads %s (the streaming page says so until it can): %s",
+                            driver.checkpoint_dir, one_line(e))
+            self._leader_unreadable = one_line(e)[:300]
+            out["leader"] = {"epoch": "-", "holder": "-", "role": f"unknown: the leadership could not be read "
+                                                                  f"({self._leader_unreadable})"}
+            return out
+        if self._leader_unreadable is not None:
+            log.warning("who leads %s can be read again", driver.checkpoint_dir)
+            self._leader_unreadable = None
         if leader is not None:
             out["leader"] = {"epoch": leader.epoch, "holder": getattr(leader, "holder", None),
                              "role": "a standby" if driver.is_standby else "the leader"}
