@@ -227,7 +227,7 @@ def _source_identity(source, described: str) -> str:
         if not callable(said):
             return described
         value = said()
-    except Exception as e:  # a user's source: its failure is logged, the stream goes on
+    except Exception as e:  # noqa: BLE001  a user's source: its failure is logged, the stream goes on
         log.warning("%s.identity() failed (%s): the source is known by %s", type(source).__name__, e, described)
         return described
     if not isinstance(value, str) or not value.strip() or any(c in value for c in "#\r\n\t"):
@@ -261,7 +261,7 @@ def receiver_identity(receiver) -> str:
         return fallback
     try:
         value = said(receiver)
-    except Exception as e:  # a user's hook: its failure names the receiver, the stream goes on
+    except Exception as e:  # noqa: BLE001  a user's hook: its failure names the receiver, the stream goes on
         log.warning("%s.sourceIdentity() failed (%s): the receiver is known by its class", fallback, e)
         return fallback
     if (not isinstance(value, str) or not value.strip() or len(value) > UID_MAX_CHARS

@@ -231,7 +231,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
         try:
             while (group := self._take_group()) is not None:
                 self._write_group(group)
-        except BaseException as exc:  # the thread ends: nobody may be left waiting on it
+        except BaseException as exc:  # noqa: BLE001  the thread ends: nobody may be left waiting on it
             self._writer_ended(exc, group or [])
 
     def _writer_ended(self, exc: BaseException, group: list[_Pending]) -> None:
@@ -259,7 +259,7 @@ class BatchedWriteAheadLog(WriteAheadLog):
             if len(handles) != len(records):
                 raise WalError(f"{self.wrapped!r} returned {len(handles)} handles for "
                                f"{len(records)} records")
-        except Exception as exc:  # (a SystemExit or KeyboardInterrupt ends the thread: _writer_ended)
+        except Exception as exc:  # noqa: BLE001  each writer of the group raises it (an interrupt ends the thread)
             for p in group:
                 p.error = exc
                 p.done.release()

@@ -213,7 +213,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
                         path, base = self._append(frames, time_ms)
                 except (LogLockedError, FencedError, CorruptRecordError, StorageUnavailableError):
                     raise  # another writer, damage, a store retried till its deadline: not again
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001  Spark's maxFailures: retried, the last one raised
                     self._write_failed(exc, attempt, len(lengths), time_ms)
                     continue
                 s = self._stats
@@ -400,7 +400,7 @@ class FileBasedWriteAheadLog(WriteAheadLog):
     def _delete_segment(self, seg: SegmentName) -> None:
         try:
             self._storage.delete(seg.path)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  a later clean deletes it; WARNING and the statistics say so
             log.warning("could not delete WAL segment %s: %s", seg.path, e)
             with self._lock:
                 self._stats.delete_failures += 1

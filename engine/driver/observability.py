@@ -106,7 +106,7 @@ class Observer:
         if self.events_dir is not None:
             try:
                 self.prior_runs = read_runs(self.events_dir, driver.storage_options)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001  (a store's error: the UI shows this run only, WARNING says why)
                 log.warning("could not read the event log in %s: %s", self.events_dir, e)
         run = {"kind": "standby" if driver.standby_requested else "new", "appId": sc.applicationId,
                "appName": sc.appName, "epoch": None, "startTime": driver.clock.now_ms(),
@@ -145,7 +145,7 @@ class Observer:
                                          retained_batches=self.retained, prior_batch_times=self._prior_batch_times,
                                          prior_runs=[r["path"] for r in self.prior_runs], lock=driver.lead())
             self.recorder.log_to(self.writer)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (a store's error: the stream runs on, WARNING says why)
             log.warning("could not open the event log in %s; the stream runs without it: %s",
                         self.events_dir, e)
 

@@ -82,7 +82,7 @@ def _by_identity(driver: RecoveryHost, data: dict) -> str:
     (engine/driver/upgrade.py), for a checkpoint that recorded them."""
     try:
         plan = upgrade.plan_for(driver, data)
-    except Exception as e:  # a damaged record explains nothing; the refusal stands
+    except Exception as e:  # noqa: BLE001  a damaged record explains nothing; the refusal stands, saying so
         return f"(Its streams' identities cannot be read: {e}.) "
     if plan is None:
         return ""
