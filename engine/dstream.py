@@ -19,8 +19,7 @@ from pyspark.resultiterable import ResultIterable
 
 from .errors import EngineError
 from . import config
-from .receiver.precompute import per_record
-from .stream_machinery import StreamMachinery, empty_rdd, known_empty
+from .stream_machinery import StreamMachinery, empty_rdd, known_empty, per_record
 
 
 def to_ms(seconds: float) -> int:

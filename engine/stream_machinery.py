@@ -19,6 +19,15 @@ from .graph import creation_site
 from .identity import name_stream
 from .errors import StreamingContextStateError
 
+
+def per_record(step: Callable) -> Callable:
+    """Mark a per-partition function that maps each record on its own (``map``, ``flatMap``,
+    ``filter``): a receiver may run it on records as they arrive, not only on a whole block
+    (receiver/precompute.py reads the mark)."""
+    step.per_record = True  # type: ignore[attr-defined]
+    return step
+
+
 if TYPE_CHECKING:
     from .host import StreamHost
 

@@ -63,13 +63,6 @@ def _exact(value) -> bool:
     return kind in (str, bytes, float, bool, type(None))
 
 
-def per_record(step: Callable) -> Callable:
-    """Mark a per-partition function that maps each record on its own (``map``, ``flatMap``,
-    ``filter``): a receiver may run it on records as they arrive, not only on a whole block."""
-    step.per_record = True  # type: ignore[attr-defined]
-    return step
-
-
 def combine_into(combiners: dict, plan: BlockPlan, records) -> dict:
     """Run ``records`` through the plan's steps into ``combiners`` (the map side of its combineByKey)."""
     out = records
@@ -89,7 +82,8 @@ def run_plan(plan: BlockPlan, records: list) -> list:
 class RunningResults:
     """The plans' combiners of the records added since the last :meth:`take`, built as records
     arrive, so a block's result is ready when it is cut: only for plans whose every step is
-    :func:`per_record` (a ``mapPartitions`` function sees a whole block, as its partition)."""
+    ``per_record`` (:func:`sparkwal.engine.stream_machinery.per_record`; a ``mapPartitions``
+    function sees a whole block, as its partition)."""
 
     def __init__(self, stream_id: int, plans: tuple[BlockPlan, ...], max_bytes: int, failed: set):
         self._stream_id, self._plans, self._max_bytes, self._failed = stream_id, plans, max_bytes, failed
