@@ -35,6 +35,16 @@ class StateError(EngineError, RuntimeError):
     or misplaced): names the stream or partition and the batch."""
 
 
+class ProgramVersionError(EngineError, ValueError):
+    """A checkpoint's program (its code part) was written in a layout this sparkwal does not read:
+    names the checkpoint, the layout's version and the one read here."""
+
+    def __init__(self, path: str, version, supported: int):
+        self.path, self.version, self.supported = path, version, supported
+        super().__init__(f"{path}: the checkpoint's program has version {version}; this sparkwal reads "
+                         f"version {supported}")
+
+
 class StreamingContextStateError(EngineError, RuntimeError):
     """An operation not allowed in the context's (or a stream's) current state."""
 

@@ -93,6 +93,27 @@ def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_c
     assert len(said) == 1 and "'billing'" in said[0] and f"'{spark_context.appName}'" in said[0]
 
 
+def test_a_program_in_a_layout_this_sparkwal_does_not_read_is_refused_naming_both(spark_context, tmp_path):
+    from pyspark import cloudpickle
+
+    from sparkwal.checkpoint import write_code
+    from sparkwal.engine import ProgramVersionError
+
+    app = SnapshotApp(spark_context, tmp_path)
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()))
+    ssc.start()
+    ssc.stop(stopSparkContext=False)
+    later = write_code(str(app.ckpt), cloudpickle.dumps({"version": 99}))  # as a later sparkwal's layout
+    for f in app.ckpt.glob("checkpoint-*"):
+        cp = Checkpoint.decode(f.read_bytes())
+        cp.data["code"] = later
+        f.write_bytes(cp.encode())
+    with pytest.raises(ProgramVersionError, match=r"ckpt: the checkpoint's program has version 99; this sparkwal "
+                                                  r"reads version \d+") as refused:
+        StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()))
+    assert isinstance(refused.value, ValueError) and refused.value.version == 99  # (a ValueError before)
+
+
 def _noop():
     from sparkwal.engine import StreamingListener
 

@@ -26,7 +26,7 @@ from sparkwal.checkpoint import Checkpoint, read_code
 
 from .. import cluster
 from ..environment import prepare_conf
-from ..errors import EngineError
+from ..errors import EngineError, ProgramVersionError
 
 from ..host import DriverFacts
 
@@ -143,8 +143,7 @@ def load_program(checkpoint: Checkpoint, path: str, storage_options: dict | None
     body = read_code(path, checkpoint.data["code"], storage_options)
     program = unpickle_program(body)
     if program.get("version") != PROGRAM_VERSION:
-        raise ValueError(f"{path}: the checkpoint's program has version {program.get('version')}; "
-                         f"this sparkwal reads version {PROGRAM_VERSION}")
+        raise ProgramVersionError(path, program.get("version"), PROGRAM_VERSION)
     sc = active_spark_context()
     if sc is None:
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
