@@ -50,7 +50,6 @@ class CheckpointWriter:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.directory = directory
         self._storage, self._dir = resolve(directory, storage_options)
-        self._keep = keep
         self.keep = keep  #: checkpoint files kept (mains and .bk together)
         self._max_attempts = max_attempts
         self._put_timeout = put_timeout_s
@@ -223,7 +222,7 @@ class CheckpointWriter:
 
     def _retain(self) -> None:
         files = self._files or []
-        for entry in files[:max(0, len(files) - self._keep)]:
+        for entry in files[:max(0, len(files) - self.keep)]:
             try:
                 self._storage.delete(entry[2])
                 files.remove(entry)

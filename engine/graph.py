@@ -80,6 +80,11 @@ class DStreamGraph:
         """Every stream keeps its RDDs for at least ``duration_ms`` (Spark's ``DStreamGraph.remember``)."""
         self.remember_ms = duration_ms
 
+    def max_remember_ms(self) -> int:
+        """How long the longest-remembering stream keeps its RDDs (its batches' metadata, input
+        reports and blocks are kept that long behind each batch)."""
+        return max((s.remember_ms or 0) for s in self.streams) if self.streams else 0
+
     def input_ids_by_creation(self) -> list[int]:
         """The inputs' ids in the order the program made them (checkpointed as ``input_ids``)."""
         inputs = {id(s) for s in self.inputs}

@@ -33,8 +33,6 @@ class BatchesHost(DriverFacts, Protocol):
     @property
     def batch_log(self) -> BatchLog | None: ...
     @property
-    def skip_outputs_ms(self) -> set[int]: ...
-    @property
     def restored(self) -> Checkpoint | None: ...
     @property
     def upgrade_plan(self) -> UpgradePlan | None: ...
@@ -67,20 +65,37 @@ def start_batch_log(driver: BatchesHost) -> BatchLog | None:
     return blog
 
 
-def plan_batch(driver: BatchesHost, time_ms: int) -> bool:
-    """Steps 1-2 of the batch protocol; False: the batch is committed (skip its jobs)."""
-    blog = driver.batch_log
-    if blog is not None and blog.is_committed(time_ms):
-        log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
-                 blog.batch_id(time_ms))
-        return False
-    if time_ms in driver.skip_outputs_ms:
-        log.info("batch %d completed before the restart: its outputs are not run again", time_ms)
-        return False
-    ends = [s.plan(time_ms) for s in direct_inputs(driver)]
-    if blog is not None:
-        blog.log_batch(time_ms, ends, {})
-    return True
+class BatchPlanner:
+    """Steps 1-2 of the batch protocol for one run (each batch's ranges planned and logged before
+    its jobs) and its commit once done: what the job generator and scheduler call
+    (:class:`.generator.BatchSteps`). ``skip_outputs_ms``: batch times a restart regenerates
+    without outputs (:attr:`.recovery.RestartPlan.skip_outputs_ms`)."""
+
+    def __init__(self, batch_log: BatchLog | None, inputs: list[DirectInputDStream],
+                 skip_outputs_ms: frozenset[int] | set[int] = frozenset()):
+        self.batch_log, self.inputs, self.skip_outputs_ms = batch_log, list(inputs), frozenset(skip_outputs_ms)
+
+    def plan(self, time_ms: int) -> bool:
+        """Plan and log batch ``time_ms``; False: it is committed (skip its jobs)."""
+        blog = self.batch_log
+        if blog is not None and blog.is_committed(time_ms):
+            log.info("batch %d (id %d) is committed: its outputs are not run again", time_ms,
+                     blog.batch_id(time_ms))
+            return False
+        if time_ms in self.skip_outputs_ms:
+            log.info("batch %d completed before the restart: its outputs are not run again", time_ms)
+            return False
+        ends = [s.plan(time_ms) for s in self.inputs]
+        if blog is not None:
+            blog.log_batch(time_ms, ends, {})
+        return True
+
+    def batch_done(self, time_ms: int, info, ok: bool) -> None:
+        """Batch ``time_ms`` ran (``ok``: every output succeeded): commit it, and tell the direct inputs."""
+        if self.batch_log is not None:
+            self.batch_log.batch_done(time_ms, ok)
+        for s in self.inputs:
+            s.on_batch_completed(info)
 
 
 def on_batch_committed(driver: BatchesHost, batch_id: int, time_ms: int) -> None:

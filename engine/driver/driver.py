@@ -43,7 +43,8 @@ from . import batches, checkpointing, leadership, observability, receiver_lifecy
 from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
-from .scheduler import JobGenerator, JobScheduler, await_batches
+from .generator import BatchSteps, JobGenerator
+from .scheduler import JobScheduler, await_batches
 from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 
 log = logging.getLogger(__name__)
@@ -83,34 +84,30 @@ class Driver:
         #: "new" (built by the program), "checkpoint" (rebuilt from a checkpoint, code included),
         #: "upgrade" (the program's graph, the checkpoint's data) or "takeover" (a standby's).
         self.recovery = "new"
-        self.code_name: str | None = None  # the checkpoint's code part (written at start)
         self.rerun_batch_times: list[int] = []  # see StreamingContext.rerun_batch_times
         self.skipped_batch_times: list[int] = []
         self.coalesced_batch_times: list[int] = []  # see StreamingContext.coalesced_batch_times
         self.batches_left_for_restart: list[int] = []
-        self.conf_pairs: list[list[str]] = []
         self.snapshots = StateSnapshots(self)
         self.batch_log: BatchLog | None = None  # made at start when checkpointing
         self.block_tracker: ReceivedBlockTracker | None = None  # made at start
         self.receiver_tracker: ReceiverTracker | None = None  # made at start when there are receiver inputs
-        self.checkpointing = checkpointing.Checkpointing(self)
+        self.checkpointing = checkpointing.Checkpointing(batch_ms, self.snapshots, lambda: self.leader_epoch)
         self.terminated = threading.Event()
         self.standby_requested, self.rejoiner = False, None  # getOrCreate(..., standby=True): see request_standby
         self.standby: standby.Standby | None = None  # while started as a standby
         self.leadership: leadership.DriverLeadership | None = None  # made at start when checkpointing
         self.leader_event = threading.Event()  # set once this driver is the active one
         self.observer: observability.Observer | None = None  # the UI, metrics and event log
-        self.succeeded_ms = -1  # the newest batch whose outputs all succeeded
         self.progress_ms: int | None = None  # when a batch last completed (or one fell due): leadership.StallWatch
-        self.skip_outputs_ms: set[int] = set()  # regenerated without outputs (see recovery.rerun)
         self.stopping = False  # errors of jobs cancelled by stop() are not the app's errors
         self.graceful_deadline: float | None = None  # set by stop()
         self.error: BaseException | None = None
         self.lock = threading.RLock()
         cluster.choose_python(sc, self.settings)  # before any Python function is wrapped
         jobs = concurrent_jobs or self.settings[config.CONCURRENT_JOBS]
-        self.scheduler = JobScheduler(self, jobs)
-        self.generator = JobGenerator(self)
+        self.scheduler = JobScheduler(sc, self.clock, batch_ms, jobs, self.events, self.snapshots, self.checkpointing,
+                                      self.input_infos, self.report_error, lambda: self.fenced)
         self.events.subscribe(BacklogWatch(
             self.batch_ms, self.settings[config.BACKLOG_WARN_INTERVALS], self.clock,
             lambda: len(set(self.scheduler.pending_times()) | set(self.generator.queued_times())),
@@ -174,12 +171,14 @@ class Driver:
         """Everything a leading driver starts (under ``active_lock``, leadership held); ``kind``: how it led."""
         if kind is not None:
             self.recovery = kind
+        code_name: str | None = None
+        conf_pairs: list[list[str]] = []
         try:
             self.keep_leadership()  # (a standby's already is kept)
             if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
                 prepared = self.standby.program if self.standby is not None else None
-                code, self.conf_pairs = prepared or self.prepare_program()
-                self.code_name = write_code(self.location, code)
+                code, conf_pairs = prepared or self.prepare_program()
+                code_name = write_code(self.location, code)
                 if "://" not in self.checkpoint_dir or self.checkpoint_dir.startswith("file://"):
                     # for users' own rdd.checkpoint() calls, as pyspark.streaming does; the engine
                     # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
@@ -197,15 +196,21 @@ class Driver:
             raise
         try:
             self.batch_log = batches.start_batch_log(self)
+            run = checkpointing.CheckpointedRun(self.checkpoint_writer, self.location, self.graph, self.batch_log,
+                                                code_name, conf_pairs, self.scheduler)
+            self.checkpointing.start(run)
             plan = recovery.fresh_start(self) if self.restored is None else recovery.restart(self, self.restored)
             self.rerun_batch_times = list(plan.rerun_batch_times)
             self.skipped_batch_times = list(plan.skipped_batch_times)
             self.coalesced_batch_times = list(plan.coalesced_batch_times)
-            self.skip_outputs_ms = set(plan.skip_outputs_ms)
             leadership.stream_started(self)  # the leadership lost since it was taken: the start fails here
             first = plan.first_ms
             self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
             self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(self)  # (started below)
+            self.scheduler.start(BatchSteps(
+                self.graph, self.block_tracker, self.receiver_tracker,
+                batches.BatchPlanner(self.batch_log, batches.direct_inputs(self), plan.skip_outputs_ms),
+                self.confirm_leadership, self.on_batch_done, self.checkpoint_writer is not None))
             self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
                 self.checkpointing.write_first(first)
@@ -297,7 +302,13 @@ class Driver:
             leadership.fence(self, error)
 
     def confirm_leadership(self) -> None:
+        """Before a batch's jobs: raises unless this epoch is current (:func:`.leadership.confirm_leadership`)."""
         leadership.confirm_leadership(self)
+
+    @property
+    def generator(self) -> JobGenerator:
+        """The scheduler's job generator."""
+        return self.scheduler.generator
 
     # ------------------------------------------------------------------ stop
 
@@ -376,28 +387,11 @@ class Driver:
 
     # ------------------------------------------------------------------ batches
 
-    def plan_batch(self, time_ms: int) -> bool:
-        return batches.plan_batch(self, time_ms)
-
-    def on_batch_done(self, time_ms: int, info) -> None:
-        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
-        if ok:
-            self.succeeded_ms = max(self.succeeded_ms, time_ms)
+    def on_batch_done(self, time_ms: int) -> None:
+        """Batch ``time_ms``'s jobs are done and it is committed (:meth:`.scheduler.JobScheduler._commit`):
+        this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()
-        if self.batch_log is not None:
-            self.batch_log.batch_done(time_ms, ok)
-        self.snapshots.on_batch_done(time_ms)
-        for s in batches.direct_inputs(self):
-            s.on_batch_completed(info)
-        if self.receiver_tracker is not None:
-            self.receiver_tracker.on_batch_completed(time_ms, info)
         leadership.hand_over_if_asked(self, lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True))
-
-    def cleanup_old_blocks(self, thresh_ms: int) -> None:
-        if thresh_ms < self.clock.now_ms():
-            self.block_tracker.cleanup_old_batches(thresh_ms)
-            if self.receiver_tracker is not None:
-                self.receiver_tracker.cleanup_old_blocks(thresh_ms)
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping:
@@ -416,19 +410,6 @@ class Driver:
         except TrackerError:  # a re-generated batch (after a restart) reports its input again
             pass
 
-    def with_records_read(self, time_ms: int, infos: dict) -> dict:
-        """``infos`` (a batch's input infos) with the records of the inputs that count them as
-        their tasks read them (file streams), once the batch's jobs are done."""
-        out = dict(infos)
-        for stream in self.graph.inputs:
-            n = stream.records_read(time_ms)
-            if n is not None and stream.input_id in out:
-                out[stream.input_id] = StreamInputInfo(stream.input_id, n, out[stream.input_id].metadata)
-        return out
-
-    def max_remember_ms(self) -> int:
-        return max((s.remember_ms or 0) for s in self.graph.streams) if self.graph.streams else 0
-
     def checkpoint_rdd(self, stream, time_ms: int, rdd: RDD) -> None:
         """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
         stream's RDD, when the driver checkpoints, is cut later by its snapshot instead (see
@@ -437,12 +418,6 @@ class Driver:
             rdd.localCheckpoint()
 
     # ------------------------------------------------------------------ checkpoints
-
-    def do_checkpoint(self, time_ms: int, clear_later: bool) -> None:
-        self.checkpointing.checkpoint(time_ms, clear_later)
-
-    def checkpoint_write_ms(self, time_ms: int) -> float | None:
-        return self.checkpointing.write_ms.get(time_ms)
 
     def on_checkpoint_written(self, time_ms: int) -> None:
         took_ms = self.checkpointing.on_written(time_ms)

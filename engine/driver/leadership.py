@@ -48,7 +48,7 @@ from ..host import DriverFacts
 
 if TYPE_CHECKING:
     from .events import EventBus
-    from .scheduler import JobGenerator
+    from .generator import JobGenerator
     from ..state.snapshots import StateSnapshots
 
 log = logging.getLogger(__name__)

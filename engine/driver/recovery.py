@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..sources.batch_log import BatchLog
     from .checkpointing import Checkpointing
     from ..state import StateSnapshots
-    from .scheduler import JobGenerator
+    from .generator import JobGenerator
 
 log = logging.getLogger(__name__)
 

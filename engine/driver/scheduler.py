@@ -1,12 +1,12 @@
-"""Batch timing and execution: RecurringTimer, JobGenerator, JobScheduler (Spark's
-streaming/src/main/scala/org/apache/spark/streaming/util/RecurringTimer.scala,
-scheduler/JobGenerator.scala, scheduler/JobScheduler.scala).
+"""The job scheduler (Spark's streaming/src/main/scala/org/apache/spark/streaming/scheduler/JobScheduler.scala).
 
-The timer fires at every batch time on the context's clock (a ManualClock makes tests
-deterministic). The generator turns each time into a job set on one event thread, where clearing
-metadata and checkpointing happen too, in order. The scheduler runs a batch's jobs on
+It owns the job generator (:mod:`.generator`), which it makes and which submits each batch's jobs
+to it, and the order of in-order outputs (:mod:`.output_order`); a start hands both the batch's
+collaborators (:class:`.generator.BatchSteps`). It runs a batch's jobs on
 ``spark.streaming.concurrentJobs`` threads, each batch under its own Spark job group so that a
-non-graceful stop can cancel it, and reports progress to the listeners.
+non-graceful stop can cancel it, reports progress to the listeners, commits each batch once its
+jobs are done and calls the generator's :meth:`~.generator.JobGenerator.on_batch_completion`, which
+checkpoints it.
 """
 
 from __future__ import annotations
@@ -16,76 +16,62 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from sparkwal.tracker import StreamInputInfo
 
 from ..dstream import Job, describe_times
 from .breakdown import Phases, SparkJobs
+from .generator import BatchSteps, JobGenerator
 from .job_set import JobSet
-from .output_order import ANY_OPERATION, note_failure, wait_turn
-from .timer import RecurringTimer
-from ..listener import (OutputOperationInfo, StreamingListenerBatchCompleted,
+from .output_order import note_failure, wait_turn
+from ..listener import (BatchInfo, OutputOperationInfo, StreamingListenerBatchCompleted,
                        StreamingListenerBatchStarted, StreamingListenerBatchSubmitted,
                        StreamingListenerOutputOperationCompleted,
                        StreamingListenerOutputOperationStarted)
 
-from ..host import DriverFacts
-
 if TYPE_CHECKING:
-    from sparkwal.checkpoint import CheckpointWriter
-    from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker
+    from pyspark import SparkContext
 
-    from ..receiver.receiver_tracker import ReceiverTracker
+    from sparkwal.tracker import InputInfoTracker
+    from sparkwal.wal import Clock
+
     from ..state import StateSnapshots
+    from .checkpointing import Checkpointing
     from .events import EventBus
-
-
-class SchedulerHost(DriverFacts, Protocol):
-    """What the job generator and scheduler read and call of the driver (which hands itself in):
-    the graph and inputs to generate batches from, and the driver's steps around each batch."""
-
-    @property
-    def events(self) -> EventBus: ...
-    @property
-    def input_infos(self) -> InputInfoTracker: ...
-    @property
-    def block_tracker(self) -> ReceivedBlockTracker | None: ...
-    @property
-    def receiver_tracker(self) -> ReceiverTracker | None: ...
-    @property
-    def checkpoint_writer(self) -> CheckpointWriter | None: ...
-    @property
-    def snapshots(self) -> StateSnapshots: ...
-    @property
-    def scheduler(self) -> JobScheduler: ...
-    @property
-    def generator(self) -> JobGenerator: ...
-    @property
-    def fenced(self) -> BaseException | None: ...
-    def plan_batch(self, time_ms: int) -> bool: ...
-    def confirm_leadership(self) -> None: ...
-    def do_checkpoint(self, time_ms: int, clear_later: bool) -> None: ...
-    def on_batch_done(self, time_ms: int, info) -> None: ...
-    def with_records_read(self, time_ms: int, infos: dict) -> dict: ...
-    def cleanup_old_blocks(self, thresh_ms: int) -> None: ...
-    def max_remember_ms(self) -> int: ...
-    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
-    def checkpoint_write_ms(self, time_ms: int) -> float | None: ...
 
 log = logging.getLogger(__name__)
 
 
 class JobScheduler:
-    def __init__(self, driver: SchedulerHost, concurrent_jobs: int):
-        self._driver = driver
+    """Runs each batch's jobs and commits the batch; makes and owns the :attr:`generator`.
+    ``on_error(error, batch time)``: a batch's error, for the driver to end with;
+    ``fenced()``: why this driver lost its leadership (None: it did not)."""
+
+    def __init__(self, sc: SparkContext, clock: Clock, batch_ms: int, concurrent_jobs: int, events: EventBus,
+                 snapshots: StateSnapshots, checkpoints: Checkpointing, input_infos: InputInfoTracker,
+                 on_error: Callable[[BaseException, int | None], None],
+                 fenced: Callable[[], BaseException | None]):
+        self._sc, self._clock, self._events = sc, clock, events
+        self._snapshots, self._checkpoints = snapshots, checkpoints
+        self._on_error, self._fenced = on_error, fenced
+        self._steps: BatchSteps | None = None  # handed at start
         self.concurrent_jobs = concurrent_jobs
+        self.generator = JobGenerator(self, clock, batch_ms, snapshots, checkpoints, input_infos, on_error, fenced)
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
         self._pending: dict[int, JobSet] = {}
         self._lock = threading.Condition()
         self._abandoned = False  # a stop gave up on the queued batches: none starts any more
         self._failed_in_order: dict[int, int] = {}  # in-order operation -> the first batch it failed in
-        self._spark_jobs = SparkJobs(driver.sc)
+        self._spark_jobs = SparkJobs(sc)
         self._run_tag = uuid.uuid4().hex[:8]  # this driver's job groups, apart from an earlier one's
+
+    def start(self, steps: BatchSteps) -> None:
+        """The collaborators the start made, for this scheduler and its generator (before any
+        batch is generated; the generator's timer starts once the receivers have)."""
+        self._steps = steps
+        self.generator.use(steps)
 
     def pending_times(self) -> list[int]:
         with self._lock:
@@ -100,14 +86,14 @@ class JobScheduler:
         phases (:mod:`.breakdown`)."""
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
-            self._driver.on_batch_done(time_ms, None)
+            self._commit(time_ms, None)
             return
-        now = self._driver.clock.now_ms()
+        now = self._clock.now_ms()
         js = JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now),
                      breakdown=dict(breakdown or {}))
         with self._lock:
             self._pending[time_ms] = js
-        self._driver.events.post(StreamingListenerBatchSubmitted(js.info()))
+        self._events.post(StreamingListenerBatchSubmitted(js.info()))
         for job in jobs:
             self._pool.submit(self._run_reporting, js, job)
 
@@ -118,7 +104,7 @@ class JobScheduler:
             self._run(js, job)
         except BaseException as e:  # noqa: BLE001
             log.error("batch %d: the scheduler failed outside its job", js.time_ms, exc_info=True)
-            self._driver.report_error(e, js.time_ms)
+            self._on_error(e, js.time_ms)
 
     def _run(self, js: JobSet, job: Job) -> None:
         if self._abandoned:  # picked up just as a stop gave up: left for the restart
@@ -126,19 +112,19 @@ class JobScheduler:
                 self._pending.pop(js.time_ms, None)
                 self._lock.notify_all()
             return
-        driver, sc = self._driver, self._driver.sc
+        sc, events = self._sc, self._events
         group = job_group(js.time_ms, job.output_op_id, self._run_tag)
         sc.setJobGroup(group, f"streaming batch {js.time_ms}, output operation {job.output_op_id}: {job.op_name}",
                        interruptOnCancel=True)
-        now, start_wall_ms = driver.clock.now_ms(), time.time() * 1000
+        now, start_wall_ms = self._clock.now_ms(), time.time() * 1000
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now)
         if js.op_started(op):
-            driver.events.post(StreamingListenerBatchStarted(js.info()))
-        driver.events.post(StreamingListenerOutputOperationStarted(op))
+            events.post(StreamingListenerBatchStarted(js.info()))
+        events.post(StreamingListenerOutputOperationStarted(op))
         failure = None
         try:
-            if driver.fenced is not None:  # another driver leads: this one outputs nothing more
-                raise driver.fenced
+            if (fenced := self._fenced()) is not None:  # another driver leads: this one outputs nothing more
+                raise fenced
             if job.in_order:
                 wait_turn(self._lock, self._pending, js.time_ms, job.output_op_id, lambda: self._abandoned,
                           self._failed_in_order)
@@ -147,39 +133,71 @@ class JobScheduler:
             failure = f"{type(e).__name__}: {e}"
             if job.in_order:  # (before its completion wakes the later batches waiting for their turn)
                 self.output_failed(job.output_op_id, js.time_ms)
-            driver.report_error(e, js.time_ms)
+            self._on_error(e, js.time_ms)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
-        end, end_wall_ms, job_ids = driver.clock.now_ms(), time.time() * 1000, self._spark_jobs.job_ids(group)
+        end, end_wall_ms, job_ids = self._clock.now_ms(), time.time() * 1000, self._spark_jobs.job_ids(group)
         op = OutputOperationInfo(js.time_ms, job.output_op_id, job.op_name, now, end, failure, job_ids,
                                  self._spark_jobs.operation_phases(job_ids, start_wall_ms, end_wall_ms))
-        driver.events.post(StreamingListenerOutputOperationCompleted(op))
-        complete = js.op_completed(op, self._driver.clock.now_ms())
+        events.post(StreamingListenerOutputOperationCompleted(op))
+        complete = js.op_completed(op, self._clock.now_ms())
         with self._lock:  # an operation waiting for its turn (output_order) may go on
             if complete:
                 self._pending.pop(js.time_ms, None)
             self._lock.notify_all()
         if complete:
             try:
-                js.with_input_infos(self._driver.with_records_read(js.time_ms, js.input_infos))
+                js.with_input_infos(self._with_records_read(js.time_ms, js.input_infos))
                 phases = Phases()
                 with phases.phase("commit"):
-                    self._driver.on_batch_done(js.time_ms, js.info())
+                    self._commit(js.time_ms, js.info())
             except BaseException:  # no completion to wait for (a graceful stop's wait)
-                self._driver.generator.completion_failed(js.time_ms)
+                self.generator.completion_failed(js.time_ms)
                 raise
-            written_ms = self._driver.checkpoint_write_ms(js.time_ms)
+            written_ms = self._checkpoints.write_ms.get(js.time_ms)
             with js.lock:
                 if written_ms is not None:
                     js.breakdown["checkpointWrite"] = written_ms
                 js.breakdown.update(phases.ms)
             info = js.info()
             # queued before listeners hear of it: a stop they make then still checkpoints it
-            self._driver.generator.on_batch_completion(js.time_ms)
-            self._driver.events.post(StreamingListenerBatchCompleted(info))
+            self.generator.on_batch_completion(js.time_ms)
+            events.post(StreamingListenerBatchCompleted(info))
+
+    def _commit(self, time_ms: int, info: BatchInfo | None) -> None:
+        """Batch ``time_ms``'s jobs are done (``info`` None: it had none): commit it in the batch
+        log, then tell the checkpoints, the state snapshots, the receivers and the driver."""
+        steps = self._steps
+        assert steps is not None
+        ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
+        if ok:
+            self._checkpoints.batch_succeeded(time_ms)
+        steps.batches.batch_done(time_ms, info, ok)
+        self._snapshots.on_batch_done(time_ms)
+        if steps.receiver_tracker is not None:
+            steps.receiver_tracker.on_batch_completed(time_ms, info)
+        steps.on_batch_done(time_ms)
+
+    def _with_records_read(self, time_ms: int, infos: dict) -> dict:
+        """``infos`` (a batch's input infos) with the records of the inputs that count them as
+        their tasks read them (file streams), once the batch's jobs are done."""
+        out = dict(infos)
+        for stream in self._steps.graph.inputs if self._steps is not None else ():
+            n = stream.records_read(time_ms)
+            if n is not None and stream.input_id in out:
+                out[stream.input_id] = StreamInputInfo(stream.input_id, n, out[stream.input_id].metadata)
+        return out
+
+    def cleanup_old_blocks(self, thresh_ms: int) -> None:
+        """Forget the received blocks of batches before ``thresh_ms`` (once no restart can need them)."""
+        steps = self._steps
+        if steps is not None and thresh_ms < self._clock.now_ms():
+            steps.block_tracker.cleanup_old_batches(thresh_ms)
+            if steps.receiver_tracker is not None:
+                steps.receiver_tracker.cleanup_old_blocks(thresh_ms)
 
     def output_failed(self, output_op_id: int, time_ms: int) -> None:
-        """In-order operation ``output_op_id`` (:data:`ANY_OPERATION`: every one) failed in batch
+        """In-order operation ``output_op_id`` (:data:`.output_order.ANY_OPERATION`: every one) failed in batch
         ``time_ms``: the same operation of later batches does not run (output_order)."""
         note_failure(self._lock, self._failed_in_order, output_op_id, time_ms)
 
@@ -199,7 +217,7 @@ class JobScheduler:
                 with self._lock:
                     js = self._pending.get(t)
                 for op_id in (js.ops if js is not None else ()):
-                    self._driver.sc.cancelJobGroup(job_group(t, op_id, self._run_tag))
+                    self._sc.cancelJobGroup(job_group(t, op_id, self._run_tag))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("batches %s still running after cancelling them for %s s", pending, timeout_s)
@@ -234,198 +252,6 @@ class JobScheduler:
 def job_group(time_ms: int, output_op_id: int, run: str = "") -> str:
     """One Spark job group per output operation of a batch: cancelled at a stop; the UI finds its jobs by it."""
     return f"sparkwal-streaming-{run + '-' if run else ''}batch-{time_ms}-op-{output_op_id}"
-
-
-class JobGenerator:
-    """Turns batch times into job sets; clears metadata and checkpoints, in order.
-
-    A batch whose state would reach back too far (:meth:`sparkwal.engine.state.snapshots.StateSnapshots.
-    generation_waits`) is held, with every later one, until the batches in flight are done and
-    their snapshots have cut the lineage; it is then generated from the state read back. A held
-    batch takes the inputs that arrived until it is generated (receiver blocks, direct ranges,
-    files), as a late batch does in Spark."""
-
-    def __init__(self, driver: SchedulerHost):
-        self._driver = driver
-        self.timer = RecurringTimer(driver.clock, driver.batch_ms, self._on_tick, "JobGenerator")
-        self._events = ThreadPoolExecutor(1, thread_name_prefix="JobGenerator-events")
-        self.last_processed_ms: int | None = None
-        self._processed = threading.Condition()
-        self._queued: set[int] = set()  # batch times queued for generation, not generated yet
-        self._due_ms: dict[int, int] = {}  # batch time -> when its generation was queued
-        self._held: list[int] = []  # due, held until the batches in flight cut a state's lineage
-        self._in_flight: set[int] = set()  # generated with jobs, completion not processed yet
-        self._queued_lock = threading.Lock()
-        self._generation_cancelled = False
-
-    def _on_tick(self, time_ms: int) -> None:
-        self._queue_generation(time_ms)
-
-    def _queue_generation(self, time_ms: int) -> None:
-        with self._queued_lock:
-            self._queued.add(time_ms)
-            self._due_ms.setdefault(time_ms, self._driver.clock.now_ms())
-        self._events.submit(self._guard, self._generate_queued, time_ms)
-
-    def _generate_queued(self, time_ms: int) -> None:
-        with self._queued_lock:
-            behind_held = bool(self._held)  # batches go out in order
-        why = "held behind earlier batches" if behind_held else self._must_wait(time_ms)
-        with self._queued_lock:
-            self._queued.discard(time_ms)
-            if self._generation_cancelled:
-                self._due_ms.pop(time_ms, None)
-                return
-            if why is not None:
-                self._held.append(time_ms)
-        if why is None:
-            self.generate_jobs(time_ms)
-        elif not behind_held:
-            log.info("batch %d waits for the batches in flight (%s): %s", time_ms,
-                     ", ".join(map(str, sorted(self._in_flight))), why)
-
-    def _must_wait(self, time_ms: int) -> str | None:
-        return self._driver.snapshots.generation_waits(time_ms) if self._in_flight else None
-
-    def _release_held(self) -> None:
-        """Generate held batches, in order, while none must wait any more."""
-        while True:
-            with self._queued_lock:
-                if not self._held or self._generation_cancelled:
-                    return
-                time_ms = self._held[0]
-            if self._must_wait(time_ms) is not None:
-                return
-            self.generate_jobs(time_ms)
-            with self._queued_lock:  # held until submitted: a graceful stop sees it either way
-                self._held.remove(time_ms)
-
-    def queued_times(self) -> list[int]:
-        """Batch times due but not generated yet (a restart's backlog waits here, and batches
-        held for a state's lineage)."""
-        with self._queued_lock:
-            return sorted(self._queued | set(self._held))
-
-    def completions_due(self) -> bool:
-        """Whether a batch generated with jobs has its completion still to be processed (read
-        off the event thread, which alone changes the set)."""
-        return bool(self._in_flight) and self._driver.fenced is None
-
-    def completion_failed(self, time_ms: int) -> None:
-        """A batch whose jobs ended but whose commit failed: no completion comes."""
-        try:
-            self._events.submit(self._in_flight.discard, time_ms)
-        except RuntimeError:  # stopped
-            pass
-
-    def call(self, fn: Callable, *args) -> Future:
-        """Run ``fn(*args)`` on the generation thread, after every generation queued so far."""
-        return self._events.submit(fn, *args)
-
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until every event queued so far has run; False on timeout."""
-        try:
-            self._events.submit(lambda: None).result(timeout_s)
-            return True
-        except (TimeoutError, RuntimeError):
-            return False
-
-    def _guard(self, fn: Callable, *args) -> None:
-        try:
-            fn(*args)
-        except BaseException as e:  # noqa: BLE001
-            self._driver.report_error(e, args[0] if args else None)
-
-    def generate_jobs(self, time_ms: int) -> None:
-        driver = self._driver
-        with self._queued_lock:
-            due_ms = self._due_ms.pop(time_ms, None)
-        phases, planned = Phases(), False
-        try:
-            with phases.phase("generation"):
-                if driver.receiver_tracker is not None:  # the receivers' blocks cut at the batch time
-                    with phases.phase("receiverCuts"):
-                        driver.receiver_tracker.batch_cuts.wait_for(time_ms)
-                with phases.phase("blockAllocation"):  # then the batch's blocks
-                    driver.block_tracker.allocate_blocks_to_batch(time_ms)
-                with phases.phase("batchLog"):  # ranges planned and logged, unless committed
-                    if not driver.plan_batch(time_ms):
-                        return
-                planned = True
-                with phases.phase("leadership"):  # outputs run only under an epoch confirmed current
-                    driver.confirm_leadership()
-                with phases.phase("graph"):
-                    jobs = driver.graph.generate_jobs(time_ms)
-        except BaseException as e:  # noqa: BLE001
-            if planned:  # logged, never run: no later batch's in-order output may run before its re-run
-                driver.scheduler.output_failed(ANY_OPERATION, time_ms)
-            driver.report_error(e, time_ms)
-            return
-        if jobs:  # its completion is processed by _clear_metadata (no jobs: none)
-            self._in_flight.add(time_ms)
-        driver.scheduler.submit(time_ms, jobs, driver.input_infos.get_info(time_ms), due_ms, phases.ms)
-        driver.do_checkpoint(time_ms, clear_later=False)
-
-    def rerun(self, times_ms: list[int]) -> None:
-        """Regenerate and submit batches of a restarted context, in order."""
-        for t in times_ms:
-            self._queue_generation(t)
-
-    def on_batch_completion(self, time_ms: int) -> None:
-        try:
-            self._events.submit(self._guard, self._clear_metadata, time_ms)
-        except RuntimeError:  # finished after the stop: its checkpoint is the restart's to write
-            log.info("batch %s completed after the stop; not checkpointed", time_ms)
-
-    def _clear_metadata(self, time_ms: int) -> None:
-        driver = self._driver
-        try:
-            driver.graph.clear_metadata(time_ms)
-            driver.do_checkpoint(time_ms, clear_later=True)
-            if driver.checkpoint_writer is None:  # else once the checkpoint is durable
-                driver.cleanup_old_blocks(time_ms - driver.max_remember_ms())
-            driver.input_infos.cleanup(time_ms - driver.max_remember_ms())
-        finally:  # (processed, even when its checkpoint failed: a graceful stop waits for no more)
-            self._in_flight.discard(time_ms)  # its snapshot, if due, is served now
-        self._release_held()
-        with self._processed:
-            self.last_processed_ms = max(self.last_processed_ms or time_ms, time_ms)
-            self._processed.notify_all()
-
-    def wait_processed(self, timeout_s: float) -> None:
-        """Wait until the next batch's completion is processed (held batches released), or ``timeout_s``."""
-        with self._processed:
-            self._processed.wait(timeout_s)
-
-    def snapshot_last_state(self, timeout_s: float) -> None:
-        """A graceful stop, every batch done: where the checkpoint interval left the last batch's state
-        without a snapshot, snapshot it (its completion's checkpoint written again with it), so that the
-        driver going on (a restart, a standby) starts from that state, re-running no batch from inputs."""
-        try:  # (the last batch decided on the event thread: a completion queued before it is processed)
-            self._events.submit(self._guard, self._snapshot_last_state).result(timeout_s)
-        except TimeoutError:
-            log.warning("graceful stop: the last batch's state is still being snapshotted past "
-                        "spark.streaming.gracefulStopTimeout; the stop waits for it")
-
-    def _snapshot_last_state(self) -> None:
-        """On the event thread. A batch's job set leaves the pending ones (a graceful stop's wait
-        ends) before its completion is queued here: the last processed batch read earlier could be
-        the one before it, whose completion checkpoint written after it would then take its place
-        (a checkpoint file is named by the newest time written) and re-run it at the restart."""
-        last, snapshots = self.last_processed_ms, self._driver.snapshots
-        if last is not None and snapshots.each_batch and snapshots.any_due(last):
-            self._driver.do_checkpoint(last, True)
-
-    def stop(self, cancel_queued: bool = False) -> None:
-        """Stop the timer and the event thread; ``cancel_queued`` drops the generations not
-        started (a stop that gave up waiting: those batches are left to the restart). Batches
-        that completed are still checkpointed, unlike Spark's (JobGenerator.stop drops its
-        event loop's queue): a batch a listener saw complete is not run again."""
-        self.timer.stop()
-        if cancel_queued:
-            with self._queued_lock:
-                self._generation_cancelled = True
-        self._events.shutdown(wait=True)
 
 
 def await_batches(generator: JobGenerator, scheduler: JobScheduler, remaining_s: Callable[[], float],

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from ..state import StateSnapshots
     from .events import EventBus
     from .leadership import DriverLeadership
-    from .scheduler import JobGenerator, JobScheduler
+    from .generator import JobGenerator
+    from .scheduler import JobScheduler
 
 
 class StandbyHost(DriverFacts, Protocol):

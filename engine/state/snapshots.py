@@ -21,7 +21,7 @@ batch before, so batches generated while the one whose full snapshot cuts the li
 would reach back past the cut (Spark's RDD checkpoint rewrites the RDDs built on a checkpointed one in
 place; a snapshot read back cannot). :meth:`StateSnapshots.generation_waits` names the batches that
 would reach back further than the next cut can be due (``maxLineageBatches`` plus an interval): the
-generator (:class:`sparkwal.engine.driver.scheduler.JobGenerator`) holds them until the cut is made (a
+generator (:class:`sparkwal.engine.driver.generator.JobGenerator`) holds them until the cut is made (a
 soak's driver died of a StackOverflowError, Java deserializing RDDs recursively, with ~160 queued).
 
 A restart reads each stream's newest usable snapshot (:meth:`StateSnapshots._restart_times`) and
