@@ -432,18 +432,3 @@ def _save_text_atomically(rdd: RDD, path: str) -> None:
         raise OSError(f"cannot rename {tmp.toString()} to {path}")
     if old is not None:
         fs.delete(old, True)
-
-
-_MOVED_TO_STATE = ("ReducedWindowedDStream", "StateDStream", "update_by_key")
-
-
-def __getattr__(name: str):
-    """The stateful streams live in :mod:`sparkwal.engine.state.update_state`; their old names here keep older
-    checkpoints' programs (which refer to them by module) loadable. Looked up on use, not imported
-    at the end of this module: that import made ``sparkwal.engine.state.update_state`` fail when a worker
-    imported it first (it imports this module, which imported it back, half made)."""
-    if name in _MOVED_TO_STATE:
-        from .state import update_state
-
-        return getattr(update_state, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -440,8 +440,9 @@ for name in names:
         importlib.import_module(name)
     except Exception as e:
         failed.append([name, repr(e)])
-from sparkwal.engine.driver.program import unpickle_program
-old_name = unpickle_program(b"cengine.dstream\\nStateDStream\\n.")  # as older checkpoints' programs say it
+from sparkwal.engine.driver.program_layouts import decode
+# a version-1 program naming a stateful stream as the oldest checkpoints' programs do
+old_name = decode(b"(dp0\\nVversion\\np1\\nI1\\nsVgraph\\np2\\ncengine.dstream\\nStateDStream\\np3\\ns.", "x")["graph"]
 tops = [m for m in sys.modules if m.split(".")[0] in ("wal", "checkpoint", "tracker", "engine")]
 print(json.dumps({"modules": len(names), "failed": failed, "tops": tops,
                   "old_name": old_name.__module__ + "." + old_name.__name__}))

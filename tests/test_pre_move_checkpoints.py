@@ -74,6 +74,20 @@ def test_the_main_jobs_earlier_checkpoint_recovers_with_its_totals(spark_context
     out = json.loads(Path(f"wordcount/output/batch-{cp_ms + 1000}.json").read_text())
     assert out["files"] == ["f3"]
     assert out["totals"] == expected_counts(range(4))  # the fixture counted files 0-2
+    # the recovered program, checkpointed again in today's layout, recovers too
+    clock = ManualClock(cp_ms + 1500)
+    ssc = StreamingContext.getOrCreate("wordcount/checkpoint", lambda: None, clock=clock)
+    done = Completed()
+    ssc.addStreamingListener(done)
+    try:
+        ssc.start()
+        put_file("wordcount/input", "f000004.txt", "\n".join(file_lines(4)) + "\n", cp_ms + 1900)
+        clock.set_ms(cp_ms + 2000)
+        done.wait_for(cp_ms + 2000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    out = json.loads(Path(f"wordcount/output/batch-{cp_ms + 2000}.json").read_text())
+    assert out["files"] == ["f4"] and out["totals"] == expected_counts(range(5))
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -172,12 +172,12 @@ def test_imports_form_no_circle():
 def test_layers_point_one_way():
     """wal imports no other layer; checkpoint and tracker only wal (and not each other); nothing
     below engine imports it; the library's core never imports its apps (but for the shims that
-    keep ``python -m sparkwal.engine.wordcount``/``.drill`` and older checkpoints working), the
+    keep ``python -m sparkwal.engine.wordcount``/``.drill`` working), the
     apps and the command never import the driver's room (they use StreamingContext), and no room
     imports the command."""
     allowed = {"wal": {"wal", "top"}, "checkpoint": {"checkpoint", "wal", "top"},
                "tracker": {"tracker", "wal", "top"}}
-    shims = {"sparkwal.engine.wordcount", "sparkwal.engine.direct_wordcount", "sparkwal.engine.drill"}
+    shims = {"sparkwal.engine.wordcount", "sparkwal.engine.drill"}
     apps, driver = "sparkwal.engine.apps", "sparkwal.engine.driver"
     wrong = []
     for name in MODULES:

@@ -7,26 +7,26 @@ streams leave out their context and everything that lives only in a running driv
 ``DStream.transient_fields``) and stored as the checkpoint's code part (format and file rules in
 :mod:`sparkwal.checkpoint.code`); every DStream checkpoint names the code part it goes with and carries the
 SparkConf to recover with (data, readable without unpickling). Recovering unpickles the graph and
-binds it to a new context on the active SparkContext, or on one made from that conf.
+binds it to a new context on the active SparkContext, or on one made from that conf. The program's
+layout, and every earlier one, is :mod:`.program_layouts`'.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import pickle
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pyspark import SparkConf, SparkContext, cloudpickle
-from pyspark.cloudpickle.cloudpickle import subimport
 
 from sparkwal.checkpoint import Checkpoint, read_code
 
 from .. import cluster
 from ..environment import prepare_conf
-from ..errors import EngineError, ProgramVersionError
+from ..errors import EngineError
+from . import program_layouts
+from .program_layouts import PROGRAM_VERSION
 
 from ..host import DriverFacts
 
@@ -43,7 +43,6 @@ class ProgramHost(DriverFacts, Protocol):
     @property
     def scheduler(self) -> JobScheduler: ...
 
-PROGRAM_VERSION = 1
 #: Set anew by every run (ids, ports, the driver's address), as Spark reloads them on recovery.
 _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", "spark.driver.port",
                  "spark.driver.host", "spark.driver.bindAddress", "spark.ui.port",
@@ -70,7 +69,7 @@ def serialize_program(driver: ProgramHost) -> bytes:
     program = {"version": PROGRAM_VERSION, "graph": driver.graph, "batch_ms": driver.batch_ms,
                "concurrent_jobs": driver.scheduler.concurrent_jobs}
     try:
-        return cloudpickle.dumps(program)
+        return program_layouts.encode(program)
     except Exception as failure:  # noqa: BLE001 (any pickling failure, pyspark's own errors included)
         error, where = failure, "the DStream graph"
     for index, stream in enumerate(driver.graph.streams):  # parents come first: the first fails
@@ -112,38 +111,11 @@ def warm_active_workers() -> None:
         cluster.warm_workers_early(sc)
 
 
-#: the top-level packages sparkwal had before they became ``sparkwal.*``: a program pickled then
-#: names them, and is read under the new names
-_OLD_TOPS = ("engine", "wal", "checkpoint", "tracker")
-
-
-def _renamed(module: str) -> str:
-    return f"sparkwal.{module}" if module.split(".", 1)[0] in _OLD_TOPS else module
-
-
-class _ProgramUnpickler(pickle.Unpickler):
-    """pickle's reader, with the module names of an older sparkwal translated (in the classes and
-    functions it names, and in the modules cloudpickle imports for a function's globals)."""
-
-    def find_class(self, module: str, name: str):
-        found = super().find_class(_renamed(module), name)
-        if found is subimport:
-            return lambda module_name: subimport(_renamed(module_name))
-        return found
-
-
-def unpickle_program(body: bytes):
-    return _ProgramUnpickler(io.BytesIO(body)).load()
-
-
 def load_program(checkpoint: Checkpoint, path: str, storage_options: dict | None
                  ) -> tuple[SparkContext, Program]:
     """``checkpoint``'s program (its code part, unpickled), and the SparkContext to run it on:
     the active one, or one made from the checkpoint's conf."""
-    body = read_code(path, checkpoint.data["code"], storage_options)
-    program = unpickle_program(body)
-    if program.get("version") != PROGRAM_VERSION:
-        raise ProgramVersionError(path, program.get("version"), PROGRAM_VERSION)
+    program = program_layouts.decode(read_code(path, checkpoint.data["code"], storage_options), path)
     sc = active_spark_context()
     if sc is None:
         conf = SparkConf().setAll([(k, v) for k, v in checkpoint.data.get("conf", [])])
