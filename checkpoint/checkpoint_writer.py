@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 from sparkwal.wal.errors import FencedError
 from sparkwal.wal.storage import Lock, StorageLocation, resolve
 

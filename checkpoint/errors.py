@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 
 class CheckpointError(SparkwalError):

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from sparkwal.wal import CorruptRecordError, Durability, FencedError, FileBasedWriteAheadLog, WalError
 from sparkwal.wal.inspect import trim_preallocated
 from sparkwal.wal.storage import resolve
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 log = logging.getLogger(__name__)
 

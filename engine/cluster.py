@@ -34,7 +34,7 @@ import threading
 import weakref
 import zipfile
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 from sparkwal.wal.retry import DEADLINE_ENV
 
 from .compat import supports
@@ -46,7 +46,7 @@ from .errors import EngineError
 log = logging.getLogger(__name__)
 
 #: the package and its rooms (in a checkout the rooms are folders beside it, mapped under it)
-PACKAGES = ("sparkwal", "sparkwal.wal", "sparkwal.checkpoint", "sparkwal.tracker", "sparkwal.engine")
+PACKAGES = ("sparkwal", "sparkwal.base", "sparkwal.wal", "sparkwal.checkpoint", "sparkwal.tracker", "sparkwal.engine")
 #: module -> the pip requirement that provides it
 REQUIREMENTS = {"msgpack": "msgpack>=1.0,<2", "crc32c": "crc32c>=2.4,<3", "fsspec": "fsspec>=2024.6",
                 "pyarrow": "pyarrow>=15"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 
 def one_line(error: BaseException) -> str:
@@ -27,7 +27,7 @@ def one_line(error: BaseException) -> str:
 
 class EngineError(SparkwalError):
     """Base class of every error the DStream engine raises (its receivers, sources and sinks too);
-    an error that is also a built-in kind keeps that base (see :mod:`sparkwal.errors`)."""
+    an error that is also a built-in kind keeps that base (see :mod:`sparkwal.base.errors`)."""
 
 
 class StateError(EngineError, RuntimeError):

@@ -23,7 +23,7 @@ import logging
 import signal
 import threading
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 log = logging.getLogger(__name__)
 

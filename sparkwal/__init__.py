@@ -13,28 +13,11 @@ use, so importing ``sparkwal`` (the command does) starts no PySpark.
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from .errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
-
-def _checkout_root() -> str | None:
-    """The repository this package's folder sits in, when it does (the rooms are folders beside it
-    there, which an install maps under the package): then ``python -m sparkwal...`` runs from the
-    checkout as the installed package runs."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
-            ours = 'name = "sparkwal"' in f.read()
-    except OSError:
-        return None
-    return root if ours and os.path.isdir(os.path.join(root, "engine")) else None
-
-
-if (_root := _checkout_root()) is not None and _root not in __path__:
-    __path__.append(_root)
 
 try:
     __version__ = version("sparkwal")

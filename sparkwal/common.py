@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from .errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 OK, PROBLEM, USAGE = 0, 1, 2
 

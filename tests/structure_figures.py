@@ -24,7 +24,7 @@ DRIVER_FILE = ROOT / "engine" / "driver" / "driver.py"
 
 
 def library_files() -> list[Path]:
-    rooms = ("wal", "checkpoint", "tracker", "engine", "sparkwal")
+    rooms = ("base", "wal", "checkpoint", "tracker", "engine", "sparkwal")
     return sorted(p for room in rooms for p in (ROOT / room).rglob("*.py"))
 
 

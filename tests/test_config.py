@@ -20,7 +20,8 @@ NOT_SETTINGS = {"spark.streaming.kafka.KafkaUtils", "spark.streaming.DStream"}
 
 
 def library_sources() -> list[Path]:
-    return [p for room in ("wal", "checkpoint", "tracker", "engine", "sparkwal") for p in (ROOT / room).rglob("*.py")]
+    rooms = ("base", "wal", "checkpoint", "tracker", "engine", "sparkwal")
+    return [p for room in rooms for p in (ROOT / room).rglob("*.py")]
 
 
 def test_the_docs_table_is_the_modules():

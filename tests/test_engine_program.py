@@ -428,10 +428,10 @@ def test_the_worker_daemon_drops_sparks_zips_only_for_the_same_installed_version
 
 _IMPORT_EACH_FIRST = """
 import importlib, json, pkgutil, sys
-import sparkwal, sparkwal.wal, sparkwal.checkpoint, sparkwal.tracker, sparkwal.engine
-rooms = (sparkwal.wal, sparkwal.checkpoint, sparkwal.tracker, sparkwal.engine)
+import sparkwal, sparkwal.base, sparkwal.wal, sparkwal.checkpoint, sparkwal.tracker, sparkwal.engine
+rooms = (sparkwal.base, sparkwal.wal, sparkwal.checkpoint, sparkwal.tracker, sparkwal.engine)
 names = sorted(m.name for p in rooms for m in pkgutil.walk_packages(p.__path__, p.__name__ + "."))
-names += ["sparkwal." + m for m in ("cli", "common", "wal_verbs", "checkpoint_verbs", "received")]
+names += ["sparkwal." + m for m in ("cli", "common", "wal_verbs", "checkpoint_verbs", "received", "errors", "service")]
 failed = []
 for name in names:
     for k in [k for k in sys.modules if k == "sparkwal" or k.startswith("sparkwal.")]:
@@ -443,7 +443,7 @@ for name in names:
 from sparkwal.engine.driver.program_layouts import decode
 # a version-1 program naming a stateful stream as the oldest checkpoints' programs do
 old_name = decode(b"(dp0\\nVversion\\np1\\nI1\\nsVgraph\\np2\\ncengine.dstream\\nStateDStream\\np3\\ns.", "x")["graph"]
-tops = [m for m in sys.modules if m.split(".")[0] in ("wal", "checkpoint", "tracker", "engine")]
+tops = [m for m in sys.modules if m.split(".")[0] in ("base", "wal", "checkpoint", "tracker", "engine")]
 print(json.dumps({"modules": len(names), "failed": failed, "tops": tops,
                   "old_name": old_name.__module__ + "." + old_name.__name__}))
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("wal", "checkpoint", "tracker", "engine")
+ROOMS = ("base", "wal", "checkpoint", "tracker", "engine")
 
 
 def test_ruff_finds_nothing():

@@ -1,4 +1,4 @@
-"""One way to run a thread (issue 43, item 4): :class:`sparkwal.service.Service`."""
+"""One way to run a thread (issue 43, item 4): :class:`sparkwal.base.service.Service`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import threading
 from pathlib import Path
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def test_a_service_stopped_from_its_own_thread_does_not_wait_for_itself():
 def test_a_stuck_thread_is_named_in_one_warning_and_left(caplog):
     release = threading.Event()
     stuck = spawn("stuck-writer", release.wait, 30)
-    with caplog.at_level(logging.WARNING, logger="sparkwal.service"):
+    with caplog.at_level(logging.WARNING, logger="sparkwal.base.service"):
         assert stuck.stop(0.05) is False
     assert "thread 'stuck-writer' did not end within 0.05 s; left running" in caplog.text
     release.set()
@@ -45,9 +45,9 @@ def test_a_stuck_thread_is_named_in_one_warning_and_left(caplog):
 
 def test_the_library_starts_threads_only_through_the_service():
     starts = []
-    for room in ("wal", "checkpoint", "tracker", "engine", "sparkwal"):
+    for room in ("base", "wal", "checkpoint", "tracker", "engine", "sparkwal"):
         for path in sorted((ROOT / room).rglob("*.py")):
-            if path == ROOT / "sparkwal" / "service.py":
+            if path == ROOT / "base" / "service.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and ast.unparse(node.func) in ("threading.Thread", "Thread"):

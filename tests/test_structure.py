@@ -10,10 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the rooms, folders of the repository mapped under the one import package: wal/ is sparkwal.wal
-PACKAGES = ("wal", "checkpoint", "tracker", "engine")
+PACKAGES = ("base", "wal", "checkpoint", "tracker", "engine")
 MAX_LINES = 450
-#: the package's top beside its __init__: what every room may import (the errors' root, the thread service)
-TOP_MODULES = {"sparkwal.errors", "sparkwal.service"}
 
 #: Private names of other projects that have no public equivalent: PySpark's Py4J gateway and
 #: JVM handles (the brief allows Spark core's JVM API through Py4J), a Py4J class's name and
@@ -35,11 +33,10 @@ def modules() -> dict[str, Path]:
 
 
 def room(name: str) -> str:
-    """``wal``, ``checkpoint``, ``tracker`` or ``engine``; ``top`` for the package itself and
-    :data:`TOP_MODULES`;
+    """``base``, ``wal``, ``checkpoint``, ``tracker`` or ``engine``; ``top`` for the package itself;
     ``command`` for the command's modules (``sparkwal.cli``, ...)."""
     parts = name.split(".")
-    if len(parts) == 1 or name in TOP_MODULES:
+    if len(parts) == 1:
         return "top"
     return parts[1] if parts[1] in PACKAGES else "command"
 
@@ -170,13 +167,14 @@ def test_imports_form_no_circle():
 
 
 def test_layers_point_one_way():
-    """wal imports no other layer; checkpoint and tracker only wal (and not each other); nothing
+    """base imports no other room; wal only base; checkpoint and tracker only wal and base (and not
+    each other), none of them the package's top or the command; nothing
     below engine imports it; the library's core never imports its apps (but for the shims that
     keep ``python -m sparkwal.engine.wordcount``/``.drill`` working), the
     apps and the command never import the driver's room (they use StreamingContext), and no room
     imports the command."""
-    allowed = {"wal": {"wal", "top"}, "checkpoint": {"checkpoint", "wal", "top"},
-               "tracker": {"tracker", "wal", "top"}}
+    allowed = {"base": {"base"}, "wal": {"wal", "base"}, "checkpoint": {"checkpoint", "wal", "base"},
+               "tracker": {"tracker", "wal", "base"}}
     shims = {"sparkwal.engine.wordcount", "sparkwal.engine.drill"}
     apps, driver = "sparkwal.engine.apps", "sparkwal.engine.driver"
     wrong = []
@@ -199,3 +197,15 @@ def test_every_module_stays_small():
     big = {str(path.relative_to(ROOT)): n for path in MODULES.values()
            if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert big == {}
+
+
+def test_the_package_holds_its_rooms_only():
+    """``pyproject.toml`` maps the rooms' folders under ``sparkwal`` (wal/ is ``sparkwal.wal``, ...)
+    and nothing else: the checkout's tests, benchmarks and docs are not part of the package."""
+    import importlib.util
+
+    for room in ("wal", "checkpoint", "tracker", "engine"):
+        spec = importlib.util.find_spec(f"sparkwal.{room}")
+        assert spec is not None and Path(spec.origin).parent == ROOT / room
+    for folder in ("tests", "benchmarks", "docs"):
+        assert importlib.util.find_spec(f"sparkwal.{folder}") is None, folder

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 
 class TrackerError(SparkwalError):

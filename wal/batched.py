@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 from .base import RecordHandle, WalStatistics, WriteAheadLog
 from .errors import WalError

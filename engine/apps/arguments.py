@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 from sparkwal.engine.errors import one_line  # also the apps' (a.one_line)
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 OK, FAILED, USAGE, FENCED, STORAGE, LEADER_HELD = 0, 1, 2, 3, 4, 5
 

@@ -28,7 +28,7 @@ import random
 import threading
 import time
 
-from sparkwal.service import spawn
+from sparkwal.base.service import spawn
 
 from .direct_wordcount import (PARTITIONS, SLOW_FIRST_ATTEMPTS_ENV, SPECULATED_DIR_ENV, append_lines,
                                expected_direct_counts, read_results)

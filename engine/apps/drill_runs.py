@@ -12,8 +12,8 @@ import sys
 import threading
 import time
 
-from sparkwal.errors import SparkwalError
-from sparkwal.service import Service, spawn
+from sparkwal.base.errors import SparkwalError
+from sparkwal.base.service import Service, spawn
 
 from .wordcount_data import expected_counts, file_lines, write_input_file
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from sparkwal.service import spawn
+from sparkwal.base.service import spawn
 
 FAULTS = ("500", "503", "reset_before", "reset_after", "delay")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 
-from sparkwal.service import spawn
+from sparkwal.base.service import spawn
 
 #: lines every start prints that say nothing about this run
 NOISE = re.compile(r"WARNING: Using incubator modules: .*|Setting default log level to .*"

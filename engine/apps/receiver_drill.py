@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from sparkwal.service import spawn
+from sparkwal.base.service import spawn
 
 from .drill_runs import DrillError, AppRun, pct, read_outputs
 from .wordcount_data import expected_line_counts, receiver_line

@@ -18,7 +18,7 @@ import time
 
 import pyspark
 
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 
 def free_port() -> int:

@@ -47,7 +47,7 @@ import os
 import sys
 import time
 
-from sparkwal.service import spawn
+from sparkwal.base.service import spawn
 
 from .wordcount_data import receiver_line, write_input_file
 

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 from ..listener import CALLBACKS
 

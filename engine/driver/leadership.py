@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, LeadershipRefusedError,
                           StorageLocation, WalError, resolve)
 

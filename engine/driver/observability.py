@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint.event_log import EventLogWriter, read_events, read_runs
 from sparkwal.checkpoint.layout import CheckpointLayout
-from sparkwal.errors import SparkwalError
+from sparkwal.base.errors import SparkwalError
 
 from .. import config
 from ..errors import one_line

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint, CheckpointError, CheckpointFollower
 from sparkwal.checkpoint.errors import CheckpointMismatchError, UnsupportedLogVersionError
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 from sparkwal.wal import LeadershipRefusedError, WalError
 
 from .. import config

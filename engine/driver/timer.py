@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 
 class RecurringTimer:

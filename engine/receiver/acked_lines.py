@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 
 from . import wire
 from ..sources.protocol import SourceError

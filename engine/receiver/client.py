@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 from . import wire
 from .endpoint import LABEL

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceiverSchedulingPolicy, ReceiverState,
                               ReceiverTrackingInfo, create_rate_estimator)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 
 from .receiver import Receiver
 

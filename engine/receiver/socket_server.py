@@ -16,7 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 
-from sparkwal.service import Service, spawn
+from sparkwal.base.service import Service, spawn
 from sparkwal.tracker import RateLimiter, ReceivedBlockInfo
 from sparkwal.wal import SYSTEM_CLOCK, Clock, RecordHandle, StorageLocation
 

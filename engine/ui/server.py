@@ -13,7 +13,7 @@ import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sparkwal.service import Service
+from sparkwal.base.service import Service
 
 from .routes import TEXT, respond
 

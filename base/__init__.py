@@ -1,0 +1,10 @@
+"""sparkwal's base room: what every other room stands on, the command included.
+
+:mod:`.errors` holds :class:`SparkwalError`, the root of every error sparkwal raises;
+:mod:`.service` the one way sparkwal runs a background thread. Nothing here imports another room.
+"""
+
+from .errors import SparkwalError
+from .service import Service, spawn
+
+__all__ = ["Service", "SparkwalError", "spawn"]
