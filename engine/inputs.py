@@ -12,6 +12,7 @@ from pyspark.accumulators import AccumulatorParam
 from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
+from . import config
 from .dstream import DStream
 from .stream_machinery import empty_rdd, host_of
 
@@ -224,7 +225,11 @@ class FileInputDStream(InputDStream):
         self._counts = None  # the accumulator of the lines each batch's tasks read
         self._start_threshold_ms = 0
         self._present_at_start: set[tuple[str, int]] = set()  # old files inside the slack
-        self.min_remember_ms = self._host.file_remember_ms()
+        # a file is taken only within this window of its batch time: spark.streaming.fileStream.
+        # minRememberDuration, else spark.streaming.minRememberDuration, else 60 s (Spark's
+        # FileInputDStream.scala); a job that may be down longer and must count the files that arrived
+        # meanwhile raises it
+        self.min_remember_ms = self._host.settings[config.FILE_MIN_REMEMBER]
         if new_files_only:
             self._start_threshold_ms = self._host.clock.now_ms() - self.MTIME_SLACK_MS
             self._present_at_start = {(path, mtime) for path, mtime in _list_files(self.location)

@@ -33,7 +33,7 @@ def test_a_fenced_leader_started_as_a_standby_candidate_rejoins_and_a_stalled_on
     clock.advance(500)
     done.wait_for(500)
     first = ssc.driver
-    leadership.fence(first, FencedError(f"{ckpt}: leadership epoch 1 is over"))  # as a lapsed lease does
+    first.on_fenced(FencedError(f"{ckpt}: leadership epoch 1 is over"))  # as a lapsed lease does
     assert ssc.awaitTerminationOrTimeout(0.2) is False  # rejoined: not stopped
     assert ssc.driver is not first and first.stopping and ssc.driver.leader_epoch == 2
     assert not ssc.isStandby()  # no other driver leads the directory: the new driver leads it
@@ -43,7 +43,7 @@ def test_a_fenced_leader_started_as_a_standby_candidate_rejoins_and_a_stalled_on
     assert totals[1000] == [("a", 2), ("b", 1)]  # the state, from the checkpoint
 
     second = ssc.driver
-    leadership.fence(second, leadership.LeaderStalledError(f"{ckpt}: no batch completed for 3 intervals"))
+    second.on_fenced(leadership.LeaderStalledError(f"{ckpt}: no batch completed for 3 intervals"))
     with pytest.raises(leadership.LeaderStalledError, match="no batch completed"):
         ssc.awaitTerminationOrTimeout(5)
     assert ssc.driver is second

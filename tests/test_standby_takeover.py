@@ -205,8 +205,8 @@ def test_a_leader_paused_past_its_lease_reports_the_fence_not_the_storage_error(
         def fenced(self):
             return role.fenced
 
-        def lead(self):
-            return role.held
+        def on_fenced(self, error):
+            Driver.on_fenced(self, error)  # type: ignore[arg-type]
 
         def report_error(self, error, time_ms):
             Driver.report_error(self, error, time_ms)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ direct, when the offsets/commits logs are kept, planning and logging each batch.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..listener import StreamingListenerBatchCommitted
@@ -12,56 +12,42 @@ from ..sources.batch_log import BatchLog
 from ..sources.direct import DirectInputDStream
 from . import upgrade
 
-from ..host import DriverFacts
-
 if TYPE_CHECKING:
     from sparkwal.checkpoint import Checkpoint
-    from sparkwal.wal import Leadership
+    from sparkwal.wal import Leadership, StorageLocation
 
-    from ..upgrade_plan import UpgradePlan
-
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
     from .events import EventBus
 
 log = logging.getLogger(__name__)
 
 
-class BatchesHost(DriverFacts, Protocol):
-    """What the batch protocol reads of the driver (which hands itself in; nothing here changes it)."""
-
-    @property
-    def events(self) -> EventBus: ...
-    @property
-    def batch_log(self) -> BatchLog | None: ...
-    @property
-    def restored(self) -> Checkpoint | None: ...
-    @property
-    def upgrade_plan(self) -> UpgradePlan | None: ...
-    def lead(self) -> Leadership | None: ...
+def direct_inputs(graph: DStreamGraph) -> list[DirectInputDStream]:
+    return [s for s in graph.inputs if isinstance(s, DirectInputDStream)]
 
 
-def direct_inputs(driver: BatchesHost) -> list:
-    return [s for s in driver.graph.inputs if isinstance(s, DirectInputDStream)]
-
-
-def start_batch_log(driver: BatchesHost) -> BatchLog | None:
-    """The offsets/commits logs, read back; then the direct inputs learn where they resume.
-    With a checkpoint, ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when
-    the graph has a direct input, ``true`` for every graph (a committed batch's outputs then
-    never re-run after a restart, whatever its inputs), ``false`` never (direct inputs then
-    re-plan from their initial offsets: at-least-once at best)."""
-    mode = driver.settings[config.BATCH_LOG]
-    wanted = mode == "true" or (mode == "auto" and bool(direct_inputs(driver)))
+def start_batch_log(settings: StreamingConf, location: StorageLocation | None, graph: DStreamGraph, batch_ms: int,
+                    lock: Leadership | None, restored: Checkpoint | None, upgraded: bool,
+                    events: EventBus) -> BatchLog | None:
+    """The offsets/commits logs in checkpoint directory ``location`` (None: none), read back; then
+    the direct inputs of ``graph`` learn where they resume. With a checkpoint,
+    ``spark.sparkwal.batchLog.enabled`` decides: ``auto`` (default) when the graph has a direct
+    input, ``true`` for every graph (a committed batch's outputs then never re-run after a restart,
+    whatever its inputs), ``false`` never (direct inputs then re-plan from their initial offsets:
+    at-least-once at best). ``lock``: the leadership its writes are made under; ``restored``,
+    ``upgraded``: the checkpoint restarted from, and whether an upgrade changed its graph."""
+    mode = settings[config.BATCH_LOG]
+    inputs = direct_inputs(graph)
     blog = None
-    if driver.checkpoint_dir is not None and wanted:
-        sync = driver.settings[config.BATCH_LOG_FSYNC]
-        retain = driver.settings[config.MIN_BATCHES_TO_RETAIN]
-        blog = BatchLog(driver.location, direct_inputs(driver), sync=sync,
-                        retain=retain, on_commit=lambda i, t: on_batch_committed(driver, i, t),
-                        lock=driver.lead(),
-                        legacy_ids=upgrade.earlier_line_ids(driver.restored, driver.upgrade_plan is not None))
+    if location is not None and (mode == "true" or (mode == "auto" and bool(inputs))):
+        blog = BatchLog(location, inputs, sync=settings[config.BATCH_LOG_FSYNC],
+                        retain=settings[config.MIN_BATCHES_TO_RETAIN],
+                        on_commit=lambda i, t: events.post(StreamingListenerBatchCommitted(i, t)),
+                        lock=lock, legacy_ids=upgrade.earlier_line_ids(restored, upgraded))
         blog.recover()
-    for s in direct_inputs(driver):
-        s.start_planning(blog, driver.settings, driver.batch_ms)
+    for s in inputs:
+        s.start_planning(blog, settings, batch_ms)
     return blog
 
 
@@ -96,7 +82,3 @@ class BatchPlanner:
             self.batch_log.batch_done(time_ms, ok)
         for s in self.inputs:
             s.on_batch_completed(info)
-
-
-def on_batch_committed(driver: BatchesHost, batch_id: int, time_ms: int) -> None:
-    driver.events.post(StreamingListenerBatchCommitted(batch_id, time_ms))

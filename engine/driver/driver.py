@@ -21,6 +21,7 @@ import time
 
 from pyspark import RDD, SparkContext
 
+from sparkwal.base.service import Service
 from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
@@ -33,8 +34,8 @@ from ..config import StreamingConf
 from ..errors import one_line
 from ..graph import DStreamGraph
 from ..receiver.receiver_tracker import ReceiverTracker
-from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverRestarted,
-                        StreamingListenerStreamingStarted)
+from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverFenced,
+                        StreamingListenerDriverRestarted, StreamingListenerStreamingStarted)
 from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
@@ -195,7 +196,9 @@ class Driver:
                 self.leadership.release()
             raise
         try:
-            self.batch_log = batches.start_batch_log(self)
+            self.batch_log = batches.start_batch_log(self.settings, self.location, self.graph, self.batch_ms,
+                                                     self.lead(), self.restored, self.upgrade_plan is not None,
+                                                     self.events)
             run = checkpointing.CheckpointedRun(self.checkpoint_writer, self.location, self.graph, self.batch_log,
                                                 code_name, conf_pairs, self.scheduler)
             self.checkpointing.start(run)
@@ -203,13 +206,14 @@ class Driver:
             self.rerun_batch_times = list(plan.rerun_batch_times)
             self.skipped_batch_times = list(plan.skipped_batch_times)
             self.coalesced_batch_times = list(plan.coalesced_batch_times)
-            leadership.stream_started(self)  # the leadership lost since it was taken: the start fails here
+            if self.leadership is not None:  # the leadership lost since it was taken: the start fails here
+                self.leadership.stream_started()
             first = plan.first_ms
             self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
             self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(self)  # (started below)
             self.scheduler.start(BatchSteps(
                 self.graph, self.block_tracker, self.receiver_tracker,
-                batches.BatchPlanner(self.batch_log, batches.direct_inputs(self), plan.skip_outputs_ms),
+                batches.BatchPlanner(self.batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),
                 self.confirm_leadership, self.on_batch_done, self.checkpoint_writer is not None))
             self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
@@ -264,7 +268,8 @@ class Driver:
     def prepare_program(self) -> tuple[bytes, list[list[str]]]:
         """The checkpoint's code part and conf pairs, as a leader writes them at start (a
         standby prepares them while it waits: 50-100 ms less for a takeover)."""
-        return serialize_program(self), checkpoint_conf(self.sc)
+        return (serialize_program(self.graph, self.batch_ms, self.scheduler.concurrent_jobs, self.checkpoint_dir),
+                checkpoint_conf(self.sc))
 
     # ------------------------------------------------------------------ leadership
 
@@ -291,19 +296,36 @@ class Driver:
         """Why this driver lost its leadership (None: it did not)."""
         return self.leadership.fenced if self.leadership is not None else None
 
-    def keep_leadership(self) -> None:  # renewed from when it is taken (and given up on a stall)
-        leadership.keep(self)
+    def keep_leadership(self) -> None:
+        """Renewed from when it is taken, and given up if the stream stalls (:class:`.leadership.StallWatch`)."""
+        intervals = self.settings[config.LEADER_STALL_INTERVALS]
+        watch = leadership.StallWatch(self.clock, self.batch_ms, intervals,
+                                      lambda: None if self.stopping else self.progress_ms) if intervals > 0 else None
+        if self.leadership is not None:
+            self.leadership.keep(self.on_fenced, stalled=watch)
 
     def on_fenced(self, error: BaseException) -> None:
-        leadership.fence(self, error)
+        """The leadership is lost: stop running and writing at once (self-fencing); the error ends
+        ``awaitTermination``."""
+        if self.leadership is None or not self.leadership.record_fence(error):
+            return
+        log.error("this driver was fenced and stops: %s", error)
+        self.events.post(StreamingListenerDriverFenced(str(error)))
+        self.generator.timer.stop()
+        try:
+            self.sc.cancelAllJobs()
+        except Exception:  # noqa: BLE001  (the fence stands; its jobs' writes are refused anyway)
+            log.warning("could not cancel the running jobs", exc_info=True)
+        self.report_error(error, None)
 
     def on_checkpoint_error(self, error: BaseException) -> None:
         if isinstance(error, FencedError):
-            leadership.fence(self, error)
+            self.on_fenced(error)
 
     def confirm_leadership(self) -> None:
-        """Before a batch's jobs: raises unless this epoch is current (:func:`.leadership.confirm_leadership`)."""
-        leadership.confirm_leadership(self)
+        """Before a batch's jobs: raises unless this epoch is current (:meth:`.leadership.DriverLeadership.confirm`)."""
+        if self.leadership is not None:
+            self.leadership.confirm(self.on_fenced)
 
     @property
     def generator(self) -> JobGenerator:
@@ -338,7 +360,7 @@ class Driver:
                             raise
                         log.info("checkpoint writer stopped after the app's error: %s", e)
                 self.block_tracker.stop()
-                for s in batches.direct_inputs(self):
+                for s in batches.direct_inputs(self.graph):
                     s.stop()
             if self.observer is not None:  # its last events are written while still leading
                 self.observer.close()
@@ -352,13 +374,6 @@ class Driver:
             self._restore_retry_policy()
             self.events.stop(LISTENER_DRAIN_S)  # the listeners hear of everything before stop returns
             self.terminated.set()
-
-    def file_remember_ms(self) -> int:
-        """How long a file stream remembers files, so that a file is taken only within that window
-        of its batch time: ``spark.streaming.fileStream.minRememberDuration``, else
-        ``spark.streaming.minRememberDuration``, else 60 s (Spark's ``FileInputDStream.scala``). A
-        job that may be down longer and must count the files that arrived meanwhile raises it."""
-        return self.settings[config.FILE_MIN_REMEMBER]
 
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
@@ -391,14 +406,22 @@ class Driver:
         """Batch ``time_ms``'s jobs are done and it is committed (:meth:`.scheduler.JobScheduler._commit`):
         this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()
-        leadership.hand_over_if_asked(self, lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True))
+        if self.leadership is not None and not self.stopping and self.leadership.take_handover_request():
+            # stop gracefully on a thread of its own (the batches generated finish, the checkpoint is
+            # written, the leadership given up, as a SIGTERM with stopGracefullyOnShutdown does)
+            self.snapshots.each_batch = True  # before this batch's completion is checkpointed: its state too
+            log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a "
+                        "standby to take over", self.leadership.url)
+            Service("sparkwal-handover", lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True),
+                    daemon=False).start()  # the process waits for the stop to finish
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping:
             log.info("batch %s ended by stop(): %s", time_ms, error)
             return
-        if leadership.fenced_first(self, error, time_ms):  # a lost leadership is the cause: fenced first
-            return
+        if self.leadership is not None and self.leadership.lost_before(error, self.on_fenced):
+            log.info("batch %s failed after this driver was fenced: %s", time_ms, one_line(error))
+            return  # a lost leadership is the cause: fenced first
         log.error("error in batch %s: %s", time_ms, one_line(error))  # the app gets the whole error
         if self.error is None:
             self.error = error

@@ -33,48 +33,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.base.service import Service
 from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Leadership, LeadershipRefusedError,
                           StorageLocation, WalError, resolve)
 
 from .. import config
-from ..listener import StreamingListenerDriverFenced
 from ..errors import EngineError, one_line
 from sparkwal.wal.leases import margin_ms, request_timeout_s
 
-from ..host import DriverFacts
-
-if TYPE_CHECKING:
-    from .events import EventBus
-    from .generator import JobGenerator
-    from ..state.snapshots import StateSnapshots
-
 log = logging.getLogger(__name__)
 
-
-class FencingHost(DriverFacts, Protocol):
-    """What fencing reads and calls of the driver (which hands itself in; the leadership records
-    the fence itself)."""
-
-    @property
-    def events(self) -> EventBus: ...
-    @property
-    def generator(self) -> JobGenerator: ...
-    @property
-    def leadership(self) -> DriverLeadership | None: ...
-    @property
-    def fenced(self) -> BaseException | None: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def progress_ms(self) -> int | None: ...
-    @property
-    def snapshots(self) -> StateSnapshots: ...
-    def lead(self) -> Leadership | None: ...
-    def on_fenced(self, error: BaseException) -> None: ...
-    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 LOCAL_POLL_S = 0.01
 #: a standby's wait after a poll of the leadership failed on the storage, doubling up to MAX_POLL_S
@@ -249,6 +218,44 @@ class DriverLeadership:
 
         self._renewer = Service("leader-lease", renew).start()
 
+    def confirm(self, on_fenced: Callable[[FencedError], None]) -> None:
+        """Before a batch's jobs (its inputs logged): its epoch must be the current one (an
+        object-store lease: valid on this driver's clock, renewed first if due, see wal.locks; a
+        local lock is current while held). A loss found here calls ``on_fenced`` first, then raises."""
+        if self.fenced is not None:
+            raise self.fenced
+        if self.held is not None:
+            try:
+                self.held.confirm()
+            except FencedError as e:
+                on_fenced(e)
+                raise
+
+    def lost_before(self, error: BaseException, on_fenced: Callable[[FencedError], None]) -> bool:
+        """Before ``error`` (a batch's) is reported: when the leadership is lost (a driver paused past
+        its lease whose storage call failed on waking), call ``on_fenced`` first, so that the fence
+        is the driver's error, not what failed after it; True when it did (``error`` is then only
+        logged). The check makes no request (a store that just failed would only hold the report up)."""
+        if self.held is None or isinstance(error, FencedError) or self.fenced is not None:
+            return False
+        try:
+            self.held.remaining_ms()  # (the check without a request: a lapse on this driver's clock)
+            return False
+        except FencedError as e:
+            e.__context__ = None  # raised while ``error`` was handled, not because of it (exit status 3, not 4)
+            on_fenced(e)
+        except Exception:  # noqa: BLE001  the check could not tell: the error stands as it is
+            return False
+        return self.fenced is not None  # (not running yet: the start fails with the error)
+
+    def take_handover_request(self) -> bool:
+        """After a batch: whether ``sparkwal checkpoint handover`` asks this leader to hand over, the
+        first time only (:attr:`handing_over` from then on)."""
+        if self.handing_over or not self.handover_requested():
+            return False
+        self.handing_over = True
+        return True
+
     def handover_requested(self) -> bool:
         """Whether ``sparkwal checkpoint handover`` asks this leader to hand over (the request is
         looked at once a second at most: one read, after a batch)."""
@@ -324,85 +331,3 @@ def for_driver(driver) -> DriverLeadership:
     role.min_epoch = driver.restored.leader_epoch if driver.restored is not None else 0
     role.network_filesystem_ok = driver.settings[config.LEADER_NETWORK_FS]
     return role
-
-
-def keep(driver: FencingHost) -> None:
-    """``driver``'s leadership renewed from now on, and given up if its stream stalls."""
-    intervals = driver.settings[config.LEADER_STALL_INTERVALS]
-    watch = StallWatch(driver.clock, driver.batch_ms, intervals,
-                       lambda: None if driver.stopping else driver.progress_ms) if intervals > 0 else None
-    if driver.leadership is not None:
-        driver.leadership.keep(driver.on_fenced, stalled=watch)
-
-
-def stream_started(driver: FencingHost) -> None:
-    """See :meth:`DriverLeadership.stream_started` (nothing without a checkpoint directory)."""
-    if driver.leadership is not None:
-        driver.leadership.stream_started()
-
-
-def fenced_first(driver: FencingHost, error: BaseException, time_ms: int | None) -> bool:
-    """Before ``error`` is reported: when the leadership is lost (a driver paused past its lease
-    whose storage call failed on waking), fence first, so that the fence is the driver's error,
-    not what failed after it; True when it did (``error`` is then only logged). The check makes
-    no request (a store that just failed would only hold the report up)."""
-    lead = driver.lead()
-    if lead is None or isinstance(error, FencedError) or driver.fenced is not None:
-        return False
-    try:
-        lead.remaining_ms()  # (the check without a request: a lapse on this driver's clock)
-        return False
-    except FencedError as e:
-        e.__context__ = None  # raised while ``error`` was handled, not because of it (exit status 3, not 4)
-        fence(driver, e)
-    except Exception:  # noqa: BLE001  the check could not tell: the error stands as it is
-        return False
-    if driver.fenced is None:  # not running yet: the start fails with the error
-        return False
-    log.info("batch %s failed after this driver was fenced: %s", time_ms, one_line(error))
-    return True
-
-
-def fence(driver: FencingHost, error: BaseException) -> None:
-    """``driver``'s leadership is lost: stop running and writing at once (self-fencing); the error
-    ends ``awaitTermination``."""
-    if driver.leadership is None or not driver.leadership.record_fence(error):
-        return
-    log.error("this driver was fenced and stops: %s", error)
-    driver.events.post(StreamingListenerDriverFenced(str(error)))
-    driver.generator.timer.stop()
-    try:
-        driver.sc.cancelAllJobs()
-    except Exception:  # noqa: BLE001
-        log.warning("could not cancel the running jobs", exc_info=True)
-    driver.report_error(error, None)
-
-
-def hand_over_if_asked(driver: FencingHost, stop: Callable[[], None]) -> None:
-    """After a batch: when ``sparkwal checkpoint handover`` asks this leader to hand over, stop the
-    stream gracefully (``stop``, on a thread of its own: the batches generated finish, the checkpoint
-    is written, the leadership given up, as a SIGTERM with stopGracefullyOnShutdown does), for the
-    standby to take over."""
-    lead = driver.leadership
-    if lead is None or lead.handing_over or driver.stopping or not lead.handover_requested():
-        return
-    lead.handing_over = True
-    driver.snapshots.each_batch = True  # before this batch's completion is checkpointed: its state too
-    log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a standby "
-                "to take over", lead.url)
-    Service("sparkwal-handover", stop, daemon=False).start()  # the process waits for the stop to finish
-
-
-def confirm_leadership(driver: FencingHost) -> None:
-    """Before a batch's jobs (its inputs logged): its epoch must be the current one (an
-    object-store lease: valid on this driver's clock, renewed first if due, see wal.locks; a
-    local lock is current while held)."""
-    if driver.fenced is not None:
-        raise driver.fenced
-    lead = driver.lead()
-    if lead is not None:
-        try:
-            lead.confirm()
-        except FencedError as e:
-            fence(driver, e)
-            raise

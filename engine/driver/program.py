@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pyspark import SparkConf, SparkContext, cloudpickle
 
@@ -28,20 +28,11 @@ from ..errors import EngineError
 from . import program_layouts
 from .program_layouts import PROGRAM_VERSION
 
-from ..host import DriverFacts
-
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
-    from .scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
 
-
-class ProgramHost(DriverFacts, Protocol):
-    """What pickling the program reads of the driver (which hands itself in)."""
-
-    @property
-    def scheduler(self) -> JobScheduler: ...
 
 #: Set anew by every run (ids, ports, the driver's address), as Spark reloads them on recovery.
 _PER_RUN_KEYS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime", "spark.driver.port",
@@ -63,16 +54,15 @@ class CheckpointSerializationError(EngineError, TypeError):
     """A function of the graph cannot be pickled, so the context cannot be checkpointed."""
 
 
-def serialize_program(driver: ProgramHost) -> bytes:
-    """The pickled program of ``driver`` (before its graph is started), or an error naming the
-    DStream operation whose function cannot be pickled."""
-    program = {"version": PROGRAM_VERSION, "graph": driver.graph, "batch_ms": driver.batch_ms,
-               "concurrent_jobs": driver.scheduler.concurrent_jobs}
+def serialize_program(graph: DStreamGraph, batch_ms: int, concurrent_jobs: int, checkpoint_dir: str | None) -> bytes:
+    """The pickled program (``graph``, before it is started, and how it runs), or an error naming
+    the DStream operation whose function cannot be pickled (and ``checkpoint_dir``)."""
+    program = {"version": PROGRAM_VERSION, "graph": graph, "batch_ms": batch_ms, "concurrent_jobs": concurrent_jobs}
     try:
         return program_layouts.encode(program)
     except Exception as failure:  # noqa: BLE001 (any pickling failure, pyspark's own errors included)
         error, where = failure, "the DStream graph"
-    for index, stream in enumerate(driver.graph.streams):  # parents come first: the first fails
+    for index, stream in enumerate(graph.streams):  # parents come first: the first fails
         try:
             cloudpickle.dumps(stream)
         except Exception as failure:  # noqa: BLE001
@@ -81,7 +71,7 @@ def serialize_program(driver: ProgramHost) -> bytes:
             break
     raise CheckpointSerializationError(
         f"cannot checkpoint {where}: its function cannot be serialised for the checkpoint in "
-        f"{driver.checkpoint_dir}: {error}") from error
+        f"{checkpoint_dir}: {error}") from error
 
 
 def checkpoint_conf(sc: SparkContext) -> list[list[str]]:
