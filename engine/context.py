@@ -101,31 +101,31 @@ class StreamingContext:
         """How this context came to be: "new" (built by the program), "checkpoint" (rebuilt from
         a checkpoint, code included), "upgrade" (the program's graph, the checkpoint's data) or
         "takeover" (a standby that took the stream over)."""
-        return self._driver.recovery
+        return self._driver.restart.kind
 
     @property
     def rerun_batch_times(self) -> list[int]:
         """The batch times a restart re-runs (pending when the driver died, or due while it was
         down), set by start() on a recovered context."""
-        return self._driver.rerun_batch_times
+        return self._driver.restart.rerun_batch_times
 
     @property
     def skipped_batch_times(self) -> list[int]:
         """The committed batch times a restart found among those to re-run: their outputs do
         not run again (their RDDs are recomputed only if later state needs them)."""
-        return self._driver.skipped_batch_times
+        return self._driver.restart.skipped_batch_times
 
     @property
     def coalesced_batch_times(self) -> list[int]:
         """The batch times a restart did not run because their input went into its first new
         batch (``spark.sparkwal.recovery.coalesceDowntime``), set by start()."""
-        return self._driver.coalesced_batch_times
+        return self._driver.restart.coalesced_batch_times
 
     @property
     def batches_left_for_restart(self) -> list[int]:
         """The batch times a graceful stop gave up waiting for (its timeout passed): a restart
         runs them."""
-        return self._driver.batches_left_for_restart
+        return self._driver.restart.batches_left_for_restart
 
     @property
     def receivedBlockTracker(self) -> ReceivedBlockTracker | None:

@@ -19,6 +19,7 @@ from sparkwal.engine.driver import standby
 from sparkwal.engine.driver.driver import Driver
 from sparkwal.engine.driver import leadership
 from sparkwal.engine.driver.leadership import DriverAlreadyActiveError, DriverLeadership
+from sparkwal.engine.driver.recovery import RestartFacts
 from sparkwal.wal import (FencedError, LeaderHeldError, ManualClock, StorageUnavailableError, WalError,
                           resolve)
 from sparkwal.wal.locks import LeaderInfo
@@ -243,7 +244,7 @@ class FakeDriver:
         self.events = types.SimpleNamespace(post=lambda e: None)
         self.clock = ManualClock(0)
         self.leader_event, self.active_lock, self.lock = threading.Event(), threading.Lock(), threading.RLock()
-        self.rerun_batch_times: list[int] = []
+        self.restart = RestartFacts()
         self.restored = None
 
     def current_leader(self):

@@ -82,13 +82,7 @@ class Driver:
         self.state = INITIALIZED
         self.restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
         self.upgrade_plan: UpgradePlan | None = None  # what an upgrade to a changed graph carried
-        #: "new" (built by the program), "checkpoint" (rebuilt from a checkpoint, code included),
-        #: "upgrade" (the program's graph, the checkpoint's data) or "takeover" (a standby's).
-        self.recovery = "new"
-        self.rerun_batch_times: list[int] = []  # see StreamingContext.rerun_batch_times
-        self.skipped_batch_times: list[int] = []
-        self.coalesced_batch_times: list[int] = []  # see StreamingContext.coalesced_batch_times
-        self.batches_left_for_restart: list[int] = []
+        self.restart = recovery.RestartFacts()  # how it came to be; what its start re-ran, its stop left
         self.snapshots = StateSnapshots(self)
         self.batch_log: BatchLog | None = None  # made at start when checkpointing
         self.block_tracker: ReceivedBlockTracker | None = None  # made at start
@@ -171,7 +165,7 @@ class Driver:
     def start_active(self, kind: str | None = None) -> None:
         """Everything a leading driver starts (under ``active_lock``, leadership held); ``kind``: how it led."""
         if kind is not None:
-            self.recovery = kind
+            self.restart.kind = kind
         code_name: str | None = None
         conf_pairs: list[list[str]] = []
         try:
@@ -185,7 +179,8 @@ class Driver:
                     # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
                     # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
                     self.sc.setCheckpointDir(CheckpointLayout(self.checkpoint_dir).rdds)
-            self.block_tracker = receiver_lifecycle.make_block_tracker(self)
+            self.block_tracker = receiver_lifecycle.make_block_tracker(
+                self.graph, self.location, self.settings, self.clock, self.restored is not None, self.lead())
             if self.checkpoint_dir is not None:
                 self.checkpoint_writer = CheckpointWriter(self.location,
                                                           on_written=self.on_checkpoint_written,
@@ -203,9 +198,7 @@ class Driver:
                                                 code_name, conf_pairs, self.scheduler)
             self.checkpointing.start(run)
             plan = recovery.fresh_start(self) if self.restored is None else recovery.restart(self, self.restored)
-            self.rerun_batch_times = list(plan.rerun_batch_times)
-            self.skipped_batch_times = list(plan.skipped_batch_times)
-            self.coalesced_batch_times = list(plan.coalesced_batch_times)
+            self.restart.took(plan)
             if self.leadership is not None:  # the leadership lost since it was taken: the start fails here
                 self.leadership.stream_started()
             first = plan.first_ms
@@ -225,14 +218,16 @@ class Driver:
             if self.leadership is not None:
                 self.leadership.release()
             raise
-        receiver_lifecycle.start_receivers(self)
+        if self.receiver_tracker is not None:
+            self.receiver_tracker.start()
         self.generator.timer.start(first)
         self.activate()
         self.observer.on_active()
-        if self.recovery != "new" or self.rerun_batch_times or self.skipped_batch_times:
+        facts = self.restart
+        if facts.kind != "new" or facts.rerun_batch_times or facts.skipped_batch_times:
             self.events.post(StreamingListenerDriverRestarted(
-                self.recovery, self.restored.checkpoint_time_ms if self.restored else None,
-                tuple(self.rerun_batch_times), tuple(self.skipped_batch_times),
+                facts.kind, self.restored.checkpoint_time_ms if self.restored else None,
+                tuple(facts.rerun_batch_times), tuple(facts.skipped_batch_times),
                 tuple(self.upgrade_plan.lines()) if self.upgrade_plan is not None else ()))
 
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None:
@@ -241,7 +236,7 @@ class Driver:
         plan = recovery.restore(self, checkpoint, kind)
         self.restored = checkpoint
         if kind is not None:
-            self.recovery, self.upgrade_plan = kind, plan
+            self.restart.kind, self.upgrade_plan = kind, plan
 
     def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
         """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
@@ -345,7 +340,9 @@ class Driver:
             if self.state == ACTIVE and not self.is_standby:
                 self.graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
                 self.snapshots.each_batch |= graceful  # the batches left snapshot their state: none re-runs
-                receiver_lifecycle.stop_receivers(self, graceful)
+                if self.receiver_tracker is not None:
+                    receiver_lifecycle.stop_receivers(self.receiver_tracker, self.block_tracker, graceful,
+                                                      self.graceful_remaining_s(), self.terminated)
                 self.generator.timer.stop()
                 finished = graceful and self.await_batches()
                 if not finished:
@@ -390,10 +387,10 @@ class Driver:
 
     def await_batches(self) -> bool:
         """A graceful stop's wait (:func:`.scheduler.await_batches`); the batches not done within
-        ``spark.streaming.gracefulStopTimeout`` are named in :attr:`batches_left_for_restart`."""
-        self.batches_left_for_restart = await_batches(self.generator, self.scheduler, self.graceful_remaining_s,
-                                                      self.graceful_stop_timeout_s())
-        return not self.batches_left_for_restart
+        ``spark.streaming.gracefulStopTimeout`` are named in ``restart.batches_left_for_restart``."""
+        left = await_batches(self.generator, self.scheduler, self.graceful_remaining_s, self.graceful_stop_timeout_s())
+        self.restart.batches_left_for_restart = left
+        return not left
 
     def raise_error(self) -> None:
         error = self.fenced or self.error  # a fence first: the cause of whatever failed after it (a write refused)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from ..state import StateSnapshots
     from ..upgrade_plan import UpgradePlan
+    from .recovery import RestartFacts
     from .events import EventBus
     from .standby import Standby
 
@@ -52,13 +53,9 @@ class ObserverHost(DriverFacts, Protocol):
     @property
     def block_tracker(self) -> ReceivedBlockTracker | None: ...
     @property
-    def recovery(self) -> str: ...
+    def restart(self) -> RestartFacts: ...
     @property
     def restored(self) -> Checkpoint | None: ...
-    @property
-    def rerun_batch_times(self) -> list[int]: ...
-    @property
-    def skipped_batch_times(self) -> list[int]: ...
     @property
     def upgrade_plan(self) -> UpgradePlan | None: ...
     @property
@@ -126,17 +123,17 @@ class Observer:
 
     def on_active(self) -> None:
         """This driver leads now (fresh, restarted or took over): the run's facts, and its log."""
-        driver = self._driver
-        kind = ("takeover" if driver.recovery == "takeover" else
-                "restart" if driver.restored is not None or driver.rerun_batch_times or driver.skipped_batch_times
+        driver, restart = self._driver, self._driver.restart
+        kind = ("takeover" if restart.kind == "takeover" else
+                "restart" if driver.restored is not None or restart.rerun_batch_times or restart.skipped_batch_times
                 else "new")
         facts = {"kind": kind, "epoch": driver.leader_epoch, "startTime": driver.clock.now_ms(),
                  "checkpointTime": driver.restored.checkpoint_time_ms if driver.restored is not None else None,
-                 "rerunBatches": list(driver.rerun_batch_times), "skippedBatches": list(driver.skipped_batch_times)}
+                 "rerunBatches": list(restart.rerun_batch_times), "skippedBatches": list(restart.skipped_batch_times)}
         if driver.upgrade_plan is not None:  # what the upgrade to a changed program carried (bounded)
             facts["upgradePlan"] = [line[:500] for line in driver.upgrade_plan.lines()[:100]]
         self.status.run.update(facts)
-        self.recorder.expect_reruns(driver.rerun_batch_times)
+        self.recorder.expect_reruns(restart.rerun_batch_times)
         self.metrics.on_run(self.status.run, self.prior_runs)
         if not self.log_enabled:
             return

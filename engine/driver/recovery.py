@@ -11,7 +11,7 @@ re-runs the logged uncommitted batches. Committed batches never run their output
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.checkpoint import Checkpoint
@@ -65,6 +65,26 @@ class RestartPlan:
     #: missed batch times whose input the first new batch takes instead
     #: (``spark.sparkwal.recovery.coalesceDowntime``): not generated at all
     coalesced_batch_times: tuple[int, ...] = ()
+
+
+@dataclass
+class RestartFacts:
+    """What this driver's start did with an earlier run's batches, and what its stop left for the
+    next (``StreamingContext.recovery``, ``rerun_batch_times``, ...): ``kind`` is "new" (built by
+    the program), "checkpoint" (rebuilt from a checkpoint, code included), "upgrade" (the program's
+    graph, the checkpoint's data) or "takeover" (a standby's)."""
+
+    kind: str = "new"
+    rerun_batch_times: list[int] = field(default_factory=list)
+    skipped_batch_times: list[int] = field(default_factory=list)
+    coalesced_batch_times: list[int] = field(default_factory=list)
+    batches_left_for_restart: list[int] = field(default_factory=list)
+
+    def took(self, plan: RestartPlan) -> None:
+        """The start followed ``plan``."""
+        self.rerun_batch_times = list(plan.rerun_batch_times)
+        self.skipped_batch_times = list(plan.skipped_batch_times)
+        self.coalesced_batch_times = list(plan.coalesced_batch_times)
 
 
 def _first_difference(old: str, new: str) -> str:

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from .events import EventBus
     from .leadership import DriverLeadership
     from .generator import JobGenerator
+    from .recovery import RestartFacts
     from .scheduler import JobScheduler
 
 
@@ -82,13 +83,11 @@ class StandbyHost(DriverFacts, Protocol):
     @property
     def lock(self) -> threading.RLock: ...
     @property
-    def rerun_batch_times(self) -> list[int]: ...
+    def restart(self) -> RestartFacts: ...
     @property
     def generator(self) -> JobGenerator: ...
     @property
     def scheduler(self) -> JobScheduler: ...
-    @property
-    def recovery(self) -> str: ...
     def current_leader(self): ...
     def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
@@ -198,14 +197,14 @@ class Standby:
             cp = tail.checkpoint
             self.waiting = False
             driver.start_active(kind="takeover")
-        if not driver.rerun_batch_times:  # (batches re-run with outputs compute their state themselves)
+        if not driver.restart.rerun_batch_times:  # (batches re-run with outputs compute their state themselves)
             self._reading = Service("standby-takeover-state", _read_state, driver, self._stop).start()
         return cp, int((time.monotonic() - began) * 1000)
 
     def _announce(self, cp: Checkpoint | None, took: int) -> None:
         driver = self._driver
         event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
-                                                took, tuple(driver.rerun_batch_times))
+                                                took, tuple(driver.restart.rerun_batch_times))
         log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
                     driver.checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
         driver.events.post(event)
@@ -327,7 +326,7 @@ class _Tail:
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
         # a standby on a new version of the program takes each checkpoint of the old one by its plan
-        driver.restore(cp, "upgrade" if driver.recovery == "upgrade" else None)
+        driver.restore(cp, "upgrade" if driver.restart.kind == "upgrade" else None)
         driver.leadership.min_epoch = max(driver.leadership.min_epoch, cp.leader_epoch)  # epochs only grow
         self.checkpoint = cp
         if not preload:
