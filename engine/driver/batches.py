@@ -61,7 +61,7 @@ class BatchPlanner:
                  skip_outputs_ms: frozenset[int] | set[int] = frozenset()):
         self.batch_log, self.inputs, self.skip_outputs_ms = batch_log, list(inputs), frozenset(skip_outputs_ms)
 
-    def plan(self, time_ms: int) -> bool:
+    def plan_batch(self, time_ms: int) -> bool:
         """Plan and log batch ``time_ms``; False: it is committed (skip its jobs)."""
         blog = self.batch_log
         if blog is not None and blog.is_committed(time_ms):
@@ -76,7 +76,7 @@ class BatchPlanner:
             blog.log_batch(time_ms, ends, {})
         return True
 
-    def batch_done(self, time_ms: int, info, ok: bool) -> None:
+    def batch_ran(self, time_ms: int, info, ok: bool) -> None:
         """Batch ``time_ms`` ran (``ok``: every output succeeded): commit it, and tell the direct inputs."""
         if self.batch_log is not None:
             self.batch_log.batch_done(time_ms, ok)

@@ -207,7 +207,7 @@ class Driver:
             self.scheduler.start(BatchSteps(
                 self.graph, self.block_tracker, self.receiver_tracker,
                 batches.BatchPlanner(self.batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),
-                self.confirm_leadership, self.on_batch_done, self.checkpoint_writer is not None))
+                self.confirm_leadership, self.on_batch_committed, self.checkpoint_writer is not None))
             self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
                 self.checkpointing.write_first(first)
@@ -399,7 +399,7 @@ class Driver:
 
     # ------------------------------------------------------------------ batches
 
-    def on_batch_done(self, time_ms: int) -> None:
+    def on_batch_committed(self, time_ms: int) -> None:
         """Batch ``time_ms``'s jobs are done and it is committed (:meth:`.scheduler.JobScheduler._commit`):
         this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()

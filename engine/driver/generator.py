@@ -47,7 +47,7 @@ class BatchSteps:
     receiver_tracker: ReceiverTracker | None
     batches: BatchPlanner  #: the batch protocol: plans and logs each batch, commits it once done
     confirm_leadership: Callable[[], None]  #: raises unless this driver's epoch is current
-    on_batch_done: Callable[[int], None]  #: the driver's progress, after the batch's commit
+    on_batch_committed: Callable[[int], None]  #: the driver's progress, after the batch's commit
     checkpointing: bool  #: whether the checkpoint is written (blocks are then cleaned up once it is durable)
 
 
@@ -175,7 +175,7 @@ class JobGenerator:
                 with phases.phase("blockAllocation"):  # then the batch's blocks
                     steps.block_tracker.allocate_blocks_to_batch(time_ms)
                 with phases.phase("batchLog"):  # ranges planned and logged, unless committed
-                    if not steps.batches.plan(time_ms):
+                    if not steps.batches.plan_batch(time_ms):
                         return
                 planned = True
                 with phases.phase("leadership"):  # outputs run only under an epoch confirmed current

@@ -172,11 +172,11 @@ class JobScheduler:
         ok = info is None or all(o.failure is None for o in info.output_operation_infos.values())
         if ok:
             self._checkpoints.batch_succeeded(time_ms)
-        steps.batches.batch_done(time_ms, info, ok)
+        steps.batches.batch_ran(time_ms, info, ok)
         self._snapshots.on_batch_done(time_ms)
         if steps.receiver_tracker is not None:
             steps.receiver_tracker.on_batch_completed(time_ms, info)
-        steps.on_batch_done(time_ms)
+        steps.on_batch_committed(time_ms)
 
     def _with_records_read(self, time_ms: int, infos: dict) -> dict:
         """``infos`` (a batch's input infos) with the records of the inputs that count them as
