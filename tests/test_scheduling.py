@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkwal.tracker import (ExecutorLocation, HostLocation, ReceiverSchedulingPolicy, ReceiverState,
+from sparkwal.tracker import (ExecutorCacheTaskLocation, HostTaskLocation, ReceiverSchedulingPolicy, ReceiverState,
                      ReceiverTrackingInfo)
 
 policy = ReceiverSchedulingPolicy()
@@ -17,7 +17,7 @@ class Receiver:
 
 
 def ex(host, i=None):
-    return ExecutorLocation(host, i or host)
+    return ExecutorCacheTaskLocation(host, i or host)
 
 
 def usage(scheduled, executors, locations_per_receiver):
@@ -37,7 +37,7 @@ def test_reschedule_receiver_empty_executors():
 def test_reschedule_receiver_preferred_location():
     executors = [ex("host2")]
     got = policy.reschedule_receiver(0, "host1", {}, executors)
-    assert set(got) == {HostLocation("host1"), ex("host2")}
+    assert set(got) == {HostTaskLocation("host1"), ex("host2")}
 
 
 def test_reschedule_returns_all_idle_executors():
@@ -84,7 +84,7 @@ def test_schedule_receivers_evenly_when_more_executors_than_receivers():
 
 def test_schedule_receivers_evenly_when_preferred_locations_are_even():
     receivers = [Receiver(i, f"host{i % 3}") for i in range(3)] + [Receiver(3 + i) for i in range(3)]
-    executors = [ExecutorLocation(f"host{h}", f"{h}-{i}") for h in range(3) for i in range(2)]
+    executors = [ExecutorCacheTaskLocation(f"host{h}", f"{h}-{i}") for h in range(3) for i in range(2)]
     scheduled = policy.schedule_receivers(receivers, executors)
     for i in range(3):  # preferred receivers land on their host
         assert scheduled[i][0].host == f"host{i}"
@@ -93,7 +93,7 @@ def test_schedule_receivers_evenly_when_preferred_locations_are_even():
 
 def test_schedule_receivers_with_an_unknown_preferred_host():
     scheduled = policy.schedule_receivers([Receiver(0, "elsewhere")], [ex("host1")])
-    assert scheduled[0][0] == HostLocation("elsewhere")
+    assert scheduled[0][0] == HostTaskLocation("elsewhere")
 
 
 def test_schedule_receivers_returns_empty_without_receivers():

@@ -6,13 +6,14 @@ from .events import (BatchAllocationEvent, BatchCleanupEvent, BlockAdditionEvent
                      ReceivedBlockInfo, decode_event, encode_event)
 from .input_info import BatchInfo, InputInfoTracker, StreamInputInfo, TrackerError
 from .rate import PIDRateEstimator, RateController, RateLimiter, create_rate_estimator
-from .scheduling import (ExecutorLocation, HostLocation, ReceiverSchedulingPolicy, ReceiverState,
-                         ReceiverTrackingInfo)
+from .scheduling import (ExecutorCacheTaskLocation, ExecutorLocation, HostLocation, HostTaskLocation,
+                         ReceiverSchedulingPolicy, ReceiverState, ReceiverTrackingInfo, TaskLocation)
 
 __all__ = [
     "BatchAllocationEvent", "BatchCleanupEvent", "BatchInfo", "BlockAdditionEvent",
-    "EventFormatError", "ExecutorLocation", "HostLocation", "InputInfoTracker", "PIDRateEstimator",
+    "EventFormatError", "ExecutorCacheTaskLocation", "ExecutorLocation", "HostLocation", "HostTaskLocation",
+    "InputInfoTracker", "PIDRateEstimator",
     "RateController", "RateLimiter", "ReceivedBlockInfo", "ReceivedBlockTracker",
     "ReceiverSchedulingPolicy", "ReceiverState", "ReceiverTrackingInfo", "StreamInputInfo",
-    "TrackerError", "create_rate_estimator", "decode_event", "encode_event",
+    "TaskLocation", "TrackerError", "create_rate_estimator", "decode_event", "encode_event",
 ]

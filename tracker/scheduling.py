@@ -22,17 +22,24 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
-class HostLocation:
+class HostTaskLocation:
+    """Where a receiver may run: any executor on ``host`` (Spark's ``HostTaskLocation``)."""
     host: str
 
 
 @dataclass(frozen=True)
-class ExecutorLocation:
+class ExecutorCacheTaskLocation:
+    """Where a receiver may run: that executor (Spark's ``ExecutorCacheTaskLocation``)."""
     host: str
     executor_id: str
 
 
-Location = HostLocation | ExecutorLocation
+#: Where a task may run (Spark's ``TaskLocation``); "location" alone is a place in storage
+#: (``sparkwal.wal.StorageLocation``).
+TaskLocation = HostTaskLocation | ExecutorCacheTaskLocation
+#: deprecated names
+HostLocation = HostTaskLocation
+ExecutorLocation = ExecutorCacheTaskLocation
 
 
 class ReceiverState(enum.Enum):
@@ -45,8 +52,8 @@ class ReceiverState(enum.Enum):
 class ReceiverTrackingInfo:
     receiver_id: int
     state: ReceiverState
-    scheduled_locations: tuple[Location, ...] | None = None
-    running_executor: ExecutorLocation | None = None
+    scheduled_locations: tuple[TaskLocation, ...] | None = None
+    running_executor: ExecutorCacheTaskLocation | None = None
 
 
 class ReceiverLike(Protocol):
@@ -56,16 +63,16 @@ class ReceiverLike(Protocol):
 
 class ReceiverSchedulingPolicy:
     def schedule_receivers(self, receivers: Sequence[ReceiverLike],
-                           executors: Sequence[ExecutorLocation]) -> dict[int, list[Location]]:
+                           executors: Sequence[ExecutorCacheTaskLocation]) -> dict[int, list[TaskLocation]]:
         if not receivers:
             return {}
         if not executors:
             return {r.stream_id: [] for r in receivers}
-        by_host: dict[str, list[ExecutorLocation]] = {}
+        by_host: dict[str, list[ExecutorCacheTaskLocation]] = {}
         for e in executors:
             by_host.setdefault(e.host, []).append(e)
         load = {e: 0 for e in executors}
-        scheduled: list[list[Location]] = [[] for _ in receivers]
+        scheduled: list[list[TaskLocation]] = [[] for _ in receivers]
 
         for i, r in enumerate(receivers):  # 1. preferred hosts
             if r.preferred_location:
@@ -75,7 +82,7 @@ class ReceiverSchedulingPolicy:
                     scheduled[i].append(e)
                     load[e] += 1
                 else:
-                    scheduled[i].append(HostLocation(r.preferred_location))
+                    scheduled[i].append(HostTaskLocation(r.preferred_location))
         for i in range(len(receivers)):  # 2. everyone else: the least-loaded executor
             if not scheduled[i]:
                 e = min(load, key=load.__getitem__)
@@ -87,13 +94,13 @@ class ReceiverSchedulingPolicy:
 
     def reschedule_receiver(self, receiver_id: int, preferred_location: str | None,
                             receiver_tracking_info: Mapping[int, ReceiverTrackingInfo],
-                            executors: Sequence[ExecutorLocation]) -> list[Location]:
+                            executors: Sequence[ExecutorCacheTaskLocation]) -> list[TaskLocation]:
         if not executors:
             return []
-        out: list[Location] = []
+        out: list[TaskLocation] = []
         if preferred_location:
-            out.append(HostLocation(preferred_location))
-        weights: dict[ExecutorLocation, float] = {}
+            out.append(HostTaskLocation(preferred_location))
+        weights: dict[ExecutorCacheTaskLocation, float] = {}
         for info in receiver_tracking_info.values():
             for e, w in _weights(info):
                 weights[e] = weights.get(e, 0.0) + w
@@ -107,10 +114,10 @@ class ReceiverSchedulingPolicy:
         return out
 
 
-def _weights(info: ReceiverTrackingInfo) -> list[tuple[ExecutorLocation, float]]:
+def _weights(info: ReceiverTrackingInfo) -> list[tuple[ExecutorCacheTaskLocation, float]]:
     if info.state is ReceiverState.ACTIVE and info.running_executor is not None:
         return [(info.running_executor, 1.0)]
     if info.state is ReceiverState.SCHEDULED and info.scheduled_locations:
         n = len(info.scheduled_locations)
-        return [(loc, 1.0 / n) for loc in info.scheduled_locations if isinstance(loc, ExecutorLocation)]
+        return [(loc, 1.0 / n) for loc in info.scheduled_locations if isinstance(loc, ExecutorCacheTaskLocation)]
     return []

@@ -12,7 +12,7 @@ from functools import partial
 from pyspark import RDD
 
 from sparkwal.checkpoint.layout import CheckpointLayout
-from sparkwal.tracker import ExecutorLocation
+from sparkwal.tracker import ExecutorCacheTaskLocation
 
 from ..inputs import InputDStream
 from ..stream_machinery import empty_rdd
@@ -88,7 +88,7 @@ class ReceiverInputDStream(InputDStream):
                             "every executor holding it is gone" if held else "not received by this driver")
                 continue
             ids.append(b.block_id)
-            locations.append([location_string(ExecutorLocation(c.host, c.executor_id)) for c in alive])
+            locations.append([location_string(ExecutorCacheTaskLocation(c.host, c.executor_id)) for c in alive])
             copies[b.block_id] = [(c.executor_id, c.host, c.port) for c in alive]
         if not ids:
             return self._sc.emptyRDD()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pyspark import RDD, SparkContext
 from pyspark.serializers import UTF8Deserializer
 
-from sparkwal.tracker import ExecutorLocation, HostLocation
+from sparkwal.tracker import ExecutorCacheTaskLocation, HostTaskLocation
 
 DRIVER_EXECUTOR_ID = "driver"  # local mode: tasks run in the driver's JVM
 
@@ -31,7 +31,7 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def this_executor(default_host: str) -> ExecutorLocation:
+def this_executor(default_host: str) -> ExecutorCacheTaskLocation:
     """The executor running this Python worker: its ``--executor-id`` and ``--hostname``, read
     from the command line of the executor JVM this worker descends from. A worker of a local-mode
     driver (no such JVM) is on executor "driver" at ``default_host``."""
@@ -46,10 +46,10 @@ def this_executor(default_host: str) -> ExecutorLocation:
                 eid = args[args.index(b"--executor-id") + 1].decode()
                 host = (args[args.index(b"--hostname") + 1].decode() if b"--hostname" in args
                         else socket.gethostname())
-                return ExecutorLocation(host, eid)
+                return ExecutorCacheTaskLocation(host, eid)
     except (OSError, IndexError, ValueError):
         pass
-    return ExecutorLocation(default_host, DRIVER_EXECUTOR_ID)
+    return ExecutorCacheTaskLocation(default_host, DRIVER_EXECUTOR_ID)
 
 
 def live_executor_ids(sc: SparkContext) -> set[str] | None:
@@ -60,8 +60,8 @@ def live_executor_ids(sc: SparkContext) -> set[str] | None:
     return set(converters.seqAsJavaListConverter(sc._jsc.sc().getExecutorIds()).asJava())
 
 
-def location_string(loc: ExecutorLocation | HostLocation) -> str:
-    if isinstance(loc, ExecutorLocation):
+def location_string(loc: ExecutorCacheTaskLocation | HostTaskLocation) -> str:
+    if isinstance(loc, ExecutorCacheTaskLocation):
         return f"executor_{loc.host}_{loc.executor_id}"
     return loc.host
 

@@ -25,8 +25,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from sparkwal.base.service import Service, spawn
-from sparkwal.tracker import (BatchInfo, ExecutorLocation, RateController, ReceiverSchedulingPolicy, ReceiverState,
-                              ReceiverTrackingInfo, create_rate_estimator)
+from sparkwal.tracker import (BatchInfo, ExecutorCacheTaskLocation, RateController, ReceiverSchedulingPolicy,
+                              ReceiverState, ReceiverTrackingInfo, create_rate_estimator)
 
 from .. import config
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
@@ -97,7 +97,7 @@ class ReceiverTracker:
         self._infos: dict[int, ReceiverInfo] = {}
         self._conns: dict[int, Connection] = {}
         self._conn_stream: dict[Connection, int] = {}
-        self._known_executors: dict[str, ExecutorLocation] = {}
+        self._known_executors: dict[str, ExecutorCacheTaskLocation] = {}
         self._block_locations: dict[str, tuple[BlockCopy, ...]] = {}  # WAL off: each block's copies
         self._block_servers: tuple[BlockCopy, ...] = ()  # WAL off, off local mode: executors' servers
         self._block_sizes: dict[str, tuple[int, int]] = {}  # block id -> (stream, bytes) unprocessed
@@ -157,12 +157,12 @@ class ReceiverTracker:
                                                            tuple(schedule.get(sid, ())))
             self._threads.append(spawn(f"receiver-launcher-{sid}", self._receiver_loop, sid))
 
-    def _executors(self) -> list[ExecutorLocation]:
+    def _executors(self) -> list[ExecutorCacheTaskLocation]:
         """Live executors: in local mode the driver; else those Spark lists, with the hosts the
         receivers and a probe job reported."""
         live = live_executor_ids(self._sc)
         if live is None:
-            return [ExecutorLocation(self._driver_host, DRIVER_EXECUTOR_ID)]
+            return [ExecutorCacheTaskLocation(self._driver_host, DRIVER_EXECUTOR_ID)]
         unknown = live - set(self._known_executors)
         if unknown:
             host = self._driver_host
@@ -216,7 +216,7 @@ class ReceiverTracker:
         executors = self._executors()
         with self._lock:
             scheduled = [x for x in (info.scheduled_locations or ())
-                         if not isinstance(x, ExecutorLocation) or x in executors]
+                         if not isinstance(x, ExecutorCacheTaskLocation) or x in executors]
             if not scheduled or info.state is not ReceiverState.SCHEDULED:
                 scheduled = self._policy.reschedule_receiver(
                     sid, self._inputs[sid].receiver.preferredLocation(), self._tracking, executors)
@@ -279,7 +279,7 @@ class ReceiverTracker:
                 return False, f"stream {stream_id} already has a running receiver ({other.peer})"
             if conn in self._conn_stream:
                 return False, "this connection already registered a receiver"
-            location = ExecutorLocation(host, executor_id)
+            location = ExecutorCacheTaskLocation(host, executor_id)
             self._known_executors.setdefault(executor_id, location)
             self._conns[stream_id] = conn
             self._conn_stream[conn] = stream_id
