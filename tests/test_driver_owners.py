@@ -221,3 +221,89 @@ def test_nothing_is_written_without_a_checkpoint_directory():
     checkpoints.start(CheckpointedRun(None, None, DStreamGraph(), None, None, [], FakeScheduler(calls)))
     checkpoints.checkpoint_batch(1000, clear_later=True)
     assert calls == []
+
+
+class FakeSparkContext:
+    def setJobGroup(self, *args, **kwargs):
+        pass
+
+    def setLocalProperty(self, key, value):
+        pass
+
+
+class FakePlanner:
+    def __init__(self, calls: Calls, fail=False):
+        self.calls, self.fail = calls, fail
+
+    def plan_batch(self, time_ms):
+        return True
+
+    def batch_ran(self, time_ms, info, ok):
+        self.calls.record("commit", time_ms, ok)
+        if self.fail:
+            raise OSError("the commits log could not be written")
+
+
+class FakeReceivers:
+    def __init__(self, calls: Calls):
+        self.calls = calls
+
+    def on_batch_completed(self, time_ms, info):
+        self.calls.record("receivers told", time_ms)
+
+
+class SnapshotsTold(FakeSnapshots):
+    def on_batch_done(self, time_ms):
+        self.calls.record("snapshots told", time_ms)
+
+
+class SucceededCheckpoints(FakeCheckpoints):
+    write_ms: dict = {}
+
+    def batch_succeeded(self, time_ms):
+        self.calls.record("succeeded", time_ms)
+
+
+def make_scheduler(calls, planner):
+    from sparkwal.engine.driver.events import EventBus
+    from sparkwal.engine.driver.scheduler import JobScheduler
+
+    errors: list = []
+    reported = threading.Event()
+
+    def on_error(error, time_ms):
+        errors.append((type(error), time_ms))
+        reported.set()
+
+    scheduler = JobScheduler(FakeSparkContext(), ManualClock(0), 1000, 1, EventBus(), SnapshotsTold(calls),
+                             SucceededCheckpoints(calls), InputInfoTracker(), on_error, lambda: None)
+    scheduler.start(BatchSteps(FakeGraph(calls), FakeBlocks(calls), FakeReceivers(calls), planner,
+                               lambda: None, lambda t: calls.record("driver told", t), True))
+    return scheduler, errors, reported
+
+
+def test_the_scheduler_commits_a_batch_then_tells_the_checkpoints_state_receivers_and_driver_in_order():
+    calls = Calls()
+    scheduler, errors, _ = make_scheduler(calls, FakePlanner(calls))
+    scheduler.submit(4000, [], {})  # a batch without jobs is committed at once
+    assert calls == [("succeeded", 4000), ("commit", 4000, True), ("snapshots told", 4000),
+                     ("receivers told", 4000), ("driver told", 4000)]
+    assert errors == []
+    scheduler.stop(wait=True)
+    scheduler.generator.stop()
+
+
+def test_a_batch_whose_commit_fails_is_not_checkpointed_as_completed():
+    """Its jobs ran, its commit failed: the error ends the context, and no completion comes for the
+    generator to checkpoint (a restart re-runs the batch)."""
+    from sparkwal.engine.dstream import Job
+
+    calls = Calls()
+    scheduler, errors, reported = make_scheduler(calls, FakePlanner(calls, fail=True))
+    scheduler.submit(5000, [Job(0, "foreachRDD", lambda: calls.record("job ran"))], {})
+    assert reported.wait(10) and scheduler.generator.drain(10)
+    assert ("job ran",) in calls and ("commit", 5000, True) in calls
+    assert not any(c[0] in ("checkpoint", "driver told") for c in calls)
+    assert errors == [(OSError, 5000)]
+    scheduler.stop(wait=True)
+    scheduler.generator.stop()

@@ -7,7 +7,9 @@ module                job
 ====================  ==========================================================================
 ``driver``            the state and the start/stop lifecycle
 ``events``            the event bus that listeners (and the next metrics and UI) subscribe to
-``scheduler``         the batch timer, job generation and the jobs' execution
+``scheduler``         the jobs' execution and each batch's commit; owns the generator
+``generator``         the batch timer and job generation, then each batch's checkpoints
+``timer``             the batch timer
 ``batches``           the batch log's side of each batch (plan, log, commit)
 ``checkpointing``     what a DStream checkpoint holds, and what follows once one is durable
 ``recovery``          Spark's restart rule: which batches re-run after a restart

@@ -400,7 +400,8 @@ class Driver:
     # ------------------------------------------------------------------ batches
 
     def on_batch_committed(self, time_ms: int) -> None:
-        """Batch ``time_ms``'s jobs are done and it is committed (:meth:`.scheduler.JobScheduler._commit`):
+        """Batch ``time_ms``'s jobs are done and its commit handed to the batch log (which writes it
+        once a checkpoint covering the batch is durable; :meth:`.scheduler.JobScheduler._commit`):
         this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()
         if self.leadership is not None and not self.stopping and self.leadership.take_handover_request():

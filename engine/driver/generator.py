@@ -47,7 +47,7 @@ class BatchSteps:
     receiver_tracker: ReceiverTracker | None
     batches: BatchPlanner  #: the batch protocol: plans and logs each batch, commits it once done
     confirm_leadership: Callable[[], None]  #: raises unless this driver's epoch is current
-    on_batch_committed: Callable[[int], None]  #: the driver's progress, after the batch's commit
+    on_batch_committed: Callable[[int], None]  #: the driver's progress, once the commit is handed to the batch log
     checkpointing: bool  #: whether the checkpoint is written (blocks are then cleaned up once it is durable)
 
 

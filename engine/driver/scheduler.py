@@ -189,7 +189,9 @@ class JobScheduler:
         return out
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
-        """Forget the received blocks of batches before ``thresh_ms`` (once no restart can need them)."""
+        """Forget the received blocks of batches before ``thresh_ms`` (once no restart can need them).
+        Before the start hands the trackers over (a checkpoint an upgrade writes while it restarts)
+        nothing: the next durable checkpoint cleans up behind its later floor."""
         steps = self._steps
         if steps is not None and thresh_ms < self._clock.now_ms():
             steps.block_tracker.cleanup_old_batches(thresh_ms)
