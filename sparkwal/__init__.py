@@ -13,15 +13,33 @@ use, so importing ``sparkwal`` (the command does) starts no PySpark.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from sparkwal.base.errors import SparkwalError
+
+def _not_installed() -> str:
+    """What a Python that found this folder but not the rooms mapped under it (a checkout that was
+    not installed: ``python3 -m sparkwal...`` outside the virtualenv) lacks, and how to get it."""
+    missing = [name for name in ("pyspark",) if importlib.util.find_spec(name) is None] + ["sparkwal"]
+    return (f"this Python ({sys.executable}) lacks {', '.join(missing)}: run it from the virtualenv the README "
+            "sets up (.venv/bin/python), or pip install -e . in the checkout")
 
 
 try:
+    from sparkwal.base.errors import SparkwalError
+except ModuleNotFoundError as e:
+    if not (e.name or "").startswith("sparkwal."):
+        raise
+    if sys.argv[:1] == ["-m"]:  # (python -m names its module only once it is found)
+        print(f"sparkwal: error: {_not_installed()}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise ImportError(_not_installed()) from None
+
+try:
     __version__ = version("sparkwal")
-except PackageNotFoundError:  # run from a checkout that was not installed
+except PackageNotFoundError:  # an install without its metadata
     __version__ = "0+unknown"
 
 #: pyspark.streaming's public names, from the engine

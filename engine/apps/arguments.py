@@ -169,8 +169,13 @@ def check_worker_python(ap: argparse.ArgumentParser, master: str, confs: list[tu
         return
     where = ("spark.pyspark.python" if dict(confs).get("spark.pyspark.python") else "PYSPARK_PYTHON")
     modules = ("pyspark", *PACKAGES, *REQUIREMENTS)
-    probe = ("import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] "
-             "if importlib.util.find_spec(m) is None))")
+    probe = ("import importlib.util, sys\n"
+             "def missing(m):\n"
+             "    try:\n"
+             "        return importlib.util.find_spec(m) is None\n"
+             "    except Exception:\n"  # (a package found but not importable: a checkout not installed)
+             "        return True\n"
+             "print(' '.join(m for m in sys.argv[1:] if missing(m)))")
     try:
         out = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
