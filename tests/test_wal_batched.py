@@ -228,8 +228,9 @@ def test_an_interrupt_in_a_group_write_ends_the_writer_and_every_later_write_fai
     timeout, not written by a thread that should have stopped), and close still closes the log."""
     wrapped = InterruptedLog(tmp_path, interrupt)
     log = BatchedWriteAheadLog(wrapped, batching_timeout_s=30)
-    with pytest.raises(WalError, match="group write at time 1 failed"):
+    with pytest.raises(WalError, match="group write at time 1 failed") as failed:
         log.write(b"interrupted", 1)
+    assert repr(interrupt) in str(failed.value)
     t, result = in_thread(log.write, b"later", 2)
     t.join(10)
     assert not t.is_alive()

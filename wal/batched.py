@@ -131,7 +131,8 @@ class BatchedWriteAheadLog(WriteAheadLog):
         if not done.acquire(timeout=self._timeout):
             self._give_up(p)
         if p.error is not None:
-            raise WalError(f"group write at time {time_ms} failed: {p.error}") from p.error
+            detail = p.error if isinstance(p.error, Exception) else repr(p.error)  # (KeyboardInterrupt() says nothing)
+            raise WalError(f"group write at time {time_ms} failed: {detail}") from p.error
         assert p.handles is not None  # written: the writer set them
         return p.handles
 
