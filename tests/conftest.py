@@ -33,7 +33,7 @@ class _NoOldTopLevelNames:
     that passes by accident where an installed sparkwal would fail)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name in ("engine", "wal", "checkpoint", "tracker"):
+        if name in ("base", "engine", "wal", "checkpoint", "tracker"):
             raise ImportError(f"no top-level {name!r}: it is sparkwal.{name}")
         return None
 

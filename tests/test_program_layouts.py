@@ -48,7 +48,7 @@ def test_a_program_today_keeps_its_own_module_called_engine(own_engine_package):
 
 def test_a_version_1_program_reads_sparkwals_earlier_names_and_its_own_otherwise(own_engine_package):
     program = decode(version_1(graph="engine.graph.DStreamGraph", state="engine.dstream.StateDStream",
-                               save="sparkwal.engine.wordcount._save_batch", tag="engine.direct_wordcount._tag",
+                               save="engine.wordcount._save_batch", tag="engine.direct_wordcount._tag",
                                own="engine.pricing.price"), "ckpt")
     from sparkwal.engine.apps import direct_wordcount, wordcount
     from sparkwal.engine.graph import DStreamGraph
@@ -66,3 +66,20 @@ def test_a_later_layout_is_refused_naming_the_checkpoint_before_anything_is_unpi
                                                   rf"{PROGRAM_VERSION + 1}; this sparkwal reads version "
                                                   rf"{PROGRAM_VERSION}"):
         decode(later, "/ckpt")
+
+
+def test_a_version_1_program_written_under_sparkwals_names_keeps_its_own_module_called_engine(own_engine_package):
+    """Written after the package move (it names ``sparkwal.*``), a top-level ``engine`` can only be
+    the program's own."""
+    program = decode(version_1(graph="sparkwal.engine.graph.DStreamGraph", own="engine.pricing.price",
+                               write="sparkwal.engine.direct_wordcount.write_batch",
+                               save="sparkwal.engine.wordcount._save_batch"), "ckpt")
+    from sparkwal.engine.apps import direct_wordcount, wordcount
+
+    assert program["own"].__module__ == "engine.pricing" and program["write"] is direct_wordcount.write_batch
+    assert program["save"] is wordcount.save_batch
+
+
+def test_a_code_part_too_short_for_its_header_is_refused_naming_the_checkpoint():
+    with pytest.raises(ProgramVersionError, match="/ckpt: the checkpoint's program has version None"):
+        decode(MAGIC, "/ckpt")

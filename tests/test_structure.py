@@ -71,8 +71,8 @@ def is_private(attr: str) -> bool:
 
 def runtime_imports(name: str) -> set[str]:
     """The project modules ``name`` imports when it runs (any nesting), and the packages they
-    live in; ``if TYPE_CHECKING:`` blocks and a PEP 562 ``__getattr__`` (the pickled-name shims:
-    see engine.dstream) are not run on import and are left out."""
+    live in; ``if TYPE_CHECKING:`` blocks and a PEP 562 ``__getattr__`` are not run on import and
+    are left out."""
     module = tree(name)
     skipped: set[int] = set()
     for node in ast.walk(module):

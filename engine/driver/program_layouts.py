@@ -70,12 +70,15 @@ def decode(body: bytes, path: str) -> dict:
     :class:`~sparkwal.engine.ProgramVersionError` names ``path`` (the checkpoint) when a later
     sparkwal wrote it."""
     if body.startswith(MAGIC):
+        if len(body) < _HEADER.size:
+            raise ProgramVersionError(path, None, PROGRAM_VERSION)
         _, version = _HEADER.unpack_from(body)
         if version != PROGRAM_VERSION:
             raise ProgramVersionError(path, version, PROGRAM_VERSION)
         program = pickle.loads(body[_HEADER.size:])
     else:
-        program = _Version1Unpickler(io.BytesIO(body)).load()
+        # written after the package move (it names sparkwal.*), a top-level engine is the program's own
+        program = _Version1Unpickler(io.BytesIO(body), old_tops=b"sparkwal." not in body).load()
         if not isinstance(program, dict) or program.get("version") != 1:
             raise ProgramVersionError(path, program.get("version") if isinstance(program, dict) else None,
                                       PROGRAM_VERSION)
@@ -88,20 +91,20 @@ def _sparkwals(module: str) -> str | None:
 
 
 def _is_sparkwals(module: str) -> bool:
-    """Whether sparkwal has ``module`` (found, not imported: a module that fails to import says so
-    itself when the program is read)."""
+    """Whether sparkwal has ``module`` (found; its parent packages, sparkwal's own, are imported)."""
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # (its parent is not sparkwal's either)
         return False
 
 
-def _module_of_version_1(module: str) -> str:
-    """The module a version-1 program's ``module`` is now: sparkwal's, when sparkwal has it."""
-    renamed = _sparkwals(module)
+def _module_of_version_1(module: str, old_tops: bool = True) -> str:
+    """The module a version-1 program's ``module`` is now: sparkwal's, when sparkwal has it (an old
+    top-level name only while ``old_tops``: written before the package move)."""
+    renamed = _sparkwals(module) if old_tops else None
     if renamed is not None and _is_sparkwals(_MOVED_MODULES.get(renamed, renamed)):
         return _MOVED_MODULES.get(renamed, renamed)
-    return module
+    return _MOVED_MODULES.get(module, module)
 
 
 class _ModuleWithOldNames(types.ModuleType):
@@ -124,9 +127,9 @@ class _ModuleWithOldNames(types.ModuleType):
         return getattr(self._module, name)
 
 
-def _subimport_version_1(module_name: str) -> types.ModuleType:
-    module = subimport(_module_of_version_1(module_name))
-    renamed = _sparkwals(module_name) or module_name
+def _subimport_version_1(module_name: str, old_tops: bool = True) -> types.ModuleType:
+    module = subimport(_module_of_version_1(module_name, old_tops))
+    renamed = (_sparkwals(module_name) if old_tops else None) or module_name
     old_names = {name: new for (old_module, name), new in _MOVED.items() if old_module == renamed}
     return _ModuleWithOldNames(module, old_names, module_name) if old_names else module
 
@@ -135,9 +138,15 @@ class _Version1Unpickler(pickle.Unpickler):
     """pickle's reader, with the module names of version 1 read as today's (in the classes and
     functions it names, and in the modules cloudpickle imports for a function's globals)."""
 
+    def __init__(self, file, old_tops: bool):
+        super().__init__(file)
+        self._old_tops = old_tops
+
     def find_class(self, module: str, name: str):
-        renamed = _sparkwals(module) or module
+        renamed = (_sparkwals(module) if self._old_tops else None) or module
         if (renamed, name) in _MOVED:
             return super().find_class(*_MOVED[renamed, name])
-        found = super().find_class(_module_of_version_1(module), name)
-        return _subimport_version_1 if found is subimport else found
+        found = super().find_class(_module_of_version_1(module, self._old_tops), name)
+        if found is subimport:
+            return lambda module_name: _subimport_version_1(module_name, self._old_tops)
+        return found
