@@ -59,19 +59,27 @@ def recover(tmp_path, monkeypatch, release: str, name: str):
     return ssc, clock, done, cp_ms
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_the_main_jobs_earlier_checkpoint_recovers_with_its_totals(spark_context, tmp_path, monkeypatch, release):
-    from sparkwal.engine.wordcount import expected_counts, file_lines
+def main_job_batch(ssc, clock, done, n: int, batch_ms: int) -> dict:
+    """Run ``ssc`` (the main job, recovered) for the batch of ``batch_ms``, file ``n`` arriving
+    before it: that batch's output."""
+    from sparkwal.engine.wordcount import file_lines
 
-    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, release, "wordcount")
     try:
         ssc.start()
-        put_file("wordcount/input", "f000003.txt", "\n".join(file_lines(3)) + "\n", cp_ms + 900)
-        clock.set_ms(cp_ms + 1000)
-        done.wait_for(cp_ms + 1000)
+        put_file("wordcount/input", f"f{n:06d}.txt", "\n".join(file_lines(n)) + "\n", batch_ms - 100)
+        clock.set_ms(batch_ms)
+        done.wait_for(batch_ms)
     finally:
         ssc.stop(stopSparkContext=False)
-    out = json.loads(Path(f"wordcount/output/batch-{cp_ms + 1000}.json").read_text())
+    return json.loads(Path(f"wordcount/output/batch-{batch_ms}.json").read_text())
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_main_jobs_earlier_checkpoint_recovers_with_its_totals(spark_context, tmp_path, monkeypatch, release):
+    from sparkwal.engine.wordcount import expected_counts
+
+    ssc, clock, done, cp_ms = recover(tmp_path, monkeypatch, release, "wordcount")
+    out = main_job_batch(ssc, clock, done, 3, cp_ms + 1000)
     assert out["files"] == ["f3"]
     assert out["totals"] == expected_counts(range(4))  # the fixture counted files 0-2
     # the recovered program, checkpointed again in today's layout, recovers too
@@ -79,14 +87,7 @@ def test_the_main_jobs_earlier_checkpoint_recovers_with_its_totals(spark_context
     ssc = StreamingContext.getOrCreate("wordcount/checkpoint", lambda: None, clock=clock)
     done = Completed()
     ssc.addStreamingListener(done)
-    try:
-        ssc.start()
-        put_file("wordcount/input", "f000004.txt", "\n".join(file_lines(4)) + "\n", cp_ms + 1900)
-        clock.set_ms(cp_ms + 2000)
-        done.wait_for(cp_ms + 2000)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    out = json.loads(Path(f"wordcount/output/batch-{cp_ms + 2000}.json").read_text())
+    out = main_job_batch(ssc, clock, done, 4, cp_ms + 2000)
     assert out["files"] == ["f4"] and out["totals"] == expected_counts(range(5))
 
 
