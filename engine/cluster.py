@@ -270,7 +270,7 @@ def warm_workers_early(sc) -> Service | None:
     the workers (the daemon, the Unix sockets) and start Python workers in a background job, so
     that the daemon's start (0.3 s, then 0.7 s importing the engine) and the workers' overlap the
     driver's reading of a checkpoint instead of delaying the first batch of a restart. Called by
-    ``getOrCreate`` (engine.context._get_or_create); the job's failure (e.g. the context stopped
+    ``getOrCreate`` (engine.get_or_create); the job's failure (e.g. the context stopped
     under it) is only logged."""
     if not is_local_master(sc.master) or _done(sc, "workers warmed"):
         return None

@@ -158,6 +158,14 @@ UPGRADE_ALLOW_DROP = _entry(
     "spark.sparkwal.upgrade.allowDrop", "string", None,
     "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "
     "new version may drop; unset: an upgrade that would lose one is refused, naming it")
+ALLOW_OTHER_APP = _entry(
+    "spark.sparkwal.recover.allowOtherApp", "bool", False,
+    "getOrCreate recovers a checkpoint written by an application of another spark.app.name, running that "
+    "checkpoint's program; false: refused in one line naming both applications")
+CONSOLE_QUIET = _entry(
+    "spark.sparkwal.console.quiet", "bool", True,
+    "when the stream starts, Spark's console progress bar is stopped and its default WARN log level made ERROR "
+    "(see sparkwal.engine.console); false, or a level or progress bar the app set itself: left as they are")
 ALLOW_LIVE_SOURCE = _entry(
     "spark.sparkwal.copy.allowLiveSource", "bool", False,
     "a driver starts on a copy (sparkwal checkpoint copy) while a live driver leads the copy's source, both then "

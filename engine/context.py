@@ -10,15 +10,14 @@ from collections.abc import Callable, Sequence
 
 from pyspark import RDD, SparkContext
 
-from sparkwal.checkpoint import read_checkpoint
 from sparkwal.checkpoint.copy import fork_refusal
-from sparkwal.checkpoint.errors import CheckpointMismatchError, MissingCodePartError
+from sparkwal.checkpoint.errors import CheckpointMismatchError
 from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import Clock, resolve
 
-from . import config, rejoin
+from . import config, console, rejoin
+from .get_or_create import check_setup_func, checkpoint_path, get_or_create, setup_context
 from .driver import Driver, upgrade_preview
-from .driver.program import load_program, warm_active_workers, warn_if_written_by_another_app
 from .driver.states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
 from .errors import CopySourceActiveError
@@ -35,32 +34,6 @@ __all__ = ["ACTIVE", "INITIALIZED", "STOPPED", "CheckpointMismatchError", "CopyS
            "StreamingContext", "StreamingContextStateError"]
 
 
-def _checkpoint_path(value, name: str = "checkpointPath") -> str | None:
-    """``value`` as a path string (None stays None), or a TypeError naming the parameter."""
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)):
-        path = os.fspath(value)
-        if isinstance(path, str) and path:
-            return path
-    raise TypeError(f"{name} must be a non-empty path or URL string (or None for no checkpoint), "
-                    f"got {value!r} of type {type(value).__name__}")
-
-
-def _check_setup_func(setupFunc) -> None:
-    if setupFunc is None:
-        raise ValueError("setupFunc cannot be None")
-    if not callable(setupFunc):
-        raise TypeError(f"setupFunc must be callable, got {type(setupFunc).__name__}")
-
-
-def _setup(setupFunc) -> StreamingContext:
-    ssc = setupFunc()
-    if not isinstance(ssc, StreamingContext):
-        raise TypeError(f"setupFunc must return a StreamingContext, got {type(ssc).__name__}")
-    return ssc
-
-
 class StreamingContext:
     """Runs a graph of DStreams on ``sparkContext`` every ``batchDuration`` seconds.
 
@@ -74,6 +47,7 @@ class StreamingContext:
         if batchDuration is None or batchDuration <= 0:
             raise ValueError(f"batchDuration must be a positive number of seconds, got {batchDuration!r}")
         self._driver = Driver(self, sparkContext, to_ms(batchDuration), clock, concurrentJobs)
+        console.one_line_errors()
         #: start() on a copy whose source a live driver leads runs anyway (see start())
         self.allow_live_source = False
 
@@ -165,7 +139,7 @@ class StreamingContext:
         ``checkpoint()`` does (on an object store there is nothing to create), and a relative
         path is made absolute, as Spark qualifies it."""
         self._check_not_started("Setting a checkpoint directory")
-        directory = _checkpoint_path(directory, "directory")
+        directory = checkpoint_path(directory, "directory")
         if directory is not None:
             storage, root = resolve(directory, storage_options)
             storage.makedirs(root)
@@ -269,6 +243,7 @@ class StreamingContext:
                                    self.allow_live_source or driver.settings[config.ALLOW_LIVE_SOURCE])
             if refused is not None:
                 raise CopySourceActiveError(*refused)
+        console.quiet_spark(driver.sc, driver.settings)
         driver.start()
 
     def isStandby(self) -> bool:
@@ -345,7 +320,7 @@ class StreamingContext:
     def getOrCreate(checkpointPath: str | os.PathLike | None, setupFunc: Callable[[], StreamingContext],
                     *, upgrade: bool = False, storage_options: dict | None = None,
                     standby: bool = False, clock: Clock | None = None,
-                    allow_live_source: bool = False) -> StreamingContext:
+                    allow_live_source: bool = False, allow_other_app: bool = False) -> StreamingContext:
         """pyspark's contract: ``setupFunc()`` makes the context only when ``checkpointPath``
         holds no valid checkpoint (the context is then checkpointed there); otherwise the context
         is rebuilt from the checkpoint: its graph with every function, its inputs, state and
@@ -370,15 +345,21 @@ class StreamingContext:
 
         ``allow_live_source=True`` (as ``spark.sparkwal.copy.allowLiveSource``): ``start()`` on a
         copy whose source a live driver leads runs anyway (see :meth:`start`), two drivers then
-        consuming the same inputs."""
-        path = _checkpoint_path(checkpointPath)
-        _check_setup_func(setupFunc)
+        consuming the same inputs.
+
+        A checkpoint written by an application of another ``spark.app.name`` than the active
+        SparkContext's is not recovered (its program would run): :class:`AnotherApplicationError`
+        names both, unless ``allow_other_app=True`` (as ``spark.sparkwal.recover.allowOtherApp``)."""
+        console.one_line_errors()
+        path = checkpoint_path(checkpointPath)
+        check_setup_func(setupFunc)
         if path is None:
             if standby:
                 raise ValueError("standby=True needs a checkpoint directory (checkpointPath is None)")
-            return _setup(setupFunc)
+            return setup_context(setupFunc, StreamingContext)
         def make() -> StreamingContext:
-            return _get_or_create(path, lambda: _setup(setupFunc), upgrade, storage_options, clock)
+            return get_or_create(StreamingContext, path, lambda: setup_context(setupFunc, StreamingContext),
+                                 upgrade, storage_options, clock, allow_other_app)
         ssc = make()
         ssc.driver.request_standby(standby, rejoin.Rejoiner(make) if standby else None)  # fenced: see _wait
         ssc.allow_live_source = allow_live_source
@@ -388,62 +369,11 @@ class StreamingContext:
     def getActiveOrCreate(checkpointPath: str | os.PathLike | None,
                           setupFunc: Callable[[], StreamingContext], *, upgrade: bool = False,
                           storage_options: dict | None = None, standby: bool = False,
-                          allow_live_source: bool = False) -> StreamingContext:
+                          allow_live_source: bool = False, allow_other_app: bool = False) -> StreamingContext:
         """The active context if there is one, else :meth:`getOrCreate`'s (``checkpointPath``
         may be None, as in pyspark)."""
-        _checkpoint_path(checkpointPath)
-        _check_setup_func(setupFunc)
+        checkpoint_path(checkpointPath)
+        check_setup_func(setupFunc)
         return StreamingContext.getActive() or StreamingContext.getOrCreate(
             checkpointPath, setupFunc, upgrade=upgrade, storage_options=storage_options, standby=standby,
-            allow_live_source=allow_live_source)
-
-
-def _recover(checkpoint, path: str, storage_options: dict | None, clock) -> StreamingContext:
-    """A context rebuilt from ``checkpoint`` and its code part (:mod:`sparkwal.engine.driver.program`)."""
-    sc, program = load_program(checkpoint, path, storage_options)
-    ssc = StreamingContext(sc, program.batch_ms / 1000, concurrentJobs=program.concurrent_jobs,
-                           clock=clock)
-    ssc.driver.use_graph(program.graph)
-    for stream in program.graph.streams:
-        stream.attach(ssc)
-    ssc.checkpoint(path, storage_options=storage_options)
-    ssc.driver.restore(checkpoint, "checkpoint")
-    warn_if_written_by_another_app(checkpoint, path, sc)
-    log.info("recovered the program and its state from the checkpoint in %s", path)
-    return ssc
-
-
-def _get_or_create(path: str, setup, upgrade: bool, storage_options: dict | None,
-                   clock) -> StreamingContext:
-    """getOrCreate's choice: the context rebuilt from the checkpoint in ``path`` (program and
-    data), or ``setup()``'s, checkpointed there, with the checkpoint's data when ``upgrade``."""
-    if upgrade_preview.requested():  # sparkwal upgrade plan: the new program's plan, nothing started
-        upgrade_preview.write_and_exit(setup().driver, path, "upgrade" if upgrade else "recover", storage_options)
-    warm_active_workers()  # while the checkpoint is read
-    checkpoint = None
-    for attempt in range(3):
-        checkpoint = read_checkpoint(path, storage_options=storage_options)
-        if checkpoint is None or upgrade:
-            break
-        if not checkpoint.data.get("code"):
-            raise CheckpointMismatchError(
-                f"the checkpoint in {path} holds no program code (it was written by an earlier "
-                "sparkwal, code-free): recover it with getOrCreate(..., upgrade=True), which "
-                "applies its data to the graph that setupFunc builds")
-        try:
-            ssc = _recover(checkpoint, path, storage_options, clock)
-        except MissingCodePartError as e:
-            # a running driver (this one's standby reads beside it) deletes an earlier run's code
-            # part once no checkpoint names it: a newer checkpoint names the current one
-            if attempt == 2:
-                raise
-            log.info("%s; reading the newest checkpoint again", e)
-            continue
-        return ssc
-    ssc = setup()
-    if ssc.driver.checkpoint_dir is None:
-        ssc.checkpoint(path, storage_options=storage_options)
-    if checkpoint is not None:
-        ssc.driver.restore(checkpoint, "upgrade")
-        warn_if_written_by_another_app(checkpoint, path, ssc.sparkContext)
-    return ssc
+            allow_live_source=allow_live_source, allow_other_app=allow_other_app)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
+from py4j.protocol import Py4JJavaError
+
 from sparkwal.base.errors import SparkwalError
+from sparkwal.base.times import batch_name
 
 
 def one_line(error: BaseException) -> str:
@@ -57,3 +60,35 @@ class CopySourceActiveError(EngineError, RuntimeError):
         super().__init__(message)
         self.source = source
         self.leader = leader
+
+
+class AnotherApplicationError(EngineError, ValueError):
+    """``getOrCreate`` refused to recover a checkpoint written by an application of another name:
+    recovering runs the checkpoint's program, not the caller's (``path``, ``written_by``, ``app_name``)."""
+
+    def __init__(self, path: str, written_by: str, app_name: str):
+        self.path, self.written_by, self.app_name = path, written_by, app_name
+        super().__init__(
+            f"the checkpoint in {path} belongs to application {written_by!r}, not to this one ({app_name!r}): "
+            "recovering would run that program; give this application a checkpoint directory of its own, "
+            "or recover it anyway with getOrCreate(..., allow_other_app=True) "
+            "(spark.sparkwal.recover.allowOtherApp=true)")
+
+
+class BatchFailedError(EngineError, Py4JJavaError):
+    """A batch's Spark job failed in the JVM, as ``awaitTermination`` raises it: still the
+    ``Py4JJavaError`` pyspark.streaming raises (``java_exception`` is the Java exception, its trace
+    ``java_trace()``), but its text is one line naming the batch, not the Java trace."""
+
+    def __init__(self, time_ms: int | None, error: Py4JJavaError):
+        Py4JJavaError.__init__(self, error.errmsg, error.java_exception)
+        self.time_ms = time_ms
+        self.message = f"{batch_name(time_ms) if time_ms is not None else 'a batch'} failed: {one_line(error)}"
+        self.args = (self.message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def java_trace(self) -> str:
+        """The Java exception's trace (what ``str()`` of a ``Py4JJavaError`` is)."""
+        return Py4JJavaError.__str__(self)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkwal.base.times import batch_name
+
 
 @dataclass(frozen=True)
 class LostBlock:
@@ -17,7 +19,7 @@ class LostBlock:
     why: str
 
     def describe(self) -> str:
-        batch = f"batch {self.batch_ms}" if self.batch_ms is not None else "the next batch"
+        batch = batch_name(self.batch_ms)
         return f"block {self.block_id} of stream {self.stream_id}, which {batch} reads, is lost: {self.why}"
 
 

@@ -1,7 +1,8 @@
 """A program knows its checkpoint: the main job and the drills refuse a checkpoint another program
 wrote (recovering it would run that program on that program's inputs) with one line naming both,
-exit status 2, before any JVM; through the API pyspark's contract stands, with one warning line
-when the checkpoint's ``spark.app.name`` is not the running context's."""
+exit status 2, before any JVM; through the API, recovering a checkpoint whose ``spark.app.name`` is
+not the running context's is refused naming both (an upgrade, which runs the caller's code, warns),
+unless allowed."""
 
 from __future__ import annotations
 
@@ -77,15 +78,36 @@ def test_a_checkpoint_that_does_not_verify_is_not_taken_for_another_programs(tmp
     assert proc.returncode == 1 and "could not start" in last and "checkpoint-1000" in last, proc.stderr
 
 
-def test_get_or_create_warns_when_the_checkpoint_is_another_applications(spark_context, tmp_path, caplog):
+def billings_checkpoint(spark_context, tmp_path) -> SnapshotApp:
     app = SnapshotApp(spark_context, tmp_path)
-    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), None or _noop()))
+    ssc = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()))
     ssc.start()
     ssc.stop(stopSparkContext=False)
     for f in app.ckpt.glob("checkpoint-*"):  # as if written by an application named "billing"
         cp = Checkpoint.decode(f.read_bytes())
         cp.data["conf"] = [kv for kv in cp.data["conf"] if kv[0] != "spark.app.name"] + [["spark.app.name", "billing"]]
         f.write_bytes(cp.encode())
+    return app
+
+
+def test_get_or_create_refuses_to_run_another_applications_program_unless_allowed(spark_context, tmp_path, caplog):
+    from sparkwal.engine import AnotherApplicationError
+
+    app = billings_checkpoint(spark_context, tmp_path)
+    setup_ran = []
+    with pytest.raises(AnotherApplicationError) as refused:
+        StreamingContext.getOrCreate(str(app.ckpt), lambda: setup_ran.append(1))
+    assert str(app.ckpt) in str(refused.value) and "'billing'" in str(refused.value)
+    assert f"'{spark_context.appName}'" in str(refused.value) and "allow_other_app=True" in str(refused.value)
+    assert setup_ran == [] and StreamingContext.getActive() is None  # nothing made, nothing started
+    with caplog.at_level(logging.WARNING, logger="sparkwal.engine"):
+        ssc = StreamingContext.getOrCreate(str(app.ckpt), lambda: setup_ran.append(1), allow_other_app=True)
+    assert ssc.recovery == "checkpoint" and setup_ran == []  # the checkpoint's program, as asked
+    assert any("'billing'" in r.getMessage() and "as allowed" in r.getMessage() for r in caplog.records)
+
+
+def test_get_or_create_warns_when_an_upgrade_takes_another_applications_checkpoint(spark_context, tmp_path, caplog):
+    app = billings_checkpoint(spark_context, tmp_path)
     with caplog.at_level(logging.WARNING, logger="sparkwal.engine"):
         again = StreamingContext.getOrCreate(str(app.ckpt), app.setup(ManualClock(0), _noop()), upgrade=True)
     assert again.recovery == "upgrade"

@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 
+from sparkwal.base.times import batch_name, clock_time
+
 OK, FAILED, USAGE = 0, 1, 2
 
 
@@ -122,19 +124,17 @@ def status(argv: list[str], prog: str = "sparkwal status") -> int:
           f"scheduling delay {stats.get('avgSchedulingDelay', '-')} ms")
     for b in summary["newest"]["lastBatches"]:
         failed = f", {b['numFailedOutputOps']} failed: {b.get('firstFailureReason')}" if b["numFailedOutputOps"] else ""
-        print(f"  batch {b['batchId']}: {b['status']}, {b['inputSize']} records, "
+        print(f"  {batch_name(b['batchId'])}: {b['status']}, {b['inputSize']} records, "
               f"{b.get('processingTime', '-')} ms{failed}")
     last = summary["newest"]["lastCheckpoint"]
     if last:
-        print(f"last checkpoint: batch {last['checkpointTime']} (epoch {last['epoch']}), "
+        print(f"last checkpoint: {batch_name(last['checkpointTime'])} (epoch {last['epoch']}), "
               f"written in {last['tookMs']} ms")
     return OK
 
 
 def _when(ms: int | None) -> str:
-    import time
-
-    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    return "-" if ms is None else clock_time(ms)
 
 
 def main(argv: list[str], prog: str) -> int:

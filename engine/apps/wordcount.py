@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     if not args.verbose:  # Spark's start-up WARN lines stay out of the progress line's way
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
+    else:  # Spark's log lines as it prints them (sparkwal.engine.console)
+        conf.set("spark.sparkwal.console.quiet", "false")
     for key, value in confs:
         conf.set(key, value)
     if receiver is not None:  # executors' receivers read the source's secret from their environment

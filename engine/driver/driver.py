@@ -19,9 +19,11 @@ import logging
 import threading
 import time
 
+from py4j.protocol import Py4JJavaError
 from pyspark import RDD, SparkContext
 
 from sparkwal.base.service import Service
+from sparkwal.base.times import batch_name
 from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
@@ -31,7 +33,7 @@ from sparkwal.wal.retry import default_policy
 
 from .. import cluster, config
 from ..config import StreamingConf
-from ..errors import one_line
+from ..errors import BatchFailedError, one_line
 from ..graph import DStreamGraph
 from ..receiver.receiver_tracker import ReceiverTracker
 from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverFenced,
@@ -415,14 +417,14 @@ class Driver:
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping:
-            log.info("batch %s ended by stop(): %s", time_ms, error)
+            log.info("%s ended by stop(): %s", batch_name(time_ms), error)
             return
         if self.leadership is not None and self.leadership.lost_before(error, self.on_fenced):
-            log.info("batch %s failed after this driver was fenced: %s", time_ms, one_line(error))
+            log.info("%s failed after this driver was fenced: %s", batch_name(time_ms), one_line(error))
             return  # a lost leadership is the cause: fenced first
-        log.error("error in batch %s: %s", time_ms, one_line(error))  # the app gets the whole error
-        if self.error is None:
-            self.error = error
+        log.error("error in %s: %s", batch_name(time_ms), one_line(error))
+        if self.error is None:  # the app gets the error itself; a JVM's, as one line (its trace kept)
+            self.error = BatchFailedError(time_ms, error) if isinstance(error, Py4JJavaError) else error
         self.terminated.set()
 
     def report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:

@@ -112,14 +112,3 @@ def load_program(checkpoint: Checkpoint, path: str, storage_options: dict | None
         sc = SparkContext(conf=prepare_conf(conf))  # the archive cached: not packed again
         cluster.warm_workers_early(sc)
     return sc, Program(program["graph"], program["batch_ms"], program["concurrent_jobs"])
-
-
-def warn_if_written_by_another_app(checkpoint, path: str, sc: SparkContext) -> None:
-    """pyspark's contract stands (the checkpoint's program runs), but a checkpoint written by an
-    application of another name is probably not the one meant: one line names both."""
-    written_by = dict(checkpoint.data.get("conf") or []).get("spark.app.name")
-    if written_by and written_by != sc.appName:
-        log.warning("the checkpoint in %s was written by application %r, and this SparkContext is "
-                    "%r: the checkpoint's program runs (getOrCreate recovers what a checkpoint "
-                    "holds); give each application a checkpoint directory of its own",
-                    path, written_by, sc.appName)
