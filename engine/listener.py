@@ -112,8 +112,9 @@ class StreamingListenerStandbyReady:
 @dataclass(frozen=True)
 class StreamingListenerBacklog:
     """sparkwal's event: the batches' scheduling delay passed ``spark.sparkwal.backlog.warnIntervals``
-    batch intervals (``state`` "falling_behind"), is still growing (``"still_behind"``, at most
-    once a minute) or came back under one interval (``"caught_up"``). ``backlog``: batches due and
+    batch intervals while batches run faster than the interval (``state`` "catching_up") or not
+    (``"falling_behind"``), is still growing (``"still_behind"``, at most once a minute) or came
+    back under one interval (``"caught_up"``): :mod:`sparkwal.engine.driver.backlog`. ``backlog``: batches due and
     not yet started when it was measured; ``batch_time_ms``: the batch that measured it."""
 
     state: str

@@ -57,3 +57,25 @@ def test_the_main_job_reports_its_batches_and_what_a_restart_recovered(tmp_path)
     rerun = stopped["rerun"]  # a count and a range, not every batch time
     assert rerun["count"] == stopped["rerun_batches"] and rerun["first_ms"] <= rerun["last_ms"]
     assert stopped["records"] == 3 and stopped["outputs"] == 3  # the third file, counted once
+    # the state it resumed with (the words of the first two files), and where it ended (all three)
+    from sparkwal.engine.apps.wordcount_data import expected_counts
+
+    resumed = next(e for e in again if e["event"] == "resumed")
+    assert resumed["counted"] == sum(expected_counts([0, 1]).values()) and resumed["as_of_ms"] < rerun["first_ms"]
+    assert next(e for e in again if e["event"] == "totals")["counted"] == sum(expected_counts([0, 1, 2]).values())
+
+
+def test_the_main_jobs_restart_line_says_what_it_catches_up_on(capsys):
+    """A restart's line, for a person: the batch times it catches up on, not a re-run that reads
+    like a failure (what a restart's falling behind is: tests/test_operability.py)."""
+    from types import SimpleNamespace
+
+    from sparkwal.engine.apps.progress import recovered
+
+    t0 = 1_796_366_204_000
+    ssc = SimpleNamespace(batchLog=None, receivedBlockTracker=None, rerun_batch_times=[t0 + i * 1000 for i in range(9)],
+                          skipped_batch_times=[t0 - 1000])
+    recovered(ssc, False, 1.0)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("recovered: catching up 9 batch times (") and "missed while stopped (9 s of input)" in line
+    assert line.endswith("; 1 batch(es) done before the stop not output again"), line

@@ -384,13 +384,13 @@ def test_a_graceful_stop_gives_up_after_its_timeout_and_leaves_the_rest_to_the_r
 
 
 class _Info:
-    def __init__(self, batch_ms: int, delay_ms: int):
-        self.batch_time_ms, self.scheduling_delay_ms = batch_ms, delay_ms
+    def __init__(self, batch_ms: int, delay_ms: int, processing_ms: int | None = None):
+        self.batch_time_ms, self.scheduling_delay_ms, self.processing_delay_ms = batch_ms, delay_ms, processing_ms
 
 
 class _Started:
-    def __init__(self, batch_ms, delay_ms):
-        self.info = _Info(batch_ms, delay_ms)
+    def __init__(self, batch_ms, delay_ms, processing_ms=None):
+        self.info = _Info(batch_ms, delay_ms, processing_ms)
 
     def batchInfo(self):
         return self.info
@@ -400,6 +400,8 @@ def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_reco
     clock, posted = ManualClock(0), []
     watch = BacklogWatch(1000, 3, clock, lambda: 7, posted.append)
     with caplog.at_level("WARNING", logger="sparkwal.engine.driver.backlog"):
+        watch.onBatchStarted(_Started(clock.now_ms(), 9000))  # no batch completed: how long they take is unknown
+        watch.onBatchCompleted(_Started(clock.now_ms(), 0, 1500))  # batches take longer than the interval
         for delay in (500, 2000, 3500, 5000, 9000):  # passes 3 intervals at 3.5 s
             clock.advance(1000)
             watch.onBatchStarted(_Started(clock.now_ms(), delay))
@@ -414,7 +416,24 @@ def test_falling_behind_is_said_once_then_at_most_once_a_minute_and_when_it_reco
         ("falling_behind", 3500, 7), ("still_behind", 8000, 7), ("caught_up", 900, 7)]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3 and "falling behind: scheduling delay 3.5 s" in lines[0]
-    assert "7 batches queued or running" in lines[0] and lines[2].startswith("caught up")
+    assert "7 batches queued or running; batches take 1.5 s, longer than the 1.0 s interval" in lines[0]
+    assert lines[2].startswith("caught up")
+
+
+def test_a_backlog_of_batches_that_run_faster_than_the_interval_is_catching_up_not_falling_behind(caplog):
+    """A restart's batches missed while down: delayed, but each runs in 0.4 s of a 1 s interval."""
+    clock, posted = ManualClock(0), []
+    watch = BacklogWatch(1000, 3, clock, lambda: 9, posted.append)
+    with caplog.at_level("WARNING", logger="sparkwal.engine.driver.backlog"):
+        for delay in (9000, 8600, 8200, 7800, 3000, 1200, 1000):
+            watch.onBatchStarted(_Started(clock.now_ms(), delay))
+            clock.advance(400)
+            watch.onBatchCompleted(_Started(clock.now_ms(), delay, 400))
+    assert [(e.state, e.scheduling_delay_ms) for e in posted] == [("catching_up", 8600), ("caught_up", 1000)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == ("catching up: 9 batches due (scheduling delay 8.6 s); batches take 0.4 s of the 1.0 s "
+                        "interval, back on time in about 6 s")
+    assert not any("behind" in line for line in lines)
 
 
 # ------------------------------------------------------------------ 7. packaging

@@ -99,9 +99,11 @@ def times(times_ms: list[int]) -> dict:
             "last_ms": max(times_ms, default=None)}
 
 
-def recovered(ssc, json_events: bool) -> None:
-    """What a restart recovered: batches re-run, committed batches skipped, logged offsets and
-    WAL blocks replayed (nothing for a new context with nothing logged)."""
+def recovered(ssc, json_events: bool, batch_s: float) -> None:
+    """What a restart recovered, in a user's terms: the batch times it catches up on (missed while
+    it was down, or not done before it stopped), committed batches skipped, logged offsets and WAL
+    blocks replayed (nothing for a new context with nothing logged). The engine's "catching up" line
+    then says when it is back on time."""
     from sparkwal.engine.dstream import describe_times
 
     blog, tracker = ssc.batchLog, ssc.receivedBlockTracker
@@ -112,10 +114,12 @@ def recovered(ssc, json_events: bool) -> None:
              "blocks_replayed": tracker.recovered_block_additions if tracker is not None else 0}
     if not any(event[k] for k in ("rerun_batches", "committed_batches_skipped", "blocks_replayed")):
         return
-    text = (f"recovered: re-running {describe_times(reran)}"
+    span_s = (max(reran) - min(reran)) / 1000 + batch_s if reran else 0.0
+    text = ((f"recovered: catching up {describe_times(reran).replace('batches', 'batch times', 1)} missed while "
+             f"stopped ({span_s:.0f} s of input)" if reran else "recovered: no batch to catch up")
             + (f", {event['logged_batches_replayed']} of them with their logged offsets"
                if event["logged_batches_replayed"] else "")
-            + (f"; {len(skipped)} committed batch(es) not output again" if skipped else "")
+            + (f"; {len(skipped)} batch(es) done before the stop not output again" if skipped else "")
             + (f"; {event['blocks_replayed']} received blocks replayed from the WAL"
                if event["blocks_replayed"] else ""))
     emit(event, json_events, text)

@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         sc.stop()
         return _fail(f"could not start: {a.one_line(e)}", a.STORAGE if a.storage_fault(e) else a.FAILED)
     say_context(ssc, args.json)
+    if ssc.recovery != "new" and not direct and receiver is None:
+        say_totals("resumed", os.path.join(workdir, "output"), args.json)
     if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
         emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json,
              f"UI: {ssc.uiWebUrl}/streaming/")
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         else:
             spawn("wordcount-input", generate)
         if not stop.is_set():
-            recovered(ssc, args.json)
+            recovered(ssc, args.json, args.batch)
         deadline = time.monotonic() + args.seconds if args.seconds and not args.standby else None
         leader = ssc.driver
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -401,8 +403,29 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         summary(ssc, progress, args.json, read_results(workdir)["batches"], output, signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
+    if receiver is None:
+        say_totals("totals", os.path.join(workdir, "output"), args.json)
     summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
     return a.OK
+
+
+def say_totals(kind: str, out_dir: str, json_events: bool) -> None:
+    """The running totals (the ``updateStateByKey`` state) as of the newest batch output: at a restart
+    what it resumes with (``resumed``), at the stop where it ended (``totals``)."""
+    from sparkwal.base.times import clock_time
+    from sparkwal.engine.apps.progress import emit
+
+    names = sorted((n for n in os.listdir(out_dir) if n.startswith("batch-") and n.endswith(".json")),
+                   key=lambda n: int(n[len("batch-"):-len(".json")])) if os.path.isdir(out_dir) else []
+    if not names:
+        return
+    with open(os.path.join(out_dir, names[-1])) as f:
+        newest = json.load(f)
+    words, counted = len(newest["totals"]), sum(newest["totals"].values())
+    emit({"event": kind, "words": words, "counted": counted, "as_of_ms": newest["batch_ms"]}, json_events,
+         f"{'resumed with the' if kind == 'resumed' else 'the'} running totals as of "
+         f"{clock_time(newest['batch_ms'])}: {counted} words counted, {words} distinct"
+         + (" (the state carried over from the checkpoint)" if kind == "resumed" else ""))
 
 
 if __name__ == "__main__":
