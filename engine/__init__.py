@@ -27,7 +27,7 @@ _HOMES = {
     ".driver.leadership": ["DriverAlreadyActiveError"],
     ".driver.upgrade_preview": ["UPGRADE_CHECKPOINT_ENV", "UPGRADE_PLAN_ENV"],
     ".environment": ["EnvironmentShippingError", "prepare_conf"],
-    ".errors": ["AnotherApplicationError", "EngineError", "ProgramVersionError", "StateError"],
+    ".errors": ["AnotherApplicationError", "EngineError", "MissingInputError", "ProgramVersionError", "StateError"],
     ".receiver": ["BlockReadError", "Receiver", "SocketReceiver"],
     ".state.snapshot_tasks": ["SnapshotError"],
     ".state.map_with_state": ["State", "StateSpec"],

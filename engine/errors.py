@@ -48,6 +48,11 @@ class ProgramVersionError(EngineError, ValueError):
                          f"version {supported}")
 
 
+class MissingInputError(EngineError, FileNotFoundError):
+    """A restart's batches would read again input that is no longer there (a file stream's files not
+    copied with a checkpoint copy, or deleted): names the files, the directory and where they were read."""
+
+
 class StreamingContextStateError(EngineError, RuntimeError):
     """An operation not allowed in the context's (or a stream's) current state."""
 

@@ -9,11 +9,13 @@ from collections import deque
 from pyspark import RDD
 from pyspark.accumulators import AccumulatorParam
 
+from sparkwal.base.times import batch_name
 from sparkwal.wal import StorageLocation
 from sparkwal.wal.storage import resolve
 
 from . import config
 from .dstream import DStream
+from .errors import MissingInputError
 from .stream_machinery import empty_rdd, host_of
 
 
@@ -42,6 +44,10 @@ class InputDStream(DStream):
 
     def restore(self, data: dict) -> None:
         pass
+
+    def check_inputs_present(self, times_ms: list[int], checkpoint_dir: str | None) -> None:
+        """Raise :class:`MissingInputError` if a restart's batches ``times_ms`` would read again input
+        of this stream that is no longer there (the directory in ``checkpoint_dir`` restarts)."""
 
     # coalesce_downtime (a restart's): receivers' blocks and direct ranges need nothing for it (a
     # batch takes what is unallocated, or unplanned, when it is generated); a file stream reaches
@@ -204,6 +210,7 @@ class FileInputDStream(InputDStream):
         super().__setstate__(state)
         self._files_lock = threading.Lock()
         self._counts = None
+        self.__dict__.setdefault("_restored_times", set())
         older_options = self.__dict__.pop("storage_options", None)
         if self.location is None:  # pickled by an older sparkwal: the directory and its options
             self.location = StorageLocation(self.directory, older_options)
@@ -220,6 +227,7 @@ class FileInputDStream(InputDStream):
         self.new_files_only = new_files_only
         self.record_length = record_length  # None: lines of text; else fixed-length binary records
         self.batch_files: dict[int, list[str]] = {}
+        self._restored_times: set[int] = set()  # batch times whose files a restored checkpoint named
         self._recent: set[str] = set()
         self._files_lock = threading.Lock()
         self._counts = None  # the accumulator of the lines each batch's tasks read
@@ -263,6 +271,10 @@ class FileInputDStream(InputDStream):
                 files = self._find_new_files(time_ms)
                 self.batch_files[time_ms] = files
                 self._recent.update(files)
+        if files and time_ms in self._restored_times:  # read by the run that wrote the checkpoint: still there?
+            present = {path for path, _ in _list_files(self.location)}
+            self._refuse_missing([f for f in files if f not in present], None, time_ms)
+            self._restored_times.discard(time_ms)
         # the records are counted as the tasks read them (records_read): 0 until then
         self._host.report_input(time_ms, self, 0, {"files": files})
         if not files:
@@ -271,6 +283,29 @@ class FileInputDStream(InputDStream):
             self._counts = self._sc.accumulator({}, _LineCounts())
         return self._read(files).mapPartitionsWithIndex(_counting(self._counts, time_ms),
                                                         preservesPartitioning=True)
+
+    def check_inputs_present(self, times_ms: list[int], checkpoint_dir: str | None) -> None:
+        """The files batches ``times_ms`` took (re-run, they read the same) must still be in the directory
+        (one listing): a checkpoint copy does not carry them, and a relative directory is read from where
+        the program runs. A batch computed again for a state's lineage checks its own in :meth:`compute`."""
+        wanted = [f for t in times_ms for f in self.batch_files.get(t, [])]
+        if wanted:
+            present = {path for path, _ in _list_files(self.location)}
+            self._refuse_missing([f for f in wanted if f not in present], checkpoint_dir)
+
+    def _refuse_missing(self, missing: list[str], checkpoint_dir: str | None, time_ms: int | None = None) -> None:
+        if not missing:
+            return
+        url = self.location.url
+        where = url if "://" in url else os.path.abspath(url)
+        shown = ", ".join(os.path.basename(f) for f in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        read_from = getattr(self, "_read_from", None)
+        raise MissingInputError(
+            f"the restart{f' from {checkpoint_dir}' if checkpoint_dir else ''} re-reads {len(missing)} file(s) of "
+            f"stream {self.input_id}{f' in {batch_name(time_ms)}' if time_ms is not None else ''} that are not in "
+            f"{where}: {shown}"
+            + (f" (the checkpoint's program read them from {read_from})" if read_from and read_from != where else "")
+            + "; a checkpoint copy does not carry a file stream's input files: copy them along into that directory")
 
     def records_read(self, time_ms: int) -> int | None:
         if self._counts is None:
@@ -312,13 +347,17 @@ class FileInputDStream(InputDStream):
 
     def checkpoint_data(self) -> dict:
         with self._files_lock:
+            url = self.location.url
             return {"batch_files": {str(t): list(f) for t, f in self.batch_files.items()},
+                    "read_from": url if "://" in url else os.path.abspath(url),
                     "start_threshold_ms": self._start_threshold_ms,
                     "present_at_start": sorted([p, m] for p, m in self._present_at_start)}
 
     def restore(self, data: dict) -> None:
         with self._files_lock:
             self.batch_files = {int(t): list(f) for t, f in data.get("batch_files", {}).items()}
+            self._restored_times = set(self.batch_files)
+            self._read_from = data.get("read_from")  # (absent from checkpoints written before it)
             self._recent = {f for files in self.batch_files.values() for f in files}
             self._start_threshold_ms = data.get("start_threshold_ms") or 0
             self._present_at_start = {(p, m) for p, m in data.get("present_at_start", [])}

@@ -225,8 +225,27 @@ def checkpoint_copy(args) -> int:
                  + f"; {resumes}")
     if r.fork is not None:  # a copy of a running stream: a second driver on it would consume its inputs
         lines.append(f"FORK: {r.fork}")
-    emit(args, {**dataclasses.asdict(r), "ok": not r.problems}, lines)
+    inputs = inputs_not_copied(r.destination, storage_options(args.dst_storage_option))
+    if inputs:
+        lines.append(f"NOT COPIED: the inputs its program reads ({', '.join(inputs)}): a copy carries their "
+                     "positions, not the inputs; a restart's batches read a file stream's files again, from the "
+                     "directory as the program names it (a relative one from where it runs): copy them along")
+    emit(args, {**dataclasses.asdict(r), "inputs_not_copied": inputs, "ok": not r.problems}, lines)
     return PROBLEM if r.problems else OK
+
+
+def inputs_not_copied(url: str, options: dict | None) -> list[str]:
+    """The inputs the checkpoint's program reads, as its identities name them (``files:/data/in
+    (stream 0)``): a copy carries their positions, not the inputs themselves."""
+    from sparkwal.checkpoint import read_checkpoint
+
+    try:
+        checkpoint = read_checkpoint(url, storage_options=options)
+    except Exception:  # noqa: BLE001 (verified above: a checkpoint that does not read names no inputs)
+        return []
+    identities = (checkpoint.data.get("identities") or {}) if checkpoint is not None else {}
+    return [f"{i['identity']} (stream {i['input_id']})" for _, i in sorted(identities.items(), key=lambda kv: int(kv[0]))
+            if i.get("input_id") is not None]
 
 
 def checkpoint_handover(args) -> int:

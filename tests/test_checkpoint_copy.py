@@ -207,6 +207,8 @@ def test_the_copy_command_says_what_it_copied_and_refuses_what_it_cannot(origina
     out = sparkwal("checkpoint", "copy", original.ckpt, tmp_path / "c1", expect=0).stdout
     assert out.startswith(f"OK: copied {original.ckpt} to {tmp_path / 'c1'}")
     assert "a restart resumes from the checkpoint of batch" in out
+    # what a copy does not carry: the inputs, named as the checkpoint knows them
+    assert f"NOT COPIED: the inputs its program reads (files:{original.indir} (stream 0))" in out, out
     sparkwal("checkpoint", "verify", tmp_path / "c1", expect=0)
     for src, dst, why in [
         (tmp_path / "missing", tmp_path / "c2", "no such checkpoint directory"),

@@ -172,11 +172,19 @@ def restart(driver: RecoveryHost, cp: Checkpoint) -> RestartPlan:
     if driver.settings[config.COALESCE_DOWNTIME]:
         times, coalesced = coalesce_downtime(driver, cp, times, logged, restart_ms)
     plan = rerun(driver, cp, times, restart_ms)
+    check_rerun_inputs(driver, [*plan.rerun_batch_times, *plan.skipped_batch_times])
     driver.snapshots.load_for_restart(times[0] if times else restart_ms, cp.checkpoint_time_ms, restart_ms,
                                       plan.skipped_batch_times)
     # the states an upgrade added hold what the new version outputs: from its first re-run batch
     driver.snapshots.begin(plan.rerun_batch_times[0] if plan.rerun_batch_times else restart_ms)
     return replace(plan, coalesced_batch_times=tuple(coalesced))
+
+
+def check_rerun_inputs(driver: RecoveryHost, times_ms) -> None:
+    """Before anything runs: what the re-run batches read again must be there (a checkpoint copy does not
+    carry a file stream's input files): :meth:`InputDStream.check_inputs_present`, one line naming it."""
+    for stream in driver.graph.inputs:
+        stream.check_inputs_present(list(times_ms), driver.checkpoint_dir)
 
 
 def batch_change_refusal(driver: RecoveryHost, old_ms: int | None, kind: str | None) -> str | None:
