@@ -244,8 +244,8 @@ def inputs_not_copied(url: str, options: dict | None) -> list[str]:
     except Exception:  # noqa: BLE001 (verified above: a checkpoint that does not read names no inputs)
         return []
     identities = (checkpoint.data.get("identities") or {}) if checkpoint is not None else {}
-    return [f"{i['identity']} (stream {i['input_id']})" for _, i in sorted(identities.items(), key=lambda kv: int(kv[0]))
-            if i.get("input_id") is not None]
+    ordered = [identities[k] for k in sorted(identities, key=int)]
+    return [f"{i['identity']} (stream {i['input_id']})" for i in ordered if i.get("input_id") is not None]
 
 
 def checkpoint_handover(args) -> int:
