@@ -52,7 +52,8 @@ def recover(tmp_path, monkeypatch, release: str, name: str):
 
     def setup():
         raise AssertionError("the checkpoint was not recovered: setupFunc ran")
-    ssc = StreamingContext.getOrCreate(checkpoint, setup, clock=clock)
+    # the fixtures were written by an application of their own name, not this suite's SparkContext's
+    ssc = StreamingContext.getOrCreate(checkpoint, setup, clock=clock, allow_other_app=True)
     assert ssc.recovery == "checkpoint"
     done = Completed()
     ssc.addStreamingListener(done)

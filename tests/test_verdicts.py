@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkwal.base.times import batch_name
 from sparkwal.tracker import ReceivedBlockInfo, ReceivedBlockTracker
 from sparkwal.wal import FileBasedWriteAheadLog, RecordHandle
 from sparkwal.wal.append_files import MappedAppendFile
@@ -87,7 +88,7 @@ def test_a_receiver_wal_cut_short_is_lost_data_when_a_batch_needs_the_cut(tmp_pa
     out = sparkwal("wal", "verify", wal_dir, expect=1).stdout
     assert "torn tail" in out and "never acknowledged" not in out
     lost = [line for line in out.splitlines() if line.startswith("LOST: ")]
-    assert len(lost) == 9 and "block input-0-101-0 of stream 0, which batch 1000 reads, is lost" in lost[0]
+    assert len(lost) == 9 and f"block input-0-101-0 of stream 0, which {batch_name(1000)} reads, is lost" in lost[0]
     assert "which the next batch reads" in lost[-1]
     assert out.splitlines()[-1].startswith("FAILED: ") and "9 blocks its checkpoint needs lost" in out
     report = json.loads(sparkwal("checkpoint", "verify", ckpt, "--json", expect=1).stdout)
