@@ -138,6 +138,15 @@ class PostgresSink(DbApiSink):
         # one driver transaction of this sink at a time (a zombie driver waits, then sees the batch)
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"sparkwal_offsets/{self.name}",))
 
+    def read(self) -> list[tuple]:
+        """The target table's committed rows, in no particular order (a batch partly committed shows the
+        partitions it committed: see the module)."""
+        if self.table is None:
+            raise ValueError(f"{self.name}: read() needs the sink's table (PostgresSink(conninfo, table, ...))")
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(_psycopg().sql.SQL("SELECT * FROM {}").format(identifier(self.table)))
+            return cur.fetchall()
+
     # ------------------------------------------------------------------ the staged path
 
     @property
