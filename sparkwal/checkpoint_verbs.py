@@ -50,8 +50,11 @@ def checkpoint_inspect(args) -> int:
         if r.restart is not None:
             lines.append(f"a restart resumes at batch {r.restart.batch_id}"
                          + (" (re-running its logged offsets)" if r.restart.rerun else ""))
-    if r.sources:
-        lines.append(f"sources: {', '.join(r.sources)}")
+    if r.sources:  # sources/<id>/: each source's own log, by Spark's source id (a direct input's id)
+        identities = (r.newest.data.get("identities") or {}) if r.newest is not None else {}
+        by_input = {str(e.get("input_id")): e for e in identities.values() if isinstance(e, dict)}
+        lines.append(f"sources: {len(r.sources)}: " + ", ".join(
+            f"sources/{s}/" + (f" ({_known_by(by_input[s])})" if s in by_input else "") for s in r.sources))
     if r.leader is not None:
         state = {True: "active", False: "none (free)", None: "unknown"}[r.leader.held]
         lines.append(f"leader: {state}; epoch {r.leader.epoch}, {r.leader.describe()}")

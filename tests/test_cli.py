@@ -128,7 +128,8 @@ def test_a_structured_streaming_checkpoint_and_a_damaged_copy(spark_context, tmp
     assert report["offsets"]["ids"] == [0] and report["commits"]["ids"] == [0]
     assert report["restart"]["batch_id"] == 1 and not report["restart"]["rerun"]
     assert report["sources"] == ["0"]
-    assert "a restart resumes at batch 1" in sparkwal("checkpoint", "inspect", ckpt, expect=0).stdout
+    text = sparkwal("checkpoint", "inspect", ckpt, expect=0).stdout
+    assert "a restart resumes at batch 1" in text and "\nsources: 1: sources/0/\n" in text  # one source, not "0"
 
     damaged = tmp_path / "damaged"
     shutil.copytree(ckpt, damaged)
