@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import deque
@@ -17,6 +18,8 @@ from . import config
 from .dstream import DStream
 from .errors import MissingInputError
 from .stream_machinery import empty_rdd, host_of
+
+log = logging.getLogger(__name__)
 
 
 class InputDStream(DStream):
@@ -88,15 +91,18 @@ def _is_local(directory: str) -> bool:
     return "://" not in directory or directory.startswith("file://")
 
 
-def _list_files(directory: StorageLocation) -> list[tuple[str, int]]:
+def _list_files(directory: StorageLocation, on_missing=None) -> list[tuple[str, int]]:
     """(path or URL, modification time in whole ms) of the candidate files in ``directory`` (a
     path or any fsspec URL): regular files whose names do not start with "." or "_" (files being
-    written). A missing directory has none. Local files are named by path, others by URL."""
+    written). A missing directory has none (``on_missing()`` is called). Local files are named by
+    path, others by URL."""
     storage, path = directory.resolve()
     try:
         infos = storage.list_files(path)
     except FileNotFoundError:
-        return []
+        infos = []
+    if not infos and on_missing is not None and not storage.exists(path):  # (a store lists a missing one as empty)
+        on_missing()
     local = _is_local(directory.url)
     return [(os.path.join(directory.url, i.name) if local else storage.url(i.path), i.mtime_ms or 0)
             for i in infos if not i.name.startswith((".", "_"))]
@@ -204,7 +210,8 @@ class FileInputDStream(InputDStream):
     MIN_REMEMBER_MS = 60_000
     location: StorageLocation | None = None  # the directory, its options (streams pickled before it)
     MTIME_SLACK_MS = 2_000
-    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts")
+    transient_fields = (*InputDStream.transient_fields, "_files_lock", "_counts", "_missing_said_ms")
+    MISSING_WARN_MS = 60_000  # a missing directory is said again at most this often
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -260,9 +267,19 @@ class FileInputDStream(InputDStream):
         last = self.downtimes.get(time_ms)
         if last is not None:
             threshold = max(self._start_threshold_ms, min(threshold, last))
-        return sorted(path for path, mtime in _list_files(self.location)
+        return sorted(path for path, mtime in _list_files(self.location, self._directory_missing)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)
+
+    def _directory_missing(self) -> None:
+        """pyspark.streaming is silent about a directory that does not exist (a typo reads as "no new
+        files"): one warning naming it, again at most once a minute while it is missing."""
+        now, said = self._host.clock.now_ms(), getattr(self, "_missing_said_ms", None)
+        if said is None or now - said >= self.MISSING_WARN_MS:
+            self._missing_said_ms = now
+            url = self.location.url
+            log.warning("file stream %d: the directory %s does not exist: its batches are empty until it appears",
+                        self.input_id, url if "://" in url else os.path.abspath(url))
 
     def compute(self, time_ms: int) -> RDD | None:
         with self._files_lock:

@@ -27,3 +27,21 @@ def test_a_restart_missing_a_file_streams_files_names_them_and_where_they_were_r
     with pytest.raises(MissingInputError, match=r"in batch \d{4}-\d\d-\d\d \d\d:\d\d:\d\d that are not in .*: f1.txt"):
         files.compute(2000)  # a batch computed again for a state's lineage checks its own
     assert files.compute(1000).collect() == ["here"]
+
+
+def test_a_file_stream_on_a_directory_that_does_not_exist_says_so_once_a_minute(spark_context, tmp_path, caplog):
+    from sparkwal.wal import ManualClock
+
+    clock = ManualClock(0)
+    ssc = StreamingContext(spark_context, 1.0, clock=clock)
+    files = ssc.textFileStream(str(tmp_path / "typo"))
+    with caplog.at_level("WARNING", logger="sparkwal.engine.inputs"):
+        for t in (1000, 2000, 30_000, 61_000, 62_000):
+            clock.set_ms(t)
+            assert files.compute(t).isEmpty()
+        (tmp_path / "typo").mkdir()
+        clock.set_ms(200_000)
+        files.compute(200_000)  # there now: nothing more said
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"file stream 0: the directory {tmp_path / 'typo'} does not exist: its batches are empty until "
+                    "it appears"] * 2  # at 1 s, and a minute later
