@@ -31,6 +31,7 @@ the way it moves aside, renamed ``<name>.damaged-<ms>``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from .checkpoint_verbs import (checkpoint_copy, checkpoint_handover, checkpoint_inspect, checkpoint_repair,
@@ -64,7 +65,7 @@ def _limit(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkwal", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="sparkwal", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -85,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "to a standby (a new version's: getOrCreate(..., upgrade=True, standby=True))")},
     }
     for area, commands in verbs.items():
-        sub = areas.add_parser(area, help=f"{area} commands: {', '.join(commands)}").add_subparsers(
+        sub = areas.add_parser(area, help=f"{area} commands: {', '.join(commands)}", allow_abbrev=False).add_subparsers(
             dest="verb", required=True, metavar="{" + ",".join(commands) + "}")
         for verb, (func, text) in commands.items():
-            p = sub.add_parser(verb, help=text, description=text)
+            p = sub.add_parser(verb, help=text, description=text, allow_abbrev=False)
             p.add_argument("dir", metavar="SRC" if verb == "copy" else "DIR", help="a local path or an fsspec URL")
             if verb == "copy":
                 p.add_argument("dst", metavar="DST", help="a new directory: a local path or an fsspec URL")
@@ -113,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument("--records", action="store_true",
                                help="list records (tracker events decoded)")
             p.set_defaults(func=func)
-    plan = areas.add_parser("upgrade", help="upgrade commands: plan").add_subparsers(
+    plan = areas.add_parser("upgrade", help="upgrade commands: plan", allow_abbrev=False).add_subparsers(
         dest="verb", required=True, metavar="{plan}").add_parser(
-        "plan", help=PLAN_HELP, description=PLAN_HELP, usage="sparkwal upgrade plan DIR [--json] -- PROGRAM [ARGS...]")
+        "plan", help=PLAN_HELP, description=PLAN_HELP, allow_abbrev=False,
+        usage="sparkwal upgrade plan DIR [--json] -- PROGRAM [ARGS...]")
     plan.add_argument("dir", metavar="DIR", help="the checkpoint: a local path or an fsspec URL")
     plan.add_argument("program", nargs="*", metavar="PROGRAM [ARGS...]",
                       help="the new version's Python file and its arguments, after --")
@@ -124,14 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
                       "its streams (300)")
     plan.set_defaults(func=upgrade_plan, storage_option=[])
     for verb, text in APP_VERBS.items():  # parsed by the app itself (see main): listed here
-        areas.add_parser(verb, help=text, add_help=False)
+        areas.add_parser(verb, help=text, add_help=False, allow_abbrev=False)
     return parser
 
 
 def _version() -> str:
+    """sparkwal's version and the PySpark and Python it runs on (read without importing PySpark)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
     from . import __version__
 
-    return __version__
+    try:
+        pyspark = f"PySpark {version('pyspark')}"
+    except PackageNotFoundError:
+        pyspark = "no PySpark installed"
+    return f"{__version__} on {pyspark}, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     after = None
     if argv[:2] == ["upgrade", "plan"] and "--" in argv:  # the program's own arguments: never sparkwal's
         argv, after = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if argv and argv[0].startswith("-") and argv[0].split("=")[0] not in ("-h", "--help", "--version"):
+        near = difflib.get_close_matches(argv[0], ["--help", "--version"], n=1)  # never taken for it: said
+        parser.error(f"unrecognized option {argv[0]}" + (f" (did you mean {near[0]}?)" if near else ""))
+    args = parser.parse_args(argv)
     if after is not None:
         args.program = [*args.program, *after]
     try:

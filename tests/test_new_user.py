@@ -45,3 +45,39 @@ def test_a_file_stream_on_a_directory_that_does_not_exist_says_so_once_a_minute(
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"file stream 0: the directory {tmp_path / 'typo'} does not exist: its batches are empty until "
                     "it appears"] * 2  # at 1 s, and a minute later
+
+
+def _run(*argv) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+
+
+def test_the_command_names_the_pyspark_it_runs_on_and_takes_no_abbreviation():
+    from importlib.metadata import version
+
+    said = _run("sparkwal", "--version")
+    assert said.returncode == 0 and f" on PySpark {version('pyspark')}, Python " in said.stdout, said
+    for wrong in (["sparkwal", "--versio"], ["sparkwal.engine.wordcount", "--di", "x"]):
+        refused = _run(*wrong)
+        assert refused.returncode == 2 and refused.stdout == "", refused
+        assert "--versio" not in wrong or "unrecognized option --versio (did you mean --version?)" in refused.stderr
+    assert "unrecognized arguments: --di x" in refused.stderr
+
+
+def test_the_main_jobs_help_is_plain_text():
+    text = _run("sparkwal.engine.wordcount", "--help").stdout
+    assert "WORKDIR/input: the input." in text and "sparkwal.engine.receiver.acked_lines.AckedLineReceiver" in text
+    assert "``" not in text and ":class:" not in text and ":mod:" not in text
+
+
+def test_a_refused_main_job_leaves_no_work_directory_behind(tmp_path):
+    from test_program_identity import PORTED, foreign_checkpoint
+
+    foreign_checkpoint(tmp_path / "theirs", "ported", PORTED)
+    refused = _run("sparkwal.engine.wordcount", "--dir", str(tmp_path / "new"), "--checkpoint", str(tmp_path / "theirs"))
+    assert refused.returncode == 2 and "holds the checkpoint of another program" in refused.stderr, refused
+    assert not (tmp_path / "new").exists()

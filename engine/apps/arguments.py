@@ -41,6 +41,21 @@ _MASTER = re.compile(r"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|local-cluster\[[1-9
                      r"|spark://\S+|yarn|k8s://\S+")
 
 
+def plain(text: str) -> str:
+    """A docstring as ``--help`` shows it: reST's markup (````x````, ``:class:`X```, ``:mod:`X``)
+    left out, the text kept."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """An app's argument parser: its docstring as the help's text (plain), the exit statuses below as its
+    epilog, and no abbreviated options (``--versio`` is not taken for ``--version``)."""
+    return argparse.ArgumentParser(prog=prog, description=plain(doc), allow_abbrev=False,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog=plain(__doc__.split("\n\n", 1)[1]))
+
+
 def _seconds(text: str, least: str) -> float:
     try:
         value = float(text)

@@ -32,7 +32,6 @@ first newer batch completed) p50/p95. Exit status 1 if anything was lost or dupl
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import random
@@ -120,9 +119,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
     """The drill; exit statuses in :mod:`sparkwal.engine.apps.arguments` (1: something was lost or counted
     twice, or the app failed; 2: a mistake in the arguments or the environment, found before
     any JVM starts)."""
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=a.__doc__.split("\n\n", 1)[1])
+    ap = a.parser(prog, __doc__)
     ap.add_argument("--kills", type=a.count, default=None,
                     help="kills to make (default 5; with --duration: until it ends)")
     ap.add_argument("--duration", type=a.positive_seconds, default=None, help="drill for this many seconds")
@@ -199,10 +196,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
         report_dir = os.path.dirname(os.path.abspath(args.report))
         if not os.path.isdir(report_dir):
             ap.error(f"--report {args.report}: no such directory {report_dir}")
-    workdir = a.usable_directory(ap, args.dir, "--dir") if args.dir else tempfile.mkdtemp(prefix="sparkwal-drill-")
-    if args.dir and not args.nemesis:  # its main job runs on WORKDIR/checkpoint
-        a.check_own_checkpoint(prog, os.path.join(workdir, "checkpoint"), None,
+    if args.dir and not args.nemesis:  # its main job runs on WORKDIR/checkpoint (refused: no --dir made)
+        a.check_own_checkpoint(prog, os.path.join(os.path.abspath(args.dir), "checkpoint"), None,
                                {"files": "files", "direct": "filelog", "receiver": "receiver"}[args.mode])
+    workdir = a.usable_directory(ap, args.dir, "--dir") if args.dir else tempfile.mkdtemp(prefix="sparkwal-drill-")
     stopped_by: list[str] = []
 
     def on_signal(signum, _frame):  # unwinds the drill: its finally blocks kill the apps

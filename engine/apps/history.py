@@ -22,7 +22,7 @@ OK, FAILED, USAGE = 0, 1, 2
 
 
 def _parser(prog: str, verb: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory: a local path or an fsspec URL")
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                    help="an fsspec storage option (repeatable)")

@@ -139,9 +139,7 @@ def build(sc, workdir: str, batch: float, *, upgrade: bool = False, json_events:
 def _parser(prog: str) -> argparse.ArgumentParser:
     from sparkwal.engine.apps import arguments as a
 
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=a.__doc__.split("\n\n", 1)[1])
+    ap = a.parser(prog, __doc__)
     ap.add_argument("--dir", default="wordcount-run", help="work directory (input/output/checkpoint)")
     ap.add_argument("--batch", type=a.positive_seconds, default=1.0, help="batch duration in seconds")
     ap.add_argument("--files", type=a.count, default=20, help="files the bundled generator writes (0: none)")
@@ -233,12 +231,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     check_sink(ap, args)
     a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
     a.local_path_is_directory(ap, args.input, "--input")
-    workdir = a.usable_directory(ap, args.dir, "--dir")
     args.checkpoint, args.input = a.absolute(args.checkpoint), a.absolute(args.input)
-    checkpoint_url = args.checkpoint or os.path.join(workdir, "checkpoint")
-    a.check_own_checkpoint(prog, checkpoint_url, options, args.source)
+    checkpoint_url = args.checkpoint or os.path.join(os.path.abspath(args.dir), "checkpoint")
+    a.check_own_checkpoint(prog, checkpoint_url, options, args.source)  # (refused: no --dir made)
     if not args.standby:
         a.check_no_leader(prog, checkpoint_url, options)
+    workdir = a.usable_directory(ap, args.dir, "--dir")
     os.makedirs(os.path.join(workdir, "input"), exist_ok=True)
     # The program names its files relative to the work directory (see build): the job runs in it.
     # Its checkpoint/ must not shadow sparkwal's packages, for this interpreter (whose path may
