@@ -1,8 +1,14 @@
 """What a new user trips on (issue 68), where no other test's subject is the place: a restart that
 would read input files no longer there (a checkpoint copied without them) says which, where, and
-where they were read from, before a batch fails in the JVM."""
+where they were read from, before a batch fails in the JVM; a file stream on a missing directory
+says so; the command's --version, its options never abbreviated, plain --help, and a refused main
+job that leaves nothing behind."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -47,11 +53,7 @@ def test_a_file_stream_on_a_directory_that_does_not_exist_says_so_once_a_minute(
                     "it appears"] * 2  # at 1 s, and a minute later
 
 
-def _run(*argv) -> "subprocess.CompletedProcess":
-    import os
-    import subprocess
-    import sys
-
+def _run(*argv) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
 
@@ -78,6 +80,7 @@ def test_a_refused_main_job_leaves_no_work_directory_behind(tmp_path):
     from test_program_identity import PORTED, foreign_checkpoint
 
     foreign_checkpoint(tmp_path / "theirs", "ported", PORTED)
-    refused = _run("sparkwal.engine.wordcount", "--dir", str(tmp_path / "new"), "--checkpoint", str(tmp_path / "theirs"))
+    refused = _run("sparkwal.engine.wordcount", "--dir", str(tmp_path / "new"),
+                   "--checkpoint", str(tmp_path / "theirs"))
     assert refused.returncode == 2 and "holds the checkpoint of another program" in refused.stderr, refused
     assert not (tmp_path / "new").exists()
