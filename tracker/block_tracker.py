@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
+from sparkwal.base.times import batch_name
 from sparkwal.wal import (SYSTEM_CLOCK, BatchedWriteAheadLog, Clock, Durability, StorageLocation,
                           FileBasedWriteAheadLog, WriteAheadLog)
 
@@ -114,8 +115,8 @@ class ReceivedBlockTracker:
                 return True
             snapshot = {sid: list(q) for sid, q in self._unallocated.items()}
             if not self._write(BatchAllocationEvent(batch_time_ms, snapshot)):
-                log.warning("possibly processed batch %d needs to be processed again in WAL "
-                            "recovery: its allocation could not be logged", batch_time_ms)
+                log.warning("possibly processed %s needs to be processed again in WAL "
+                            "recovery: its allocation could not be logged", batch_name(batch_time_ms))
                 return False
             for q in self._unallocated.values():
                 q.clear()

@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from sparkwal.base.times import batch_name
+
 from ..errors import EngineError
 
 
@@ -58,10 +60,11 @@ def wait_turn(cond: threading.Condition, pending: Mapping[int, _PendingBatch], t
         earlier = [b for t, b in pending.items() if t < time_ms]
         cond.wait_for(lambda: abandoned() or all(b.op_done(output_op_id) for b in earlier))
         if not all(b.op_done(output_op_id) for b in earlier):
-            raise BatchOrderStopped(f"batch {time_ms}: stopped while its output operation {output_op_id} "
+            raise BatchOrderStopped(f"{batch_name(time_ms)}: stopped while its output operation {output_op_id} "
                                     "waited for an earlier batch's (in batch order)")
         failed_at = min((t for t in ((failed or {}).get(k) for k in (output_op_id, ANY_OPERATION)) if t is not None),
                         default=None)
         if failed_at is not None and failed_at < time_ms:
-            raise BatchOrderStopped(f"batch {time_ms}: its output operation {output_op_id} failed in batch "
-                                    f"{failed_at}; later batches' are left for the restart (in batch order)")
+            raise BatchOrderStopped(f"{batch_name(time_ms)}: its output operation {output_op_id} failed in "
+                                    f"{batch_name(failed_at)}; later batches' are left for the restart "
+                                    "(in batch order)")

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from sparkwal.base.times import batch_name
 from sparkwal.checkpoint import Checkpoint
 from sparkwal.checkpoint.errors import CheckpointMismatchError
 
@@ -245,7 +246,8 @@ def new_batch_grid(driver: RecoveryHost, cp: Checkpoint) -> int:
                 f"{change}, but the newest snapshot of {stream} is of batch {max(times, default=None)}, not of the "
                 f"last batch ({cp.checkpoint_time_ms}): its state would be recomputed at the old duration; stop the "
                 "old version gracefully with this sparkwal (it snapshots the last batch), then start this one")
-    log.warning("%s: the new batches run at %d ms from batch %d on", change, driver.batch_ms, cp.checkpoint_time_ms)
+    log.warning("%s: the new batches run at %d ms from %s on", change, driver.batch_ms,
+                batch_name(cp.checkpoint_time_ms))
     return cp.checkpoint_time_ms - driver.batch_ms
 
 

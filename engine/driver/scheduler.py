@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from sparkwal.base.times import batch_name
 from sparkwal.tracker import StreamInputInfo
 
 from ..dstream import Job, describe_times
@@ -103,7 +104,7 @@ class JobScheduler:
         try:
             self._run(js, job)
         except BaseException as e:  # noqa: BLE001
-            log.error("batch %d: the scheduler failed outside its job", js.time_ms, exc_info=True)
+            log.error("%s: the scheduler failed outside its job", batch_name(js.time_ms), exc_info=True)
             self._on_error(e, js.time_ms)
 
     def _run(self, js: JobSet, job: Job) -> None:

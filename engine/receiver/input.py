@@ -11,6 +11,7 @@ from functools import partial
 
 from pyspark import RDD
 
+from sparkwal.base.times import batch_name
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ExecutorCacheTaskLocation
 
@@ -60,7 +61,7 @@ class ReceiverInputDStream(InputDStream):
             return self._sc.parallelize(items, len(items)).flatMap(  # credentials stay here
                 partial(_read_wal_blocks, wal, None, self.input_id))
         if logged:
-            log.error("stream %d batch %d mixes blocks in the WAL and on executors", self.input_id, time_ms)
+            log.error("stream %d, %s: mixes blocks in the WAL and on executors", self.input_id, batch_name(time_ms))
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
 
     def _segment_path(self, name: str) -> str:
@@ -82,9 +83,9 @@ class ReceiverInputDStream(InputDStream):
             held = tracker.block_copies(b.block_id) if tracker is not None else ()
             alive = [c for c in held if live is None or c.executor_id in live]
             if not alive:
-                log.warning("batch %d: block %s of stream %d is lost (%s); enable "
+                log.warning("%s: block %s of stream %d is lost (%s); enable "
                             "spark.streaming.receiver.writeAheadLog.enable to survive executor loss",
-                            time_ms, b.block_id, self.input_id,
+                            batch_name(time_ms), b.block_id, self.input_id,
                             "every executor holding it is gone" if held else "not received by this driver")
                 continue
             ids.append(b.block_id)

@@ -35,6 +35,8 @@ from typing import Callable
 import msgpack
 from pyspark.rdd import portable_hash
 
+from sparkwal.base.times import batch_name
+
 from ..driver_rows import DriverRowsRDD
 
 log = logging.getLogger(__name__)
@@ -268,7 +270,7 @@ class Precomputed:
             if not all(type(item) is tuple and len(item) == 3 for part in parts for item in part):
                 raise ValueError("an item is not [key, combiner, hash]")
         except Exception as e:  # noqa: BLE001  (msgpack raises several types on garbage)
-            log.warning("batch %d: a receiver's result did not decode (%s); reading its blocks", time_ms, e)
+            log.warning("%s: a receiver's result did not decode (%s); reading its blocks", batch_name(time_ms), e)
             self.fallbacks += 1
             return None
         self._host.report_input(time_ms, stream, sum(b.num_records or 0 for b in blocks),
