@@ -3,7 +3,8 @@ the main job's console does.
 
 * An error sparkwal raises on purpose (a :class:`SparkwalError`: a refused checkpoint, a batch that
   failed in the JVM, storage down past its deadline) that the app does not catch ends the program
-  with one line on standard error, ``<program>: <message>``, and status 1, instead of a Python
+  with one line on standard error, ``app.py:31: <message>`` (the app's own line it came through), and
+  status 1, instead of a Python
   traceback (with a Py4J and a Java one inside). Installed when the app makes or recovers a
   ``StreamingContext``, and only while ``sys.excepthook`` is Python's own (an app's hook stays);
   ``SPARKWAL_TRACEBACK=1`` in the environment shows the traceback too. Any other error (a bug in
@@ -12,7 +13,8 @@ the main job's console does.
   app's ``pprint`` lines) is stopped, and Spark's log level becomes ERROR, with the loggers that repeat
   a failed task's trace (the batch's own one line names its error) at FATAL, where the app left them
   at PySpark's defaults: ``spark.sparkwal.console.quiet`` (true). An app that set a level of its own
-  (``sc.setLogLevel``) keeps its console as it is.
+  (``sc.setLogLevel``) keeps its console as it is; the levels are put back when the context stops (a
+  notebook goes on with its own console; Spark's bar, once stopped, does not start again).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from sparkwal.base.errors import SparkwalError
 
 from . import config
 from .config import StreamingConf
-from .errors import one_line
+from .errors import own_directories, one_line
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,25 @@ TASK_TRACE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.sc
 
 def _one_line_hook(kind, value, tb) -> None:
     if isinstance(value, SparkwalError) and not os.environ.get(TRACEBACK_ENV):
-        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        sys.stderr.write(f"{program}: {value}\n")
+        sys.stderr.write(f"{_where(tb)}: {value}\n")
         sys.stderr.flush()
         return
     sys.__excepthook__(kind, value, tb)
+    if isinstance(value, SparkwalError) and hasattr(value, "java_trace"):  # asked for: all of it
+        sys.stderr.write(f"the Java exception: {value.java_trace()}\n")
+
+
+def _where(tb) -> str:
+    """The app's own line that the error came through (``app.py:31``; the innermost frame outside
+    sparkwal, PySpark and Python's library), else the program's name."""
+    own = own_directories()
+    line = None
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not (path.startswith(own) or f"{os.sep}pyspark{os.sep}" in path or f"{os.sep}py4j{os.sep}" in path):
+            line = f"{os.path.basename(path)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return line or (os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python")
 
 
 def one_line_errors() -> None:
@@ -50,23 +67,39 @@ def one_line_errors() -> None:
         sys.excepthook = _one_line_hook
 
 
-def quiet_spark(sc, settings: StreamingConf) -> None:
+def quiet_spark(sc, settings: StreamingConf) -> Callable[[], None] | None:
     """Spark's console progress bar stopped and its log level made ERROR where the app left them
-    at PySpark's defaults (see above)."""
+    at PySpark's defaults (see above); returns what puts the levels back (the context's stop calls
+    it: a notebook or shell goes on with its own console), None where nothing was changed."""
     if not settings[config.CONSOLE_QUIET]:
-        return
+        return None
     try:
         # PySpark's default WARN is a threshold Spark keeps apart from the root level until the app
         # sets a level of its own (sc.setLogLevel clears it): org.apache.spark.internal.Logging
         spark_logging = getattr(getattr(sc._jvm.org.apache.spark.internal, "Logging$"), "MODULE$")
-        if spark_logging.sparkShellThresholdLevel() is None:
-            return  # the app chose its level: its console is its own
+        threshold = spark_logging.sparkShellThresholdLevel()
+        if threshold is None:
+            return None  # the app chose its level: its console is its own
+        log4j = sc._jvm.org.apache.logging.log4j
+        configurator = log4j.core.config.Configurator
+        root = log4j.LogManager.getRootLogger().getLevel()
+        levels = {name: log4j.LogManager.getLogger(name).getLevel() for name in TASK_TRACE_LOGGERS}
         bar = sc._jsc.sc().progressBar()
         if bar.isDefined():
-            bar.get().stop()
+            bar.get().stop()  # (for good: Spark's bar has no start again)
         sc.setLogLevel("ERROR")
-        log4j = sc._jvm.org.apache.logging.log4j
         for name in TASK_TRACE_LOGGERS:
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.FATAL)
+            configurator.setLevel(name, log4j.Level.FATAL)
     except Exception as e:  # noqa: BLE001 (a Spark without these members: its console as it is)
         log.info("Spark's console left as it is: %s", one_line(e))
+        return None
+
+    def put_back() -> None:
+        try:
+            configurator.setRootLevel(root)
+            getattr(spark_logging, "sparkShellThresholdLevel_$eq")(threshold)
+            for name, level in levels.items():
+                configurator.setLevel(name, level)
+        except Exception as e:  # noqa: BLE001 (the JVM stopped with the context: nothing to put back)
+            log.debug("Spark's log levels not put back: %s", one_line(e))
+    return put_back

@@ -50,6 +50,7 @@ class StreamingContext:
         console.one_line_errors()
         #: start() on a copy whose source a live driver leads runs anyway (see start())
         self.allow_live_source = False
+        self._console_back: Callable[[], None] | None = None  # puts Spark's console back at stop() (console.py)
 
     # ------------------------------------------------------------------ properties
 
@@ -243,7 +244,8 @@ class StreamingContext:
                                    self.allow_live_source or driver.settings[config.ALLOW_LIVE_SOURCE])
             if refused is not None:
                 raise CopySourceActiveError(*refused)
-        console.quiet_spark(driver.sc, driver.settings)
+        if self._console_back is None:
+            self._console_back = console.quiet_spark(driver.sc, driver.settings)
         driver.start()
 
     def isStandby(self) -> bool:
@@ -303,6 +305,9 @@ class StreamingContext:
             self._driver.rejoiner.stopping()
         driver = self._driver
         driver.stop(stopGraceFully)
+        put_back, self._console_back = self._console_back, None
+        if put_back is not None:
+            put_back()
         if stopSparkContext:
             driver.sc.stop()
 

@@ -48,7 +48,7 @@ class ProgramVersionError(EngineError, ValueError):
                          f"version {supported}")
 
 
-class MissingInputError(EngineError, FileNotFoundError):
+class MissingInputError(EngineError, LookupError):
     """A restart's batches would read again input that is no longer there (a file stream's files not
     copied with a checkpoint copy, or deleted): names the files, the directory and where they were read."""
 
@@ -87,8 +87,11 @@ class BatchFailedError(EngineError, Py4JJavaError):
 
     def __init__(self, time_ms: int | None, error: Py4JJavaError):
         Py4JJavaError.__init__(self, error.errmsg, error.java_exception)
-        self.time_ms = time_ms
-        self.message = f"{batch_name(time_ms) if time_ms is not None else 'a batch'} failed: {one_line(error)}"
+        self.time_ms, self.error = time_ms, error  # the driver's frames (a foreachRDD's) come with it
+        self.with_traceback(error.__traceback__)
+        where = _task_code_line(error)
+        self.message = (f"{batch_name(time_ms) if time_ms is not None else 'a batch'} failed: {one_line(error)}"
+                        + (f" ({where})" if where else ""))
         self.args = (self.message,)
 
     def __str__(self) -> str:
@@ -97,3 +100,36 @@ class BatchFailedError(EngineError, Py4JJavaError):
     def java_trace(self) -> str:
         """The Java exception's trace (what ``str()`` of a ``Py4JJavaError`` is)."""
         return Py4JJavaError.__str__(self)
+
+
+def own_directories() -> tuple[str, ...]:
+    """The folders sparkwal's modules load from (its rooms: in a checkout, not under one folder)."""
+    import importlib.util
+    import os
+
+    folders = []
+    for room in ("sparkwal", "sparkwal.base", "sparkwal.wal", "sparkwal.checkpoint", "sparkwal.tracker",
+                 "sparkwal.engine"):
+        spec = importlib.util.find_spec(room)
+        folders += [os.path.abspath(f) + os.sep for f in (spec.submodule_search_locations or [])] if spec else []
+    return tuple(folders)
+
+
+#: a Python traceback's line inside a Java trace: a task's own error
+_PYTHON_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _task_code_line(error: Py4JJavaError) -> str | None:
+    """Where in the app's own code a failed task's Python error was raised (``at app.py:12 in
+    <lambda>``): the innermost frame of the worker's traceback outside PySpark and sparkwal."""
+    try:
+        text = Py4JJavaError.__str__(error)
+    except Exception:  # noqa: BLE001 (the JVM may be gone: the error's own line is enough)
+        return None
+    own = own_directories()
+    frames = [m for m in _PYTHON_FRAME.finditer(text)
+              if not (re.search(r"[/\\](pyspark|py4j)[/\\]", m.group(1)) or m.group(1).startswith(own))]
+    if not frames:
+        return None
+    path, line, function = frames[-1].groups()
+    return f"at {path.rsplit('/', 1)[-1]}:{line} in {function}"

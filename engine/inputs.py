@@ -91,18 +91,18 @@ def _is_local(directory: str) -> bool:
     return "://" not in directory or directory.startswith("file://")
 
 
-def _list_files(directory: StorageLocation, on_missing=None) -> list[tuple[str, int]]:
+def _list_files(directory: StorageLocation, on_empty=None) -> list[tuple[str, int]]:
     """(path or URL, modification time in whole ms) of the candidate files in ``directory`` (a
     path or any fsspec URL): regular files whose names do not start with "." or "_" (files being
-    written). A missing directory has none (``on_missing()`` is called). Local files are named by
-    path, others by URL."""
+    written). A missing directory has none (``on_empty()`` is called when there are none). Local
+    files are named by path, others by URL."""
     storage, path = directory.resolve()
     try:
         infos = storage.list_files(path)
     except FileNotFoundError:
         infos = []
-    if not infos and on_missing is not None and not storage.exists(path):  # (a store lists a missing one as empty)
-        on_missing()
+    if not infos and on_empty is not None:
+        on_empty()
     local = _is_local(directory.url)
     return [(os.path.join(directory.url, i.name) if local else storage.url(i.path), i.mtime_ms or 0)
             for i in infos if not i.name.startswith((".", "_"))]
@@ -267,19 +267,23 @@ class FileInputDStream(InputDStream):
         last = self.downtimes.get(time_ms)
         if last is not None:
             threshold = max(self._start_threshold_ms, min(threshold, last))
-        return sorted(path for path, mtime in _list_files(self.location, self._directory_missing)
+        return sorted(path for path, mtime in _list_files(self.location, self._listed_nothing)
                       if threshold < mtime <= time_ms and path not in self._recent
                       and (path, mtime) not in self._present_at_start)
 
-    def _directory_missing(self) -> None:
-        """pyspark.streaming is silent about a directory that does not exist (a typo reads as "no new
-        files"): one warning naming it, again at most once a minute while it is missing."""
-        now, said = self._host.clock.now_ms(), getattr(self, "_missing_said_ms", None)
-        if said is None or now - said >= self.MISSING_WARN_MS:
+    def _listed_nothing(self) -> None:
+        """pyspark.streaming is silent about a local directory that does not exist (a typo reads as "no
+        new files"): one warning naming it, again at most once a minute while it is missing. (An object
+        store's prefix with nothing under it is not missing: nothing is said.)"""
+        url, said = self.location.url, getattr(self, "_missing_said_ms", None)
+        now = self._host.clock.now_ms()
+        if ("://" in url and not url.startswith("file://")) or (said is not None and now - said < self.MISSING_WARN_MS):
+            return
+        path = os.path.abspath(url.removeprefix("file://"))
+        if not os.path.isdir(path):
             self._missing_said_ms = now
-            url = self.location.url
             log.warning("file stream %d: the directory %s does not exist: its batches are empty until it appears",
-                        self.input_id, url if "://" in url else os.path.abspath(url))
+                        self.input_id, path)
 
     def compute(self, time_ms: int) -> RDD | None:
         with self._files_lock:
@@ -289,8 +293,7 @@ class FileInputDStream(InputDStream):
                 self.batch_files[time_ms] = files
                 self._recent.update(files)
         if files and time_ms in self._restored_times:  # read by the run that wrote the checkpoint: still there?
-            present = {path for path, _ in _list_files(self.location)}
-            self._refuse_missing([f for f in files if f not in present], None, time_ms)
+            self._refuse_missing(self._missing(files), None, time_ms)
             self._restored_times.discard(time_ms)
         # the records are counted as the tasks read them (records_read): 0 until then
         self._host.report_input(time_ms, self, 0, {"files": files})
@@ -302,19 +305,31 @@ class FileInputDStream(InputDStream):
                                                         preservesPartitioning=True)
 
     def check_inputs_present(self, times_ms: list[int], checkpoint_dir: str | None) -> None:
-        """The files batches ``times_ms`` took (re-run, they read the same) must still be in the directory
-        (one listing): a checkpoint copy does not carry them, and a relative directory is read from where
-        the program runs. A batch computed again for a state's lineage checks its own in :meth:`compute`."""
-        wanted = [f for t in times_ms for f in self.batch_files.get(t, [])]
-        if wanted:
-            present = {path for path, _ in _list_files(self.location)}
-            self._refuse_missing([f for f in wanted if f not in present], checkpoint_dir)
+        """The files batches ``times_ms`` took (re-run, they read the same) must still be there: a checkpoint
+        copy does not carry them, and a relative directory is read from where the program runs. A batch
+        computed again for a state's lineage checks its own in :meth:`compute`."""
+        self._refuse_missing(self._missing([f for t in times_ms for f in self.batch_files.get(t, [])]),
+                             checkpoint_dir)
+
+    def _missing(self, files: list[str]) -> list[str]:
+        """The recorded ``files`` that are not there, looked for as :meth:`_read` reads them (a path
+        from where the program runs, or a URL with the stream's storage options)."""
+        gone = []
+        for f in files:
+            if "://" in f and not f.startswith("file://"):
+                storage, path = StorageLocation(f, self.location.options).resolve()
+                there = storage.exists(path)
+            else:
+                there = os.path.exists(os.path.abspath(f.removeprefix("file://")))
+            if not there:
+                gone.append(f)
+        return gone
 
     def _refuse_missing(self, missing: list[str], checkpoint_dir: str | None, time_ms: int | None = None) -> None:
         if not missing:
             return
-        url = self.location.url
-        where = url if "://" in url else os.path.abspath(url)
+        first = missing[0]
+        where = first.rpartition("/")[0] if "://" in first else os.path.dirname(os.path.abspath(first))
         shown = ", ".join(os.path.basename(f) for f in missing[:3]) + (", ..." if len(missing) > 3 else "")
         read_from = getattr(self, "_read_from", None)
         raise MissingInputError(

@@ -1,9 +1,11 @@
 """A ported app as a user writes it (no log level, no settings of its own), for the console test.
 
 usage: python console_app.py failing            a batch's Spark job fails in the JVM
+       python console_app.py task               a task of a batch fails in the app's own function
        python console_app.py recover CHECKPOINT  getOrCreate on another application's checkpoint
-Prints one JSON line ``{"event": "started", "logLevel"}`` once the stream runs, then lets any error
-end it as an uncaught one would.
+       python console_app.py stop               a stream started and stopped, the SparkContext kept
+Prints one JSON line ``{"event": "started", "logLevel", "threshold"}`` once the stream runs (and
+``"stopped"`` after the stop), then lets any error end it as an uncaught one would.
 """
 
 import json
@@ -18,14 +20,35 @@ conf = (SparkConf().setMaster("local[2]").setAppName("console-app").set("spark.u
 sc = SparkContext(conf=conf)
 
 
+def divide(x):
+    return 1 / (x - x)
+
+
 def setup():
     ssc = StreamingContext(sc, 0.5)
-    ssc.queueStream([sc.textFile("/nonexistent/sparkwal-console-input")]).count().pprint()
+    if sys.argv[1] == "task":
+        ssc.queueStream([sc.parallelize(range(4), 2)]).map(divide).count().pprint()
+    else:
+        ssc.queueStream([sc.textFile("/nonexistent/sparkwal-console-input")]).count().pprint()
     return ssc
 
 
-ssc = StreamingContext.getOrCreate(sys.argv[2], setup) if sys.argv[1] == "recover" else setup()
+def say(event: str) -> None:
+    level = sc._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel()
+    threshold = getattr(getattr(sc._jvm.org.apache.spark.internal, "Logging$"), "MODULE$").sparkShellThresholdLevel()
+    print(json.dumps({"event": event, "logLevel": str(level), "threshold": threshold and str(threshold)}), flush=True)
+
+
+if sys.argv[1] == "stop":
+    ssc = StreamingContext(sc, 0.5)
+    ssc.queueStream([], default=sc.parallelize([], 1)).count().pprint()
+else:
+    ssc = StreamingContext.getOrCreate(sys.argv[2], setup) if sys.argv[1] == "recover" else setup()
 ssc.start()
-level = str(sc._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
-print(json.dumps({"event": "started", "logLevel": level}), flush=True)
-ssc.awaitTermination(60)
+say("started")
+if sys.argv[1] == "stop":
+    ssc.stop(stopSparkContext=False)
+    say("stopped")
+    sc.stop()
+else:
+    ssc.awaitTermination(60)

@@ -59,6 +59,7 @@ def test_a_stop_during_a_store_acknowledges_the_chunk_and_the_next_receiver_gets
         second = BlockingStore()
         second.release.set()
         receiver_of(source, second)
+        assert source.wait_connections(2, 30)  # (offered before, it would go to the closing first one)
         source.offer(["d"])
         assert source.wait_acked(4, 30), source.statistics()
         assert second.blocks == [["d"]]
@@ -82,6 +83,7 @@ def test_a_stop_with_no_chunk_under_way_ends_the_connection_and_the_next_receive
         second = BlockingStore()
         second.release.set()
         receiver_of(source, second)
+        assert source.wait_connections(2, 30)  # (offered before, it would go to the closing first one)
         source.offer(["y"])
         assert source.wait_acked(2, 30), source.statistics()
         assert first.blocks == [["x"]] and second.blocks == [["y"]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,10 +40,15 @@ def test_a_batch_that_fails_in_the_jvm_ends_the_app_in_one_line():
     lines = app_lines(proc.stderr)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "\tat " not in proc.stderr and "py4j" not in proc.stderr.lower()
-    last = lines[-1]
-    assert last.startswith("console_app.py: batch ") and " failed: org.apache.hadoop.mapred.InvalidInputException: " \
-        "Input path does not exist: file:/nonexistent/sparkwal-console-input" in last, proc.stderr
+    last = lines[-1]  # the app's own line it came through (its awaitTermination), the batch as a time
+    assert re.fullmatch(r"console_app\.py:\d+: batch \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{3})? failed: "
+                        r"org\.apache\.hadoop\.mapred\.InvalidInputException: Input path does not exist: "
+                        r"file:/nonexistent/sparkwal-console-input", last), proc.stderr
     assert lines[:-1] and all(line.startswith("error in batch ") for line in lines[:-1])  # the driver's own log
+    task = run_app("task")  # the app's own function failed in a task: where, in one line
+    assert task.returncode == 1 and "Traceback" not in task.stderr and "\tat " not in task.stderr, task.stderr
+    assert re.search(r"failed: ZeroDivisionError: division by zero \(at console_app\.py:\d+ in divide\)$",
+                     app_lines(task.stderr)[-1]), task.stderr
 
 
 @pytest.mark.driver
@@ -50,10 +56,22 @@ def test_recovering_another_applications_checkpoint_is_one_line(tmp_path):
     foreign_checkpoint(tmp_path / "checkpoint", "sparkwal-wordcount", "0:FileInputDStream(slide=1000)<-[]")
     proc = run_app("recover", tmp_path / "checkpoint")
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
-    assert app_lines(proc.stderr) == [
-        f"console_app.py: the checkpoint in {tmp_path / 'checkpoint'} belongs to application 'sparkwal-wordcount', "
-        "not to this one ('console-app'): recovering would run that program; give this application a checkpoint "
-        "directory of its own, or recover it anyway with getOrCreate(..., allow_other_app=True) "
-        "(spark.sparkwal.recover.allowOtherApp=true)"]
+    line = app_lines(proc.stderr)
+    assert len(line) == 1 and re.match(r"console_app\.py:\d+: ", line[0]), proc.stderr  # the getOrCreate line
+    assert line == [
+        f"{line[0].split(': ', 1)[0]}: the checkpoint in {tmp_path / 'checkpoint'} belongs to application "
+        "'sparkwal-wordcount', not to this one ('console-app'): recovering would run that program; give this "
+        "application a checkpoint directory of its own, or recover it anyway with "
+        "getOrCreate(..., allow_other_app=True) (spark.sparkwal.recover.allowOtherApp=true)"]
     shown = run_app("recover", tmp_path / "checkpoint", SPARKWAL_TRACEBACK="1")  # the trace, when asked for
     assert shown.returncode == 1 and "Traceback" in shown.stderr and "AnotherApplicationError" in shown.stderr
+
+
+@pytest.mark.driver
+def test_spark_console_is_put_back_when_the_stream_stops():
+    """A notebook or shell goes on with PySpark's own console after the stream."""
+    proc = run_app("stop")
+    started, stopped = (json.loads(line) for line in proc.stdout.splitlines()[:2])
+    assert proc.returncode == 0, proc.stderr
+    assert started["logLevel"] == "ERROR" and started["threshold"] is None, started
+    assert stopped["threshold"] == "WARN" and stopped["logLevel"] != "ERROR", stopped  # PySpark's defaults again

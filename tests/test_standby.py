@@ -334,7 +334,7 @@ def test_a_standby_writes_nothing_while_it_waits_then_takes_over_exactly(ui_enab
         assert tree(ckpt) == before
 
         standby = StreamingContext.getOrCreate(str(ckpt), lambda: pytest.fail("setup must not run"),
-                                               standby=True)
+                                               standby=True, allow_other_app=True)  # the main job's
         takeovers = Takeovers()
         standby.addStreamingListener(takeovers)
         standby.start()

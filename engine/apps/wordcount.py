@@ -299,6 +299,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
     from sparkwal.engine import DriverAlreadyActiveError
     from sparkwal.wal import FencedError
 
+    carried = None  # the running totals the checkpoint's state holds: the newest output it covers
+    if receiver is None and not direct and not args.standby:
+        from sparkwal.checkpoint import read_checkpoint
+
+        try:
+            restored = read_checkpoint(checkpoint_url, storage_options=options)
+        except Exception:  # noqa: BLE001 (start() names a checkpoint that does not read)
+            restored = None
+        if restored is not None:
+            carried = newest_totals(os.path.join(workdir, "output"), restored.checkpoint_time_ms)
     try:
         ssc, progress = build(sc, ".", args.batch, upgrade=args.upgrade, json_events=args.json,
                               receiver=receiver, direct=direct, checkpoint=args.checkpoint,
@@ -315,8 +325,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         sc.stop()
         return _fail(f"could not start: {a.one_line(e)}", a.STORAGE if a.storage_fault(e) else a.FAILED)
     say_context(ssc, args.json)
-    if ssc.recovery != "new" and not direct and receiver is None:
-        say_totals("resumed", os.path.join(workdir, "output"), args.json)
+    if ssc.recovery != "new" and carried is not None:
+        say_totals("resumed", carried, args.json)
     if ssc.uiWebUrl:  # off with --conf spark.ui.enabled=false
         emit({"event": "ui", "url": ssc.uiWebUrl, "spark_ui": sc.uiWebUrl}, args.json,
              f"UI: {ssc.uiWebUrl}/streaming/")
@@ -401,24 +411,33 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         summary(ssc, progress, args.json, read_results(workdir)["batches"], output, signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]
-    if receiver is None:
-        say_totals("totals", os.path.join(workdir, "output"), args.json)
+    ended = newest_totals(os.path.join(workdir, "output")) if receiver is None else None
+    if ended is not None:
+        say_totals("totals", ended, args.json)
     summary(ssc, progress, args.json, len(outputs), os.path.join(workdir, "output"), signals.signal_name)
     return a.OK
 
 
-def say_totals(kind: str, out_dir: str, json_events: bool) -> None:
-    """The running totals (the ``updateStateByKey`` state) as of the newest batch output: at a restart
-    what it resumes with (``resumed``), at the stop where it ended (``totals``)."""
+def newest_totals(out_dir: str, up_to_ms: int | None = None) -> dict | None:
+    """The newest batch output's (``batch_ms`` and ``totals``: the ``updateStateByKey`` state as of that
+    batch), of the batches up to ``up_to_ms`` (a checkpoint's time: the state it holds); None: none."""
+    import re
+
+    times = sorted(int(m.group(1)) for m in (re.fullmatch(r"batch-(\d+)\.json", n) for n in
+                   (os.listdir(out_dir) if os.path.isdir(out_dir) else [])) if m)
+    times = [t for t in times if up_to_ms is None or t <= up_to_ms]
+    if not times:
+        return None
+    with open(os.path.join(out_dir, f"batch-{times[-1]}.json")) as f:
+        return json.load(f)
+
+
+def say_totals(kind: str, newest: dict, json_events: bool) -> None:
+    """The running totals of a batch output: at a restart what it resumes with (``resumed``), at the
+    stop where it ended (``totals``)."""
     from sparkwal.base.times import clock_time
     from sparkwal.engine.apps.progress import emit
 
-    names = sorted((n for n in os.listdir(out_dir) if n.startswith("batch-") and n.endswith(".json")),
-                   key=lambda n: int(n[len("batch-"):-len(".json")])) if os.path.isdir(out_dir) else []
-    if not names:
-        return
-    with open(os.path.join(out_dir, names[-1])) as f:
-        newest = json.load(f)
     words, counted = len(newest["totals"]), sum(newest["totals"].values())
     emit({"event": kind, "words": words, "counted": counted, "as_of_ms": newest["batch_ms"]}, json_events,
          f"{'resumed with the' if kind == 'resumed' else 'the'} running totals as of "

@@ -12,7 +12,8 @@ delay and the backlog), again at most once a minute while the delay keeps growin
 says when the delay is back under one batch interval. Each is also an ``onBacklog`` listener event
 (``state``: "catching_up", "falling_behind", "still_behind", "caught_up").
 ``spark.sparkwal.backlog.warnIntervals`` (default 3) sets the threshold in batch intervals; 0
-turns it off. Until a batch has completed nothing is said: how long batches take is not known yet.
+turns it off. Until two batches have completed nothing is said: how long batches take is not known yet
+(a restart's first batch warms up). From catching up to falling behind, or back, at most once a minute.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 REPEAT_MS = 60_000  # "still behind" at most this often
 RECENT_BATCHES = 5  # how long batches take: the mean of the last few completed
+MIN_SAMPLES = 2  # ... once this many have (a restart's first batch, warming up, is slow)
 
 
 class BacklogWatch(StreamingListener):
@@ -50,8 +52,9 @@ class BacklogWatch(StreamingListener):
             self._processing_ms.append(took)
 
     def processing_ms(self) -> float | None:
-        """How long the recent batches took to run (None: none completed yet)."""
-        return sum(self._processing_ms) / len(self._processing_ms) if self._processing_ms else None
+        """How long the recent batches took to run (None: too few completed yet)."""
+        n = len(self._processing_ms)
+        return sum(self._processing_ms) / n if n >= MIN_SAMPLES else None
 
     def onBatchStarted(self, batchStarted) -> None:
         info = batchStarted.batchInfo()
@@ -64,8 +67,8 @@ class BacklogWatch(StreamingListener):
             self._say("caught_up", delay, info.batch_time_ms, now, took)
         elif delay > self.threshold_ms and took is not None:
             state = "catching_up" if took < self.batch_ms else "falling_behind"
-            if state != self.state:
-                self.state = state
+            if state != self.state and (self.state is None or now - self._said_ms >= REPEAT_MS):
+                self.state = state  # (from one to the other at most once a minute: a mean near the interval)
                 self._say(state, delay, info.batch_time_ms, now, took)
             elif state == "falling_behind" and delay > self._said_delay_ms and now - self._said_ms >= REPEAT_MS:
                 self._say("still_behind", delay, info.batch_time_ms, now, took)
@@ -76,9 +79,10 @@ class BacklogWatch(StreamingListener):
         if state == "caught_up":
             log.warning("caught up: scheduling delay back to %.1f s", delay_ms / 1000)
         elif state == "catching_up":
+            back_s = backlog * took_ms / (1 - took_ms / self.batch_ms) / 1000
             log.warning("catching up: %d batches due (scheduling delay %.1f s); batches take %.1f s of the %.1f s "
-                        "interval, back on time in about %.0f s", backlog, delay_ms / 1000, took_ms / 1000,
-                        self.batch_ms / 1000, backlog * took_ms / (1 - took_ms / self.batch_ms) / 1000)
+                        "interval, back on time in %s", backlog, delay_ms / 1000, took_ms / 1000,
+                        self.batch_ms / 1000, f"about {back_s:.0f} s" if back_s < 3600 else "more than an hour")
         else:
             log.warning("%s: scheduling delay %.1f s (%.0f batch intervals), %d batches queued or running; "
                         "batches take %.1f s, longer than the %.1f s interval",

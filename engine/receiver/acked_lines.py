@@ -106,6 +106,11 @@ class AckedLineSource:
         with self._cond:
             return self._cond.wait_for(lambda: self._base >= n, timeout_s)
 
+    def wait_connections(self, n: int, timeout_s: float) -> bool:
+        """True once ``n`` receivers have connected (handshake done) since the source started."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._stats["connections"] >= n, timeout_s)
+
     def _accept(self, sock: socket.socket, peer: str) -> None:
         try:
             sock.settimeout(wire.HANDSHAKE_TIMEOUT_S)
