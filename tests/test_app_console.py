@@ -26,10 +26,11 @@ def run_app(*args, **extra_env) -> subprocess.CompletedProcess:
 
 
 def app_lines(stderr: str) -> list[str]:
-    """Standard error without the JVM's start-up lines (printed before any sparkwal code runs)."""
+    """Standard error without the JVM's start-up lines (printed before any sparkwal code runs) and the one
+    line an older PySpark's fallback says (``Spark 3.5: ...``)."""
     return [line for line in stderr.splitlines() if line.strip() and not line.startswith(
         ("WARNING: Using incubator", "Using Spark's default", "Setting default log level", "To adjust logging"))
-        and " WARN NativeCodeLoader" not in line]
+        and " WARN NativeCodeLoader" not in line and not re.match(r"Spark \d+\.\d+: ", line)]
 
 
 @pytest.mark.driver
