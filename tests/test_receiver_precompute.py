@@ -156,7 +156,7 @@ def test_the_driver_holds_a_bounded_amount_of_results_dropping_the_oldest_first(
     class Head:
         creation_site = "reduceByKey at app.py:1"
     plan = BlockPlan(7, (), lambda v: v, operator.add)
-    held = Precomputed(host=None, plans={0: [(Head(), plan)]}, max_held=250)
+    held = Precomputed(None, [], None, None, plans={0: [(Head(), plan)]}, max_held=250)
     for i in range(5):
         held.add(0, f"input-0-{i}", [[7, bytes(100)], [99, bytes(100)]])  # plan 99 is not this stream's
     assert held.held_bytes == 200  # the two newest blocks' results of plan 7
@@ -181,16 +181,15 @@ def test_results_carry_each_keys_hash_and_a_malformed_one_falls_back_to_the_bloc
     class Block:
         block_id, num_records = "input-0-1", 3
 
-    class Driver:  # what Precomputed reads of the driver
-        sc = spark_context
-        graph = type("Graph", (), {"inputs": [type("Input", (), {"input_id": 0})()]})()
-        block_tracker = type("Blocks", (), {"get_blocks_of_batch_and_stream": staticmethod(lambda t, sid: [Block()])})()
-
-        def report_input(self, *args):
-            pass
+    class Blocks:  # the driver's block tracker, as Precomputed reads it
+        @staticmethod
+        def get_blocks_of_batch_and_stream(time_ms, stream_id):
+            return [Block()]
 
     head, plan = Head(), BlockPlan(7, (), lambda v: v, operator.add)
-    held = Precomputed(Driver(), plans={0: [(head, plan)]}, max_held=1 << 20)
+    inputs, reported = [type("Input", (), {"input_id": 0})()], []
+    held = Precomputed(spark_context, inputs, Blocks(), lambda *args: reported.append(args),
+                       plans={0: [(head, plan)]}, max_held=1 << 20)
     held.add(0, "input-0-1", [[7, encode_result([("a", 1)], 1024)]])  # [key, combiner]: no hash
     assert held.rdd(head, 1000) is None and held.fallbacks == 1
     held.add(0, "input-0-1", [[7, encode_result([("a", 1, 5), ("b", 2, None)], 1024)]])
@@ -198,3 +197,4 @@ def test_results_carry_each_keys_hash_and_a_malformed_one_falls_back_to_the_bloc
     assert rdd.collect() == [("a", 1), ("b", 2)] and rdd.key_hashes is None
     held.add(0, "input-0-1", [[7, encode_result([("a", 1, 5)], 1024)]])
     assert held.rdd(head, 2000).key_hashes == {"a": 5}
+    assert [(t, n) for t, _, n, _ in reported] == [(1500, 3), (2000, 3)]  # each batch's input, reported once

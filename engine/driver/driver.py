@@ -35,7 +35,6 @@ from .. import cluster, config
 from ..config import StreamingConf
 from ..errors import BatchFailedError, one_line
 from ..graph import DStreamGraph
-from ..receiver.receiver_tracker import ReceiverTracker
 from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverFenced,
                         StreamingListenerDriverRestarted, StreamingListenerStreamingStarted)
 from ..signals import stop_gracefully_on_signals
@@ -88,7 +87,7 @@ class Driver:
         self.snapshots = StateSnapshots(self)
         self.batch_log: BatchLog | None = None  # made at start when checkpointing
         self.block_tracker: ReceivedBlockTracker | None = None  # made at start
-        self.receiver_tracker: ReceiverTracker | None = None  # made at start when there are receiver inputs
+        self.receiver_tracker: receiver_lifecycle.ReceiverTracker | None = None  # made at start if receivers
         self.checkpointing = checkpointing.Checkpointing(batch_ms, self.snapshots, lambda: self.leader_epoch)
         self.terminated = threading.Event()
         self.standby_requested, self.rejoiner = False, None  # getOrCreate(..., standby=True): see request_standby
@@ -205,7 +204,10 @@ class Driver:
                 self.leadership.stream_started()
             first = plan.first_ms
             self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
-            self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(self)  # (started below)
+            self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(  # (started below)
+                self.graph, self.block_tracker, sc=self.sc, settings=self.settings, clock=self.clock,
+                events=self.events, batch_ms=self.batch_ms, report_input=self.report_input,
+                checkpoint=self.location, leader_epoch=self.leader_epoch)
             self.scheduler.start(BatchSteps(
                 self.graph, self.block_tracker, self.receiver_tracker,
                 batches.BatchPlanner(self.batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),

@@ -10,7 +10,6 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ReceivedBlockTracker
 
 from .. import config
-from ..receiver.host import ReceiverHost
 from ..receiver.receiver_tracker import ReceiverTracker
 
 if TYPE_CHECKING:
@@ -35,12 +34,13 @@ def make_block_tracker(graph: DStreamGraph, location: StorageLocation | None, se
                                 clock=clock, recover_from_wal=logged and restarted, lock=lock if logged else None)
 
 
-def make_receiver_tracker(driver: ReceiverHost) -> ReceiverTracker | None:
-    """The tracker of the inputs with a receiver to run (others get their blocks from elsewhere),
-    not started (:func:`start_receivers`): a restart's re-run batches, generated before the
-    receivers start, see which streams the receivers precompute; None when there are none."""
-    receivers = [s for s in driver.graph.inputs if getattr(s, "receiver", None) is not None]
-    return ReceiverTracker(driver, receivers) if receivers else None
+def make_receiver_tracker(graph: DStreamGraph, blocks: ReceivedBlockTracker, **collaborators) -> ReceiverTracker | None:
+    """The tracker of ``graph``'s inputs with a receiver to run (others get their blocks from elsewhere),
+    not started (:func:`start_receivers`): a restart's re-run batches, generated before the receivers
+    start, see which streams the receivers precompute; None when there are none. ``collaborators``:
+    :class:`ReceiverTracker`'s others, by name."""
+    receivers = [s for s in graph.inputs if getattr(s, "receiver", None) is not None]
+    return ReceiverTracker(graph=graph, blocks=blocks, inputs=receivers, **collaborators) if receivers else None
 
 
 def stop_receivers(receivers: ReceiverTracker, blocks: ReceivedBlockTracker, graceful: bool, timeout_s: float,

@@ -209,8 +209,10 @@ class Precomputed:
     ``max_held`` bytes, the oldest dropped first: their batches read their blocks), and each
     combined stream's RDD from them."""
 
-    def __init__(self, host, plans: dict[int, list], max_held: int):
-        self._host = host
+    def __init__(self, sc, inputs: list, blocks, report_input, plans: dict[int, list], max_held: int):
+        """``inputs``: the receiver streams; ``blocks``: the driver's block tracker; ``report_input``: the
+        driver's record of a batch's input."""
+        self._sc, self._inputs, self._blocks, self._report_input = sc, inputs, blocks, report_input
         self._heads = [(head, (sid, plan)) for sid, pairs in plans.items() for head, plan in pairs]
         self._plans = {id(head): entry for head, entry in self._heads}
         self._by_stream = {sid: tuple(plan for _, plan in pairs) for sid, pairs in plans.items()}
@@ -255,8 +257,8 @@ class Precomputed:
         if entry is None:
             return None
         sid, plan = entry
-        stream = next(s for s in self._host.graph.inputs if s.input_id == sid)
-        blocks = self._host.block_tracker.get_blocks_of_batch_and_stream(time_ms, sid)
+        stream = next(s for s in self._inputs if s.input_id == sid)
+        blocks = self._blocks.get_blocks_of_batch_and_stream(time_ms, sid)
         with self._lock:
             found = [self._results.pop((b.block_id, plan.plan_id), None) for b in blocks]
             self._held -= sum(len(d) for d in found if d is not None)
@@ -273,7 +275,7 @@ class Precomputed:
             log.warning("%s: a receiver's result did not decode (%s); reading its blocks", batch_name(time_ms), e)
             self.fallbacks += 1
             return None
-        self._host.report_input(time_ms, stream, sum(b.num_records or 0 for b in blocks),
+        self._report_input(time_ms, stream, sum(b.num_records or 0 for b in blocks),
                                 {"blocks": len(blocks), "precomputed": True})
         self.batches += 1
         merge = head.block_combine[2]
@@ -283,5 +285,5 @@ class Precomputed:
             for key, combiner, hashed in part:
                 merged[key] = merge(merged[key], combiner) if key in merged else combiner
                 hashes[key] = hashed
-        return DriverRowsRDD(self._host.sc, list(merged.items()), num_partitions=head.block_combine[3],
+        return DriverRowsRDD(self._sc, list(merged.items()), num_partitions=head.block_combine[3],
                              key_hashes=hashes if None not in hashes.values() else None)

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkwal.base.service import Service, spawn
 from sparkwal.tracker import (BatchInfo, ExecutorCacheTaskLocation, RateController, ReceiverSchedulingPolicy,
@@ -43,8 +43,20 @@ from .precompute import Precomputed, checked_results, find_plans
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
-    from .host import ReceiverHost
+    from collections.abc import Callable
+
+    from pyspark import SparkContext
+
+    from sparkwal.tracker import ReceivedBlockTracker
+    from sparkwal.wal import Clock, StorageLocation
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
     from .input import ReceiverInputDStream
+
+
+class EventPoster(Protocol):
+    def post(self, event) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -81,13 +93,16 @@ def _receiver_partition(config: SupervisorConfig, receiver, _rows):
 
 
 class ReceiverTracker:
-    def __init__(self, driver: ReceiverHost, inputs: list[ReceiverInputDStream]):
-        self._driver, self._sc = driver, driver.sc
-        settings = driver.settings
+    def __init__(self, sc: SparkContext, settings: StreamingConf, clock: Clock, events: EventPoster,
+                 graph: DStreamGraph, blocks: ReceivedBlockTracker, inputs: list[ReceiverInputDStream], *,
+                 batch_ms: int, report_input: Callable, checkpoint: StorageLocation | None, leader_epoch: int | None):
+        """Its collaborators, from the driver's start: ``events`` takes the receivers' listener events,
+        ``blocks`` their blocks, ``report_input`` a precomputed batch's input; ``checkpoint`` is the
+        checkpoint directory (the receivers' WAL, where enabled, lives there) led at ``leader_epoch``."""
+        self._sc, self._settings, self._clock, self._events, self._blocks = sc, settings, clock, events, blocks
         self._inputs = {s.input_id: s for s in inputs}
         self._secret = wire.new_secret()
-        self.wal_enabled = (driver.checkpoint_dir is not None
-                            and settings[config.RECEIVER_WAL])
+        self.wal_enabled = checkpoint is not None and settings[config.RECEIVER_WAL]
         self._driver_host = settings.raw("spark.driver.host", "127.0.0.1")
         self._max_unprocessed = settings[config.MAX_UNPROCESSED_BYTES]
         self._policy = ReceiverSchedulingPolicy()
@@ -110,19 +125,19 @@ class ReceiverTracker:
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
         self.precomputed: Precomputed | None = None
-        self.batch_cuts = BatchCuts(driver.batch_ms)  #: each batch waits (briefly) for its time's cuts
+        self.batch_cuts = BatchCuts(batch_ms)  #: each batch waits (briefly) for its time's cuts
         if settings[config.RECEIVER_PRECOMPUTE]:
-            self.precomputed = Precomputed(driver, find_plans(driver.graph, inputs),
+            self.precomputed = Precomputed(sc, inputs, blocks, report_input, find_plans(graph, inputs),
                                            min(64 << 20, self._max_unprocessed))
             log.info("spark.sparkwal.receiver.precompute: %s", self.precomputed.describe())
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
             for sid in self._inputs:
                 self._rate_controllers[sid] = RateController(
-                    sid, create_rate_estimator(driver.batch_ms, conf_map), partial(self.update_rate_limit, sid))
+                    sid, create_rate_estimator(batch_ms, conf_map), partial(self.update_rate_limit, sid))
         self._base_config = dict(
             app_id=self._sc.applicationId, driver_host=self._driver_host,
-            checkpoint=driver.location if self.wal_enabled else None,
+            checkpoint=checkpoint if self.wal_enabled else None,
             block_interval_ms=settings[config.BLOCK_INTERVAL],
             block_queue_size=settings[config.BLOCK_QUEUE_SIZE],
             max_buffered_records=settings[config.MAX_BUFFERED_RECORDS],
@@ -130,9 +145,9 @@ class ReceiverTracker:
             initial_rate=settings[config.INITIAL_RATE] or None,
             restart_delay_ms=settings[config.RECEIVER_RESTART_DELAY],
             wal_rolling_interval_s=settings[config.RECEIVER_WAL_ROLLING],
-            leader_epoch=driver.leader_epoch,
+            leader_epoch=leader_epoch,
             serve_blocks=not self.wal_enabled and live_executor_ids(self._sc) is not None,
-            precompute_max_bytes=settings[config.RECEIVER_PRECOMPUTE_MAX_BYTES], batch_interval_ms=driver.batch_ms)
+            precompute_max_bytes=settings[config.RECEIVER_PRECOMPUTE_MAX_BYTES], batch_interval_ms=batch_ms)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -246,7 +261,7 @@ class ReceiverTracker:
             controller.stop()
         if not self.wal_enabled and self._sc.master.startswith("local["):
             remove_local_blocks(self._sc.applicationId,
-                                self._driver.settings.raw("spark.local.dir", tempfile.gettempdir()).split(",")[0])
+                                self._settings.raw("spark.local.dir", tempfile.gettempdir()).split(",")[0])
 
     @property
     def running(self) -> bool:
@@ -287,7 +302,7 @@ class ReceiverTracker:
             info = self._infos[stream_id] = ReceiverInfo(stream_id, typ, True, host, executor_id,
                                                          worker_pid=worker_pid)
         log.info("registered receiver for stream %d on executor %s (%s)", stream_id, executor_id, host)
-        self._driver.events.post(StreamingListenerReceiverStarted(info))
+        self._events.post(StreamingListenerReceiverStarted(info))
         return True, ""
 
     def on_add_block(self, conn: Connection, block: list, host: str, executor_id: str,
@@ -320,7 +335,7 @@ class ReceiverTracker:
             if waited:
                 self.batch_cuts.hold(sid, False)
             self._counts["add_block_waits"] += waited
-        if not self._driver.block_tracker.add_block(info):
+        if not self._blocks.add_block(info):
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
@@ -345,9 +360,9 @@ class ReceiverTracker:
             old = self._infos[stream_id]
             info = self._infos[stream_id] = ReceiverInfo(
                 stream_id, old.name_, old.active_, old.location_, old.executor_id_, message, error or "",
-                self._driver.clock.now_ms(), old.worker_pid)
+                self._clock.now_ms(), old.worker_pid)
         log.warning("receiver of stream %d reported: %s %s", stream_id, message, error or "")
-        self._driver.events.post(StreamingListenerReceiverError(info))
+        self._events.post(StreamingListenerReceiverError(info))
 
     def on_recorded_up_to(self, conn: Connection, stream_id: int, batch_ms: int) -> None:
         if self._conn_stream.get(conn) == stream_id:  # (a stopped receiver's late report: dropped)
@@ -374,9 +389,9 @@ class ReceiverTracker:
             info = self._infos[sid] = ReceiverInfo(
                 sid, old.name_, False, old.location_, old.executor_id_,
                 message if error else old.last_error_message, error or old.last_error,
-                self._driver.clock.now_ms() if error else old.last_error_time_ms, old.worker_pid)
+                self._clock.now_ms() if error else old.last_error_time_ms, old.worker_pid)
         log.info("receiver of stream %d stopped: %s", sid, message)
-        self._driver.events.post(StreamingListenerReceiverStopped(info))
+        self._events.post(StreamingListenerReceiverStopped(info))
 
     # ---------------------------------------------------------------- from the engine
 
@@ -395,7 +410,7 @@ class ReceiverTracker:
 
     def on_batch_completed(self, time_ms: int, batch: BatchInfo | None) -> None:
         """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers."""
-        blocks = self._driver.block_tracker.get_blocks_of_batch(time_ms)
+        blocks = self._blocks.get_blocks_of_batch(time_ms)
         with self._lock:
             freed = 0
             for infos in blocks.values():
@@ -419,7 +434,7 @@ class ReceiverTracker:
             conn.send(wire.UPDATE_RATE_LIMIT, [float(rate)])
 
     def cleanup_old_blocks(self, thresh_ms: int) -> None:
-        thresh_ms = oldest_kept_block_ms(self._driver.block_tracker, thresh_ms)
+        thresh_ms = oldest_kept_block_ms(self._blocks, thresh_ms)
         with self._lock:
             conns = list(self._conns.values())
             for bid in [b for b in self._block_locations if block_time_ms(b) < thresh_ms]:
