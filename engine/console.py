@@ -3,12 +3,11 @@ the main job's console does.
 
 * An error sparkwal raises on purpose (a :class:`SparkwalError`: a refused checkpoint, a batch that
   failed in the JVM, storage down past its deadline) that the app does not catch ends the program
-  with one line on standard error, ``app.py:31: <message>`` (the app's own line it came through), and
-  status 1, instead of a Python
-  traceback (with a Py4J and a Java one inside). Installed when the app makes or recovers a
-  ``StreamingContext``, and only while ``sys.excepthook`` is Python's own (an app's hook stays);
-  ``SPARKWAL_TRACEBACK=1`` in the environment shows the traceback too. Any other error (a bug in
-  the app's own function) is Python's to show, as before.
+  with one line on standard error, ``app.py:31: <message>`` (the app's own line it came through),
+  and status 1, instead of a Python traceback (with a Py4J and a Java one inside). Installed when
+  the app makes or recovers a ``StreamingContext``, and only while ``sys.excepthook`` is Python's
+  own (an app's hook stays); ``SPARKWAL_TRACEBACK=1`` in the environment shows the traceback and the
+  Java trace. Any other error (a bug in the app's own driver code) is Python's to show, as before.
 * When the stream starts, Spark's console progress bar (``[Stage 3:> (0 + 2) / 2]``, drawn over the
   app's ``pprint`` lines) is stopped, and Spark's log level becomes ERROR, with the loggers that repeat
   a failed task's trace (the batch's own one line names its error) at FATAL, where the app left them
@@ -28,7 +27,7 @@ from sparkwal.base.errors import SparkwalError
 
 from . import config
 from .config import StreamingConf
-from .errors import own_directories, one_line
+from .errors import is_library_code, one_line
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,10 @@ def _one_line_hook(kind, value, tb) -> None:
 def _where(tb) -> str:
     """The app's own line that the error came through (``app.py:31``; the innermost frame outside
     sparkwal, PySpark and Python's library), else the program's name."""
-    own = own_directories()
     line = None
     while tb is not None:
-        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not (path.startswith(own) or f"{os.sep}pyspark{os.sep}" in path or f"{os.sep}py4j{os.sep}" in path):
+        path = tb.tb_frame.f_code.co_filename
+        if not is_library_code(path):
             line = f"{os.path.basename(path)}:{tb.tb_lineno}"
         tb = tb.tb_next
     return line or (os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python")

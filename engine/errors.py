@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 import re
 
 from py4j.protocol import Py4JJavaError
@@ -102,17 +105,21 @@ class BatchFailedError(EngineError, Py4JJavaError):
         return Py4JJavaError.__str__(self)
 
 
-def own_directories() -> tuple[str, ...]:
-    """The folders sparkwal's modules load from (its rooms: in a checkout, not under one folder)."""
-    import importlib.util
-    import os
-
+@functools.cache
+def _library_folders() -> tuple[str, ...]:
+    """The folders sparkwal's rooms load from (in a checkout they are not under one folder)."""
     folders = []
     for room in ("sparkwal", "sparkwal.base", "sparkwal.wal", "sparkwal.checkpoint", "sparkwal.tracker",
                  "sparkwal.engine"):
         spec = importlib.util.find_spec(room)
         folders += [os.path.abspath(f) + os.sep for f in (spec.submodule_search_locations or [])] if spec else []
     return tuple(folders)
+
+
+def is_library_code(path: str) -> bool:
+    """Whether a traceback's file is sparkwal's, PySpark's or Py4J's rather than the app's own."""
+    in_library = re.search(r"[/\\](pyspark|py4j)[/\\]", path) is not None
+    return in_library or os.path.abspath(path).startswith(_library_folders())
 
 
 #: a Python traceback's line inside a Java trace: a task's own error
@@ -126,9 +133,7 @@ def _task_code_line(error: Py4JJavaError) -> str | None:
         text = Py4JJavaError.__str__(error)
     except Exception:  # noqa: BLE001 (the JVM may be gone: the error's own line is enough)
         return None
-    own = own_directories()
-    frames = [m for m in _PYTHON_FRAME.finditer(text)
-              if not (re.search(r"[/\\](pyspark|py4j)[/\\]", m.group(1)) or m.group(1).startswith(own))]
+    frames = [m for m in _PYTHON_FRAME.finditer(text) if not is_library_code(m.group(1))]
     if not frames:
         return None
     path, line, function = frames[-1].groups()
