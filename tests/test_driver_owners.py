@@ -123,6 +123,16 @@ def test_the_generator_plans_confirms_submits_then_checkpoints_each_batch_in_tha
     generator.stop()
 
 
+def test_a_tick_after_the_generator_stopped_queues_nothing_and_raises_nothing():
+    """An app ended by an error exits without stop(): its timer may tick after Python shut the
+    event thread's pool down (an "Exception in thread JobGenerator" trace on the console before)."""
+    calls = Calls()
+    generator, _, errors = make_generator(calls)
+    generator.stop()
+    generator.rerun([3000])  # queued as the timer's tick queues it
+    assert generator.queued_times() == [] and calls == [] and errors == []
+
+
 def test_a_batch_whose_leadership_is_not_confirmed_is_not_submitted_and_stops_later_in_order_outputs():
     calls = Calls()
 

@@ -90,7 +90,13 @@ class JobGenerator:
         with self._queued_lock:
             self._queued.add(time_ms)
             self._due_ms.setdefault(time_ms, self._clock.now_ms())
-        self._events.submit(self._guard, self._generate_queued, time_ms)
+        try:
+            self._events.submit(self._guard, self._generate_queued, time_ms)
+        except RuntimeError:  # the event thread is gone: stopped, or the interpreter exiting (an app that
+            with self._queued_lock:  # ended on an error without stop()): the batch is the restart's
+                self._queued.discard(time_ms)
+                self._due_ms.pop(time_ms, None)
+            log.debug("batch %d not generated: the generator has stopped", time_ms)
 
     def _generate_queued(self, time_ms: int) -> None:
         with self._queued_lock:
