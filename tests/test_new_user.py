@@ -84,3 +84,14 @@ def test_a_refused_main_job_leaves_no_work_directory_behind(tmp_path):
                    "--checkpoint", str(tmp_path / "theirs"))
     assert refused.returncode == 2 and "holds the checkpoint of another program" in refused.stderr, refused
     assert not (tmp_path / "new").exists()
+
+
+def test_an_error_of_python_shutting_down_is_not_a_batch_error(spark_context, caplog):
+    """An app ended by an error exits without stop(): a batch generated meanwhile fails on Python's
+    pools shutting down, which is not the app's error (an 'error in batch' line after its one line)."""
+    ssc = StreamingContext(spark_context, 1.0)
+    with caplog.at_level("ERROR", logger="sparkwal.engine.driver"):
+        ssc.driver.report_error(RuntimeError("cannot schedule new futures after interpreter shutdown"), 2000)
+    assert ssc.driver.error is None and not ssc.driver.terminated.is_set() and caplog.records == []
+    ssc.driver.report_error(ZeroDivisionError("division by zero"), 3000)  # the app's own: as before
+    assert isinstance(ssc.driver.error, ZeroDivisionError) and ssc.driver.terminated.is_set()

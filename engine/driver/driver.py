@@ -418,7 +418,7 @@ class Driver:
                     daemon=False).start()  # the process waits for the stop to finish
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
-        if self.stopping:
+        if self.stopping or "after interpreter shutdown" in str(error):  # (Python's pools, an app exiting)
             log.info("%s ended by stop(): %s", batch_name(time_ms), error)
             return
         if self.leadership is not None and self.leadership.lost_before(error, self.on_fenced):
