@@ -27,6 +27,7 @@ from .receiver.input import ReceiverInputDStream
 from .receiver.socket_receiver import SocketReceiver
 from .sources.batch_log import BatchLog
 from .sources.direct import DirectInputDStream
+from .state import STATEFUL_OPERATIONS
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class StreamingContext:
     defaults to ``spark.streaming.concurrentJobs`` (1). The machinery behind it is its
     :attr:`driver` (:mod:`sparkwal.engine.driver`).
     """
+
+    #: DStream's stateful operations by name, each ``build(parent, *args) -> DStream`` (their streams
+    #: are defined in :mod:`sparkwal.engine.state`, above DStream's module)
+    stateful_operations = STATEFUL_OPERATIONS
 
     def __init__(self, sparkContext: SparkContext, batchDuration: float | None = None, *,
                  clock: Clock | None = None, concurrentJobs: int | None = None):

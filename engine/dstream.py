@@ -11,13 +11,12 @@ from __future__ import annotations
 import operator
 from datetime import datetime
 from itertools import chain
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
-from .errors import EngineError
 from . import config
 from .stream_machinery import StreamMachinery, empty_rdd, known_empty, per_record
 
@@ -56,26 +55,12 @@ class Job(NamedTuple):
 class DStream(StreamMachinery):
     """pyspark.streaming's DStream API over the machinery of :mod:`sparkwal.engine.stream_machinery`."""
 
-    #: The stateful operations (``updateStateByKey``, ``mapWithState``, an inverse
-    #: ``reduceByKeyAndWindow``), by name: their streams subclass DStream, so they are defined in
-    #: :mod:`sparkwal.engine.state` and registered there (:meth:`operation`); importing
-    #: :mod:`sparkwal.engine.context` imports it, so every context has them.
-    operations: ClassVar[dict[str, Callable]] = {}
-
-    @staticmethod
-    def operation(name: str) -> Callable:
-        """Register the decorated ``build(parent, *args)`` as the stateful operation ``name``."""
-        def register(build: Callable) -> Callable:
-            DStream.operations[name] = build
-            return build
-        return register
-
     def stateful_stream(self, name: str, *args) -> DStream:
-        build = DStream.operations.get(name)
-        if build is None:
-            raise EngineError(f"{name} is defined in sparkwal.engine.state, which is not imported "
-                               "(import engine.context or engine.state first)")
-        return build(self, *args)
+        """The stateful operation ``name`` (``updateStateByKey``, ``mapWithState``, an inverse
+        ``reduceByKeyAndWindow``) over this stream. Their streams subclass DStream, so they are
+        defined in :mod:`sparkwal.engine.state` (which imports this module), and the context hands
+        them over: :attr:`sparkwal.engine.context.StreamingContext.stateful_operations`."""
+        return self._ssc.stateful_operations[name](self, *args)
 
     # ------------------------------------------------------------------ pyspark.streaming API
 

@@ -402,7 +402,6 @@ def _state_items(_time_ms, rdds) -> RDD:
     return state.flatMap(lambda r: r[1].state.values.items())
 
 
-@DStream.operation("mapWithState")
 def map_with_state(parent: DStream, spec) -> DStream:
     if not isinstance(spec, StateSpec):
         raise TypeError(f"mapWithState takes a StateSpec, not {type(spec).__name__}")

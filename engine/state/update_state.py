@@ -145,7 +145,6 @@ def update_by_key(func, n: int):
     return step
 
 
-@DStream.operation("reduceByKeyAndWindow")
 def reduce_by_key_and_window(reduced: DStream, reduce_func, inv_reduce_func, window_ms: int,
                              slide_ms: int) -> DStream:
     """An inverse ``reduceByKeyAndWindow`` over the per-batch ``reduced`` stream."""
@@ -153,7 +152,6 @@ def reduce_by_key_and_window(reduced: DStream, reduce_func, inv_reduce_func, win
                                   window_ms, slide_ms)
 
 
-@DStream.operation("updateStateByKey")
 def update_state_by_key(parent: DStream, update_func, num_partitions: int, initial: RDD | list | None,
                         state_version: int = 1, migrate=None) -> DStream:
     rdd = parent.context().sparkContext.parallelize(initial) if isinstance(initial, list) else initial
