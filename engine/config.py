@@ -154,6 +154,11 @@ MIN_BATCHES_TO_RETAIN = _entry("spark.sql.streaming.minBatchesToRetain", "int", 
                                "Spark's: batch log entries kept", minimum=1)
 STANDBY_PRELOAD_STATE = _entry("spark.sparkwal.standby.preloadState", "bool", True,
                                "a hot standby reads and caches the leader's state ahead of a takeover")
+HANDOVER_TEARDOWN_WAIT = _entry(
+    "spark.sparkwal.handover.teardownWait", "duration", 10_000,
+    "after sparkwal checkpoint handover, how long the old leader, its stream stopped and its leadership given up, "
+    "waits for the new leader's first batch before it stops its SparkContext (a teardown beside the takeover "
+    "slowed it); 0: no wait", unit="ms", minimum=0)
 UPGRADE_ALLOW_DROP = _entry(
     "spark.sparkwal.upgrade.allowDrop", "string", None,
     "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "

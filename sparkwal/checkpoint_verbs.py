@@ -258,6 +258,7 @@ def checkpoint_handover(args) -> int:
     after a batch; one not answered in time is taken back."""
     import time
 
+    from sparkwal.checkpoint.progress import batch_done_at_epoch
     from sparkwal.wal.storage import resolve
 
     require_directory(args, "checkpoint")
@@ -273,7 +274,7 @@ def checkpoint_handover(args) -> int:
         now = storage.leader(root)
         if now is not None and now.epoch > old and now.held is not False:
             new = now.epoch
-            if _batch_done_at(args.dir, options, new):
+            if batch_done_at_epoch(args.dir, options, new):
                 took = time.monotonic() - began
                 emit(args, {"dir": args.dir, "from_epoch": old, "to_epoch": new, "took_s": round(took, 3),
                             "ok": True}, [f"handed over {args.dir}: epoch {old} -> {new}, the new leader's first "
@@ -293,16 +294,3 @@ def checkpoint_handover(args) -> int:
     emit(args, {"dir": args.dir, "from_epoch": old, "error": why, "ok": False}, [])
     print(f"sparkwal: {why}")
     return PROBLEM
-
-
-def _batch_done_at(directory: str, options: dict | None, epoch: int) -> bool:
-    """Whether the leader at ``epoch`` completed a batch: a checkpoint it wrote after a batch's
-    outputs succeeded, or a commit it wrote (read only; no log is created)."""
-    from sparkwal.checkpoint import CommitLog, read_checkpoint
-    from sparkwal.checkpoint.layout import CheckpointLayout
-
-    cp = read_checkpoint(directory, storage_options=options)
-    if cp is not None and cp.leader_epoch == epoch and cp.data.get("completed_ms") is not None:
-        return True
-    newest = CommitLog(CheckpointLayout(directory).commits, options, create=False).get_latest()
-    return newest is not None and (newest[1].leader_epoch or 0) >= epoch

@@ -41,7 +41,7 @@ from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
 from ..upgrade_plan import UpgradePlan
-from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
+from . import batches, checkpointing, handover, leadership, observability, receiver_lifecycle, recovery, standby
 from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
@@ -409,13 +409,13 @@ class Driver:
         this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()
         if self.leadership is not None and not self.stopping and self.leadership.take_handover_request():
-            # stop gracefully on a thread of its own (the batches generated finish, the checkpoint is
-            # written, the leadership given up, as a SIGTERM with stopGracefullyOnShutdown does)
+            # stop gracefully on a thread of its own, then wait for the new leader (driver/handover.py)
             self.snapshots.each_batch = True  # before this batch's completion is checkpointed: its state too
             log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a "
                         "standby to take over", self.leadership.url)
-            Service("sparkwal-handover", lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True),
-                    daemon=False).start()  # the process waits for the stop to finish
+            ran = handover.successor_ran(self.checkpoint_dir, self.storage_options, self.leader_epoch or 0)
+            Service("sparkwal-handover", handover.hand_over, self.context, self.sc, ran,
+                    self.settings[config.HANDOVER_TEARDOWN_WAIT] / 1000, daemon=False).start()  # (the process waits)
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping or "after interpreter shutdown" in str(error):  # (Python's pools, an app exiting)
