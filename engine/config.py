@@ -156,9 +156,9 @@ STANDBY_PRELOAD_STATE = _entry("spark.sparkwal.standby.preloadState", "bool", Tr
                                "a hot standby reads and caches the leader's state ahead of a takeover")
 HANDOVER_TEARDOWN_WAIT = _entry(
     "spark.sparkwal.handover.teardownWait", "duration", 10_000,
-    "after sparkwal checkpoint handover, how long the old leader, its stream stopped and its leadership given up, "
-    "waits for the new leader's first batch before it stops its SparkContext (a teardown beside the takeover "
-    "slowed it); 0: no wait", unit="ms", minimum=0)
+    "after sparkwal checkpoint handover, how long the old leader's stop, its leadership given up, waits for the "
+    "new leader's first batch before it returns and Spark is stopped (its teardown beside the takeover slowed it); "
+    "a checkpoint directory on a local filesystem only; 0: no wait", unit="ms", minimum=0)
 UPGRADE_ALLOW_DROP = _entry(
     "spark.sparkwal.upgrade.allowDrop", "string", None,
     "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "

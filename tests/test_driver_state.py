@@ -16,6 +16,7 @@ from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
 from sparkwal.engine import StateSpec, StreamingContext, read_state
 from sparkwal.engine.driver_rows import DriverRowsRDD
 from sparkwal.engine.receiver.acked_lines import AckedLineReceiver, AckedLineSource
+from sparkwal.engine.state import snapshot_tasks
 from sparkwal.engine.state.snapshot_tasks import ChainOnDriver
 
 from test_receiver_precompute import with_conf
@@ -124,7 +125,7 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
         app.states[summary.chain[-1]["time_ms"]]
 
 
-def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batch(spark_context, tmp_path):
+def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batch(spark_context, tmp_path, monkeypatch):
     """A graceful stop snapshots its last batch (here the first snapshot: the interval is longer
     than the run), and a restart starts from it. The restarted driver's first batches (before the
     receivers' first blocks: empty) run on the driver at once: the driver reads the state from its
@@ -154,6 +155,8 @@ def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batc
     chain = ChainOnDriver(state.chain(newest), None, 1)
     parts = chain.read(spark_context, 3, 100_000)
     assert parts is not None and {k: v for part in parts for k, v, _ in part} == app.states[newest]
+    monkeypatch.setattr(snapshot_tasks, "DRIVER_READERS", 2)  # more parts than readers: read at once, by a pool
+    assert chain.read(spark_context, 3, 100_000) == parts
     assert chain.read(spark_context, 2, 100_000) is None  # another partition count: shuffled by the executors
     assert chain.read(spark_context, 3, 2) is None  # more keys than the bound, by its manifests
     assert ChainOnDriver(state.chain(newest), None, 2).read(spark_context, 3, 100_000) is None  # to migrate

@@ -41,7 +41,7 @@ from ..signals import stop_gracefully_on_signals
 from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
 from ..upgrade_plan import UpgradePlan
-from . import batches, checkpointing, handover, leadership, observability, receiver_lifecycle, recovery, standby
+from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
 from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
@@ -365,8 +365,8 @@ class Driver:
                     s.stop()
             if self.observer is not None:  # its last events are written while still leading
                 self.observer.close()
-            if self.leadership is not None:
-                self.leadership.release()
+            if self.leadership is not None:  # (a handover's then waits for the new leader: driver/handover.py)
+                self.leadership.release(await_successor=graceful and not self.restart.batches_left_for_restart)
             self.state = STOPPED
             self.leader_event.set()  # awaitLeadership returns (False)
             with Driver.active_lock:
@@ -409,13 +409,13 @@ class Driver:
         this driver's progress; a handover asked for begins."""
         self.progress_ms = self.clock.now_ms()
         if self.leadership is not None and not self.stopping and self.leadership.take_handover_request():
-            # stop gracefully on a thread of its own, then wait for the new leader (driver/handover.py)
+            # stop gracefully on a thread of its own (the batches generated finish, the checkpoint is
+            # written, the leadership given up, the new leader's first batch awaited: driver/handover.py)
             self.snapshots.each_batch = True  # before this batch's completion is checkpointed: its state too
             log.warning("%s: a handover was asked for (sparkwal checkpoint handover): stopping gracefully for a "
                         "standby to take over", self.leadership.url)
-            ran = handover.successor_ran(self.checkpoint_dir, self.storage_options, self.leader_epoch or 0)
-            Service("sparkwal-handover", handover.hand_over, self.context, self.sc, ran,
-                    self.settings[config.HANDOVER_TEARDOWN_WAIT] / 1000, daemon=False).start()  # (the process waits)
+            Service("sparkwal-handover", lambda: self.context.stop(stopSparkContext=True, stopGraceFully=True),
+                    daemon=False).start()  # the process waits for the stop to finish
 
     def report_error(self, error: BaseException, time_ms: int | None) -> None:
         if self.stopping or "after interpreter shutdown" in str(error):  # (Python's pools, an app exiting)

@@ -40,6 +40,7 @@ from sparkwal.wal import (SYSTEM_CLOCK, Clock, FencedError, LeaderHeldError, Lea
 
 from .. import config
 from ..errors import EngineError, one_line
+from . import handover
 from sparkwal.wal.leases import margin_ms, request_timeout_s
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class DriverLeadership:
                  clock: Clock | None = None):
         self.storage, self.path = resolve(directory, storage_options)
         self.url = str(directory)
+        self.location = StorageLocation.of(directory, storage_options)
         self.lease_ms = lease_ms
         self._clock = clock or SYSTEM_CLOCK  # leases run on real time, whatever drives batches
         self._stop = threading.Event()
@@ -86,6 +88,8 @@ class DriverLeadership:
         self.network_filesystem_ok = False
         self._next_handover_look = 0.0
         self.handing_over = False  # a handover was asked for: the stream stops gracefully
+        #: spark.sparkwal.handover.teardownWait, in seconds
+        self.teardown_wait_s = 0.0
 
     def record_fence(self, error: BaseException) -> bool:
         """Note that the leadership is lost, because of ``error``; True the first time only, and
@@ -269,15 +273,20 @@ class DriverLeadership:
             log.warning("%s: could not look for a handover request: %s", self.url, one_line(e))
             return False
 
-    def release(self) -> None:
-        """Give the leadership up (a standby's failed takeover may take it again later)."""
+    def release(self, await_successor: bool = False) -> None:
+        """Give the leadership up (a standby's failed takeover may take it again later); with
+        ``await_successor``, a handover's (:attr:`handing_over`) then waits for the new leader's
+        first batch (:func:`.handover.await_successor`)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
             self._renewer = None
         if self.held is not None:
+            epoch = self.held.epoch
             self.held.release()
             self.held = None
+            if await_successor and self.handing_over:
+                handover.await_successor(self.location, epoch, self.teardown_wait_s)
 
 
 def failure_kind(error: BaseException) -> str:
@@ -330,4 +339,5 @@ def for_driver(driver) -> DriverLeadership:
     role = DriverLeadership(driver.location, None, lease_ms)
     role.min_epoch = driver.restored.leader_epoch if driver.restored is not None else 0
     role.network_filesystem_ok = driver.settings[config.LEADER_NETWORK_FS]
+    role.teardown_wait_s = driver.settings[config.HANDOVER_TEARDOWN_WAIT] / 1000
     return role

@@ -192,9 +192,9 @@ class ChainOnDriver(NamedTuple):
             state = merge_chain(part_rows(where, i, m) for where, m in links)
             return [(k, v, t) for k, (v, t) in state.items()]
 
-        if num_partitions <= 1 or all(where.storage.is_local for where, _ in links):
-            # (on a local disk a part reads in well under a ms: starting the pool's threads took
-            # 20-60 ms of a takeover's first batch on two loaded cores)
+        if num_partitions <= 1 or (num_partitions <= DRIVER_READERS and all(w.storage.is_local for w, _ in links)):
+            # (a few parts on a local disk read in well under a ms: starting the pool's threads took
+            # 20-60 ms of a takeover's first batch on two loaded cores; many, or on NFS, are read at once)
             return [part(i) for i in range(num_partitions)]
         with ThreadPoolExecutor(min(DRIVER_READERS, num_partitions), thread_name_prefix="sparkwal-state-read") as pool:
             return list(pool.map(part, range(num_partitions)))
