@@ -34,9 +34,10 @@ Output pause: from the last batch the old version completed to the first newer b
 completed (each batch outputs). Records lost and doubled: once the feeder stops and the last
 version caught up (a batch after the last line is done; a version still behind 60 s later shows
 ``?`` and the lines not counted yet: no loss it can show), the lines fed against the state's total
-and (``direct``) the records the sink holds (every line counted once: must be equal). A new checkpoint instead of an upgrade starts with
-no state: it loses every count the old one held. Durability: checkpoints, snapshots and the
-receiver's WAL on the local disk, fsync'd, in every row; ``direct``'s sink commits each batch.
+and (``direct``) the records the sink holds (every line counted once: must be equal). A new
+checkpoint instead of an upgrade starts with no state: it loses every count the old one held.
+Durability: checkpoints, snapshots and the receiver's WAL on the local disk, fsync'd, in every row;
+``direct``'s sink commits each batch.
 """
 
 from __future__ import annotations
