@@ -158,7 +158,8 @@ def driver_with(directory, restored_epoch=None, storage_options=None, **settings
     from sparkwal.checkpoint import Checkpoint
     from sparkwal.engine import config
 
-    conf = {config.LEASE_TIMEOUT: 30_000, config.LEADER_NETWORK_FS: False}
+    conf = {config.LEASE_TIMEOUT: 30_000, config.LEADER_NETWORK_FS: False,
+            config.HANDOVER_TEARDOWN_WAIT: 10_000}
     conf.update({getattr(config, k): v for k, v in settings.items()})
     restored = None if restored_epoch is None else Checkpoint(1000, [], {"leader_epoch": restored_epoch})
     return SimpleNamespace(settings=conf, storage_options=storage_options, location=directory, restored=restored)
