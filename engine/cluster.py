@@ -71,6 +71,18 @@ def is_local_master(master: str) -> bool:
     return master.startswith("local[") or master == "local"
 
 
+def total_cores(master: str, default_parallelism: int) -> int:
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
+    if m:
+        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return default_parallelism
+
+
 def package_files() -> list[tuple[str, str]]:
     """``(source, path inside a site-packages)`` of sparkwal's files, from wherever the driver
     imports them (an installed package, or a checkout's folders mapped under ``sparkwal``): what

@@ -159,6 +159,11 @@ HANDOVER_TEARDOWN_WAIT = _entry(
     "after sparkwal checkpoint handover, how long the old leader's stop, its leadership given up, waits for the "
     "new leader's first batch before it returns and Spark is stopped (its teardown beside the takeover slowed it); "
     "a checkpoint directory on a local filesystem only; 0: no wait", unit="ms", minimum=0)
+TAKEOVER_RECEIVER_HOLD = _entry(
+    "spark.sparkwal.standby.receiverStartWait", "duration", 1_000,
+    "a hot standby that takes over with a batch already due launches its receivers once the first batch it runs "
+    "has completed (that batch takes only blocks already in the WAL; receivers starting beside it slowed it), at "
+    "most this long after the takeover; 0: at once", unit="ms", minimum=0)
 UPGRADE_ALLOW_DROP = _entry(
     "spark.sparkwal.upgrade.allowDrop", "string", None,
     "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "

@@ -15,8 +15,6 @@ enough, so the receiver's bounded queue fills and ``store()`` blocks the source.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import tempfile
 import threading
 import time
@@ -29,6 +27,7 @@ from sparkwal.tracker import (BatchInfo, ExecutorCacheTaskLocation, RateControll
                               ReceiverState, ReceiverTrackingInfo, create_rate_estimator)
 
 from .. import config
+from ..cluster import total_cores
 from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
@@ -60,18 +59,6 @@ class EventPoster(Protocol):
 
 
 log = logging.getLogger(__name__)
-
-
-def total_cores(master: str, default_parallelism: int) -> int:
-    m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
-    if m:
-        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
-    if master == "local":
-        return 1
-    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
-    if m:
-        return int(m.group(1)) * int(m.group(2))
-    return default_parallelism
 
 
 @dataclass(frozen=True)
@@ -121,6 +108,8 @@ class ReceiverTracker:
                             max_unprocessed_bytes=0, add_block_waits=0)
         self._active = False
         self._stopped = threading.Event()
+        self._launch = threading.Event()  # the receivers' jobs may launch (start(hold_s=...))
+        self._hold_s, self._hold_until_ms = 0.0, 0
         self._threads: list[Service] = []
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
@@ -151,7 +140,12 @@ class ReceiverTracker:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self) -> None:
+    def start(self, hold_s: float = 0.0, first_ms: int = 0) -> None:
+        """Register the receivers and launch their jobs; with ``hold_s``, the launch waits until
+        batch ``first_ms`` has completed (:meth:`on_batch_completed`) or ``hold_s`` has passed."""
+        self._hold_s, self._hold_until_ms = hold_s, first_ms
+        if hold_s <= 0:
+            self._launch.set()
         self.endpoint = ReceiverEndpoint(self, self._secret, self._driver_host)
         cores = total_cores(self._sc.master, self._sc.defaultParallelism)
         if len(self._inputs) >= cores:
@@ -192,6 +186,10 @@ class ReceiverTracker:
         return [e for eid, e in sorted(self._known_executors.items()) if eid in live]
 
     def _receiver_loop(self, sid: int) -> None:
+        if self._hold_s > 0:  # a takeover's first batch runs before the receivers launch
+            done = self._launch.wait(self._hold_s)
+            log.info("receiver of stream %d launched %s", sid, "once the first batch completed" if done
+                     else f"{self._hold_s:.1f} s after the start, no batch completed yet")
         stream = self._inputs[sid]
         backoff = 0.1
         first = True
@@ -243,6 +241,7 @@ class ReceiverTracker:
         (cancelling them after ``timeout_s``), then close the endpoint."""
         self._active = False
         self._stopped.set()
+        self._launch.set()  # (a launch held back ends at once)
         with self._lock:
             conns = list(self._conns.values())
             self._lock.notify_all()
@@ -409,7 +408,10 @@ class ReceiverTracker:
         return live_executor_ids(self._sc)
 
     def on_batch_completed(self, time_ms: int, batch: BatchInfo | None) -> None:
-        """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers."""
+        """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers;
+        receivers held back until then launch (:meth:`start`)."""
+        if time_ms >= self._hold_until_ms:  # (not a re-generated earlier batch)
+            self._launch.set()
         blocks = self._blocks.get_blocks_of_batch(time_ms)
         with self._lock:
             freed = 0
