@@ -2,7 +2,7 @@
 ways side by side, and what a new checkpoint (pyspark.streaming's only way) would lose.
 
     python -m benchmarks.upgrade_bench [--handovers 10] [--cold 5] [--keys 2000]
-        [--apps files,direct,receiver] [--batches 1.0[,0.1]]
+        [--apps files,direct,receiver] [--batches 1.0[,0.1]] [--runs receiver:0.1,files:1.0,...]
 
 The app is :mod:`benchmarks.state_app` (its state snapshotted every two batches, the checkpoint on
 the local disk, ``local[2]``), fed a tenth of the keys every batch interval (the first time: every
@@ -286,26 +286,29 @@ def main(argv: list[str] | None = None) -> None:
                    help="files: a file stream into updateStateByKey; direct: a direct stream into mapWithState "
                         "and SQLite, exactly once; receiver: a receiver with its WAL, precomputed, into "
                         "mapWithState on the driver")
+    p.add_argument("--runs", help="app:batch pairs, comma-separated, in place of every --apps x --batches pair "
+                                  "(e.g. receiver:0.1,receiver:1.0,files:1.0,direct:1.0: each shape at the batch "
+                                  "durations it keeps up with, in one run)")
     p.add_argument("--repartition-keys", type=int, default=0,
                    help="also: a mapWithState state of this many keys read back from 2 into 8 partitions")
     p.add_argument("--json", metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
     if args.batch is not None:
         args.batches = str(args.batch)
-    apps = args.apps.split(",")
-    if unknown := [a for a in apps if a not in ("files", "direct", "receiver")]:
-        p.error(f"--apps: no app {', '.join(unknown)} (files, direct, receiver)")
     try:
-        batches = [float(b) for b in args.batches.split(",")]
+        pairs = ([(a, float(b)) for a, _, b in (r.partition(":") for r in args.runs.split(","))] if args.runs
+                 else [(a, float(b)) for a in args.apps.split(",") for b in args.batches.split(",")])
     except ValueError:
-        p.error(f"--batches: {args.batches!r} is not a comma-separated list of seconds")
+        p.error(f"--batches or --runs: {args.runs or args.batches!r} names a batch duration that is not seconds")
+    if unknown := sorted({a for a, _ in pairs if a not in ("files", "direct", "receiver")}):
+        p.error(f"--apps or --runs: no app {', '.join(unknown)} (files, direct, receiver)")
     if args.repartition_keys:
         moved = repartition(args.repartition_keys, 2.0, 8)
         print(f"mapWithState, {args.repartition_keys} keys: the first batch after a restart reads the state: "
               + ", ".join(f"{k} partitions {v:.2f} s" for k, v in moved.items()))
         if not (args.handovers or args.cold):
             return
-    results = [run(args.handovers, args.cold, args.keys, batch_s, app) for app in apps for batch_s in batches]
+    results = [run(args.handovers, args.cold, args.keys, batch_s, app) for app, batch_s in pairs]
     print(f"upgrade of a changed program, {args.keys} keys, checkpoints on the local disk (fsync'd)")
     print(f"{'app':<8} {'batch':>6} {'row':<19} {'n':>4} {'pause p50':>10} {'p99':>8}   lost  doubled")
     for r in results:

@@ -161,9 +161,9 @@ HANDOVER_TEARDOWN_WAIT = _entry(
     "a checkpoint directory on a local filesystem only; 0: no wait", unit="ms", minimum=0)
 TAKEOVER_RECEIVER_HOLD = _entry(
     "spark.sparkwal.standby.receiverStartWait", "duration", 1_000,
-    "a hot standby that takes over with a batch already due launches its receivers once the first batch it runs "
-    "has completed (that batch takes only blocks already in the WAL; receivers starting beside it slowed it), at "
-    "most this long after the takeover; 0: at once", unit="ms", minimum=0)
+    "a hot standby that takes over with batches to re-run (a handover's: those due while the leadership moved) "
+    "launches its receivers once the first has completed (its blocks were all received before; receivers starting "
+    "beside it slowed it), at most this long after the takeover; 0: at once", unit="ms", minimum=0)
 UPGRADE_ALLOW_DROP = _entry(
     "spark.sparkwal.upgrade.allowDrop", "string", None,
     "getOrCreate(..., upgrade=True): the checkpoint's inputs and states (uids or identities, comma-separated) the "

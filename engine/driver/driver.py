@@ -222,8 +222,8 @@ class Driver:
             if self.leadership is not None:
                 self.leadership.release()
             raise
-        if self.receiver_tracker is not None:  # (a takeover's first batch due runs before they launch)
-            receiver_lifecycle.start_receivers(self.receiver_tracker, kind, self.settings, self.clock, first)
+        if self.receiver_tracker is not None:  # (a takeover's first re-run batch runs before they launch)
+            receiver_lifecycle.start_receivers(self.receiver_tracker, kind, self.settings, plan.rerun_batch_times)
         self.generator.timer.start(first)
         self.activate()
         self.observer.on_active()

@@ -43,19 +43,15 @@ def make_receiver_tracker(graph: DStreamGraph, blocks: ReceivedBlockTracker, **c
     return ReceiverTracker(graph=graph, blocks=blocks, inputs=receivers, **collaborators) if receivers else None
 
 
-def start_receivers(receivers: ReceiverTracker, kind: str | None, settings: StreamingConf, clock: Clock,
-                    first_ms: int) -> None:
-    """Launch the receivers of a start whose first new batch is ``first_ms``; a hot standby's
-    takeover with that batch due already (a handover's) runs it first, as the deploy's output waits
-    for it and its blocks were all received before: the receivers launch once it has completed,
-    ``spark.sparkwal.standby.receiverStartWait`` (1 s) at most (launching beside it slowed it)."""
-    receivers.start(receiver_hold_s(kind, settings, clock, first_ms), first_ms)
-
-
-def receiver_hold_s(kind: str | None, settings: StreamingConf, clock: Clock, first_ms: int) -> float:
-    """How long :func:`start_receivers` holds the launch back: 0 unless a takeover's first batch is due."""
-    due = clock.now_ms() >= first_ms
-    return settings[config.TAKEOVER_RECEIVER_HOLD] / 1000 if kind == "takeover" and due else 0.0
+def start_receivers(receivers: ReceiverTracker, kind: str | None, settings: StreamingConf,
+                    rerun_times: tuple[int, ...]) -> None:
+    """Launch the receivers of a start that re-runs the outputs of ``rerun_times`` first. A hot
+    standby's takeover runs the first of them before: a deploy's output waits for it (a handover's
+    are the batches due while the leadership moved), and its blocks were all received before. The
+    receivers launch once it has completed, ``spark.sparkwal.standby.receiverStartWait`` (1 s) at
+    most: launching beside it (a Spark job, a Python worker, the backlog its source kept) slowed it."""
+    hold_s = settings[config.TAKEOVER_RECEIVER_HOLD] / 1000 if kind == "takeover" and rerun_times else 0.0
+    receivers.start(hold_s, min(rerun_times, default=None))
 
 
 def stop_receivers(receivers: ReceiverTracker, blocks: ReceivedBlockTracker, graceful: bool, timeout_s: float,

@@ -21,7 +21,8 @@ directory, no output), and keeps itself ready:
 Taking over: the tail stops (a warm-up job under way cancelled; a read of state goes on, as the
 takeover's first batch needs it), the newest checkpoint (and the offsets/commits logs, the tracker's
 WAL) is read and Spark's restart rule applied, exactly as a cold restart does (every pending or
-missed batch re-runs with its logged inputs, committed batches are not output again), then the next
+missed batch re-runs with its logged inputs, committed batches are not output again; the receivers
+launch once the first re-run has completed: ``receiver_lifecycle.start_receivers``), then the next
 batch runs. When no batch re-runs its outputs (a handover), the state that batch builds on is
 generated at once and read while the batch is due (:func:`_read_state`): a committed batch
 re-generated runs no job, so that state would wait for the first new batch's generation (0.4-0.8 s

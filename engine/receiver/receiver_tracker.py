@@ -108,8 +108,8 @@ class ReceiverTracker:
                             max_unprocessed_bytes=0, add_block_waits=0)
         self._active = False
         self._stopped = threading.Event()
-        self._launch = threading.Event()  # the receivers' jobs may launch (start(hold_s=...))
-        self._hold_s, self._hold_until_ms = 0.0, 0
+        self._launch, self._hold_s = threading.Event(), 0.0  # the receivers' jobs may launch (start(hold_s=...))
+        self._hold_until_ms: int | None = None  # (completions before start(): no launch)
         self._threads: list[Service] = []
         self.endpoint: ReceiverEndpoint | None = None
         self._rate_controllers: dict[int, RateController] = {}
@@ -140,19 +140,18 @@ class ReceiverTracker:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self, hold_s: float = 0.0, first_ms: int = 0) -> None:
+    def start(self, hold_s: float = 0.0, first_ms: int | None = None) -> None:
         """Register the receivers and launch their jobs; with ``hold_s``, the launch waits until
         batch ``first_ms`` has completed (:meth:`on_batch_completed`) or ``hold_s`` has passed."""
         self._hold_s, self._hold_until_ms = hold_s, first_ms
-        if hold_s <= 0:
+        if hold_s <= 0 or first_ms is None:
             self._launch.set()
         self.endpoint = ReceiverEndpoint(self, self._secret, self._driver_host)
         cores = total_cores(self._sc.master, self._sc.defaultParallelism)
         if len(self._inputs) >= cores:
-            log.warning("%d receiver(s) will occupy all %d core(s) of %s: no core is left to process "
-                        "batches, which will queue forever. Give the application more cores than "
-                        "receivers (e.g. local[%d])", len(self._inputs), cores, self._sc.master,
-                        len(self._inputs) + 1)
+            log.warning("%d receiver(s) will occupy all %d core(s) of %s: no core is left to process batches, which "
+                        "will queue forever. Give the application more cores than receivers (e.g. local[%d])",
+                        len(self._inputs), cores, self._sc.master, len(self._inputs) + 1)
         self._active = True
         executors = self._executors()
         if self._base_config["serve_blocks"]:  # while the cores are free, before the receivers
@@ -188,8 +187,9 @@ class ReceiverTracker:
     def _receiver_loop(self, sid: int) -> None:
         if self._hold_s > 0:  # a takeover's first batch runs before the receivers launch
             done = self._launch.wait(self._hold_s)
-            log.info("receiver of stream %d launched %s", sid, "once the first batch completed" if done
-                     else f"{self._hold_s:.1f} s after the start, no batch completed yet")
+            if self._active:  # (not woken by a stop)
+                log.info("receiver of stream %d launched %s", sid, "once the first batch completed" if done
+                         else f"{self._hold_s:.1f} s after the start, no batch completed yet")
         stream = self._inputs[sid]
         backoff = 0.1
         first = True
@@ -410,7 +410,7 @@ class ReceiverTracker:
     def on_batch_completed(self, time_ms: int, batch: BatchInfo | None) -> None:
         """A batch finished: its blocks no longer count as unprocessed; feed the rate controllers;
         receivers held back until then launch (:meth:`start`)."""
-        if time_ms >= self._hold_until_ms:  # (not a re-generated earlier batch)
+        if self._hold_until_ms is not None and time_ms >= self._hold_until_ms:  # (not an earlier batch)
             self._launch.set()
         blocks = self._blocks.get_blocks_of_batch(time_ms)
         with self._lock:
