@@ -198,3 +198,29 @@ def test_results_carry_each_keys_hash_and_a_malformed_one_falls_back_to_the_bloc
     held.add(0, "input-0-1", [[7, encode_result([("a", 1, 5)], 1024)]])
     assert held.rdd(head, 2000).key_hashes == {"a": 5}
     assert [(t, n) for t, _, n, _ in reported] == [(1500, 3), (2000, 3)]  # each batch's input, reported once
+
+
+def test_the_start_names_the_operation_that_keeps_each_receiver_stream_from_precomputing(spark_context, caplog):
+    """With spark.sparkwal.receiver.precompute, one line at start says which streams the receivers
+    precompute and, for each other receiver stream, the operation that stops it (a WARNING: the user
+    asked for it and does not get it there)."""
+    ssc = StreamingContext(spark_context, 0.5)
+    counted = ssc.socketTextStream("127.0.0.1", 9)
+    counted.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add).pprint()
+    windowed = ssc.socketTextStream("127.0.0.1", 9)
+    windowed.map(lambda w: (w, 1)).window(1.0, 1.0).reduceByKey(operator.add).pprint()
+    persisted = ssc.socketTextStream("127.0.0.1", 9)
+    persisted.map(lambda w: (w, 1)).cache().reduceByKey(operator.add).pprint()
+    plain = ssc.socketTextStream("127.0.0.1", 9)
+    plain.pprint()
+    inputs = [counted, windowed, persisted, plain]
+    caplog.set_level("INFO", logger="sparkwal.engine.receiver.precompute")
+    made = Precomputed.of_graph(spark_context, ssc.driver.graph, inputs, None, None, 1 << 20)
+    [line] = [r for r in caplog.records if "spark.sparkwal.receiver.precompute" in r.getMessage()]
+    said = line.getMessage()
+    assert line.levelname == "WARNING" and made.covers is not None
+    assert "stream 0 runs the per-record operations up to reduceByKey at" in said
+    assert "stream 1 is not precomputed: map at" in said and "persisted for window at" in said
+    assert "stream 2 is not precomputed: map at" in said and "is persisted (its RDD is built" in said
+    assert "stream 3 is not precomputed: pprint at" in said and "not a per-record operation" in said
+    assert "test_receiver_precompute.py" in said  # each operation named where the program made it

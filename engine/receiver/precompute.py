@@ -166,10 +166,11 @@ def checked_results(results: list) -> list:
     return results
 
 
-def find_plans(graph, inputs) -> dict[int, list]:
+def find_plans(graph, inputs, stopped: dict[int, str] | None = None) -> dict[int, list]:
     """Each receiver stream's ``[(combined stream, BlockPlan), ...]``: every branch from it through
     per-record operations (none persisted or checkpointed, none feeding another stream) to a
-    ``combineByKey`` that only an output or later streams use."""
+    ``combineByKey`` that only an output or later streams use. ``stopped``, when given, gets for
+    each receiver stream with no plan what stops its first branch (one line, naming the operation)."""
     children: dict[int, list] = {}
     seen, todo = set(), list(graph.outputs)
     while todo:
@@ -182,20 +183,42 @@ def find_plans(graph, inputs) -> dict[int, list]:
     index = {id(s): i for i, s in enumerate(graph.streams)}
     plans: dict[int, list] = {}
     for stream in inputs:
+        reasons = []
         for child in children.get(id(stream), []):
-            steps, cur = [], child
-            while getattr(cur, "block_step", None) is not None and _plain(cur):
-                steps.append(cur.block_step)
-                kids = children.get(id(cur), [])
-                if len(kids) != 1:
-                    break
-                cur = kids[0]
-            combine = getattr(cur, "block_combine", None)
-            if combine is None or len(cur.dependencies) != 1 or cur.slide_ms != stream.slide_ms:
+            found = _branch(stream, child, children)
+            if isinstance(found, str):
+                reasons.append(found)
                 continue
+            head, steps = found
             plans.setdefault(stream.input_id, []).append(
-                (cur, BlockPlan(index[id(cur)], tuple(steps), combine[0], combine[1])))
+                (head, BlockPlan(index[id(head)], tuple(steps), head.block_combine[0], head.block_combine[1])))
+        if stopped is not None and stream.input_id not in plans:
+            stopped[stream.input_id] = reasons[0] if reasons else "no output uses it"
     return plans
+
+
+def _branch(stream, child, children: dict[int, list]):
+    """``(combined stream, steps)`` of the branch from ``stream`` through ``child``, or why there is none."""
+    steps, cur = [], child
+    while getattr(cur, "block_step", None) is not None and _plain(cur):
+        steps.append(cur.block_step)
+        kids = children.get(id(cur), [])
+        if len(kids) != 1:
+            return f"{cur.creation_site} feeds {len(kids)} streams (a receiver runs one path to a combineByKey)"
+        cur = kids[0]
+    if getattr(cur, "block_combine", None) is None:
+        if getattr(cur, "block_step", None) is not None:  # per-record, but its RDD is kept
+            kids = children.get(id(cur), [])
+            windowed = [k for k in kids if getattr(k, "window_ms", None) is not None]
+            kept = ("checkpointed" if cur.checkpoint_ms or cur.must_checkpoint else
+                    f"persisted for {windowed[0].creation_site}" if windowed else "persisted")
+            return f"{cur.creation_site} is {kept} (its RDD is built, so its blocks are read)"
+        return f"{cur.creation_site} is not a per-record operation nor a combineByKey/reduceByKey"
+    if len(cur.dependencies) != 1:
+        return f"{cur.creation_site} combines more than one stream"
+    if cur.slide_ms != stream.slide_ms:
+        return f"{cur.creation_site} slides every {cur.slide_ms} ms, not every batch"
+    return cur, steps
 
 
 def _plain(stream) -> bool:
@@ -209,9 +232,10 @@ class Precomputed:
     ``max_held`` bytes, the oldest dropped first: their batches read their blocks), and each
     combined stream's RDD from them."""
 
-    def __init__(self, sc, inputs: list, blocks, report_input, plans: dict[int, list], max_held: int):
+    def __init__(self, sc, inputs: list, blocks, report_input, plans: dict[int, list], max_held: int,
+                 stopped: dict[int, str] | None = None):
         """``inputs``: the receiver streams; ``blocks``: the driver's block tracker; ``report_input``: the
-        driver's record of a batch's input."""
+        driver's record of a batch's input; ``stopped``: why a receiver stream has no plan (:func:`find_plans`)."""
         self._sc, self._inputs, self._blocks, self._report_input = sc, inputs, blocks, report_input
         self._heads = [(head, (sid, plan)) for sid, pairs in plans.items() for head, plan in pairs]
         self._plans = {id(head): entry for head, entry in self._heads}
@@ -219,15 +243,28 @@ class Precomputed:
         self._results: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._held, self._max_held = 0, max_held
         self._lock = threading.Lock()
+        self._stopped = dict(stopped or {})
         self.batches = self.fallbacks = 0
 
+    @classmethod
+    def of_graph(cls, sc, graph, inputs: list, blocks, report_input, max_held: int) -> Precomputed:
+        """The plans :func:`find_plans` finds in ``graph``, logged in one line at start: a WARNING
+        naming the operation that stops each receiver stream not precomputed."""
+        stopped: dict[int, str] = {}
+        made = cls(sc, inputs, blocks, report_input, find_plans(graph, inputs, stopped), max_held, stopped)
+        (log.warning if stopped else log.info)("spark.sparkwal.receiver.precompute: %s", made.describe())
+        return made
+
     def describe(self) -> str:
-        """One line for the log: which receiver streams run what (or why nothing qualifies)."""
-        if not self._by_stream:
+        """One line for the log: which receiver streams run what, and why each other one runs nothing
+        (its batches read their blocks)."""
+        runs = [f"stream {sid} runs the per-record operations up to {head.creation_site}"
+                for head, (sid, _) in self._heads]
+        stops = [f"stream {sid} is not precomputed: {why}" for sid, why in sorted(self._stopped.items())]
+        if not runs and not stops:
             return ("no receiver stream has per-record operations ending in a combineByKey/reduceByKey "
                     "(not persisted, checkpointed, nor used twice): every batch reads its blocks")
-        return "; ".join(f"stream {sid} runs the per-record operations up to {head.creation_site}"
-                         for head, (sid, _) in self._heads)
+        return "; ".join(runs + stops)
 
     @property
     def held_bytes(self) -> int:

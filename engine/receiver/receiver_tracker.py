@@ -38,7 +38,7 @@ from .blocks import (BlockCopy, block_from_wire, block_time_ms, copies_from_wire
 from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
-from .precompute import Precomputed, checked_results, find_plans
+from .precompute import Precomputed, checked_results
 from .supervisor import SupervisorConfig, run_receiver_task
 
 if TYPE_CHECKING:
@@ -116,9 +116,8 @@ class ReceiverTracker:
         self.precomputed: Precomputed | None = None
         self.batch_cuts = BatchCuts(batch_ms)  #: each batch waits (briefly) for its time's cuts
         if settings[config.RECEIVER_PRECOMPUTE]:
-            self.precomputed = Precomputed(sc, inputs, blocks, report_input, find_plans(graph, inputs),
-                                           min(64 << 20, self._max_unprocessed))
-            log.info("spark.sparkwal.receiver.precompute: %s", self.precomputed.describe())
+            self.precomputed = Precomputed.of_graph(sc, graph, inputs, blocks, report_input,
+                                                    min(64 << 20, self._max_unprocessed))
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
             for sid in self._inputs:
