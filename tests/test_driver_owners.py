@@ -24,7 +24,7 @@ class FakeScheduler:
     def __init__(self, calls: Calls, pending=()):
         self.calls, self.pending = calls, list(pending)
 
-    def submit(self, time_ms, jobs, input_infos, due_ms=None, breakdown=None):
+    def submit(self, time_ms, jobs, input_infos, due_ms=None, breakdown=None, paths=None):
         self.calls.record("submit", time_ms, list(jobs), dict(input_infos))
 
     def output_failed(self, output_op_id, time_ms):
@@ -76,6 +76,7 @@ class FakeCheckpoints:
 
 class FakeGraph:
     inputs: list = []
+    streams: list = []
 
     def __init__(self, calls: Calls):
         self.calls = calls

@@ -13,7 +13,7 @@ import pytest
 from pyspark import cloudpickle
 
 from sparkwal.checkpoint.state_chains import checkpoint_state, summarize_state
-from sparkwal.engine import StateSpec, StreamingContext, read_state
+from sparkwal.engine import StateSpec, StreamingContext, StreamingListener, read_state
 from sparkwal.engine.driver_rows import DriverRowsRDD
 from sparkwal.engine.receiver.acked_lines import AckedLineReceiver, AckedLineSource
 from sparkwal.engine.state import snapshot_tasks
@@ -54,6 +54,7 @@ class App:
         # (batch ms, mapped records, held on the driver); the functions close over these, not the app
         self.batches = []  # type: list[tuple[int, list, bool]]
         self.states = {}  # type: dict[int, dict]
+        self.paths = {}  # type: dict[int, dict]  # batch ms -> BatchInfo.paths, as the listeners hear it
         self.offered = 0
         self.create = lambda: self._program(sc, spec, interval)
         self.ssc = self.create()
@@ -70,6 +71,12 @@ class App:
             (int(t.timestamp() * 1000), rdd.collect(), isinstance(rdd, DriverRowsRDD))))
         mapped.stateSnapshots().foreachRDD(
             lambda t, rdd: states.__setitem__(int(t.timestamp() * 1000), dict(rdd.collect())))
+        paths = self.paths
+
+        class Paths(StreamingListener):
+            def onBatchCompleted(self, completed):
+                paths[completed.batchInfo().batch_time_ms] = dict(completed.batchInfo().paths)
+        ssc.addStreamingListener(Paths())
         return ssc
 
     def restart(self) -> None:
@@ -117,6 +124,10 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
         app.stop()
     with_records = [b for b in app.batches if b[1]]
     assert len(with_records) >= 3 and all(on_driver for _, _, on_driver in with_records), with_records
+    # the listeners' batch info says where each batch ran: the receivers' results, the state on the driver
+    [seen] = {tuple(sorted((site.split(" at ")[0], path) for site, path in app.paths[t].items()))
+              for t, _, _ in with_records if t in app.paths}
+    assert seen == (("mapWithState", "driver"), ("receiverStream", "precomputed")), app.paths
     assert app.states[max(app.states)] == expected
     (summary,) = summarize_state({str(i): s.to_json() for i, s in checkpoint_state(app.ckpt).items()}, verify=True)
     assert summary.problems == [] and summary.chain[-1]["time_ms"] in app.states
@@ -202,6 +213,8 @@ def test_the_state_moves_to_the_executors_past_the_bound_and_back_once_it_fits(s
     finally:
         app.stop()
     assert sequence()[:3] == [True, False, True], sequence()
+    assert {p.get(s) for p in app.paths.values() for s in p if s.startswith("mapWithState at")} == \
+        {"driver", "executors"}  # as the listeners' batch info says
     totals = app.totals()
     assert {k: totals[k] for k in counts} == counts  # exact across both moves
     assert sorted(r[1] for _, records, _ in app.batches for r in records if r[0] == "removed") == sorted(removed)

@@ -268,3 +268,22 @@ def test_the_event_log_keeps_the_newest_batches_and_every_run_on_any_store(stora
     _, newest = catalog.find("app-2")
     assert newest.statistics()["numRetainedCompletedBatches"] == len([t for t in kept if t >= 1_200_000])
     assert [r.get("downtimeMs") for r in catalog.recoveries()] == [None, 100_000 - 9_900 - 50, 100_000 - 9_900 - 50]
+
+
+def test_where_each_stream_ran_reaches_the_rest_api_and_the_batch_page_escaped():
+    """BatchInfo.paths (where each receiver stream's and state's work ran) as the recorder keeps it,
+    the REST API's batch shows it and the batch page lists it, as text."""
+    from sparkwal.engine.ui.pages import batch_page
+    from sparkwal.engine.ui.recorder import batch_record
+    from sparkwal.engine.ui.status import RunStatus
+    from sparkwal.tracker import BatchInfo
+
+    paths = {"receiverStream at app.py:3": "precomputed", "mapWithState at <b>app.py</b>:5": "driver"}
+    info = BatchInfo(1500, {}, 1500, 1510, 1520, {}, {"generation": 1.0}, paths)
+    status = RunStatus({"batchDuration": 500, "streams": []})
+    status.apply(batch_record(info, 1530))
+    [view] = status.batches_view()
+    assert view["paths"] == paths
+    page = batch_page({"status": status}, 1500)
+    assert page is not None and "Where each stream ran" in page and "<b>" not in page
+    assert "mapWithState at &lt;b&gt;app.py&lt;/b&gt;:5" in page and "precomputed" in page

@@ -66,6 +66,12 @@ OPERATION_PHASES = ("submit", "tasks", "collect")
 BATCH_PHASES = ("generation", "receiverCuts", "blockAllocation", "batchLog", "leadership", "graph", "checkpointWrite",
                 "commit")
 
+#: Where a batch's work ran, per stream (``BatchInfo.paths``, keyed by the stream's creation site, e.g.
+#: "socketTextStream at app.py:12"): a receiver stream's batch "precomputed" (built from what its
+#: receivers computed as they stored the blocks: no block read) or "executors" (its blocks read in
+#: tasks); a state's "driver" (held on the driver: no Spark job) or "executors".
+BATCH_PATHS = ("precomputed", "driver", "executors")
+
 
 @dataclass(frozen=True)
 class OutputOperationInfo:
@@ -119,6 +125,8 @@ class BatchInfo:
     #: where the batch's time went on the driver, in ms (:data:`BATCH_PHASES`; absent: not known
     #: yet, or the batch had no such step)
     breakdown: dict[str, float] = field(default_factory=dict)
+    #: where each receiver stream's and state's work ran (:data:`BATCH_PATHS`)
+    paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def scheduling_delay_ms(self) -> int | None:

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any
 
+from ..driver_rows import DriverRowsRDD
+
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
@@ -55,6 +57,21 @@ class RecentDurations:
     def get(self, time_ms: int) -> float | None:
         with self._lock:
             return self._ms.get(time_ms)
+
+
+def batch_paths(graph, time_ms: int, input_infos: dict) -> dict[str, str]:
+    """Where batch ``time_ms``'s work ran, per receiver stream and per state
+    (:data:`sparkwal.tracker.input_info.BATCH_PATHS`), from its input reports and its RDDs."""
+    paths = {}
+    for stream in graph.inputs:
+        info = input_infos.get(stream.input_id)
+        if stream.receiver_based and info is not None:
+            paths[stream.creation_site] = "precomputed" if info.metadata.get("precomputed") else "executors"
+    for stream in graph.streams:
+        rdd = stream.generated_rdds.get(time_ms) if stream.must_checkpoint else None
+        if rdd is not None:
+            paths[stream.creation_site] = "driver" if isinstance(rdd, DriverRowsRDD) else "executors"
+    return paths
 
 
 class SparkJobs:

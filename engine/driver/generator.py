@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .breakdown import Phases
+from .breakdown import Phases, batch_paths
 from .output_order import ANY_OPERATION
 from .timer import RecurringTimer
 
@@ -195,7 +195,8 @@ class JobGenerator:
             return
         if jobs:  # its completion is processed by _clear_metadata (no jobs: none)
             self._in_flight.add(time_ms)
-        self._scheduler.submit(time_ms, jobs, self._input_infos.get_info(time_ms), due_ms, phases.ms)
+        infos = self._input_infos.get_info(time_ms)
+        self._scheduler.submit(time_ms, jobs, infos, due_ms, phases.ms, batch_paths(steps.graph, time_ms, infos))
         self._checkpoints.checkpoint_batch(time_ms, clear_later=False)
 
     def rerun(self, times_ms: list[int]) -> None:

@@ -26,6 +26,7 @@ class JobSet:
     lock: threading.Lock = field(default_factory=threading.Lock)
     ops: dict[int, OutputOperationInfo] = field(default_factory=dict)
     breakdown: dict[str, float] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ops = {j.output_op_id: OutputOperationInfo(self.time_ms, j.output_op_id, j.op_name)
@@ -67,4 +68,4 @@ class JobSet:
             ops = dict(self.ops)
             breakdown = dict(self.breakdown)
         return BatchInfo(self.time_ms, self.input_infos, self.submission_ms, self.start_ms, self.end_ms,
-                         ops, breakdown)
+                         ops, breakdown, dict(self.paths))

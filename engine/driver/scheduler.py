@@ -79,19 +79,19 @@ class JobScheduler:
             return sorted(self._pending)
 
     def submit(self, time_ms: int, jobs: list[Job], input_infos: dict, due_ms: int | None = None,
-               breakdown: dict[str, float] | None = None) -> None:
+               breakdown: dict[str, float] | None = None, paths: dict[str, str] | None = None) -> None:
         """``due_ms``: when the batch was due to be generated (default: now). It is the batch's
         submission time, so a batch generated late (held for its state's lineage, or queued
         behind a snapshot on the generator's thread) counts that wait in its scheduling delay:
         "caught up" is never said of a stream that is still late. ``breakdown``: its generation's
-        phases (:mod:`.breakdown`)."""
+        phases (:mod:`.breakdown`); ``paths``: where each stream's work ran (:func:`.breakdown.batch_paths`)."""
         if not jobs:
             log.debug("no jobs for batch %d", time_ms)
             self._commit(time_ms, None)
             return
         now = self._clock.now_ms()
         js = JobSet(time_ms, jobs, input_infos, now if due_ms is None else min(due_ms, now),
-                     breakdown=dict(breakdown or {}))
+                     breakdown=dict(breakdown or {}), paths=dict(paths or {}))
         with self._lock:
             self._pending[time_ms] = js
         self._events.post(StreamingListenerBatchSubmitted(js.info()))

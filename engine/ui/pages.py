@@ -241,6 +241,10 @@ def batch_page(view: dict, batch_id: int) -> str | None:
         body.append("<h2>Where the time went (driver)</h2>")
         body.append(_table(["Phase", "Duration"], [[escape(str(name)), _ms_fraction(ms)]
                                                    for name, ms in phases.items()], "breakdown"))
+    paths = b.get("paths") or {}
+    if paths:
+        body.append("<h2>Where each stream ran</h2>")
+        body.append(_table(["Stream", "Path"], [[escape(str(s)), escape(str(p))] for s, p in paths.items()], "paths"))
     rows = []
     for op in sorted(b.get("ops") or [], key=lambda o: o["id"]):
         start, end = op.get("startTime"), op.get("endTime")

@@ -42,7 +42,8 @@ def batch_record(info, now_ms: int) -> dict:
             "inputs": {str(k): v.num_records for k, v in info.stream_id_to_input_info.items()},
             "numOutputOps": len(info.output_operation_infos),
             "ops": [op_record(op) for _, op in sorted(info.output_operation_infos.items())],
-            "breakdown": dict(getattr(info, "breakdown", None) or {})}
+            "breakdown": dict(getattr(info, "breakdown", None) or {}),
+            "paths": {_text(str(k)): _text(str(v)) for k, v in (getattr(info, "paths", None) or {}).items()}}
 
 
 class Recorder(StreamingListener):

@@ -206,6 +206,7 @@ class RunStatus:
             "numTotalOutputOps": b.get("numOutputOps", len(ops)),
             "firstFailureReason": failures[0] if failures else None,
             "breakdown": b.get("breakdown") or None,
+            "paths": b.get("paths") or None,
         })
 
     def batches_view(self, statuses=STATUSES) -> list[dict]:
