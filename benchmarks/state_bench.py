@@ -259,7 +259,7 @@ def measure(keys: int, label: str, engine: str, op: str, fraction: float, batche
     later = [e["processing_ms"] / 1000 for e in done[1:]]
     result = {"label": label, "keys": keys, "batch_s": batch_s, "first_s": done[0]["processing_ms"] / 1000,
               "median_s": statistics.median(later), "max_s": max(later),
-              "restart_s": statistics.median(restart_s), "restarts_s": restart_s,
+              "restart_s": statistics.median(restart_s) if restart_s else None, "restarts_s": restart_s,
               "snapshot": snapshot_bytes(run, done[0]["time_ms"]),
               "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
     shutil.rmtree(workdir, ignore_errors=True)
@@ -267,7 +267,9 @@ def measure(keys: int, label: str, engine: str, op: str, fraction: float, batche
 
 
 def _spread(seconds: list[float]) -> str:
-    """The median, and the range when there are several."""
+    """The median, and the range when there are several ("-" for none: ``--restarts 0``)."""
+    if not seconds:
+        return "-"
     mid = f"{statistics.median(seconds):.1f} s"
     return mid if len(seconds) < 2 else f"{mid} ({min(seconds):.1f}-{max(seconds):.1f} s)"
 
@@ -287,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every contender on a standalone cluster this benchmark starts (2 workers "
                    "x 1 core, 2 GiB; executors of 1.5 GiB) instead of local[2]")
     args = p.parse_args(argv)
+    if args.restarts < 0 or args.batches < 2:
+        p.error("--restarts must be 0 or more, --batches 2 or more (the first batch, every key, is apart)")
     if args.standalone:
         from .cluster_bench import on_standalone
 
