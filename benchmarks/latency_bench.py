@@ -1,7 +1,7 @@
 """Record-to-output latency: sparkwal, pyspark.streaming and Structured Streaming in one run.
 
     python -m benchmarks.latency_bench [--seconds 20] [--warmup 10] [--intervals 100,250,500,1000]
-        [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,sparkwal-precompute,pyspark,structured]
+        [--rates 20000] [--pipelines stateless,stateful] [--engines sparkwal,sparkwal-noprecompute,pyspark,structured]
         [--conf KEY=VALUE ...] [--json FILE]
 
 A paced TCP source in this process sends ``--rates`` lines a second (10 words each, stamped with
@@ -40,9 +40,11 @@ one plain PySpark job, warmed, nothing else running: what no engine that runs a 
 can go under on this machine), and where the median batch's time went in each sparkwal row (its
 ``BatchInfo.breakdown`` and its output operation's ``submit``/``tasks``/``collect``, in ms).
 
-``sparkwal-precompute`` is sparkwal with ``spark.sparkwal.receiver.precompute`` on (the receiver
-runs the per-record operations and the map side of ``reduceByKey`` on each block as its records
-arrive; docs/receivers.md) and one block a batch interval, cut on each batch time.
+``sparkwal`` runs with sparkwal's defaults, ``spark.sparkwal.receiver.precompute`` on among them (the
+receiver runs the per-record operations and the map side of ``reduceByKey`` on each block as its
+records arrive; docs/receivers.md); ``sparkwal-noprecompute`` turns it off (every batch reads its
+blocks in a Spark job); ``sparkwal-precompute`` sets it and one block a batch interval, cut on each
+batch time.
 
 A row keeps up when the median latency of the window's last fifth is within the median of its
 first fifth plus one batch interval (a backlog that grows shows as growing latency).
@@ -66,6 +68,7 @@ WORDS = "spark stream wal checkpoint batch driver executor record block offset"
 TS_KEY = "\x00ts:"  # the key each line also counts under: its send time's slot
 SLOT_MS = 10
 DURABILITY = {"sparkwal": "receiver WAL, fsync per block", "sparkwal-precompute": "receiver WAL, fsync per block",
+              "sparkwal-noprecompute": "receiver WAL, fsync per block",
               "pyspark": "receiver WAL, hflush (no fsync)",
               "structured": "no data log (socket source)"}
 
@@ -177,6 +180,8 @@ def dstream_app(args) -> None:
     if args.engine == "sparkwal-precompute":  # one block a batch, cut on its time
         conf.set("spark.sparkwal.receiver.precompute", "true")
         conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms)}ms")
+    elif args.engine == "sparkwal-noprecompute":
+        conf.set("spark.sparkwal.receiver.precompute", "false")
     if not any(c.startswith("spark.streaming.blockInterval=") for c in args.conf) and not conf.contains(
             "spark.streaming.blockInterval"):
         conf.set("spark.streaming.blockInterval", f"{min(200, args.interval_ms // 2)}ms")
@@ -423,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intervals", default="100,250,500,1000")
     ap.add_argument("--rates", default="20000")
     ap.add_argument("--pipelines", default="stateless,stateful")
-    ap.add_argument("--engines", default="sparkwal,sparkwal-precompute,pyspark,structured")
+    ap.add_argument("--engines", default="sparkwal,sparkwal-noprecompute,pyspark,structured")
     ap.add_argument("--json", help="also write every row here")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark conf setting for the sparkwal and pyspark.streaming apps (repeatable)")

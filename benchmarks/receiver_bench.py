@@ -1,6 +1,7 @@
 """Socket word count through a receiver with its WAL on: sparkwal and pyspark.streaming in one run.
 
     python -m benchmarks.receiver_bench [--seconds 20] [--warmup 10] [--workloads receive,wordcount]
+        [--engines sparkwal,sparkwal-noprecompute,pyspark]
 
 For each workload and engine, a fresh app (subprocess, local[2], 1 s batches, checkpoint set,
 ``spark.streaming.receiver.writeAheadLog.enable=true``) reads ``socketTextStream`` from a TCP server
@@ -12,6 +13,11 @@ in this process that sends 10-word lines as fast as they are taken:
   than the source, so each engine's PID estimator converges to what it can process per batch, and
   records/s is that rate. (Without a rate, pyspark.streaming's driver runs out of heap within
   ~10 s here; see ``receiver_flow``.)
+
+``sparkwal`` runs with its defaults, under which the receiver runs the word count's ``flatMap``,
+``map`` and the map side of ``reduceByKey`` on each block as it stores it
+(``spark.sparkwal.receiver.precompute``, docs/receivers.md); ``sparkwal-noprecompute`` turns that off
+(every batch reads its blocks in a Spark job, as pyspark.streaming does).
 
 Each app first runs ``--warmup`` seconds (JVM JIT, Python workers, the first jobs), discarded; then
 the batches whose time falls in the next ``--seconds`` are measured, alike for both engines: records/s
@@ -53,13 +59,15 @@ def app(args) -> None:
     if args.workload == "wordcount":  # both engines converge to what a batch can process
         conf.set("spark.streaming.backpressure.enabled", "true")
         conf.set("spark.streaming.backpressure.initialRate", "100000")
-    if args.engine == "sparkwal":  # off local mode: the executors' workers set up (sparkwal is
+    if args.engine.startswith("sparkwal"):  # off local mode: the executors' workers set up (sparkwal is
         from sparkwal.engine import prepare_conf  # installed in the executors' Python here)
 
         conf = prepare_conf(conf.setIfMissing("spark.sparkwal.shipCode", "false"))
+        if args.engine == "sparkwal-noprecompute":
+            conf.set("spark.sparkwal.receiver.precompute", "false")
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
-    if args.engine == "sparkwal":
+    if args.engine.startswith("sparkwal"):
         from sparkwal.engine import StreamingContext, StreamingListener
     else:
         from pyspark.streaming import StreamingContext
@@ -149,7 +157,8 @@ def measure(engine: str, workload: str, warmup: float, seconds: float, master: s
         "fsynced_fraction": (round(sum(durable) / records, 3) if durable and records
                              else (0.0 if engine == "pyspark" else None)),
         "durability": ("receiver WAL off: 2 copies on executors" if not wal else
-                       "fsync per block before it is reported" if engine == "sparkwal" else "hflush, never fsync"),
+                       "fsync per block before it is reported" if engine.startswith("sparkwal") else
+                       "hflush, never fsync"),
         "note": note, "events": events,
     }
 
@@ -171,24 +180,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--workloads", default="receive,wordcount")
+    ap.add_argument("--engines", default="sparkwal,sparkwal-noprecompute,pyspark")
     args = ap.parse_args(argv)
+    engines = args.engines.split(",")
+    unknown = sorted(set(engines) - {"sparkwal", "sparkwal-noprecompute", "pyspark"})
+    if unknown:
+        print(f"receiver_bench: unknown engine {unknown[0]!r} (sparkwal, sparkwal-noprecompute, pyspark)",
+              file=sys.stderr)
+        return 2
     print("| workload | engine | records/s | processing p50 / max ms | scheduling p50 / max ms "
           "| fsync'd before processing | durability |")
     print("|---|---|---:|---:|---:|---:|---|")
     rows = []
     for workload in args.workloads.split(","):
-        for engine in ("sparkwal", "pyspark"):
-            r = measure(engine, workload, args.warmup, args.seconds)
+        done = {}
+        for engine in engines:
+            r = done[engine] = measure(engine, workload, args.warmup, args.seconds)
             rows.append(r)
             name = f"{engine} ({r['note']})" if r["note"] else engine
             print(f"| {workload} | {name} | {r['records_per_s']:,} | {r['processing_p50_ms']} / "
                   f"{r['processing_max_ms']} | {r['scheduling_p50_ms']} / {r['scheduling_max_ms']} | "
                   f"{r['fsynced_fraction']} | {r['durability']} |", flush=True)
-        a, b = rows[-2], rows[-1]
-        if b["records_per_s"]:
-            ratio = a["records_per_s"] / b["records_per_s"]
-            print(f"| {workload} | sparkwal / pyspark.streaming | {ratio:.2f} | | | | |",
-                  flush=True)
+        for a, b, said in (("sparkwal", "pyspark", "sparkwal / pyspark.streaming"),
+                           ("sparkwal", "sparkwal-noprecompute", "sparkwal / sparkwal without precompute")):
+            if a in done and b in done and done[b]["records_per_s"]:
+                ratio = done[a]["records_per_s"] / done[b]["records_per_s"]
+                print(f"| {workload} | {said} | {ratio:.2f} | | | | |", flush=True)
     return 0
 
 

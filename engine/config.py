@@ -200,10 +200,11 @@ MAX_BUFFERED_RECORDS = _entry("spark.streaming.receiver.maxBufferedRecords", "in
 MAX_UNPROCESSED_BYTES = _entry("spark.streaming.receiver.maxUnprocessedBytes", "int", 256 << 20,
                                "bytes of received blocks not yet processed before receivers wait", minimum=1)
 RECEIVER_PRECOMPUTE = _entry(
-    "spark.sparkwal.receiver.precompute", "bool", False,
+    "spark.sparkwal.receiver.precompute", "bool", True,
     "receivers run each block through the per-record operations after their stream up to the first "
     "combineByKey/reduceByKey as they store it; a batch whose every block came with its result builds that "
-    "stream's RDD from them on the driver, with no job reading the blocks (docs/receivers.md)")
+    "stream's RDD from them on the driver, with no job reading the blocks (docs/receivers.md). On by default "
+    "where the graph allows it; a receiver stops a plan whose results it cannot send (false: never)")
 RECEIVER_PRECOMPUTE_MAX_BYTES = _entry(
     "spark.sparkwal.receiver.precompute.maxBytes", "int", 256 << 10,
     "the largest result a receiver sends with a block (msgpack bytes; a larger one is not sent and its batch "

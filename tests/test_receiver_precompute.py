@@ -12,8 +12,8 @@ import pytest
 from pyspark import cloudpickle
 
 from sparkwal.engine import StreamingContext
-from sparkwal.engine.receiver.precompute import (BlockPlan, DriverRowsRDD, Precomputed, block_results, decode_result,
-                                                 encode_result, run_plan)
+from sparkwal.engine.receiver.precompute import (UNSENT_BEFORE_STOP, BlockPlan, DriverRowsRDD, Precomputed,
+                                                 block_results, decode_result, encode_result, run_plan)
 
 from test_receivers import LineServer, wait_until
 
@@ -99,11 +99,34 @@ def test_a_precomputed_batchs_rows_are_read_on_the_driver_without_a_spark_job(sp
     assert (empty.isEmpty(), empty.take(1), empty.count()) == (True, [], 0)
 
 
-def test_off_by_default_every_batch_reads_its_blocks(spark_context, tmp_path):
-    totals, stats, _ = run_counts(spark_context, tmp_path, LINES,
-                                  lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add))
-    assert totals == EXPECTED
-    assert stats.precomputed_batches == 0
+def test_on_by_default_and_false_turns_it_off(spark_context, tmp_path):
+    count = lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add)  # noqa: E731
+    totals, stats, _ = run_counts(spark_context, tmp_path / "default", LINES, count)
+    assert totals == EXPECTED and stats.precomputed_batches >= 1  # nothing set: the receiver precomputes
+    totals, stats, batches = run_counts(spark_context, tmp_path / "off", LINES, count, **{KEY: "false"})
+    assert totals == EXPECTED and stats.precomputed_batches == 0  # every batch reads its blocks
+    assert not any(from_driver for _, from_driver in batches)
+
+
+def test_a_receiver_stops_a_plan_whose_results_it_cannot_send(caplog):
+    """On by default, precompute must not double a receiver's work where its results never reach the
+    driver: after UNSENT_BEFORE_STOP blocks in a row whose result was too large, the plan stops (one
+    line); a result sent in between starts the count again."""
+    plan = BlockPlan(4, (lambda it: ((w, 1) for line in it for w in line.split()),), lambda v: v, operator.add)
+    failed: set = set()
+    unsent: dict = {}
+    small, large = ["a a b"], [" ".join(f"w{i}" for i in range(200))]
+    for _ in range(UNSENT_BEFORE_STOP - 1):
+        assert block_results(0, (plan,), large, 256, failed, unsent) == []
+    assert block_results(0, (plan,), small, 256, failed, unsent) != [] and not failed  # sent: counted anew
+    with caplog.at_level("WARNING", logger="sparkwal.engine.receiver.precompute"):
+        for _ in range(UNSENT_BEFORE_STOP):
+            assert block_results(0, (plan,), large, 256, failed, unsent) == []
+    assert failed == {4}
+    assert block_results(0, (plan,), small, 256, failed, unsent) == []  # stopped: not run again
+    stopped = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(stopped) == 1 and f"last {UNSENT_BEFORE_STOP} blocks were not sent" in stopped[0]
+    assert "spark.sparkwal.receiver.precompute.maxBytes" in stopped[0]
 
 
 def test_results_too_large_to_send_fall_back_to_reading_the_blocks(spark_context, tmp_path):
@@ -201,9 +224,9 @@ def test_results_carry_each_keys_hash_and_a_malformed_one_falls_back_to_the_bloc
 
 
 def test_the_start_names_the_operation_that_keeps_each_receiver_stream_from_precomputing(spark_context, caplog):
-    """With spark.sparkwal.receiver.precompute, one line at start says which streams the receivers
-    precompute and, for each other receiver stream, the operation that stops it (a WARNING: the user
-    asked for it and does not get it there)."""
+    """One line at start says which streams the receivers precompute and, for each other receiver
+    stream, the operation that stops it: a WARNING where the program set spark.sparkwal.receiver.precompute
+    (it asked and does not get it there), INFO under the default."""
     ssc = StreamingContext(spark_context, 0.5)
     counted = ssc.socketTextStream("127.0.0.1", 9)
     counted.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add).pprint()
@@ -224,3 +247,7 @@ def test_the_start_names_the_operation_that_keeps_each_receiver_stream_from_prec
     assert "stream 2 is not precomputed: map at" in said and "is persisted (its RDD is built" in said
     assert "stream 3 is not precomputed: pprint at" in said and "not a per-record operation" in said
     assert "test_receiver_precompute.py" in said  # each operation named where the program made it
+    caplog.clear()  # under the default (the program did not ask): the same line, at INFO
+    Precomputed.of_graph(spark_context, ssc.driver.graph, inputs, None, None, 1 << 20, asked=False)
+    [line] = [r for r in caplog.records if "spark.sparkwal.receiver.precompute" in r.getMessage()]
+    assert line.levelname == "INFO" and line.getMessage() == said

@@ -42,6 +42,8 @@ from ..driver_rows import DriverRowsRDD
 log = logging.getLogger(__name__)
 
 _INT_RANGE = (-(1 << 63), 1 << 64)
+#: blocks in a row whose result a plan could not send before the receiver stops running it
+UNSENT_BEFORE_STOP = 10
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,12 @@ class RunningResults:
     ``per_record`` (:func:`sparkwal.engine.stream_machinery.per_record`; a ``mapPartitions``
     function sees a whole block, as its partition)."""
 
-    def __init__(self, stream_id: int, plans: tuple[BlockPlan, ...], max_bytes: int, failed: set):
+    def __init__(self, stream_id: int, plans: tuple[BlockPlan, ...], max_bytes: int, failed: set,
+                 unsent: dict[int, int] | None = None):
+        """``failed``: the plans this receiver stopped running (shared by its results); ``unsent``: each
+        plan's blocks in a row whose result could not be sent (shared too; see :meth:`take`)."""
         self._stream_id, self._plans, self._max_bytes, self._failed = stream_id, plans, max_bytes, failed
+        self._unsent = unsent if unsent is not None else {}
         self._combiners: dict[int, dict] = {p.plan_id: {} for p in plans}
 
     @staticmethod
@@ -104,21 +110,35 @@ class RunningResults:
                     _stopped(self._stream_id, plan, e, self._failed)
 
     def take(self) -> list:
-        """``AddBlock``'s results for the records added since the last take; starts anew."""
+        """``AddBlock``'s results for the records added since the last take; starts anew. A plan
+        whose result could not be sent for :data:`UNSENT_BEFORE_STOP` blocks in a row (too large, or
+        not plain values) stops: on by default, precompute must not double a receiver's work where
+        its results never reach the driver (its batches read their blocks either way)."""
         out, room = [], self._max_bytes
         for plan in self._plans:
             combiners, self._combiners[plan.plan_id] = self._combiners[plan.plan_id], {}
-            data = None if plan.plan_id in self._failed else encode_result(with_hashes(combiners), room)
+            if plan.plan_id in self._failed:
+                continue
+            data = encode_result(with_hashes(combiners), room)
             if data is not None:
                 out.append([plan.plan_id, data])
                 room -= len(data)
+                self._unsent.pop(plan.plan_id, None)
+                continue
+            self._unsent[plan.plan_id] = self._unsent.get(plan.plan_id, 0) + 1
+            if self._unsent[plan.plan_id] >= UNSENT_BEFORE_STOP:
+                _stopped(self._stream_id, plan, f"the results of its last {UNSENT_BEFORE_STOP} blocks were not "
+                         f"sent (each over {self._max_bytes} bytes, spark.sparkwal.receiver.precompute.maxBytes, "
+                         "or holding values other than str, bytes, int, float, bool, None and tuples)",
+                         self._failed)
         return out
 
 
-def _stopped(stream_id: int, plan: BlockPlan, error: Exception, failed: set) -> None:
+def _stopped(stream_id: int, plan: BlockPlan, why: Exception | str, failed: set) -> None:
     failed.add(plan.plan_id)
-    log.warning("receiver precompute of stream %d's plan %d stopped: %s: %s (its batches read their blocks "
-                "instead)", stream_id, plan.plan_id, type(error).__name__, error)
+    said = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+    log.warning("receiver precompute of stream %d's plan %d stopped: %s (its batches read their blocks "
+                "instead)", stream_id, plan.plan_id, said)
 
 
 def key_hash(key) -> int | None:
@@ -149,11 +169,11 @@ def decode_result(data: bytes) -> tuple:
 
 
 def block_results(stream_id: int, plans: tuple[BlockPlan, ...], records: list, max_bytes: int,
-                  failed: set) -> list:
+                  failed: set, unsent: dict[int, int] | None = None) -> list:
     """``[[plan_id, bytes], ...]`` for ``AddBlock``, at most ``max_bytes`` in all. A plan whose
     function raises is logged once and skipped (its batches take the ordinary path, where the
-    error surfaces as the batch's own)."""
-    running = RunningResults(stream_id, plans, max_bytes, failed)  # the same steps, on the whole block
+    error surfaces as the batch's own), as is one whose results are not sent (:meth:`RunningResults.take`)."""
+    running = RunningResults(stream_id, plans, max_bytes, failed, unsent)  # the same steps, on the whole block
     running.add(records)
     return running.take()
 
@@ -247,12 +267,14 @@ class Precomputed:
         self.batches = self.fallbacks = 0
 
     @classmethod
-    def of_graph(cls, sc, graph, inputs: list, blocks, report_input, max_held: int) -> Precomputed:
-        """The plans :func:`find_plans` finds in ``graph``, logged in one line at start: a WARNING
-        naming the operation that stops each receiver stream not precomputed."""
+    def of_graph(cls, sc, graph, inputs: list, blocks, report_input, max_held: int,
+                 asked: bool = True) -> Precomputed:
+        """The plans :func:`find_plans` finds in ``graph``, logged in one line at start, naming the
+        operation that stops each receiver stream not precomputed: a WARNING where the program
+        ``asked`` for precompute (set ``spark.sparkwal.receiver.precompute`` itself), INFO under the default."""
         stopped: dict[int, str] = {}
         made = cls(sc, inputs, blocks, report_input, find_plans(graph, inputs, stopped), max_held, stopped)
-        (log.warning if stopped else log.info)("spark.sparkwal.receiver.precompute: %s", made.describe())
+        (log.warning if stopped and asked else log.info)("spark.sparkwal.receiver.precompute: %s", made.describe())
         return made
 
     def describe(self) -> str:

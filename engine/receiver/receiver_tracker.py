@@ -117,7 +117,8 @@ class ReceiverTracker:
         self.batch_cuts = BatchCuts(batch_ms)  #: each batch waits (briefly) for its time's cuts
         if settings[config.RECEIVER_PRECOMPUTE]:
             self.precomputed = Precomputed.of_graph(sc, graph, inputs, blocks, report_input,
-                                                    min(64 << 20, self._max_unprocessed))
+                                                    min(64 << 20, self._max_unprocessed),
+                                                    asked=settings.raw(config.RECEIVER_PRECOMPUTE.key) is not None)
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
             for sid in self._inputs:

@@ -211,6 +211,7 @@ class ReceiverSupervisor:
         self._handler: WalBlockHandler | LocalBlockHandler | None = None
         self._generator: BlockGenerator | None = None
         self._failed_plans: set[int] = set()
+        self._unsent_results: dict[int, int] = {}  # plan -> blocks in a row whose result was not sent
 
     @property
     def stopped(self) -> bool:
@@ -249,7 +250,8 @@ class ReceiverSupervisor:
                 max_buffered=c.max_buffered_records, clock=self._clock, on_error=self.report_error,
                 rate_limiter=RateLimiter(c.max_rate, c.initial_rate, clock=self._clock),
                 new_block_id=self._new_block_id, batch_ms=c.batch_interval_ms, on_batch_cut=self._report_batch_cut,
-                running=RunningResults(c.stream_id, c.plans, c.precompute_max_bytes, self._failed_plans)
+                running=RunningResults(c.stream_id, c.plans, c.precompute_max_bytes, self._failed_plans,
+                                       self._unsent_results)
                 if RunningResults.possible(c.plans) else None)
             self._generator.start()
             self.receiver.bind(c.stream_id, self)
@@ -355,7 +357,8 @@ class ReceiverSupervisor:
         info = ReceivedBlockInfo(self.config.stream_id, len(records), block_id, handle, metadata)
         if results is None:
             results = block_results(self.config.stream_id, self.config.plans, records,
-                                    self.config.precompute_max_bytes, self._failed_plans) if self.config.plans else []
+                                    self.config.precompute_max_bytes, self._failed_plans,
+                                    self._unsent_results) if self.config.plans else []
         ok, message = self._conn.request(
             wire.ADD_BLOCK, [info.to_raw(), self.location.host, self.location.executor_id, len(data),
                              [[c.executor_id, c.host, c.port] for c in copies], results],
