@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="sparkwal: filelog reads --input as a FileLogSource (a direct stream) instead; receiver "
                         "reads an AckedLineSource at --source-port (its secret: $STATE_APP_SOURCE_SECRET)")
     p.add_argument("--source-port", type=int)
-    p.add_argument("--precompute", action="store_true", help="receiver: spark.sparkwal.receiver.precompute")
+    p.add_argument("--precompute", action="store_true",
+                   help="receiver: spark.sparkwal.receiver.precompute (off without it)")
     p.add_argument("--sink", metavar="SQLITE_FILE",
                    help="sparkwal, --source filelog --op map: each batch's keys and count into this SQLite "
                         "file, exactly once (SQLiteSink)")
@@ -115,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         conf.set("spark.streaming.receiver.writeAheadLog.enable", "true")
         conf.set("spark.streaming.blockInterval", f"{min(200, int(args.batch * 500))}ms")
         conf.setExecutorEnv("STATE_APP_SOURCE_SECRET", os.environ["STATE_APP_SOURCE_SECRET"])
-        if args.precompute:
-            conf.set("spark.sparkwal.receiver.precompute", "true")
+        conf.set("spark.sparkwal.receiver.precompute", "true" if args.precompute else "false")  # (on by default)
     for pair in args.conf:
         conf.set(*pair.split("=", 1))
     if args.engine == "sparkwal":  # off local mode: the executors' workers set up (installed there)

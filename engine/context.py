@@ -319,7 +319,7 @@ class StreamingContext:
     def graceful_stop_timeout_s(self) -> float:
         """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
         intervals); Spark reads it as milliseconds when it has no unit."""
-        return self._driver.graceful_stop_timeout_s()
+        return self._driver.graceful.timeout_s
 
     @staticmethod
     def getActive() -> StreamingContext | None:

@@ -1,7 +1,7 @@
 """What every component of the driver may read of it: :class:`DriverFacts`.
 
 The driver hands the components not yet given their collaborators itself, typed as a narrow
-``Protocol`` of what each reads and calls (``RecoveryHost``, ``SnapshotHost``, ...; the job scheduler,
+``Protocol`` of what each reads and calls (``SnapshotHost``, ``StandbyHost``, ...; the job scheduler,
 the job generator and the checkpoints are handed theirs, see docs/architecture.md). Those protocols start from these
 facts, fixed once the driver is made and its checkpoint directory set (the leadership's epoch
 once it leads), and add what the component needs beyond them.

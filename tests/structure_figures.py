@@ -3,7 +3,7 @@
 * reads of a ``Driver``'s attributes from modules other than ``engine/driver/driver.py``: any
   ``driver.X``, ``self._driver.X`` or ``ssc.driver.X`` (a parameter or variable named ``driver``, an
   attribute named ``_driver``/``driver``), counted apart where the module takes the driver as a
-  narrow ``Protocol`` (``SnapshotHost``, ``RecoveryHost``, ...) rather than as the whole object, and
+  narrow ``Protocol`` (``SnapshotHost``, ``StandbyHost``, ...) rather than as the whole object, and
   streams' reads through ``self._host`` / ``host_of(ssc)`` (typed ``StreamHost``) counted as such;
 * assignments to another object's attributes (``x.y = ...`` where ``x`` is not ``self``/``cls``,
   an object the instance keeps privately (``self._stats.y``), or one the function made itself);

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import operator
 import sys
+import threading
 from collections import Counter
 
 import pytest
 from pyspark import cloudpickle
 
 from sparkwal.engine import StreamingContext
+from sparkwal.engine.receiver.precompute import RunningResults
+from sparkwal.engine.receiver.supervisor import BlockGenerator
+from sparkwal.engine.stream_machinery import per_record
+from sparkwal.tracker import RateLimiter
+from sparkwal.wal import ManualClock
 from sparkwal.engine.receiver.precompute import (UNSENT_BEFORE_STOP, BlockPlan, DriverRowsRDD, Precomputed,
                                                  block_results, decode_result, encode_result, run_plan)
 
@@ -251,3 +257,59 @@ def test_the_start_names_the_operation_that_keeps_each_receiver_stream_from_prec
     Precomputed.of_graph(spark_context, ssc.driver.graph, inputs, None, None, 1 << 20, asked=False)
     [line] = [r for r in caplog.records if "spark.sparkwal.receiver.precompute" in r.getMessage()]
     assert line.levelname == "INFO" and line.getMessage() == said
+
+
+def _counting_plan(plan_id: int = 0) -> BlockPlan:
+    step = per_record(lambda it: ((w, 1) for line in it for w in line.split()))
+    return BlockPlan(plan_id, (step,), lambda v: v, operator.add)
+
+
+def test_a_block_that_waits_for_room_in_the_queue_keeps_its_records_combiners():
+    """A source faster than the pusher: the buffer is full and the queue too, so add_many waits for
+    room. The block it queues at last must carry the combiners of exactly its records (a result
+    taken for an attempt that found no room, then lost, would make the driver count none of them)."""
+    gate, pushed = threading.Event(), []
+
+    def push(block_id, records, _metadata, results):
+        gate.wait(10)
+        pushed.append((records, results))
+
+    running = RunningResults(0, (_counting_plan(),), 1 << 20, set(), {})
+    gen = BlockGenerator(push, interval_ms=60_000, queue_size=1, max_buffered=3, rate_limiter=RateLimiter(),
+                         clock=ManualClock(0), on_error=lambda *_: None, new_block_id=iter(range(100)).__next__,
+                         running=running)
+    gen.start()
+    lines = [f"w{i} x" for i in range(12)]
+    adder = threading.Thread(target=lambda: [gen.add_many([line]) for line in lines])
+    adder.start()
+    adder.join(0.5)
+    assert adder.is_alive()  # waiting for room: one block in the pusher, one queued, a full buffer
+    gate.set()
+    adder.join(10)
+    gen.stop()
+    assert sorted(r for records, _ in pushed for r in records) == sorted(lines)  # every record, once
+    for records, results in pushed:
+        [[plan_id, data]] = results
+        counted = Counter({k: c for k, c, _ in decode_result(data)})
+        assert counted == Counter(w for line in records for w in line.split())
+
+
+def test_a_result_msgpack_refuses_is_not_sent_and_costs_no_record():
+    running = RunningResults(0, (_counting_plan(),), 1 << 20, set(), {})
+    running.add(["ok \udc80"])  # a lone surrogate: msgpack cannot encode it
+    assert running.take() == []  # not sent: the batch reads the block
+    running.add(["fine"])
+    [[_, data]] = running.take()
+    assert decode_result(data)[0][:2] == ("fine", 1)
+
+
+def test_a_plan_whose_functions_cannot_be_pickled_is_left_out_at_start(spark_context, caplog):
+    lock = threading.Lock()  # a receiver's job could not carry it
+    ssc = StreamingContext(spark_context, 0.5)
+    stream = ssc.socketTextStream("127.0.0.1", 9)
+    stream.map(lambda w: (w, lock.locked())).reduceByKey(operator.add).pprint()
+    caplog.set_level("INFO", logger="sparkwal.engine.receiver.precompute")
+    made = Precomputed.of_graph(spark_context, ssc.driver.graph, [stream], None, None, 1 << 20)
+    assert made.plans_of(stream.input_id) == ()
+    [line] = [r.getMessage() for r in caplog.records if "spark.sparkwal.receiver.precompute" in r.getMessage()]
+    assert f"stream {stream.input_id} is not precomputed: its functions cannot be pickled" in line

@@ -380,8 +380,8 @@ def test_a_leader_keeps_its_lease_through_a_long_recovery_and_gives_it_up_once_s
         live_conf.remove("spark.sparkwal.leader.stallIntervals")
     ssc.checkpoint(f"{memory_url}/ckpt")
     ssc.queueStream([[1], [2]]).foreachRDD(block)
-    slow = recovery.fresh_start
-    monkeypatch.setattr(recovery, "fresh_start", lambda driver: (time.sleep(2.5), slow(driver))[1])
+    slow = recovery.RestartRule.fresh_start
+    monkeypatch.setattr(recovery.RestartRule, "fresh_start", lambda rule: (time.sleep(2.5), slow(rule))[1])
     ssc.start()
     try:
         assert ssc.driver.fenced is None and not ssc.awaitTerminationOrTimeout(0.6)

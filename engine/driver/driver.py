@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from py4j.protocol import Py4JJavaError
 from pyspark import RDD, SparkContext
@@ -46,7 +45,7 @@ from .backlog import BacklogWatch
 from .events import EventBus
 from .program import checkpoint_conf, serialize_program
 from .generator import BatchSteps, JobGenerator
-from .scheduler import JobScheduler, await_batches
+from .scheduler import GracefulStop, JobScheduler, await_batches
 from .states import ACTIVE, INITIALIZED, STOPPED, StreamingContextStateError
 
 log = logging.getLogger(__name__)
@@ -97,7 +96,7 @@ class Driver:
         self.observer: observability.Observer | None = None  # the UI, metrics and event log
         self.progress_ms: int | None = None  # when a batch last completed (or one fell due): leadership.StallWatch
         self.stopping = False  # errors of jobs cancelled by stop() are not the app's errors
-        self.graceful_deadline: float | None = None  # set by stop()
+        self.graceful = GracefulStop(self.settings[config.GRACEFUL_STOP_TIMEOUT], batch_ms)  # begun by stop()
         self.error: BaseException | None = None
         self.lock = threading.RLock()
         cluster.choose_python(sc, self.settings)  # before any Python function is wrapped
@@ -198,7 +197,10 @@ class Driver:
             run = checkpointing.CheckpointedRun(self.checkpoint_writer, self.location, self.graph, self.batch_log,
                                                 code_name, conf_pairs, self.scheduler)
             self.checkpointing.start(run)
-            plan = recovery.fresh_start(self) if self.restored is None else recovery.restart(self, self.restored)
+            rule = recovery.RestartRule(self.graph, self.snapshots, self.checkpointing, self.generator.timer,
+                                        self.batch_log, self.block_tracker, self.settings, self.batch_ms,
+                                        self.checkpoint_dir)
+            plan = rule.fresh_start() if self.restored is None else rule.restart(self.restored)
             self.restart.took(plan)
             if self.leadership is not None:  # the leadership lost since it was taken: the start fails here
                 self.leadership.stream_started()
@@ -237,7 +239,8 @@ class Driver:
     def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None:
         """Apply ``checkpoint`` to the graph and the state snapshots; ``start()`` then restarts
         from it. ``kind``, when given, is how this driver came to be (:attr:`recovery`)."""
-        plan = recovery.restore(self, checkpoint, kind)
+        restore = recovery.CheckpointRestore(self.graph, self.snapshots, self.settings, self.batch_ms, self.location)
+        plan = restore.apply(checkpoint, kind, said=self.upgrade_plan)
         self.restored = checkpoint
         if kind is not None:
             self.restart.kind, self.upgrade_plan = kind, plan
@@ -342,11 +345,11 @@ class Driver:
                 return
             self.stopping = True
             if self.state == ACTIVE and not self.is_standby:
-                self.graceful_deadline = time.monotonic() + self.graceful_stop_timeout_s()
+                self.graceful.begin()
                 self.snapshots.each_batch |= graceful  # the batches left snapshot their state: none re-runs
                 if self.receiver_tracker is not None:
                     receiver_lifecycle.stop_receivers(self.receiver_tracker, self.block_tracker, graceful,
-                                                      self.graceful_remaining_s(), self.terminated)
+                                                      self.graceful.remaining_s(), self.terminated)
                 self.generator.timer.stop()
                 finished = graceful and self.await_batches()
                 if not finished:
@@ -376,23 +379,10 @@ class Driver:
             self.events.stop(LISTENER_DRAIN_S)  # the listeners hear of everything before stop returns
             self.terminated.set()
 
-    def graceful_stop_timeout_s(self) -> float:
-        """``spark.streaming.gracefulStopTimeout`` in seconds (Spark's default: 10 batch
-        intervals); Spark reads it as milliseconds when it has no unit."""
-        value = self.settings[config.GRACEFUL_STOP_TIMEOUT]
-        return 10 * self.batch_ms / 1000 if value is None else value / 1000
-
-    def graceful_remaining_s(self) -> float:
-        """What is left of a graceful stop's timeout (its receivers' wait and its batches'
-        share one ``spark.streaming.gracefulStopTimeout``)."""
-        if self.graceful_deadline is None:
-            return self.graceful_stop_timeout_s()
-        return max(0.0, self.graceful_deadline - time.monotonic())
-
     def await_batches(self) -> bool:
         """A graceful stop's wait (:func:`.scheduler.await_batches`); the batches not done within
         ``spark.streaming.gracefulStopTimeout`` are named in ``restart.batches_left_for_restart``."""
-        left = await_batches(self.generator, self.scheduler, self.graceful_remaining_s, self.graceful_stop_timeout_s())
+        left = await_batches(self.generator, self.scheduler, self.graceful.remaining_s, self.graceful.timeout_s)
         self.restart.batches_left_for_restart = left
         return not left
 

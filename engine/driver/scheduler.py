@@ -257,6 +257,23 @@ def job_group(time_ms: int, output_op_id: int, run: str = "") -> str:
     return f"sparkwal-streaming-{run + '-' if run else ''}batch-{time_ms}-op-{output_op_id}"
 
 
+class GracefulStop:
+    """A graceful stop's one ``spark.streaming.gracefulStopTimeout``, which its receivers' wait and
+    its batches' share: Spark's default is 10 batch intervals, and Spark reads a value without a unit
+    as milliseconds (``value_ms``, None: unset)."""
+
+    def __init__(self, value_ms: int | None, batch_ms: int):
+        self.timeout_s = 10 * batch_ms / 1000 if value_ms is None else value_ms / 1000
+        self._deadline: float | None = None
+
+    def begin(self) -> None:
+        self._deadline = time.monotonic() + self.timeout_s
+
+    def remaining_s(self) -> float:
+        """What is left of the timeout since :meth:`begin` (all of it before)."""
+        return self.timeout_s if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+
 def await_batches(generator: JobGenerator, scheduler: JobScheduler, remaining_s: Callable[[], float],
                   timeout_s: float) -> list[int]:
     """A graceful stop's wait: every batch due so far generated and run, within ``timeout_s``

@@ -37,7 +37,11 @@ from ..identity import identities
 from ..upgrade_plan import UpgradePlan, plan_upgrade
 
 if TYPE_CHECKING:
-    from .recovery import RecoveryHost
+    from sparkwal.wal import StorageLocation
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
+    from ..state import StateSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +53,16 @@ def allowed_drops(settings) -> frozenset[str]:
     return frozenset(n.strip() for n in (settings[config.UPGRADE_ALLOW_DROP] or "").split(",") if n.strip())
 
 
-def plan_for(driver: RecoveryHost, data: dict) -> UpgradePlan | None:
-    """The plan from checkpoint ``data`` to ``driver``'s graph; None: the checkpoint records no
+def plan_for(graph: DStreamGraph, batch_ms: int, settings: StreamingConf, data: dict) -> UpgradePlan | None:
+    """The plan from checkpoint ``data`` to ``graph`` (run at ``batch_ms``); None: the checkpoint records no
     identities (written before sparkwal recorded them). A damaged record is a ValueError."""
     recorded = data.get("identities")
     if not isinstance(recorded, dict) or not recorded:
         return None
     old_ms = data.get("batch_ms")
-    if isinstance(old_ms, int) and old_ms != driver.batch_ms:  # (recovery.batch_change_refusal allows it)
-        recorded = {k: _rebatched(r, old_ms, driver.batch_ms) for k, r in recorded.items()}
-    return plan_upgrade(recorded, identities(driver.graph), allowed_drops(driver.settings), DROP_HINT)
+    if isinstance(old_ms, int) and old_ms != batch_ms:  # (recovery.batch_change_refusal allows it)
+        recorded = {k: _rebatched(r, old_ms, batch_ms) for k, r in recorded.items()}
+    return plan_upgrade(recorded, identities(graph), allowed_drops(settings), DROP_HINT)
 
 
 def _rebatched(record, old_ms: int, new_ms: int):
@@ -74,14 +78,16 @@ def _rebatched(record, old_ms: int, new_ms: int):
     return out
 
 
-def apply(driver: RecoveryHost, checkpoint: Checkpoint, difference: str) -> UpgradePlan:
-    """Renumber ``driver``'s inputs as the plan carries them and return the plan (its state goes
+def apply(graph: DStreamGraph, batch_ms: int, settings: StreamingConf, location: StorageLocation,
+          checkpoint: Checkpoint, difference: str, said: UpgradePlan | None = None) -> UpgradePlan:
+    """Renumber ``graph``'s inputs as the plan carries them and return the plan (its state goes
     across in :func:`carry_state`, once restored); refuse, naming each loss, if it loses anything.
-    ``difference``: the graphs' first difference, for a checkpoint that cannot be planned from."""
+    ``difference``: the graphs' first difference, for a checkpoint that cannot be planned from;
+    ``said``: the plan already logged (a standby's every look), not logged again."""
     data = checkpoint.data
-    where = f"the checkpoint in {driver.checkpoint_dir}"
+    where = f"the checkpoint in {location.url}"
     try:
-        plan = plan_for(driver, data)
+        plan = plan_for(graph, batch_ms, settings, data)
     except ValueError as e:
         raise CheckpointMismatchError(f"the DStream graph changed since {where} was written ({difference}), and "
                                       f"its streams' identities cannot be read: {e}") from None
@@ -94,21 +100,20 @@ def apply(driver: RecoveryHost, checkpoint: Checkpoint, difference: str) -> Upgr
         raise CheckpointMismatchError(
             f"the upgrade cannot take {where} without losing something: {'; '.join(plan.refusals)}. "
             f"(The rest of the plan: {'; '.join(line for line in plan.lines() if not line.startswith('refused'))})")
-    _renumber_inputs(driver, data, plan)
-    if driver.upgrade_plan is None or driver.upgrade_plan.lines() != plan.lines():  # (a standby's every look)
+    _renumber_inputs(graph, location, data, plan)
+    if said is None or said.lines() != plan.lines():
         for line in plan.lines():
             log.info("upgrade: %s", line)
     return plan
 
 
-def _renumber_inputs(driver: RecoveryHost, data: dict, plan: UpgradePlan) -> None:
-    graph = driver.graph
+def _renumber_inputs(graph: DStreamGraph, location: StorageLocation, data: dict, plan: UpgradePlan) -> None:
     position = {id(s): i for i, s in enumerate(graph.streams)}
     kept = {new.index: old.input_id for old, new in plan.carried if old.is_input}
     known = [int(k) for k in (data.get("inputs") or {})] + list(data.get("batch_log_lines") or [])
     known += [r.get("input_id") or 0 for r in data["identities"].values() if isinstance(r, dict)]
     known.append(int((data.get("next_ids") or {}).get("input", 0)) - 1)  # ids earlier upgrades dropped
-    known += _ids_with_files(driver)  # an upgrade killed before its first checkpoint may have used some
+    known += _ids_with_files(location)  # an upgrade killed before its first checkpoint may have used some
     fresh = max([*known, *kept.values()], default=-1) + 1
     ids = {}
     for i, stream in enumerate(graph.inputs):
@@ -117,12 +122,12 @@ def _renumber_inputs(driver: RecoveryHost, data: dict, plan: UpgradePlan) -> Non
     graph.renumber_inputs(ids)
 
 
-def _ids_with_files(driver: RecoveryHost) -> list[int]:
+def _ids_with_files(location: StorageLocation) -> list[int]:
     """The input ids that name a directory of start offsets or received blocks (read only)."""
-    layout = CheckpointLayout(driver.checkpoint_dir)
+    layout = CheckpointLayout(location.url)
     found = []
     for where in (layout.sources, layout.received_data):
-        storage, path = resolve(where, driver.storage_options)
+        storage, path = resolve(where, location.options)
         try:
             names = storage.list_dirs(path) if storage.exists(path) else []
         except NotImplementedError:  # (memory://, which no upgrade outlives)
@@ -131,12 +136,12 @@ def _ids_with_files(driver: RecoveryHost) -> list[int]:
     return found
 
 
-def carry_state(driver: RecoveryHost, plan: UpgradePlan) -> None:
+def carry_state(graph: DStreamGraph, snapshots: StateSnapshots, plan: UpgradePlan) -> None:
     """The restored state of each carried stateful stream goes to its new position; the program's
     other stateful streams start empty (``StateSnapshots.carry``)."""
     moved = {old.index: new.index for old, new in plan.carried if not old.is_input}
-    added = [i for i, s in enumerate(driver.graph.streams) if s.must_checkpoint and i not in moved.values()]
-    driver.snapshots.carry(moved, added)
+    added = [i for i, s in enumerate(graph.streams) if s.must_checkpoint and i not in moved.values()]
+    snapshots.carry(moved, added)
 
 
 def earlier_line_ids(checkpoint: Checkpoint | None, upgraded: bool) -> list[int] | None:

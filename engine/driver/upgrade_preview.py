@@ -82,7 +82,7 @@ def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | No
         return {"error": f"{checkpoint} holds no DStream checkpoint", "checkpoint": checkpoint,
                 "loses_nothing": False}
     data = cp.data
-    plan = upgrade.plan_for(driver, data)
+    plan = upgrade.plan_for(driver.graph, driver.batch_ms, driver.settings, data)
     if plan is None:
         same = data.get("fingerprint") == driver.graph.fingerprint()
         return {"error": None if same else "the checkpoint records no stream identities (an earlier sparkwal "
@@ -90,7 +90,8 @@ def preview(driver: Driver, checkpoint: str | None, program_checkpoint: str | No
                 "checkpoint": checkpoint, "loses_nothing": same,
                 "lines": ["the graph is the checkpoint's: everything is carried"] if same else []}
     batch_change = None
-    refused = recovery.batch_change_refusal(driver, data.get("batch_ms"), "upgrade")
+    refused = recovery.batch_change_refusal(driver.graph, driver.batch_ms, driver.checkpoint_dir, data.get("batch_ms"),
+                                            "upgrade")
     if refused is not None:
         plan.refusals.append(refused)
     reruns = sorted({*cp.pending_times_ms, *_logged_uncommitted(checkpoint, options)})

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
+from pyspark import cloudpickle
 from pyspark.rdd import portable_hash
 
 from sparkwal.base.times import batch_name
@@ -110,28 +111,51 @@ class RunningResults:
                     _stopped(self._stream_id, plan, e, self._failed)
 
     def take(self) -> list:
-        """``AddBlock``'s results for the records added since the last take; starts anew. A plan
-        whose result could not be sent for :data:`UNSENT_BEFORE_STOP` blocks in a row (too large, or
-        not plain values) stops: on by default, precompute must not double a receiver's work where
-        its results never reach the driver (its batches read their blocks either way)."""
-        out, room = [], self._max_bytes
+        """``AddBlock``'s results for the records added since the last take; starts anew
+        (:meth:`peek`, then :meth:`commit`)."""
+        results, outcome = self.peek()
+        self.commit(outcome)
+        return results
+
+    def peek(self) -> tuple[list, dict[int, bool]]:
+        """``(results, outcome)``: ``AddBlock``'s results for the records added so far, without
+        starting anew, so that a block not queued after all keeps its combiners with its records;
+        ``outcome`` says of each plan with combiners whether its result was sent (for :meth:`commit`)."""
+        out, room, outcome = [], self._max_bytes, {}
         for plan in self._plans:
-            combiners, self._combiners[plan.plan_id] = self._combiners[plan.plan_id], {}
+            combiners = self._combiners[plan.plan_id]
             if plan.plan_id in self._failed:
                 continue
-            data = encode_result(with_hashes(combiners), room)
+            try:
+                data = encode_result(with_hashes(combiners), room)
+            except Exception:  # noqa: BLE001  (msgpack refuses a lone surrogate, a nesting too deep: not sent)
+                data = None
+            if combiners:  # (an empty result, sent or not, says nothing of the plan's)
+                outcome[plan.plan_id] = data is not None
             if data is not None:
                 out.append([plan.plan_id, data])
                 room -= len(data)
+        return out, outcome
+
+    def commit(self, outcome: dict[int, bool]) -> None:
+        """The results :meth:`peek` gave went with their block: start anew. A plan whose result
+        could not be sent for :data:`UNSENT_BEFORE_STOP` blocks with combiners in a row stops: on by
+        default, precompute must not double a receiver's work for results that never reach the
+        driver (its batches read their blocks either way)."""
+        self._combiners = {p.plan_id: {} for p in self._plans}
+        for plan in self._plans:
+            sent = outcome.get(plan.plan_id)
+            if sent is None:
+                continue  # (no combiners: says nothing)
+            if sent:
                 self._unsent.pop(plan.plan_id, None)
                 continue
             self._unsent[plan.plan_id] = self._unsent.get(plan.plan_id, 0) + 1
             if self._unsent[plan.plan_id] >= UNSENT_BEFORE_STOP:
                 _stopped(self._stream_id, plan, f"the results of its last {UNSENT_BEFORE_STOP} blocks were not "
-                         f"sent (each over {self._max_bytes} bytes, spark.sparkwal.receiver.precompute.maxBytes, "
-                         "or holding values other than str, bytes, int, float, bool, None and tuples)",
-                         self._failed)
-        return out
+                         f"sent (larger than the room left of the block's {self._max_bytes} bytes, "
+                         "spark.sparkwal.receiver.precompute.maxBytes, or holding values other than str, bytes, "
+                         "int, float, bool, None and tuples)", self._failed)
 
 
 def _stopped(stream_id: int, plan: BlockPlan, why: Exception | str, failed: set) -> None:
@@ -273,7 +297,14 @@ class Precomputed:
         operation that stops each receiver stream not precomputed: a WARNING where the program
         ``asked`` for precompute (set ``spark.sparkwal.receiver.precompute`` itself), INFO under the default."""
         stopped: dict[int, str] = {}
-        made = cls(sc, inputs, blocks, report_input, find_plans(graph, inputs, stopped), max_held, stopped)
+        plans = find_plans(graph, inputs, stopped)
+        for sid, pairs in list(plans.items()):  # a receiver's job carries them: one that cannot is left out
+            try:
+                cloudpickle.dumps([plan for _, plan in pairs])
+            except Exception as e:  # noqa: BLE001  (pickling raises what the user's objects raise)
+                del plans[sid]
+                stopped[sid] = f"its functions cannot be pickled ({type(e).__name__}: {e})"
+        made = cls(sc, inputs, blocks, report_input, plans, max_held, stopped)
         (log.warning if stopped and asked else log.info)("spark.sparkwal.receiver.precompute: %s", made.describe())
         return made
 
@@ -309,6 +340,12 @@ class Precomputed:
                     self._held += len(data)
             while self._held > self._max_held and self._results:
                 self._held -= len(self._results.popitem(last=False)[1])
+
+    def discard(self, block_id: str) -> None:
+        """Forget a block's results (the block was refused after all)."""
+        with self._lock:
+            for key in [k for k in self._results if k[0] == block_id]:
+                self._held -= len(self._results.pop(key))
 
     def rdd(self, head, time_ms: int):
         """``head``'s RDD at ``time_ms`` from its blocks' results, or None (the ordinary path)."""

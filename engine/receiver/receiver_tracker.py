@@ -39,7 +39,7 @@ from .endpoint import Connection, ReceiverEndpoint
 from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
 from .precompute import Precomputed, checked_results
-from .supervisor import SupervisorConfig, run_receiver_task
+from .supervisor import SupervisorConfig, receiver_partition
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,10 +73,6 @@ class ReceiverTrackerStatistics:
     precompute_fallbacks: int = 0  #: batches with a block that came without its result: read back
     cut_waits: int = 0  #: batches that waited for a receiver's block cut at their time (batch_cuts.py)
     cuts_late: int = 0  #: of those, batches allocated with a receiver's cut still unrecorded
-
-
-def _receiver_partition(config: SupervisorConfig, receiver, _rows):
-    return run_receiver_task(config, receiver)
 
 
 class ReceiverTracker:
@@ -209,7 +205,7 @@ class ReceiverTracker:
             with self._lock:
                 self._counts["receiver_jobs_launched"] += 1
             try:
-                outcome = self._sc.runJob(rdd, partial(_receiver_partition, config, stream.receiver))
+                outcome = self._sc.runJob(rdd, partial(receiver_partition, config, stream.receiver))
                 log.info("receiver job of stream %d ended: %s", sid, outcome)
             except Exception as e:  # noqa: BLE001
                 if self._active:
@@ -334,7 +330,11 @@ class ReceiverTracker:
             if waited:
                 self.batch_cuts.hold(sid, False)
             self._counts["add_block_waits"] += waited
+        if results and self.precomputed is not None:  # held first: a batch that allocates the block finds them
+            self.precomputed.add(sid, info.block_id, results)
         if not self._blocks.add_block(info):
+            if self.precomputed is not None:
+                self.precomputed.discard(info.block_id)
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
@@ -347,8 +347,6 @@ class ReceiverTracker:
             self._block_sizes[info.block_id] = (sid, size)
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = held_by
-        if results and self.precomputed is not None:
-            self.precomputed.add(sid, info.block_id, results)
         return True, ""
 
     def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:

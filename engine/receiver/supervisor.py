@@ -131,13 +131,18 @@ class BlockGenerator:
             self.rate_limiter.wait_to_push(len(part))
             with self._cond:
                 while len(self._buffer) >= self._max and self._adding:
+                    # the results start anew only once the block is queued: while this waits for room, a
+                    # cut may take the buffer, and its combiners must go with it
+                    results, outcome = self._running.peek() if self._running else (None, {})
                     try:
-                        self._queue.put_nowait((self._new_block_id(), self._buffer,
-                                                self._running.take() if self._running else None, None))
-                        self._buffer = []
-                        break
+                        self._queue.put_nowait((self._new_block_id(), self._buffer, results, None))
                     except queue.Full:
                         self._cond.wait(0.1)
+                        continue
+                    if self._running is not None:
+                        self._running.commit(outcome)
+                    self._buffer = []
+                    break
                 if not self._adding:
                     raise ReceiverStoppedError("cannot add data: the block generator has stopped")
                 self._buffer.extend(part)
@@ -153,8 +158,8 @@ class BlockGenerator:
             if time_ms > self._last_batch_cut:  # (not reported already)
                 batch_cut = self._last_batch_cut = time_ms
         with self._cond:
-            records, self._buffer = self._buffer, []
             results = self._running.take() if self._running is not None else None
+            records, self._buffer = self._buffer, []
             self._cond.notify_all()
         if records or batch_cut is not None:
             block_id = self._new_block_id() if records else None
@@ -416,3 +421,8 @@ def run_receiver_task(config: SupervisorConfig, receiver: Receiver) -> list[str]
         return [f"attempt {ctx.attemptNumber()} of a receiver task: exiting, the driver reschedules"]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return [ReceiverSupervisor(config, receiver).run()]
+
+
+def receiver_partition(config: SupervisorConfig, receiver: Receiver, _rows) -> list[str]:
+    """The receiver job's function of its one partition: :func:`run_receiver_task`."""
+    return run_receiver_task(config, receiver)
