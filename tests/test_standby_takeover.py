@@ -15,7 +15,7 @@ import pytest
 
 from sparkwal.checkpoint import CheckpointError
 from sparkwal.checkpoint.errors import CheckpointMismatchError
-from sparkwal.engine.driver import standby
+from sparkwal.engine.driver import standby, standby_tail
 from sparkwal.engine.driver.driver import Driver
 from sparkwal.engine.driver import leadership
 from sparkwal.engine.driver.leadership import DriverAlreadyActiveError, DriverLeadership
@@ -328,7 +328,7 @@ def test_the_takeovers_read_raises_and_the_tail_warns_once(tmp_path, quick, capl
     directory.mkdir()
     (directory / "checkpoint-1000").write_bytes(b"not a checkpoint")
     driver = FakeDriver(str(directory), [])
-    tail = standby._Tail(driver)  # type: ignore[arg-type]
+    tail = standby_tail.StandbyTail(driver)  # type: ignore[arg-type]
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         tail.read_newest(preload=False, force=True)
     caplog.set_level(logging.WARNING, "sparkwal.engine.driver.standby")
