@@ -238,7 +238,7 @@ class FakeDriver:
         self.checkpoint_dir = self.location = directory
         self.leadership = DriverLeadership(directory, None, 3000)
         self.failures, self.started, self.reported = list(failures), [], []
-        self.settings = {standby.config.STANDBY_PRELOAD_STATE: False}
+        self.settings = {standby_tail.config.STANDBY_PRELOAD_STATE: False}
         self.sc = types.SimpleNamespace(setJobGroup=lambda *a, **k: None, cancelJobGroup=lambda g: None)
         self.snapshots = types.SimpleNamespace(drop_unwanted=lambda: None)
         self.events = types.SimpleNamespace(post=lambda e: None)
@@ -283,9 +283,9 @@ def until(condition, what: str, timeout: float = 10) -> None:
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(standby, "warm_up", lambda sc, light=False: None)
+    monkeypatch.setattr(standby_tail, "warm_up", lambda sc, light=False: None)
     monkeypatch.setattr(standby, "RETAKE_AFTER_S", 0.05)
-    monkeypatch.setattr(standby, "TAIL_EVERY_S", 0.01)
+    monkeypatch.setattr(standby_tail, "TAIL_EVERY_S", 0.01)
 
 
 def stand_by(tmp_path, failures) -> tuple[FakeDriver, standby.Standby]:

@@ -23,7 +23,7 @@ from ..listener import StreamingListenerStandbyReady
 if TYPE_CHECKING:
     from .standby import StandbyHost
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__name__.removesuffix("_tail"))  # the standby's own log: one name to configure
 
 TAIL_EVERY_S = 0.5
 REWARM_EVERY_S = 40.0  # Spark stops a Python worker idle for 60 s
