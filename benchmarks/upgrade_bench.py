@@ -30,6 +30,12 @@ identity; the deploys alternate 1 -> 2 -> 1 ...
 * **no deploy (steady)**: the time between two consecutive batches' outputs of one driver, past its
   first five: the floor under a pause (one batch interval, plus how much longer the later batch took).
 
+A deploy is asked for only once the running version keeps up (its three newest batches each started
+less than a batch interval after their time; at most 30 s waited, then the deploy goes ahead and the
+row says how many did so behind), as the standalone kill benchmark kills only a driver that keeps up:
+a version still draining a backlog (its own start, or a slow second of the machine's) would put that
+backlog into the pause.
+
 Output pause: from the last batch the old version completed to the first newer batch the new one
 completed (each batch outputs). Records lost and doubled: once the feeder stops and the last
 version caught up (a batch after the last line is done; a version still behind 60 s later shows
@@ -139,6 +145,19 @@ def _stop(app: App) -> float:
     return max(e["at"] for e in _done(app))
 
 
+def _keeps_up(app: App, batch_s: float, wait_s: float = 30.0) -> bool:
+    """Wait (at most ``wait_s``) until the app's three newest batches each started less than a batch
+    interval after their time; whether they did."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        newest = _done(app)[-3:]
+        if len(newest) == 3 and all((e["scheduling_ms"] or 0) < batch_s * 1000 for e in newest):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(batch_s / 2)
+
+
 def _hand_over(workdir: str, app: App) -> float:
     """``sparkwal checkpoint handover``, and the time of the old version's last completed batch once
     it exited."""
@@ -169,6 +188,7 @@ def run(handovers: int, cold: int, keys: int, batch_s: float, app: str = "files"
             f.write(str(source.address[1]))
     version, apps = 1, []
     pauses: dict[str, list[float]] = {"handover": [], "cold upgrade": []}
+    behind = {"handover": 0, "cold upgrade": 0}  # deploys asked for while the running version was behind
     feeder: Feeder | LogFeeder | None = None
     try:
         active = _start(workdir, version, batch_s, False, False, app)
@@ -187,8 +207,10 @@ def run(handovers: int, cold: int, keys: int, batch_s: float, app: str = "files"
                     apps.append(new)
                     new.wait(lambda e: e["event"] == "hot")
                     time.sleep(max(2.0, 2 * batch_s))  # it has taken the old version's newest checkpoints
+                    behind[kind] += not _keeps_up(active, batch_s)
                     last_at = _hand_over(workdir, active)
                 else:
+                    behind[kind] += not _keeps_up(active, batch_s)
                     last_at = _stop(active)
                     new = _start(workdir, version, batch_s, False, True, app)
                     apps.append(new)
@@ -219,7 +241,8 @@ def run(handovers: int, cold: int, keys: int, batch_s: float, app: str = "files"
             source.close()
     gaps = _steady_gaps(apps)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"app": app, "pauses_s": pauses, "steady_gaps_s": gaps, "fed": fed, "counted": state,
+    return {"app": app, "pauses_s": pauses, "deployed_behind": behind, "steady_gaps_s": gaps, "fed": fed,
+            "counted": state,
             "output": output, "lost": max(0, fed - min(state, output)) if caught_up else None,
             "behind": 0 if caught_up else max(0, fed - min(state, output)),
             "doubled": max(0, max(state, output) - fed), "keys": keys, "batch_s": batch_s}
@@ -319,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{r['app']:<8} {r['batch_s']:>5g}s {kind:<19} {len(values):>4} {p50:>9.2f}s {p99:>7.2f}s   "
                       f"{'?' if r['lost'] is None else r['lost']:>4}  {r['doubled']:>7}")
     for r in results:
+        for kind, n in r["deployed_behind"].items():
+            if n:
+                print(f"{r['app']} at {r['batch_s']:g} s: {n} {kind}s asked for while the running version was still "
+                      "behind after 30 s (their pauses include its backlog)")
         if r["lost"] is None:
             print(f"{r['app']} at {r['batch_s']:g} s: the last version had not caught up 60 s after the feed stopped: "
                   f"{r['behind']} lines not counted yet, so 'lost' is unknown (it fell behind: no loss shown)")
