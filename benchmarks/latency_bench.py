@@ -433,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark conf setting for the sparkwal and pyspark.streaming apps (repeatable)")
     args = ap.parse_args(argv)
+    unknown = [e for e in args.engines.split(",") if e not in DURABILITY]
+    if unknown:
+        print(f"latency_bench: unknown engine {unknown[0]!r} ({', '.join(DURABILITY)})", file=sys.stderr)
+        return 2
     print("| pipeline | batch ms | lines/s | engine | records in / out | p50 | p95 | p99 | max ms | keeps up "
           "| processing p50 ms | largest batch | durability |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|")

@@ -313,3 +313,19 @@ def test_a_plan_whose_functions_cannot_be_pickled_is_left_out_at_start(spark_con
     assert made.plans_of(stream.input_id) == ()
     [line] = [r.getMessage() for r in caplog.records if "spark.sparkwal.receiver.precompute" in r.getMessage()]
     assert f"stream {stream.input_id} is not precomputed: its functions cannot be pickled" in line
+
+
+def test_a_refused_block_leaves_no_result_held_and_one_sent_again_counts_once(spark_context):
+    """The tracker holds a block's results before it records the block (a batch that allocates it must
+    find them): a block refused after all leaves none behind, and an AddBlock sent again replaces them."""
+    ssc = StreamingContext(spark_context, 0.5)
+    stream = ssc.socketTextStream("127.0.0.1", 9)
+    stream.map(lambda w: (w, 1)).reduceByKey(operator.add).pprint()
+    made = Precomputed.of_graph(spark_context, ssc.driver.graph, [stream], None, None, 1 << 20)
+    [plan] = made.plans_of(stream.input_id)
+    data = encode_result([("a", 1, 0)], 1 << 10)
+    made.add(stream.input_id, "input-0-1-x", [[plan.plan_id, data]])
+    made.add(stream.input_id, "input-0-1-x", [[plan.plan_id, data]])  # sent again: held once
+    assert made.held_bytes == len(data)
+    made.discard("input-0-1-x")
+    assert made.held_bytes == 0

@@ -336,8 +336,9 @@ class Precomputed:
         with self._lock:
             for plan_id, data in results:
                 if plan_id in known:
+                    replaced = self._results.pop((block_id, plan_id), None)  # (an AddBlock sent again)
+                    self._held += len(data) - (len(replaced) if replaced is not None else 0)
                     self._results[(block_id, plan_id)] = data
-                    self._held += len(data)
             while self._held > self._max_held and self._results:
                 self._held -= len(self._results.popitem(last=False)[1])
 
