@@ -45,6 +45,7 @@ import time
 from .receiver_flow import FastSource
 
 WORDS_LINE = b"spark stream wal checkpoint batch driver executor record block offset\n"
+ENGINES = ("sparkwal", "sparkwal-noprecompute", "pyspark")
 
 
 def app(args) -> None:
@@ -180,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--workloads", default="receive,wordcount")
-    ap.add_argument("--engines", default="sparkwal,sparkwal-noprecompute,pyspark")
+    ap.add_argument("--engines", default=",".join(ENGINES))
     args = ap.parse_args(argv)
     engines = args.engines.split(",")
-    unknown = sorted(set(engines) - {"sparkwal", "sparkwal-noprecompute", "pyspark"})
+    unknown = [e for e in engines if e not in ENGINES]
     if unknown:
-        print(f"receiver_bench: unknown engine {unknown[0]!r} (sparkwal, sparkwal-noprecompute, pyspark)",
-              file=sys.stderr)
+        print(f"receiver_bench: unknown engine {unknown[0]!r} ({', '.join(ENGINES)})", file=sys.stderr)
         return 2
     print("| workload | engine | records/s | processing p50 / max ms | scheduling p50 / max ms "
           "| fsync'd before processing | durability |")
