@@ -1,7 +1,7 @@
 """Exactly-once sinks against the same output written the plain way, in one run.
 
     python -m benchmarks.sink_bench [--lines-per-batch 100000] [--batches 6] [--rounds 2]
-                                    [--sinks delta,postgres,kafka]
+                                    [--sinks delta,iceberg,postgres,kafka]
 
 A direct stream over a FileLogSource (two partitions, a backlog written before the run, each
 batch capped at ``--lines-per-batch`` lines by ``spark.streaming.direct.maxRatePerPartition``)
@@ -11,6 +11,11 @@ writes every line as a row ``(partition, line)``:
   driver commits one Delta transaction with the batch's txn and offsets);
 * ``delta plain``: ``foreachRDD`` collecting the batch and appending it with
   ``deltalake.write_deltalake`` (no batch identity: a re-run after a crash appends it again);
+* ``iceberg exactly-once``: :class:`sparkwal.engine.sinks.IcebergSink` (executors write the data
+  files with pyiceberg's writer, the driver commits one snapshot carrying the batch and its offsets),
+  on pyiceberg's SQL catalog over a SQLite file and a local warehouse;
+* ``iceberg plain``: ``foreachRDD`` collecting the batch and appending it with pyiceberg's
+  ``Table.append`` (the driver writes the files and commits; no batch identity);
 * ``postgres exactly-once``: :class:`sparkwal.engine.sinks.PostgresSink` per partition (the rows
   keep the source's partitioning: each task COPYs its rows into the table and stores its range's
   end in one transaction of its own);
@@ -39,10 +44,11 @@ that is not counted. Reported per path: records per second of processing time (r
 batches' processing time), the batches' processing p50 (a batch's output is visible when its
 processing ends: the commit is its last step) and the ratio of exactly-once to plain throughput
 per sink. Durability: Delta rows commit the log with delta-rs's put-if-absent, sparkwal's Parquet
-files are fsync'd before its commit, the plain path's are not; Kafka records are acknowledged by
-the broker (Tansu, memory storage: no fsync, for both paths); PostgreSQL rows commit with the
-server's WAL flush (``synchronous_commit=on``), twice for the staged path (the tasks' staging,
-then the move). """
+files are fsync'd before its commit, the plain path's are not; Iceberg rows commit in the SQLite
+catalog (its journal synced), sparkwal's data files fsync'd before it, pyiceberg's plain ones not;
+Kafka records are acknowledged by the broker (Tansu, memory storage: no fsync, for both paths);
+PostgreSQL rows commit with the server's WAL flush (``synchronous_commit=on``), twice for the
+staged path (the tasks' staging, then the move). """
 
 from __future__ import annotations
 
@@ -54,8 +60,9 @@ import tempfile
 import threading
 import time
 
-SINKS = ("delta", "postgres", "kafka")
-PATHS = ("delta exactly-once", "delta plain", "postgres exactly-once", "postgres staged", "postgres plain",
+SINKS = ("delta", "iceberg", "postgres", "kafka")
+PATHS = ("delta exactly-once", "delta plain", "iceberg exactly-once", "iceberg plain",
+         "postgres exactly-once", "postgres staged", "postgres plain",
          "kafka exactly-once", "kafka per partition", "kafka per partition, untagged", "kafka plain")
 
 
@@ -147,6 +154,21 @@ def run_path(sc, path: str, workdir: str, logdir: str, batches: int, offsets: di
             sink.saveStream(rows, stream)
         else:
             rows.foreachRDD(lambda rdd: rdd.foreachPartition(lambda part: _produce_partition(part, bootstrap, topic)))
+    elif path.startswith("iceberg"):
+        from sparkwal.engine.sinks import IcebergSink
+
+        catalog = {"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db", "warehouse": f"file://{workdir}/warehouse"}
+        sink = IcebergSink(catalog, f"bench.t{time.monotonic_ns()}", "bench", schema=schema)
+        if path == "iceberg exactly-once":
+            sink.saveStream(rows, stream)
+        else:
+            iceberg = sink.create_table()
+
+            def append_iceberg(rdd) -> None:
+                got = rdd.collect()
+                if got:
+                    iceberg.append(pa.Table.from_pylist([{"partition": p, "line": v} for p, v in got], schema))
+            rows.foreachRDD(append_iceberg)
     elif path == "delta exactly-once":
         DeltaSink(table, "bench", schema=schema).saveStream(rows, stream)
     else:

@@ -4,7 +4,8 @@ a batch with records reaches it.
 
     python tests/sink_crash_app.py WORKDIR SECONDS SINK [CRASH_AT]
 
-``SINK``: ``delta`` (DeltaSink on WORKDIR/table), ``postgres`` (PostgresSink, staged, into the
+``SINK``: ``delta`` (DeltaSink on WORKDIR/table), ``iceberg`` (IcebergSink on the table ``db.lines`` of
+a SQLite catalog WORKDIR/catalog.db, warehouse WORKDIR/warehouse), ``postgres`` (PostgresSink, staged, into the
 table ``lines`` of the database whose conninfo is in ``SPARKWAL_TEST_PG``) or ``kafka`` (KafkaSink
 into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). Steps: ``written``
 (the executors wrote or staged the batch's rows, or the driver produced its records, the sink's
@@ -73,7 +74,7 @@ def main() -> None:
     from sparkwal.engine import StreamingContext
 
     from caught_up import run_until_caught_up  # this script's directory, tests/
-    from sparkwal.engine.sinks import DeltaSink, KafkaSink, PostgresSink
+    from sparkwal.engine.sinks import DeltaSink, IcebergSink, KafkaSink, PostgresSink
     from sparkwal.engine.sources import FileLogSource
 
     import sink_crash_app as app  # by its importable name: the row function is pickled by reference
@@ -86,6 +87,10 @@ def main() -> None:
     if kind == "delta":
         schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
         sink = DeltaSink(os.path.join(workdir, "table"), "lines", schema=schema, partition_by=["partition"])
+    elif kind == "iceberg":
+        schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
+        catalog = {"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db", "warehouse": f"file://{workdir}/warehouse"}
+        sink = IcebergSink(catalog, "db.lines", "lines", schema=schema, partition_by=["partition"])
     elif kind == "kafka":
         sink = KafkaSink(os.environ["SPARKWAL_TEST_TOPIC"], {"bootstrap.servers": os.environ["SPARKWAL_TEST_KAFKA"]},
                          "lines", per_partition=crash_at == "partition" or "SPARKWAL_TEST_PER_PARTITION" in os.environ)

@@ -49,6 +49,12 @@ def test_the_delta_example_runs_as_printed_and_again_without_doubling(tmp_path):
 
 
 @pytest.mark.driver
+def test_the_iceberg_example_runs_as_printed_and_again_without_doubling(tmp_path):
+    assert run(tmp_path, "IcebergSink") == ["GET /a", "POST /b"]
+    assert run(tmp_path, "IcebergSink") == ["GET /a", "GET /a", "POST /b", "POST /b"]  # resumed: the new lines only
+
+
+@pytest.mark.driver
 def test_the_postgres_example_runs_as_printed(tmp_path, postgres):
     assert run(tmp_path, "PostgresSink", postgres) == ["GET /a", "POST /b"]
 

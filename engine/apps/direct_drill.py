@@ -4,7 +4,7 @@
 
 An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
 while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into
-SQLite (or ``--sink delta|postgres|kafka``: a Delta table, PostgreSQL, a Kafka topic) and is
+SQLite (or ``--sink delta|iceberg|postgres|kafka``: a Delta or Iceberg table, PostgreSQL, a Kafka topic) and is
 killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up, between
 batches or in the middle of one, then restarted on the same work directory. After the last kill
 the appender stops and the app runs until it has counted everything. Exactly once means: the lines
@@ -35,7 +35,7 @@ from .direct_wordcount import (PARTITIONS, SLOW_FIRST_ATTEMPTS_ENV, SPECULATED_D
 from .drill_runs import DrillError, AppRun, kill_budget, kill_remaining, pct
 
 
-SINK_NAMES = {"delta": "Delta", "postgres": "PostgreSQL", "kafka": "Kafka"}
+SINK_NAMES = {"delta": "Delta", "iceberg": "Iceberg", "postgres": "PostgreSQL", "kafka": "Kafka"}
 
 #: ``--speculation``: Spark's settings that launch a copy of a task as soon as it runs longer than
 #: the others of its stage (checked every 100 ms)
@@ -64,7 +64,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         standby: bool = False, sink: str = "sqlite", speculation: bool = False) -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
-    standby is started. ``sink``: the main job's (``sqlite``, ``delta``, or ``postgres`` and
+    standby is started. ``sink``: the main job's (``sqlite``, ``delta``, ``iceberg``, or ``postgres`` and
     ``kafka`` on a server of the drill's own), read back through its own reader. ``speculation``:
     speculative copies of slowed first attempts (``master``: a standalone cluster with hosts apart)."""
     speculate = speculation_args(workdir, batch) if speculation else ()

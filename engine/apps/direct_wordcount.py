@@ -143,6 +143,32 @@ def delta_sink(workdir: str):
                      partition_by=["kind"])
 
 
+#: each ``--sink``'s Python package and the extra that installs it
+SINK_PACKAGES = {"delta": ("deltalake", "delta"), "iceberg": ("pyiceberg", "iceberg"),
+                 "postgres": ("psycopg", "postgres"), "kafka": ("confluent_kafka", "kafka")}
+#: what holds each ``--sink``'s output in the work directory
+SINK_OUTPUTS = {"sqlite": "output.db", "delta": "output.delta", "iceberg": "output.iceberg",
+                "postgres": "output.postgres", "kafka": "output.kafka"}
+
+#: ``WORKDIR/output.iceberg``: ``--sink iceberg``'s SQLite catalog (``catalog.db``) and warehouse,
+#: the counts in the table ``sparkwal.wordcount`` as Delta's rows ``(kind, key, n)``
+ICEBERG_DIR = "output.iceberg"
+
+
+def iceberg_sink(workdir: str):
+    """The Iceberg sink of ``--sink iceberg``: pyiceberg's SQL catalog on a SQLite file, the
+    table partitioned by kind."""
+    import pyarrow as pa
+
+    from sparkwal.engine.sinks import IcebergSink
+
+    root = os.path.abspath(os.path.join(workdir, ICEBERG_DIR))
+    os.makedirs(root, exist_ok=True)
+    schema = pa.schema([("kind", pa.string()), ("key", pa.string()), ("n", pa.int64())])
+    catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
+    return IcebergSink(catalog, "sparkwal.wordcount", "wordcount", schema=schema, partition_by=["kind"])
+
+
 #: the PostgreSQL table of ``--sink postgres``: each batch's counts appended as rows ``(kind, key,
 #: n, batch_ms)``
 POSTGRES_TABLE = "sparkwal_wordcount"
@@ -200,7 +226,8 @@ def _output_address(workdir: str, marker: str, address: str | None, shown=lambda
 def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_options: dict | None = None,
                  sink: str = "sqlite", conninfo: str | None = None, bootstrap: str | None = None):
     """The direct word count's graph on ``ssc`` (input: ``input_url``, default ``WORKDIR/log``;
-    output: ``sink``, ``sqlite`` (WORKDIR/output.db), ``delta`` (WORKDIR/output.delta),
+    output: ``sink``, ``sqlite`` (WORKDIR/output.db), ``delta`` (WORKDIR/output.delta), ``iceberg``
+    (the table ``sparkwal.wordcount`` of a SQLite catalog in WORKDIR/output.iceberg),
     ``postgres`` (the table ``sparkwal_wordcount`` of the database at ``conninfo``) or ``kafka``
     (the topic ``sparkwal-wordcount`` of the broker ``bootstrap``))."""
     from sparkwal.engine.apps import direct_wordcount as app  # by its importable name, not __main__
@@ -209,13 +236,15 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
 
     source = (FileLogSource(input_url, storage_options) if input_url
               else FileLogSource(os.path.normpath(os.path.join(workdir, "log"))))
-    if sink in ("delta", "postgres", "kafka"):
-        table = {"delta": lambda: delta_sink(workdir), "postgres": lambda: postgres_sink(workdir, conninfo),
+    if sink in ("delta", "iceberg", "postgres", "kafka"):
+        table = {"delta": lambda: delta_sink(workdir), "iceberg": lambda: iceberg_sink(workdir),
+                 "postgres": lambda: postgres_sink(workdir, conninfo),
                  "kafka": lambda: kafka_sink(workdir, bootstrap)}[sink]()
         stream = ssc.directStream(source, fromOffsets=table.offsets())
         counts = stream.flatMap(app.tag_line).reduceByKey(operator.add).mapPartitionsWithIndex(
             app.slow_first_attempts, preservesPartitioning=True)
-        rows = {"delta": lambda: counts.map(app.count_row), "postgres": lambda: counts.transform(app.count_rows_at),
+        rows = {"delta": lambda: counts.map(app.count_row), "iceberg": lambda: counts.map(app.count_row),
+                "postgres": lambda: counts.transform(app.count_rows_at),
                 "kafka": lambda: counts.map(app.count_record)}[sink]()
         table.saveStream(rows, stream)
         return stream
@@ -228,11 +257,13 @@ def setup_direct(ssc, workdir: str, input_url: str | None = None, storage_option
 
 
 def read_results(workdir: str) -> dict:
-    """What the output holds, the SQLite database's, the Delta table's (read through the sink's
-    own reader), the PostgreSQL table's or the Kafka topic's (the sink's reader):
+    """What the output holds, the SQLite database's, the Delta or Iceberg table's (read through the
+    sink's own reader), the PostgreSQL table's or the Kafka topic's (the sink's reader):
     ``{"words": {...}, "lines": {...}, "batches": n}``."""
     if os.path.isdir(os.path.join(workdir, "output.delta", "_delta_log")):
         return _read_delta_results(workdir)
+    if os.path.exists(os.path.join(workdir, ICEBERG_DIR, "catalog.db")):
+        return _read_table_results(iceberg_sink(workdir))
     if os.path.exists(os.path.join(workdir, POSTGRES_MARKER)):
         return _read_postgres_results(workdir)
     if os.path.exists(os.path.join(workdir, KAFKA_MARKER)):
@@ -263,7 +294,10 @@ def _totals(rows) -> dict[str, dict[str, int]]:
 
 
 def _read_delta_results(workdir: str) -> dict:
-    sink = delta_sink(workdir)
+    return _read_table_results(delta_sink(workdir))
+
+
+def _read_table_results(sink) -> dict:
     totals = _totals((r["kind"], r["key"], r["n"]) for r in sink.read().to_pylist())
     return {"words": totals["word"], "lines": totals["lines"], "batches": sink.batches_committed()}
 

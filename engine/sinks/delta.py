@@ -51,9 +51,9 @@ from urllib.parse import unquote
 from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
-from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition, range_in_sink
+from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from .delta_files import RECORDS_DIR, add_action, write_partition
-from .transactional import SinkOffsetsError, advance_ends, save_batches
+from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
 
@@ -279,32 +279,9 @@ class DeltaSink:
                 log.info("%s: batch %d is in the Delta table %s already (the txn version); not written "
                          "again", self.name, batch_time_ms, self.table_uri)
             return txn == batch_time_ms
-        done, todo = [], []
         stored_batch = self._txn(table)  # (the ends are those of the commit of the txn's batch)
-        for r in read:
-            stored = ends.get(TopicPartition(r.topic, r.partition))
-            state = range_in_sink(r, batch_time_ms, stored, stored_batch)
-            if state:
-                done.append(r)
-            elif state is not None:
-                todo.append((r, stored))
-            else:
-                raise SinkOffsetsError(
-                    f"{self.name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
-                    f"{r.untilOffset}) but the Delta table's output ends at offset {stored}: start the "
-                    "stream from the sink's offsets (fromOffsets=sink.offsets())")
-        if done and todo:
-            (r, stored), d = todo[0], done[0]
-            where = "no output" if stored is None else f"output ending at offset {stored}"
-            raise SinkOffsetsError(
-                f"{self.name}: batch {batch_time_ms} is partly in the Delta table {self.table_uri}: its "
-                f"{d.topic}/{d.partition} [{d.fromOffset}, {d.untilOffset}) is in, its {r.topic}/{r.partition} "
-                f"[{r.fromOffset}, {r.untilOffset}) is not ({where}): start the stream from the sink's "
-                "offsets (fromOffsets=sink.offsets())")
-        if done:
-            log.info("%s: batch %d is in the Delta table %s already (its offsets end where the table's "
-                     "output does); not written again", self.name, batch_time_ms, self.table_uri)
-        return bool(done)
+        return batch_in_output(self.name, batch_time_ms, read, ends, stored_batch, "the Delta table's",
+                               f"the Delta table {self.table_uri}")
 
     def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list[dict], schema) -> bool:
         """One Delta transaction: the files tasks wrote, the ``txn`` and the offsets; False if the

@@ -41,7 +41,7 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = _rows_table(list(rows), schema)
+    table = rows_table(list(rows), schema)
     if table.num_rows == 0:
         return
     storage, root = location.resolve()
@@ -85,7 +85,7 @@ def _create(storage, path: str, data: bytes) -> None:
         raise FileExistsError(f"{path} exists already: a Delta sink's file is never replaced")
 
 
-def _rows_table(rows: list, schema):
+def rows_table(rows: list, schema):
     import pyarrow as pa
 
     if rows and isinstance(rows[0], Mapping):

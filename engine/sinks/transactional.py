@@ -193,6 +193,39 @@ def advance_ends(name: str, ends: dict[TopicPartition, int], batch_time_ms: int,
     return ends
 
 
+def batch_in_output(name: str, batch_time_ms: int, read: list[OffsetRange], ends: dict[TopicPartition, int],
+                    stored_batch: int | None, where: str, output: str) -> bool:
+    """Whether a table sink holds the batch whose ranges with records are ``read``, by the end
+    offsets its newest commit stored (``ends``, written by batch ``stored_batch``): True if every
+    range is in, False if none is; an error naming the partition and both offsets otherwise
+    (``where``: the output's owner, "the Delta table's"; ``output``: the output in words)."""
+    done, todo = [], []
+    for r in read:
+        stored = ends.get(TopicPartition(r.topic, r.partition))
+        state = range_in_sink(r, batch_time_ms, stored, stored_batch)
+        if state:
+            done.append(r)
+        elif state is not None:
+            todo.append((r, stored))
+        else:
+            raise SinkOffsetsError(
+                f"{name}: batch {batch_time_ms} reads {r.topic}/{r.partition} [{r.fromOffset}, "
+                f"{r.untilOffset}) but {where} output ends at offset {stored}: start the "
+                "stream from the sink's offsets (fromOffsets=sink.offsets())")
+    if done and todo:
+        (r, stored), d = todo[0], done[0]
+        at = "no output" if stored is None else f"output ending at offset {stored}"
+        raise SinkOffsetsError(
+            f"{name}: batch {batch_time_ms} is partly in {output}: its "
+            f"{d.topic}/{d.partition} [{d.fromOffset}, {d.untilOffset}) is in, its {r.topic}/{r.partition} "
+            f"[{r.fromOffset}, {r.untilOffset}) is not ({at}): start the stream from the sink's "
+            "offsets (fromOffsets=sink.offsets())")
+    if done:
+        log.info("%s: batch %d is in %s already (its offsets end where the output does); not written "
+                 "again", name, batch_time_ms, output)
+    return bool(done)
+
+
 def ranges_by_partition(name: str, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> list[OffsetRange]:
     """The ranges that read records, ``rdd``'s partition ``i`` holding what the ``i``-th read (a
     per-partition sink's batch); an error if the partition counts differ."""

@@ -1,0 +1,178 @@
+"""The files a batch's tasks write for :class:`~sparkwal.engine.sinks.IcebergSink`.
+
+Per task attempt of partition ``<task>`` (5 digits) in batch ``<t>`` (ms), named by ``<stem>`` =
+``<t>-<batch attempt>-<task>-<task attempt>`` (as the Delta sink's: a retried or speculative copy
+of a task, or the same task under another driver, never shares a name with another run), under
+the table's location:
+
+* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [URL, ...]}``, the data files the attempt is
+  about to write, put before any of them, so that nothing it writes goes unrecorded (Iceberg
+  readers only ever see the files a snapshot lists; this directory is not one of them);
+* append: the data files themselves, named and placed by pyiceberg (its location provider and
+  writer: ``<location>/data/[<partition path>/]00000-<n>-<uuid>.parquet``, the table's schema with
+  its field ids, the statistics of each file's manifest entry); upsert: one staging file
+  ``_sparkwal/<sink name>/staging/<stem>.parquet``, the rows whole.
+
+Each file is created whole and durable through the storage seam (:mod:`sparkwal.wal`: retries,
+``fsync``, the executors' own credentials), only if absent, before the task returns its
+pyiceberg ``DataFile`` (append) or the staging file's URL (upsert) to the driver.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+from .delta_files import RECORDS_DIR, rows_table, task_attempt_id
+
+
+def write_partition(index, rows, location, metadata, name, batch_time_ms, staging, attempt):
+    """Task side: this partition's rows as data files of the table whose metadata (pyiceberg's
+    ``TableMetadata``) is ``metadata``, at ``location`` (the table's, without credentials), their
+    names recorded first; yields a pyiceberg ``DataFile`` per file, or ``{"staged": url}``."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    table = rows_table(list(rows), schema_to_pyarrow(metadata.schema(), include_field_ids=False))
+    if table.num_rows == 0:
+        return
+    storage, root = location.resolve()
+    stem = f"{batch_time_ms}-{attempt}-{index:05d}-{task_attempt_id()}"
+    records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
+    storage.makedirs(records_dir)
+    if staging:
+        url = f"{location.url}/{RECORDS_DIR}/{name}/staging/{stem}.parquet"
+        _put(storage, records_dir, stem, [url])
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        path = storage.join(root, f"{RECORDS_DIR}/{name}/staging/{stem}.parquet")
+        storage.makedirs(path.rsplit("/", 1)[0])
+        _create(storage, path, buffer.getvalue())
+        yield {"staged": url}
+        return
+    tasks, planned = _write_tasks(metadata, table)
+    _put(storage, records_dir, stem, planned)
+    from pyiceberg.io.pyarrow import write_file
+
+    yield from write_file(SeamFileIO(location, planned), metadata, iter(tasks))
+
+
+def _write_tasks(metadata, table):
+    """pyiceberg's write tasks for ``table`` (its rows split by the table's partition spec, then
+    into files of the table's target size) and the URL each will be written to: what pyiceberg's
+    own append does (``_dataframe_to_data_files``), the names known before the first byte."""
+    import pyiceberg.io.pyarrow as pyiceberg_arrow
+    from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema
+    from pyiceberg.table import TableProperties, WriteTask
+    from pyiceberg.table.locations import load_location_provider
+    from pyiceberg.utils.properties import property_as_int
+
+    target = property_as_int(metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+                             TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT)
+    schema = pyarrow_to_schema(table.schema, name_mapping=metadata.schema().name_mapping,
+                               format_version=metadata.format_version)
+    write_uuid = uuid.uuid4()
+    if metadata.spec().is_unpartitioned():
+        parts = [(None, table)]
+    else:
+        parts = [(p.partition_key, p.arrow_table_partition)
+                 for p in pyiceberg_arrow._determine_partitions(metadata.spec(), metadata.schema(), table)]
+    tasks = [WriteTask(write_uuid=write_uuid, task_id=n, record_batches=batches, schema=schema, partition_key=key)
+             for n, (key, batches) in enumerate((key, b) for key, part in parts
+                                                for b in bin_pack_arrow_table(part, target))]
+    provider = load_location_provider(metadata.location, metadata.properties)
+    planned = [provider.new_data_location(t.generate_data_file_filename("parquet"), t.partition_key) for t in tasks]
+    return tasks, planned
+
+
+def _put(storage, records_dir: str, stem: str, files: list[str]) -> None:
+    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps({"files": files}).encode())
+
+
+def _create(storage, path: str, data: bytes) -> None:
+    if not storage.put_if_absent(path, data):
+        raise FileExistsError(f"{path} exists already: an Iceberg sink's file is never replaced")
+
+
+def relative_to(location, url: str) -> str:
+    """``url`` (a file under the table) as a path inside ``location``'s storage; an error if it
+    is elsewhere (a table whose data path is not under its location)."""
+    base = location.url.rstrip("/") + "/"
+    if not url.startswith(base):
+        raise ValueError(f"{url} is not under the table's location {location.url}: IcebergSink writes data "
+                         "files under the table's location only (no write.data.path elsewhere)")
+    storage, root = location.resolve()
+    return storage.join(root, url[len(base):])
+
+
+def _file_io_base():
+    from pyiceberg.io import FileIO
+
+    return FileIO
+
+
+class SeamFileIO(_file_io_base()):  # type: ignore[misc]
+    """pyiceberg's ``FileIO`` for the tasks' data files, on sparkwal's storage seam: each file
+    created whole, durable and only if absent; only the files the task recorded (a name pyiceberg
+    chose differently would be a file no record names: refused)."""
+
+    def __init__(self, location, planned: list[str]):
+        super().__init__({})
+        self.location, self.planned = location, set(planned)
+
+    def new_output(self, location: str):
+        if location not in self.planned:
+            raise RuntimeError(f"pyiceberg names a data file the task did not record: {location}")
+        return _SeamOutputFile(location, relative_to(self.location, location), self.location.resolve()[0])
+
+    def new_input(self, location: str):
+        raise NotImplementedError("the tasks only write")
+
+    def delete(self, location) -> None:
+        raise NotImplementedError("the tasks only write")
+
+
+def _output_file_base():
+    from pyiceberg.io import OutputFile
+
+    return OutputFile
+
+
+class _SeamOutputFile(_output_file_base()):  # type: ignore[misc]
+    def __init__(self, url: str, path: str, storage):
+        super().__init__(url)
+        self._path, self._storage, self._size = path, storage, 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def exists(self) -> bool:
+        return self._storage.exists(self._path)
+
+    def to_input_file(self):
+        raise NotImplementedError("the tasks only write")
+
+    def create(self, overwrite: bool = False):
+        return _SeamStream(self._storage, self._path, self._written)
+
+    def _written(self, size: int) -> None:
+        self._size = size
+
+
+class _SeamStream(io.BytesIO):
+    """The file's bytes in memory until it is closed: then created in one call (``written(size)``
+    told once it is)."""
+
+    def __init__(self, storage, path: str, written):
+        super().__init__()
+        self._storage, self._path, self._tell_written, self._done = storage, path, written, False
+
+    def close(self) -> None:
+        if not self._done and not self.closed:
+            self._done = True
+            data = self.getvalue()
+            self._storage.makedirs(self._path.rsplit("/", 1)[0])
+            _create(self._storage, self._path, data)
+            self._tell_written(len(data))
+        super().close()

@@ -1,0 +1,232 @@
+"""IcebergSink: a direct stream's batches into an Apache Iceberg table (pyiceberg) exactly once:
+data files written by the executors, committed by the driver in one snapshot whose summary carries
+the stream, the batch and its offsets; a re-run commits nothing; a restart without a checkpoint
+resumes from the table; a SIGKILL between the data files and the commit, or between the commit and
+the checkpoint, loses and doubles nothing and leaves no file of the dead attempt. Catalogs: SQLite
+(a file) and the PostgreSQL server the suite starts; warehouses on a local path and on S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from sparkwal.engine.sinks import IcebergSink, SinkOffsetsError
+from sparkwal.engine.sources import OffsetRange, TopicPartition
+
+from sink_helpers import crash_at_each_step_then_recover, drill_exactly_once, expected, run_stream
+
+SCHEMA = pa.schema([("partition", pa.string()), ("line", pa.string())])
+
+
+def sqlite_catalog(tmp_path) -> dict:
+    return {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/warehouse"}
+
+
+def lines_in(sink: IcebergSink) -> list[str]:
+    return sorted(sink.read(["line"]).column("line").to_pylist())
+
+
+def data_files(root) -> set[str]:
+    return {os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+            if f.endswith(".parquet") and "_sparkwal" not in d}
+
+
+def files_in_table(sink: IcebergSink) -> set[str]:
+    return {p.removeprefix("file://") for p in sink.table().inspect.files().column("file_path").to_pylist()}
+
+
+@pytest.mark.slow
+def test_each_batch_goes_in_once_in_one_snapshot_and_a_restart_resumes_from_the_table(spark_context, tmp_path):
+    catalog = sqlite_catalog(tmp_path)
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA, partition_by=["partition"])
+    run_stream(spark_context, tmp_path / "log", sink, [{"p0": 3, "p1": 2}, {"p0": 1}], checkpoint=tmp_path / "ckpt")
+    assert lines_in(sink) == expected({"p0": 4, "p1": 2})
+    table = load_catalog("default", **catalog).load_table("db.lines")  # another reader of the same catalog
+    summary = table.current_snapshot().summary
+    assert (summary["sparkwal.stream"], summary["sparkwal.batch-ms"]) == ("lines", "1000")
+    assert sorted(map(tuple, json.loads(summary["sparkwal.offsets"]))) == [("log", "p0", 4), ("log", "p1", 2)]
+    assert sink.committed_batch() == 1000 and sink.batches_committed() == 2
+    assert "commit.retry.num-retries" not in table.properties  # the sink's pin of pyiceberg's retries: never committed
+    assert all("/data/partition=p" in f for f in data_files(tmp_path / "warehouse"))
+    assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+    # a re-run of the newest batch (a crash between the commit and the checkpoint) writes nothing
+    snapshots = len(sink.table().snapshots())
+    rdd = spark_context.parallelize([("p0", "again")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 3, 4)], rdd) is False
+    assert len(sink.table().snapshots()) == snapshots and lines_in(sink) == expected({"p0": 4, "p1": 2})
+    # a batch that read and wrote nothing makes no snapshot
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 4, 4)], spark_context.emptyRDD()) is False
+    assert len(sink.table().snapshots()) == snapshots
+
+    # a new stream without a checkpoint, from a sink unpickled without credentials, resumes from the table
+    fresh = pickle.loads(pickle.dumps(IcebergSink(catalog, "db.lines", "lines")))
+    from sparkwal.engine.apps.direct_wordcount import append_lines
+
+    append_lines(str(tmp_path / "log"), "p1", 2, 2)
+    run_stream(spark_context, tmp_path / "log", fresh, [{}], start_ms=5000)
+    assert lines_in(fresh) == expected({"p0": 4, "p1": 4}) and fresh.committed_batch() == 5500
+
+
+def test_batches_not_starting_where_the_table_ends_or_partly_in_are_refused_naming_both(spark_context, tmp_path):
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
+    ab = spark_context.parallelize([("p0", "a"), ("p0", "b")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 2)], ab)
+    rdd = spark_context.parallelize([("p1", "x")])
+    with pytest.raises(SinkOffsetsError, match=r"batch 1500 reads log/p0 \[5, 6\) but the Iceberg table's "
+                                               r"output ends at offset 2"):
+        sink.write_batch(1500, [OffsetRange("log", "p0", 5, 6)], rdd)
+    with pytest.raises(SinkOffsetsError, match=r"batch 1000 is partly in the Iceberg table db.lines: its log/p0 "
+                                               r"\[0, 2\) is in, its log/p1 \[0, 1\) is not \(no output\)"):
+        sink.write_batch(1000, [OffsetRange("log", "p0", 0, 2), OffsetRange("log", "p1", 0, 1)], rdd)
+    # an old driver on another batch grid: decided by offsets, not time
+    assert sink.write_batch(700, [OffsetRange("log", "p0", 2, 3)], rdd) is True
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], rdd) is False
+    assert lines_in(sink) == ["a", "b", "x"] and sink.offsets() == {TopicPartition("log", "p0"): 3}
+
+
+def test_a_table_rolled_back_past_the_sinks_snapshots_is_refused_rather_than_written_twice(spark_context, tmp_path):
+    """The sink's snapshots left the ancestry (rolled back, or expired): the table property written
+    with each commit tells it from a sink that never committed; nothing is decided by guesswork."""
+    catalog = sqlite_catalog(tmp_path)
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
+    sink.create_table().append(pa.table({"partition": ["q"], "line": ["other writer"]}))
+    before = sink.table().current_snapshot().snapshot_id
+    ranges, rdd = [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])
+    assert sink.write_batch(1000, ranges, rdd)
+    sink.table().manage_snapshots().rollback_to_snapshot(before).commit()
+    assert sink.write_batch(1000, ranges, rdd) is False  # the property's batch: in, as far as the sink can tell
+    lost = r"db.lines: the snapshot of batch 1000 \(the newest of sink 'lines'\) is not in the table's current"
+    with pytest.raises(SinkOffsetsError, match=lost):
+        sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    with pytest.raises(SinkOffsetsError, match=lost):
+        sink.offsets()
+    assert lines_in(sink) == ["other writer"]
+
+
+def test_upsert_mode_replaces_rows_by_key_and_leaves_no_staging(spark_context, tmp_path):
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.counts", "counts", schema=schema, mode="upsert", keys=["word"])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 2)], spark_context.parallelize([("a", 1), ("b", 2)], 2))
+    rows = spark_context.parallelize([{"word": "b", "n": 5}, {"word": "c", "n": 1}], 2)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 2, 4)], rows)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 2, 4)], spark_context.parallelize([("b", 99)])) is False
+    assert sorted((r["word"], r["n"]) for r in sink.read().to_pylist()) == [("a", 1), ("b", 5), ("c", 1)]
+    assert sink.batches_committed() == 2 and sink.offsets() == {TopicPartition("log", "p0"): 4}
+    assert not [f for _, _, fs in os.walk(tmp_path / "warehouse" / "db" / "counts" / "_sparkwal") for f in fs]
+    with pytest.raises(ValueError, match="mode='upsert' needs keys"):
+        IcebergSink(sqlite_catalog(tmp_path), "db.t2", mode="upsert")
+
+
+def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driver(spark_context, tmp_path):
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.driver.maxResultSize", "1m")
+    try:
+        rdd = spark_context.range(0, 120_000, numSlices=4).map(lambda i: ("p0", f"{i:08d}" + "x" * 92))
+        sink = IcebergSink(sqlite_catalog(tmp_path), "db.big", "big", schema=SCHEMA)
+        assert sink.write_batch(500, [], rdd)
+    finally:
+        live_conf.remove("spark.driver.maxResultSize")
+    lines = sink.read(["line"]).column("line")
+    assert len(lines) == 120_000 and len(set(lines.to_pylist())) == 120_000
+
+
+def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_again(
+        spark_context, tmp_path, monkeypatch, caplog):
+    """Another writer of the sink (a zombie driver) commits batch 1000 between this sink's check
+    and its commit: the catalog refuses the stale commit (CommitFailedException), the sink reloads
+    the table, finds the batch there, commits nothing, and deletes its losing attempt's files."""
+    from pyiceberg.table import Transaction
+
+    catalog = sqlite_catalog(tmp_path)
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    zombie = IcebergSink(catalog, "db.lines", "lines")
+    commit = Transaction.commit_transaction
+    raced = []
+
+    def zombie_commits_first(self):
+        if not raced:
+            raced.append(True)
+            monkeypatch.setattr(Transaction, "commit_transaction", commit)
+            assert zombie.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+        return commit(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", zombie_commits_first)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")])) is False
+    assert raced and lines_in(sink) == ["a", "b"] and sink.batches_committed() == 2
+    assert any("batch 1000's Iceberg commit conflicted" in r.getMessage() for r in caplog.records)
+    assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
+@pytest.mark.driver
+def test_a_kill_between_the_data_files_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines")
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink), sink="iceberg")
+    # the attempt killed before its commit left data files; a later batch's commit deleted them
+    assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
+@pytest.mark.driver
+def test_drill_with_the_iceberg_sink_counts_every_line_exactly_once(tmp_path):
+    drill_exactly_once(tmp_path, "iceberg", seed=7)
+
+
+def test_a_postgresql_catalog_down_at_the_commit_fails_the_batch_in_one_line_and_the_rerun_goes_in_once(
+        spark_context, tmp_path, postgres_cluster, postgres, monkeypatch):
+    """The SQL catalog on the suite's PostgreSQL server (a catalog many processes share), the server
+    stopped between the data files and the commit: one line naming the table and the batch, nothing
+    visible; once the server is back the batch's re-run goes in once, its stray files deleted."""
+    from pyiceberg.table import Transaction
+
+    from sparkwal.wal import StorageUnavailableError
+
+    database = dict(p.split("=", 1) for p in postgres.split())["dbname"]
+    catalog = {"type": "sql", "uri": f"postgresql+psycopg://sparkwal@127.0.0.1:{postgres_cluster.port}/{database}",
+               "warehouse": f"file://{tmp_path}/warehouse"}
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    commit = Transaction.commit_transaction
+
+    def server_gone_first(self):
+        postgres_cluster.stop()
+        return commit(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", server_gone_first)
+    try:
+        with pytest.raises(StorageUnavailableError, match=r"Iceberg commit of batch 1000 db.lines") as e:
+            sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+        assert "\n" not in str(e.value).strip()
+    finally:
+        monkeypatch.setattr(Transaction, "commit_transaction", commit)
+        postgres_cluster.start()
+    restarted = IcebergSink(catalog, "db.lines", "lines")  # a new driver: a new catalog connection
+    assert lines_in(restarted) == ["a"] and restarted.committed_batch() == 500
+    assert restarted.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert restarted.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")])) \
+        is False
+    assert lines_in(restarted) == ["a", "b"] and data_files(tmp_path / "warehouse") == files_in_table(restarted)
+
+
+def test_a_warehouse_on_s3(spark_context, tmp_path, s3_process_url):
+    """The warehouse on an S3 server (moto): the catalog's s3.* properties give the tasks their
+    endpoint; the tasks write through the storage seam without the keys (their environment has
+    them), and the table reads back through pyiceberg's own S3 FileIO."""
+    url, options = s3_process_url
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"{url}/warehouse",
+               "s3.endpoint": endpoint, "s3.region": "us-east-1", "s3.access-key-id": "testing",
+               "s3.secret-access-key": "testing"}
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA, partition_by=["partition"])
+    assert "testing" not in str(pickle.loads(pickle.dumps(sink)).__dict__)
+    rdd = spark_context.parallelize([("p0", "a"), ("p1", "b"), ("p0", "c")], 2)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 3)], rdd)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 3)], rdd) is False
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 3, 4)], spark_context.parallelize([("p1", "d")]))
+    assert lines_in(sink) == ["a", "b", "c", "d"] and sink.committed_batch() == 1000
+    assert IcebergSink(catalog, "db.lines", "lines").offsets() == {TopicPartition("log", "p0"): 4}
