@@ -73,6 +73,7 @@ def test_each_batch_goes_in_once_in_one_snapshot_and_a_restart_resumes_from_the_
     assert lines_in(fresh) == expected({"p0": 4, "p1": 4}) and fresh.committed_batch() == 5500
 
 
+@pytest.mark.compat
 def test_batches_not_starting_where_the_table_ends_or_partly_in_are_refused_naming_both(spark_context, tmp_path):
     sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
     ab = spark_context.parallelize([("p0", "a"), ("p0", "b")])

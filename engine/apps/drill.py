@@ -4,7 +4,7 @@ nothing and count nothing twice.
     python -m sparkwal.engine.drill [--kills 5 | --duration S] [--files 40] [--batch 1.0] [--seed 1]
                            [--dir DIR] [--upgrade] [--report REPORT.json]
                            [--mode files|receiver|direct] [--master local[2] | --standalone N]
-                           [--kinds driver,executor,worker] [--standby] [--sink sqlite|delta|postgres|kafka]
+                           [--kinds driver,executor,worker] [--standby] [--sink sqlite|delta|iceberg|postgres|kafka]
     python -m sparkwal.engine.drill --nemesis [--faults 6 | --duration S] [--seed 1]
                            [--mode files|receiver|direct] [--standby]
 
@@ -15,7 +15,7 @@ hosts its source, and kills the driver, the receiver's executor JVM or its Pytho
 absorb, and outages it must stop on with exit status 4, then resume (engine/apps/nemesis_drill.py),
 for each ``--mode``, with ``--standby`` beside it.
 ``--mode direct`` drills exactly-once output (engine/apps/direct_drill.py): a direct stream over
-append-only files into SQLite (``--sink delta``: a Delta table; ``--sink postgres``: PostgreSQL, a
+append-only files into SQLite (``--sink delta``/``iceberg``: a Delta or Iceberg table; ``--sink postgres``: PostgreSQL, a
 server of the drill's own; ``--sink kafka``: a Kafka topic, a Tansu broker of the drill's own),
 killed at least 20 times by default.
 
