@@ -15,8 +15,9 @@ hosts its source, and kills the driver, the receiver's executor JVM or its Pytho
 absorb, and outages it must stop on with exit status 4, then resume (engine/apps/nemesis_drill.py),
 for each ``--mode``, with ``--standby`` beside it.
 ``--mode direct`` drills exactly-once output (engine/apps/direct_drill.py): a direct stream over
-append-only files into SQLite (``--sink delta``/``iceberg``: a Delta or Iceberg table; ``--sink postgres``: PostgreSQL, a
-server of the drill's own; ``--sink kafka``: a Kafka topic, a Tansu broker of the drill's own),
+append-only files into SQLite (``--sink delta``/``iceberg``: a Delta or Iceberg table; ``--sink
+postgres``: PostgreSQL, a server of the drill's own; ``--sink kafka``: a Kafka topic, a Tansu broker
+of the drill's own),
 killed at least 20 times by default.
 
 The drill writes input files at a steady pace (one per batch interval, also while the app is
