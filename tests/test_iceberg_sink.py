@@ -140,14 +140,16 @@ def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driv
 def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_again(
         spark_context, tmp_path, monkeypatch, caplog):
     """Another writer of the sink (a zombie driver) commits batch 1000 between this sink's check
-    and its commit: the catalog refuses the stale commit (CommitFailedException), the sink reloads
-    the table, finds the batch there, commits nothing, and deletes its losing attempt's files."""
+    and its commit, and dies before its clean-up: the catalog refuses the stale commit
+    (CommitFailedException), the sink reloads the table, finds the batch there, commits nothing,
+    and deletes its own losing attempt's files, never the zombie's, which the table holds."""
     from pyiceberg.table import Transaction
 
     catalog = sqlite_catalog(tmp_path)
     sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
     assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
     zombie = IcebergSink(catalog, "db.lines", "lines")
+    zombie.clean_up = lambda *args: 0  # killed right after its commit
     commit = Transaction.commit_transaction
     raced = []
 

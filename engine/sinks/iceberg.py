@@ -239,7 +239,9 @@ class IcebergSink:
         if not written and not any(r.untilOffset > r.fromOffset for r in ranges):
             return False  # nothing to make visible: no snapshot per empty batch
         committed = self.commit_batch(batch_time_ms, ranges, written)
-        self.clean_up(batch_time_ms, {f.file_path for f in written if not isinstance(f, dict)})
+        # (only what this sink committed is known held without a read: if the batch turned out to be
+        # in already, another attempt's commit holds its files, read from the table)
+        self.clean_up(batch_time_ms, {f.file_path for f in written if not isinstance(f, dict)} if committed else None)
         return committed
 
     def _already_in(self, table, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
@@ -432,8 +434,8 @@ def fsspec_options(properties: Mapping) -> dict | None:
 
 def _unavailable(e: BaseException) -> bool:
     """Whether ``e`` is the catalog's database or the table's store not answering."""
-    if isinstance(e, OSError):
-        return True
+    if isinstance(e, OSError):  # a file missing or refused is the table's state, not the store down
+        return not isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError))
     try:
         from sqlalchemy.exc import DBAPIError
     except ImportError:  # pragma: no cover - a catalog other than SQL
