@@ -310,3 +310,24 @@ def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_ag
     sink.clean_up(1000)  # the losing attempt's files go (as the next commit would delete them)
     held = {p.replace("%3D", "=") for p in pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist()}
     assert parquet_files(tmp_path / "table") == held
+
+
+def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(spark_context, tmp_path):
+    """A zombie driver on a clock ahead re-runs batch 1800, whose offsets are in: its clean-up runs
+    between the leader's files of batch 1500 and their commit, and must not take them (the table's
+    txn, 1000, bounds every clean-up)."""
+    uri = str(tmp_path / "table")
+    sink = DeltaSink(uri, "lines", schema=SCHEMA)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    zombie, leader_commit = DeltaSink(uri, "lines"), sink.commit_batch
+
+    def zombie_first(*args):
+        assert zombie.write_batch(1800, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])) \
+            is False
+        return leader_commit(*args)
+
+    sink.commit_batch = zombie_first
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert lines_in(sink) == ["a", "b"]
+    held = {p.replace("%3D", "=") for p in pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist()}
+    assert parquet_files(tmp_path / "table") == held

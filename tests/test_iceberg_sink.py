@@ -167,6 +167,25 @@ def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_ag
     assert data_files(tmp_path / "warehouse") == files_in_table(sink)
 
 
+def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(spark_context, tmp_path):
+    """A zombie driver on a clock ahead re-runs batch 1800, whose offsets are in: its clean-up runs
+    between the leader's data files of batch 1500 and their commit, and must not take them (the
+    sink's newest batch in the table, 1000, bounds every clean-up)."""
+    catalog = sqlite_catalog(tmp_path)
+    sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    zombie, leader_commit = IcebergSink(catalog, "db.lines", "lines"), sink.commit_batch
+
+    def zombie_first(*args):
+        assert zombie.write_batch(1800, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])) \
+            is False
+        return leader_commit(*args)
+
+    sink.commit_batch = zombie_first
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert lines_in(sink) == ["a", "b"] and data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
 @pytest.mark.driver
 def test_a_kill_between_the_data_files_and_the_commit_and_after_the_commit_loses_and_doubles_nothing(tmp_path):
     sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines")

@@ -337,7 +337,9 @@ class DeltaSink:
 
     def clean_up(self, up_to_ms: int, table=None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold
-        (never-committed attempts; merged staging files), and their records; the files deleted."""
+        (never-committed attempts; merged staging files), and their records; the files deleted.
+        Never past the sink's newest batch in the table (its txn), whoever committed it: a later
+        batch's attempt may be in flight in another driver, between its files and its commit."""
         storage, root = self.location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
         records = [r for r in storage.list_files(records_dir)
@@ -345,6 +347,8 @@ class DeltaSink:
         if not records:
             return 0
         table = table or self.table()
+        txn = None if table is None else self._txn(table)
+        records = [r for r in records if txn is not None and int(r.name.split("-", 1)[0]) <= min(up_to_ms, txn)]
         held = set() if table is None else _files_held(table)
         deleted = 0
         for record in records:

@@ -316,7 +316,11 @@ class IcebergSink:
     def clean_up(self, up_to_ms: int, committed: set[str] | None = None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold,
         and their records; the files deleted. ``committed``: the data files this sink has just
-        committed for batch ``up_to_ms`` (then its attempts need no read of the table)."""
+        committed for batch ``up_to_ms`` (then its attempts need no read of the table).
+
+        Never past the sink's newest batch in the table, whoever committed it: an attempt of a
+        later batch may be in flight in another driver (a zombie finding its old batch in must not
+        delete the leader's next batch's files between its check and its commit)."""
         location = self.location
         storage, root = location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
@@ -325,6 +329,12 @@ class IcebergSink:
         if not records:
             return 0
         table, held, deleted = self.table(), _HeldFiles(self), 0
+        try:
+            newest = None if table is None else self._newest(table)
+        except SinkOffsetsError:
+            return 0  # the sink's history is lost: nothing is known held, nothing is deleted
+        up_to_ms = min(up_to_ms, -1 if newest is None else newest[0])
+        records = [r for r in records if int(r.name.split("-", 1)[0]) <= up_to_ms]
         for record in records:
             batch = int(record.name.split("-", 1)[0])
             for url in json.loads(storage.read_file(record.path))["files"]:
