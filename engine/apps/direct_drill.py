@@ -1,13 +1,17 @@
 """The drill's direct mode: exactly once under SIGKILL.
 
     python -m sparkwal.engine.drill --mode direct [--kills 20 | --duration S] [--batch 0.5] [--seed 1]
+                                    [--kinds driver,executor --master local-cluster[2,1,1024]]
 
 An appender adds lines to the FileLogSource partitions of ``WORKDIR/log`` at a steady pace (also
 while the app is down); ``python -m sparkwal.engine.wordcount --source filelog`` counts them into
 SQLite (or ``--sink delta|iceberg|postgres|kafka``: a Delta or Iceberg table, PostgreSQL, a Kafka topic) and is
 killed (SIGKILL to its process group: driver and JVM) at random moments, during start-up, between
 batches or in the middle of one, then restarted on the same work directory. After the last kill
-the appender stops and the app runs until it has counted everything. Exactly once means: the lines
+the appender stops and the app runs until it has counted everything. ``--kinds driver,executor``
+on ``local-cluster``: each kill takes the driver or one executor JVM at random (an executor killed
+between a batch's data files and its commit, or in the middle of its tasks: Spark runs them again
+elsewhere, and the sink must keep one attempt's output and delete the rest). Exactly once means: the lines
 counted per partition equal the lines appended, and every word total equals the count derived from
 the appended lines (a lost or doubled line changes both).
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 
@@ -61,12 +66,17 @@ def speculation_args(workdir: str, batch: float) -> tuple[str, ...]:
 
 def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         duration_s: float | None = None, master: str = "local[2]", max_lines: int = 100_000,
-        standby: bool = False, sink: str = "sqlite", speculation: bool = False) -> dict:
+        standby: bool = False, sink: str = "sqlite", speculation: bool = False,
+        kinds: tuple[str, ...] = ("driver",)) -> dict:
     """``standby``: a hot standby driver always runs beside the active one (started once the
     active one runs batches); the killed active driver's stream is taken over by it, and a fresh
     standby is started. ``sink``: the main job's (``sqlite``, ``delta``, ``iceberg``, or ``postgres`` and
     ``kafka`` on a server of the drill's own), read back through its own reader. ``speculation``:
-    speculative copies of slowed first attempts (``master``: a standalone cluster with hosts apart)."""
+    speculative copies of slowed first attempts (``master``: a standalone cluster with hosts apart).
+    ``kinds``: what a kill takes, ``driver`` and ``executor`` (``master``: local-cluster)."""
+    if "executor" in kinds and not master.startswith("local-cluster"):
+        raise ValueError(f"executor kills in direct mode need executor JVMs of the app's own (local-cluster), "
+                         f"not {master}")
     speculate = speculation_args(workdir, batch) if speculation else ()
     if sink == "postgres":
         from .postgres_server import PostgresCluster
@@ -75,7 +85,7 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
         try:
             server.start()
             return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
-                        ("--postgres", server.conninfo, *speculate))
+                        ("--postgres", server.conninfo, *speculate), kinds)
         finally:
             server.remove()
     if sink == "kafka":
@@ -83,24 +93,26 @@ def run(kills: int | None, batch: float, seed: int, workdir: str, log=print,
 
         with tansu_broker() as bootstrap:
             return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink,
-                        ("--kafka", bootstrap, *speculate))
-    return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, speculate)
+                        ("--kafka", bootstrap, *speculate), kinds)
+    return _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, speculate, kinds)
 
 
-def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, sink_args) -> dict:
+def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standby, sink, sink_args, kinds) -> dict:
     rng = random.Random(seed)
     began, until, kills = kill_budget(kills, duration_s, default_kills=20)
     appended, stop_input, feeder = start_appender(workdir, seed, batch, max_lines)
     args = ("--source", "filelog", "--master", master, "--sink", sink, *sink_args)
     runs: list[AppRun] = []
     recovery_s: list[float] = []
-    k = 0
+    k = executor_kills = 0
     try:
         waiting = None  # the standby, when there is one
+        running = None  # the app that goes on after an executor kill
         while True:
-            app = waiting or AppRun(workdir, batch, extra_args=args)
-            if waiting is None:
+            app = running or waiting or AppRun(workdir, batch, extra_args=args)
+            if waiting is None and running is None:
                 runs.append(app)
+            running = None
             started = time.monotonic()
             if standby and k < kills and (until is None or time.monotonic() < until):
                 _wait_first_batch(app, 120)  # leading: a standby started now waits for it
@@ -108,6 +120,17 @@ def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standb
                 runs.append(waiting)
                 if not waiting.standby_seen.wait(120):
                     raise DrillError("the standby did not report that it waits")
+            kind = rng.choice(kinds) if len(kinds) > 1 else kinds[0]  # (one kind: the seed's runs as before)
+            if k < kills and (until is None or time.monotonic() < until) and kind == "executor":
+                _wait_first_batch(app, 120)
+                time.sleep(rng.uniform(0.0, 3 * batch))
+                jvms = executor_jvms(app.proc.pid)
+                if jvms:
+                    os.kill(rng.choice(jvms), signal.SIGKILL)
+                    k, executor_kills = k + 1, executor_kills + 1
+                    log(f"kill {k}: SIGKILL to an executor JVM of the app, {len(app.batches())} batches")
+                running = app
+                continue
             if k < kills and (until is None or time.monotonic() < until):
                 if not standby and rng.random() < 0.2:  # during start-up or the first batches
                     time.sleep(rng.uniform(1.0, 5.0))
@@ -143,7 +166,8 @@ def _run(kills, batch, seed, workdir, log, duration_s, master, max_lines, standb
         "mode": f"direct (FileLogSource -> {SINK_NAMES.get(sink, 'SQLite')}), "
                 "exactly once",
         "master": master, "sink": sink,
-        "seconds": round(time.monotonic() - began, 1), "kills": k, "restarts": len(runs) - 1,
+        "seconds": round(time.monotonic() - began, 1), "kills": k, "executor_kills": executor_kills,
+        "restarts": len(runs) - 1,
         "start_to_first_batch_p50_s": pct(recovery_s, 0.5) if recovery_s else None,
         "start_to_first_batch_p95_s": pct(recovery_s, 0.95) if recovery_s else None,
     })
@@ -194,6 +218,24 @@ def verify(workdir: str, appended: dict[str, int], runs: list[AppRun]) -> dict:
     result["ok"] = (result["records_lost"] == 0 and result["duplicates"] == 0 and result["words_exact"]
                     and results["lines"] == expected_lines)
     return result
+
+
+def executor_jvms(group: int) -> list[int]:
+    """The executor JVMs in process group ``group`` (the app's, whose local-cluster starts them):
+    the processes with an ``--executor-id`` on their command line."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != group:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"--executor-id" in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile
+            continue
+    return found
 
 
 def _wait_first_batch(app: AppRun, timeout_s: float) -> float:

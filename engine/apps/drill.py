@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
     ap.add_argument("--standalone", type=a.positive_count, metavar="N",
                     help="start a standalone cluster of N workers (pyspark's spark-class) on 127.0.0.1 "
                     "for the drill and run the app there")
-    ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker")
+    ap.add_argument("--kinds", help="receiver mode: what to kill, among driver,executor,worker; direct mode: "
+                    "among driver,executor (executor: --master local-cluster[...])")
     ap.add_argument("--standby", action="store_true",
                     help="a hot standby driver always runs beside the active one and takes over "
                     "when it is killed (files mode: engine/apps/standby_drill.py)")
@@ -166,11 +167,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.d
         ap.error("--nemesis needs moto, the S3 server it drills against: pip install -e '.[test]'")
     a.check_master(ap, args.master)
     if args.kinds is not None:
-        if args.mode != "receiver":
-            ap.error("--kinds is for --mode receiver")
-        unknown = set(args.kinds.split(",")) - {"driver", "executor", "worker"}
+        if args.mode not in ("receiver", "direct"):
+            ap.error("--kinds is for --mode receiver or direct")
+        allowed = {"driver", "executor", "worker"} if args.mode == "receiver" else {"driver", "executor"}
+        unknown = set(args.kinds.split(",")) - allowed
         if unknown or not args.kinds:
-            ap.error(f"--kinds {args.kinds!r}: choose among driver,executor,worker")
+            ap.error(f"--kinds {args.kinds!r}: choose among {','.join(sorted(allowed))}")
+        if args.mode == "direct" and "executor" in args.kinds.split(",") and not args.master.startswith(
+                "local-cluster"):
+            ap.error("--kinds executor in direct mode needs executor JVMs of the app's own: "
+                     "--master local-cluster[2,1,1024]")
     if args.sink is not None and (args.mode != "direct" or args.nemesis):
         ap.error(f"--sink {args.sink} is for --mode direct")
     package = SINK_PACKAGES.get(args.sink or "")
@@ -243,7 +249,8 @@ def _run_mode(args, workdir: str, master: str) -> dict:
     if args.mode == "direct":
         return direct_drill.run(args.kills, args.batch, args.seed, workdir, duration_s=args.duration,
                                 master=master, standby=args.standby, sink=args.sink or "sqlite",
-                                speculation=args.speculation)
+                                speculation=args.speculation,
+                                kinds=tuple(args.kinds.split(",")) if args.kinds else ("driver",))
     if args.mode == "receiver":
         return receiver_drill.run(args.kills if args.kills is not None else 5, args.files * 3, args.batch,
                                   args.seed, workdir, master=master,
