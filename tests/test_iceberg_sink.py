@@ -110,6 +110,54 @@ def test_a_table_rolled_back_past_the_sinks_snapshots_is_refused_rather_than_wri
     assert lines_in(sink) == ["other writer"]
 
 
+def test_expired_snapshots_of_the_sink_and_a_table_path_with_its_records_directory_name(spark_context, tmp_path):
+    """Another writer appends and the sink's snapshots expire: the sink goes on from the table's
+    property; a table in a namespace named like the sink's records directory keeps its files."""
+    sink = IcebergSink(sqlite_catalog(tmp_path), "_sparkwal.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    ours = sink.table().current_snapshot().snapshot_id
+    sink.table().append(pa.table({"partition": ["q"], "line": ["other writer"]}))
+    sink.table().maintenance.expire_snapshots().by_id(ours).commit()
+    assert not list(sink.sink_snapshots(sink.table()))
+    assert sink.offsets() == {TopicPartition("log", "p0"): 1} and sink.committed_batch() == 1000
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])) \
+        is False
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert lines_in(sink) == ["a", "b", "other writer"]
+
+
+def test_catalog_failures_are_told_apart_and_secrets_stay_out_of_pickles(tmp_path):
+    """Which failures mean the catalog is down (the batch runs again), another writer won (decide
+    again), or a mistake (raised as it is); what is pickled of a catalog's properties."""
+    import sqlite3
+
+    from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+    from sqlalchemy.exc import OperationalError
+
+    from sparkwal.engine.sinks.iceberg_catalog import failure_kind, without_secrets
+
+    class PgError(Exception):
+        def __init__(self, sqlstate):
+            self.sqlstate = sqlstate
+
+    def database(orig):
+        return OperationalError("COMMIT", {}, orig)
+
+    assert failure_kind(database(PgError("08006"))) == "unavailable"  # connection lost
+    assert failure_kind(database(PgError("57P01"))) == "unavailable"  # server shutting down
+    assert failure_kind(database(PgError("40001"))) == "conflict"  # serialization failure
+    assert failure_kind(database(PgError("28P01"))) is None  # wrong password: a mistake, said as it is
+    assert failure_kind(database(sqlite3.OperationalError("database is locked"))) == "unavailable"
+    assert failure_kind(database(sqlite3.OperationalError("unable to open database file"))) is None
+    assert failure_kind(CommitFailedException("x")) == "conflict"
+    assert failure_kind(CommitStateUnknownException("x")) == "unavailable"
+    assert failure_kind(FileNotFoundError("x")) is None and failure_kind(ConnectionResetError()) == "unavailable"
+    kept = without_secrets({"uri": "postgresql+psycopg://u:pw@h/db?password=pw2&sslmode=require",
+                            "s3.secret-access-key": "k", "adls.account-key": "k", "header.Authorization": "k",
+                            "token": "k", "s3.endpoint": "http://h"})
+    assert kept == {"uri": "postgresql+psycopg://u@h/db?sslmode=require", "s3.endpoint": "http://h"}
+
+
 def test_upsert_mode_replaces_rows_by_key_and_leaves_no_staging(spark_context, tmp_path):
     schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
     sink = IcebergSink(sqlite_catalog(tmp_path), "db.counts", "counts", schema=schema, mode="upsert", keys=["word"])
@@ -119,6 +167,16 @@ def test_upsert_mode_replaces_rows_by_key_and_leaves_no_staging(spark_context, t
     assert sink.write_batch(1000, [OffsetRange("log", "p0", 2, 4)], spark_context.parallelize([("b", 99)])) is False
     assert sorted((r["word"], r["n"]) for r in sink.read().to_pylist()) == [("a", 1), ("b", 5), ("c", 1)]
     assert sink.batches_committed() == 2 and sink.offsets() == {TopicPartition("log", "p0"): 4}
+    # rows the table holds already change nothing, yet the batch is in; a key twice: its last row wins
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 4, 5)], spark_context.parallelize([("c", 1)]))
+    assert sink.write_batch(2000, [OffsetRange("log", "p0", 5, 7)], spark_context.parallelize([("a", 7), ("a", 8)]))
+    assert sorted((r["word"], r["n"]) for r in sink.read().to_pylist()) == [("a", 8), ("b", 5), ("c", 1)]
+    # only the batch's last snapshot says it is in: rolled back into the middle of it, the batch goes in again
+    history = sink.table().snapshots()
+    assert [s.summary.get("sparkwal.batch-ms") for s in history[-3:]] == [None, None, "2000"]
+    sink.table().manage_snapshots().rollback_to_snapshot(history[-2].snapshot_id).commit()
+    assert sink.offsets() == {TopicPartition("log", "p0"): 5}
+    assert sink.write_batch(2000, [OffsetRange("log", "p0", 5, 7)], spark_context.parallelize([("a", 8)]))
     assert not [f for _, _, fs in os.walk(tmp_path / "warehouse" / "db" / "counts" / "_sparkwal") for f in fs]
     with pytest.raises(ValueError, match="mode='upsert' needs keys"):
         IcebergSink(sqlite_catalog(tmp_path), "db.t2", mode="upsert")
@@ -167,22 +225,25 @@ def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_ag
     assert data_files(tmp_path / "warehouse") == files_in_table(sink)
 
 
-def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(spark_context, tmp_path):
-    """A zombie driver on a clock ahead re-runs batch 1800, whose offsets are in: its clean-up runs
-    between the leader's data files of batch 1500 and their commit, and must not take them (the
-    sink's newest batch in the table, 1000, bounds every clean-up)."""
+@pytest.mark.parametrize("leader_ms, zombie_ms", [(1500, 1800), (700, 1000)])
+def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(
+        spark_context, tmp_path, leader_ms, zombie_ms):
+    """A zombie driver re-runs a batch whose offsets are in (on a clock ahead of the leader's, or
+    the leader's behind): its clean-up runs between the leader's data files of its next batch and
+    their commit, and must not take them (an attempt's files go only once the table's output has
+    passed its ranges)."""
     catalog = sqlite_catalog(tmp_path)
     sink = IcebergSink(catalog, "db.lines", "lines", schema=SCHEMA)
     assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
     zombie, leader_commit = IcebergSink(catalog, "db.lines", "lines"), sink.commit_batch
 
     def zombie_first(*args):
-        assert zombie.write_batch(1800, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])) \
-            is False
+        assert zombie.write_batch(zombie_ms, [OffsetRange("log", "p0", 0, 1)],
+                                  spark_context.parallelize([("p0", "a")])) is False
         return leader_commit(*args)
 
     sink.commit_batch = zombie_first
-    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert sink.write_batch(leader_ms, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
     assert lines_in(sink) == ["a", "b"] and data_files(tmp_path / "warehouse") == files_in_table(sink)
 
 

@@ -16,26 +16,32 @@ restored job commits only what the table's snapshot ancestry lacks):
    pyiceberg's writer (the table's schema, field ids and statistics), their names recorded first
    (:mod:`sparkwal.engine.sinks.iceberg_files`); only the ``DataFile`` entries come back to the
    driver: a batch's output never passes through it.
-3. The driver commits them in one snapshot (a fast append; ``mode="upsert"``: pyiceberg's upsert
-   by ``keys`` of the staged rows, its overwrite and append in the same commit) whose summary holds
-   ``sparkwal.stream``, ``sparkwal.batch-ms`` and ``sparkwal.offsets`` (the end offset of every
-   partition the sink's batches planned, records or not: JSON ``[[topic, partition, offset], ...]``),
-   from which :meth:`IcebergSink.offsets` resumes a direct stream without a checkpoint. The same
-   commit sets the table property ``sparkwal.stream.<name>.batch-ms``: a sink whose snapshots are
-   no longer in the ancestry (expired, or the table rolled back) is told from one that never
-   committed, and refuses rather than write a batch twice. A conflict (the catalog's
-   ``CommitFailedException``: another writer committed first) reloads the table and decides again.
+3. The driver commits them in one snapshot (a fast append) whose summary holds ``sparkwal.stream``,
+   ``sparkwal.batch-ms`` and ``sparkwal.offsets`` (the end offset of every partition the sink's
+   batches planned, records or not: JSON ``[[topic, partition, offset], ...]``), from which
+   :meth:`IcebergSink.offsets` resumes a direct stream without a checkpoint. ``mode="upsert"``:
+   pyiceberg's upsert by ``keys`` of the staged rows goes in the same commit, its snapshots
+   untagged, before the batch's own (then empty) tagged one: a table rolled back into the middle of
+   it never says the batch is in. The same commit sets the table properties
+   ``sparkwal.stream.<name>.batch-ms`` and ``.offsets``: where the sink's snapshots left the ancestry
+   because they expired, the sink goes on from them; where the table was rolled back past them, it
+   refuses rather than write a batch twice. A conflict (another writer committed first) reads the
+   table again and decides again, with growing waits; pyiceberg's own retry is held off (it would
+   re-apply the append on the newer table). If the schema or partition spec changed since the
+   tasks wrote, they write the batch again for the new one.
 4. Then the files recorded for batches up to ``t`` that the table does not hold (attempts that
    never committed: a killed task, a killed driver, a losing speculative copy; staged rows) are
-   deleted, and their records. Files of a commit the catalog never took (pyiceberg's manifests and
-   metadata file of a failed commit) are never visible; Iceberg's orphan-file removal takes them.
+   deleted, and their records, once the table's output has passed the ranges their batch read
+   (an attempt not passed may be another driver's in flight). Files of a commit the catalog never
+   took (pyiceberg's manifests and metadata file of a failed commit, an upsert's files) are never
+   visible; Iceberg's orphan-file removal takes them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
+import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -46,18 +52,29 @@ from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
+from ..errors import EngineError
 from .delta_files import RECORDS_DIR
-from .iceberg_files import relative_to, write_partition
+from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, metadata_for_tasks, without_own_retries,
+                              without_secrets)
+from .iceberg_files import HeldFiles, relative_to, settled, staged, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
 
 MODES = ("append", "upsert")
 STREAM, BATCH_MS, OFFSETS = "sparkwal.stream", "sparkwal.batch-ms", "sparkwal.offsets"
-_COMMIT_ATTEMPTS = 5
-#: pyiceberg's catalog and FileIO properties that hold secrets (``s3.access-key-id``,
-#: ``s3.secret-access-key``, ``s3.session-token``, ``token``, ``credential``...)
-_SECRET_PROPERTY = re.compile(r"(?i)access-key|secret|token|password|credential")
+#: commits tried against other writers' (each after reading the table again, waits growing to 2 s)
+COMMIT_ATTEMPTS = 8
+#: times the tasks write a batch again when the table's schema or partition spec changed meanwhile
+REWRITES = 2
+
+
+class IcebergCommitConflictError(EngineError, RuntimeError):
+    """Other writers' commits won every one of a batch's commit attempts (the batch runs again)."""
+
+
+class _TableChanged(Exception):
+    """The table's schema or partition spec changed while the tasks wrote for the old one."""
 
 
 def _pyiceberg():
@@ -92,7 +109,7 @@ class IcebergSink:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "upsert" and not keys:
             raise ValueError("mode='upsert' needs keys: the columns a row is matched by")
-        self._catalog_name, self._catalog_properties, self._catalog = _catalog_of(catalog)
+        self._catalog_name, self._catalog_properties, self._catalog = catalog_of(catalog)
         self.identifier, self.name, self.mode = table, name, mode
         self.keys = list(keys or [])
         self.partition_by = list(partition_by or [])
@@ -104,7 +121,7 @@ class IcebergSink:
         """Pickled into checkpoints with the output: no loaded catalog, no credentials."""
         state = self.__dict__.copy()
         state["_catalog"] = None
-        state["_catalog_properties"] = _without_secrets(self._catalog_properties)
+        state["_catalog_properties"] = without_secrets(self._catalog_properties)
         state["_storage_options"] = without_credentials(self._storage_options)
         return state
 
@@ -126,7 +143,7 @@ class IcebergSink:
         try:
             yield
         except Exception as e:  # narrowed below: anything else is re-raised as it is
-            if not _unavailable(e):
+            if failure_kind(e) != "unavailable":
                 raise
             raise StorageUnavailableError(f"Iceberg {operation}", self.identifier, 1, time.monotonic() - start,
                                           e) from e
@@ -179,14 +196,21 @@ class IcebergSink:
                 yield snapshot
 
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:
-        """``(batch time, end offsets)`` of the sink's newest snapshot; None if it never committed;
-        an error if it did (the table's property says so) but no snapshot of it is in the ancestry."""
+        """``(batch time, end offsets)`` of the sink's newest batch in the table; None if it never
+        committed. From its newest snapshot in the ancestry; where none is left there, from the table
+        property its every commit sets, if that snapshot expired (it is in no snapshot of the
+        metadata); an error if it is there but not an ancestor (the table rolled back past it)."""
         for snapshot in self.sink_snapshots(table):
-            ends = json.loads(snapshot.summary.get(OFFSETS) or "[]")
-            return int(snapshot.summary[BATCH_MS]), {TopicPartition(t, p): int(o) for t, p, o in ends}
-        if self._property_batch(table) is not None:
+            return int(snapshot.summary[BATCH_MS]), _ends(snapshot.summary.get(OFFSETS))
+        batch = self._property_batch(table)
+        if batch is None:
+            return None
+        ends = table.properties.get(f"{STREAM}.{self.name}.offsets")
+        rolled_back = any(s.summary is not None and s.summary.get(STREAM) == self.name
+                          and s.summary.get(BATCH_MS) == str(batch) for s in table.metadata.snapshots)
+        if rolled_back or ends is None:
             raise self._history_lost(table)
-        return None
+        return batch, _ends(ends)
 
     def _property_batch(self, table) -> int | None:
         value = table.properties.get(f"{STREAM}.{self.name}.batch-ms")
@@ -196,8 +220,8 @@ class IcebergSink:
         batch = "" if batch_time_ms is None else f": whether batch {batch_time_ms} is in cannot be decided"
         return SinkOffsetsError(
             f"{self.identifier}: the snapshot of batch {self._property_batch(table)} (the newest of sink "
-            f"{self.name!r}) is not in the table's current snapshot ancestry (expired, or the table rolled "
-            f"back){batch}; start the stream with explicit fromOffsets, under a new sink name")
+            f"{self.name!r}) is not in the table's current snapshot ancestry (the table rolled back past "
+            f"it){batch}; start the stream with explicit fromOffsets, under a new sink name")
 
     def committed_batch(self) -> int | None:
         """The time of the sink's newest batch in the table, or None."""
@@ -228,21 +252,32 @@ class IcebergSink:
     def write_batch(self, batch_time_ms: int, ranges: list[OffsetRange], rdd) -> bool:
         """Write ``rdd``'s rows and commit them with the batch's identity; False (nothing
         written) if the table holds the batch already, or if the batch read and wrote nothing."""
-        table = self.create_table()
-        if self._already_in(table, batch_time_ms, ranges):
-            self.clean_up(batch_time_ms)
-            return False
-        location = StorageLocation.of(table.metadata.location.rstrip("/"), self._storage_options)
-        task = partial(write_partition, location=location, metadata=table.metadata, name=self.name,
-                       batch_time_ms=batch_time_ms, staging=self.mode == "upsert", attempt=uuid.uuid4().hex[:12])
-        written = rdd.mapPartitionsWithIndex(task).collect()  # DataFile entries only, never the rows
-        if not written and not any(r.untilOffset > r.fromOffset for r in ranges):
-            return False  # nothing to make visible: no snapshot per empty batch
-        committed = self.commit_batch(batch_time_ms, ranges, written)
-        # (only what this sink committed is known held without a read: if the batch turned out to be
-        # in already, another attempt's commit holds its files, read from the table)
-        self.clean_up(batch_time_ms, {f.file_path for f in written if not isinstance(f, dict)} if committed else None)
-        return committed
+        for rewrite in range(REWRITES + 1):
+            table = self.create_table()
+            if self._already_in(table, batch_time_ms, ranges):
+                self.clean_up(batch_time_ms)
+                return False
+            attempt = uuid.uuid4().hex[:12]
+            location = StorageLocation.of(table.metadata.location.rstrip("/"), self._storage_options)
+            ends = [(r.topic, r.partition, r.untilOffset) for r in ranges if r.untilOffset > r.fromOffset]
+            task = partial(write_partition, location=location, metadata=metadata_for_tasks(table.metadata),
+                           name=self.name, batch_time_ms=batch_time_ms, staging=self.mode == "upsert",
+                           attempt=attempt, ends=ends)
+            written = rdd.mapPartitionsWithIndex(task).collect()  # DataFile entries only, never the rows
+            if not written and not ends:
+                return False  # nothing to make visible: no snapshot per empty batch
+            try:
+                committed = self.commit_batch(batch_time_ms, ranges, written, _layout(table))
+            except _TableChanged as e:
+                log.warning("%s: batch %d is written again: %s (rewrite %d of %d)", self.name, batch_time_ms, e,
+                            rewrite + 1, REWRITES)
+                continue
+            # (only what this attempt committed is known held without a read)
+            self.clean_up(batch_time_ms, {f.file_path for f in written if not isinstance(f, dict)} if committed
+                          else None, attempt)
+            return committed
+        raise SinkOffsetsError(f"{self.name}: the Iceberg table {self.identifier}'s schema or partition spec kept "
+                               f"changing while batch {batch_time_ms} was written ({REWRITES + 1} times)")
 
     def _already_in(self, table, batch_time_ms: int, ranges: list[OffsetRange]) -> bool:
         """Whether the table holds the batch, by the sink's offsets (module docstring, step 1)."""
@@ -264,45 +299,53 @@ class IcebergSink:
         return batch_in_output(self.name, batch_time_ms, read, ends, stored_batch, "the Iceberg table's",
                                f"the Iceberg table {self.identifier}")
 
-    def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list) -> bool:
+    def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list,
+                     layout: tuple[int, int] | None = None) -> bool:
         """One Iceberg commit: the data files tasks wrote (or the staged rows, upserted), the batch's
-        identity and offsets; False if the batch turned out to be in already."""
-        from pyiceberg.exceptions import CommitFailedException
-
-        for attempt in range(_COMMIT_ATTEMPTS):
+        identity and offsets; False if the batch turned out to be in already. ``layout``: the
+        table's (schema id, partition spec id) the files were written for."""
+        for attempt in range(COMMIT_ATTEMPTS):
             table = self.create_table()
             if self._already_in(table, batch_time_ms, ranges):
                 return False
+            if layout is not None and _layout(table) != layout:
+                raise _TableChanged(f"the table's (schema, partition spec) went from {layout} to {_layout(table)}")
             newest = self._newest(table)
             ends = advance_ends(self.name, {} if newest is None else newest[1], batch_time_ms, ranges,
                                 "the Iceberg table's")
-            summary = {STREAM: self.name, BATCH_MS: str(batch_time_ms),
-                       OFFSETS: json.dumps([[tp.topic, tp.partition, o] for tp, o in ends.items()])}
+            offsets = json.dumps([[tp.topic, tp.partition, o] for tp, o in ends.items()])
+            summary = {STREAM: self.name, BATCH_MS: str(batch_time_ms), OFFSETS: offsets}
             try:
                 with self._catalog_call(f"commit of batch {batch_time_ms}"):
-                    transaction = _without_own_retries(table).transaction()
-                    staged = [w["staged"] for w in written if isinstance(w, dict)]
-                    rows = self._staged_rows(table, staged) if self.mode == "upsert" else None
-                    if rows is not None and rows.num_rows:
-                        transaction.upsert(rows, join_cols=self.keys, snapshot_properties=summary)
-                    else:
-                        with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
-                            for data_file in written:
-                                if not isinstance(data_file, dict):
-                                    append.append_data_file(data_file)
-                    transaction.set_properties({f"{STREAM}.{self.name}.batch-ms": str(batch_time_ms)})
+                    transaction = without_own_retries(table).transaction()
+                    rows = self._staged_rows(table, [w["staged"] for w in written if isinstance(w, dict)]) \
+                        if self.mode == "upsert" else None
+                    if rows is not None and rows.num_rows:  # its snapshots untagged: only the last says "in"
+                        transaction.upsert(rows, join_cols=self.keys)
+                    # the batch's own snapshot, last (empty after an upsert): the summary the sink decides by
+                    with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                        for data_file in written:
+                            if not isinstance(data_file, dict):
+                                append.append_data_file(data_file)
+                    transaction.set_properties({f"{STREAM}.{self.name}.batch-ms": str(batch_time_ms),
+                                                f"{STREAM}.{self.name}.offsets": offsets})
                     transaction.commit_transaction()
-            except CommitFailedException as e:
+            except Exception as e:  # narrowed: only another writer's winning commit is tried again
+                if failure_kind(e) != "conflict":
+                    raise
                 log.warning("%s: batch %d's Iceberg commit conflicted (%s); reading the table again "
-                            "(attempt %d of %d)", self.name, batch_time_ms, e, attempt + 1, _COMMIT_ATTEMPTS)
+                            "(attempt %d of %d)", self.name, batch_time_ms, e, attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(1.0, 1.5))
                 continue
             return True
-        raise SinkOffsetsError(f"{self.name}: batch {batch_time_ms}'s Iceberg commit to {self.identifier} "
-                               f"conflicted {_COMMIT_ATTEMPTS} times")
+        raise IcebergCommitConflictError(
+            f"{self.name}: other writers' commits to {self.identifier} won all {COMMIT_ATTEMPTS} commit attempts "
+            f"of batch {batch_time_ms}; the batch fails and runs again")
 
     def _staged_rows(self, table, staged: list[str]):
-        """The staged rows of an upsert, in the table's Arrow schema (on the driver: pyiceberg's
-        upsert matches them against the table in memory)."""
+        """The staged rows of an upsert, in the table's Arrow schema, a key repeated within the
+        batch once, its last row winning (the stream's order: partition, then row), as pyiceberg's
+        upsert refuses repeated keys (on the driver: it matches them against the table in memory)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
         from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -311,16 +354,21 @@ class IcebergSink:
         storage, _ = self.location.resolve()
         parts = [pq.read_table(pa.BufferReader(storage.read_file(relative_to(self.location, url))))
                  for url in staged]
-        return pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+        rows = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+        if rows.num_rows == 0:
+            return rows
+        numbered = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+        last = numbered.group_by(self.keys).aggregate([("__row", "max")]).column("__row_max")
+        return rows.take(last)
 
-    def clean_up(self, up_to_ms: int, committed: set[str] | None = None) -> int:
+    def clean_up(self, up_to_ms: int, committed: set[str] | None = None, attempt: str | None = None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold,
-        and their records; the files deleted. ``committed``: the data files this sink has just
-        committed for batch ``up_to_ms`` (then its attempts need no read of the table).
+        and their records; the files deleted. ``committed``: the data files attempt ``attempt`` has
+        just committed for batch ``up_to_ms`` (its own records then need no read of the table).
 
-        Never past the sink's newest batch in the table, whoever committed it: an attempt of a
-        later batch may be in flight in another driver (a zombie finding its old batch in must not
-        delete the leader's next batch's files between its check and its commit)."""
+        Only attempts the table has settled (:func:`~sparkwal.engine.sinks.iceberg_files.settled`:
+        its output passed their ranges' ends): an attempt of a later batch may be in flight in another
+        driver, between its files and its commit, whatever its batch's time."""
         location = self.location
         storage, root = location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
@@ -328,19 +376,22 @@ class IcebergSink:
                    if r.name.endswith(".json") and int(r.name.split("-", 1)[0]) <= up_to_ms]
         if not records:
             return 0
-        table, held, deleted = self.table(), _HeldFiles(self), 0
+        table = self.table()
         try:
             newest = None if table is None else self._newest(table)
         except SinkOffsetsError:
             return 0  # the sink's history is lost: nothing is known held, nothing is deleted
-        up_to_ms = min(up_to_ms, -1 if newest is None else newest[0])
-        records = [r for r in records if int(r.name.split("-", 1)[0]) <= up_to_ms]
+        if newest is None:
+            return 0
+        held, deleted = HeldFiles(table, list(self.sink_snapshots(table))), 0
         for record in records:
-            batch = int(record.name.split("-", 1)[0])
-            for url in json.loads(storage.read_file(record.path))["files"]:
-                staged = f"/{RECORDS_DIR}/" in url
-                if staged or url not in (committed if batch == up_to_ms and committed is not None
-                                         else held.of_batch(table, batch)):
+            batch, own = int(record.name.split("-", 1)[0]), record.name.split("-")[1] == attempt
+            content = json.loads(storage.read_file(record.path))
+            if not settled(content, batch, newest):
+                continue
+            for url in content["files"]:
+                keep = (committed if own and committed is not None else held.of_batch(batch))
+                if staged(location, self.name, url) or url not in keep:
                     storage.delete(relative_to(location, url))
                     deleted += 1
             storage.delete(record.path)
@@ -363,92 +414,10 @@ class IcebergSink:
             return table.scan(selected_fields=tuple(columns) if columns else ("*",)).to_arrow()
 
 
-class _HeldFiles:
-    """The data files the table holds, read as little as a clean-up needs: the files added by the
-    sink's snapshots of one batch (one manifest list walk), or, where the ancestry has no snapshot
-    of the batch, every file of the current snapshot (read once)."""
-
-    def __init__(self, sink: IcebergSink):
-        self.sink = sink
-        self.by_batch: dict[int, set[str]] = {}
-        self.current: set[str] | None = None
-
-    def of_batch(self, table, batch_time_ms: int) -> set[str]:
-        if table is None or table.current_snapshot() is None:
-            return set()
-        if batch_time_ms not in self.by_batch:
-            snapshots = [s for s in self.sink.sink_snapshots(table) if s.summary[BATCH_MS] == str(batch_time_ms)]
-            if snapshots:
-                self.by_batch[batch_time_ms] = {
-                    e.data_file.file_path for s in snapshots for m in s.manifests(table.io)
-                    if m.added_snapshot_id == s.snapshot_id for e in m.fetch_manifest_entry(table.io)}
-            else:
-                if self.current is None:
-                    self.current = {e.data_file.file_path for m in table.current_snapshot().manifests(table.io)
-                                    for e in m.fetch_manifest_entry(table.io, discard_deleted=True)}
-                self.by_batch[batch_time_ms] = self.current
-        return self.by_batch[batch_time_ms]
+def _ends(offsets: str | None) -> dict[TopicPartition, int]:
+    return {TopicPartition(t, p): int(o) for t, p, o in json.loads(offsets or "[]")}
 
 
-def _without_own_retries(table):
-    """``table`` (freshly loaded, this sink's own object) whose commits pyiceberg does not retry by
-    itself: its retry re-applies the append on the newer table, which would put a batch in twice
-    when the other commit was the same batch's (a zombie driver's). The sink decides again instead
-    (``commit.retry.num-retries`` is read from the transaction's table; the catalog applies the
-    commit's updates to its own current metadata, so the pin is never committed)."""
-    from pyiceberg.table import TableProperties
-
-    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    table.metadata = table.metadata.model_copy(update={"properties": properties})
-    return table
-
-
-def _catalog_of(catalog) -> tuple[str, dict, object]:
-    """``(name, properties, loaded catalog or None)`` of what ``IcebergSink`` was given."""
-    if isinstance(catalog, str):
-        return catalog, {}, None
-    if isinstance(catalog, Mapping):
-        properties = {str(k): str(v) for k, v in catalog.items()}
-        return properties.pop("name", "default"), properties, None
-    if hasattr(catalog, "load_table") and hasattr(catalog, "properties"):
-        return catalog.name, dict(catalog.properties), catalog
-    raise TypeError(f"catalog must be a pyiceberg Catalog, its properties (a dict) or its name, got {catalog!r}")
-
-
-def _without_secrets(properties: dict) -> dict:
-    """Catalog properties without secrets: those named like one, and a SQL catalog URI's password."""
-    kept = {k: v for k, v in properties.items() if not _SECRET_PROPERTY.search(k)}
-    if "uri" in kept and "@" in kept["uri"] and "://" in kept["uri"]:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            kept["uri"] = make_url(kept["uri"]).set(password=None).render_as_string(hide_password=False)
-        except ArgumentError:  # not a SQLAlchemy URL (a REST catalog's): left as it is, it has no password field
-            pass
-    return kept
-
-
-def fsspec_options(properties: Mapping) -> dict | None:
-    """fsspec's storage options from pyiceberg's ``s3.*`` FileIO properties (endpoint, region,
-    keys), for the tasks' writes to the same store; None without any."""
-    pairs = {"key": properties.get("s3.access-key-id"), "secret": properties.get("s3.secret-access-key"),
-             "token": properties.get("s3.session-token")}
-    options: dict = {k: v for k, v in pairs.items() if v}
-    client = {k: v for k, v in (("endpoint_url", properties.get("s3.endpoint")),
-                                ("region_name", properties.get("s3.region"))) if v}
-    if client:
-        options["client_kwargs"] = client
-    return options or None
-
-
-def _unavailable(e: BaseException) -> bool:
-    """Whether ``e`` is the catalog's database or the table's store not answering."""
-    if isinstance(e, OSError):  # a file missing or refused is the table's state, not the store down
-        return not isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError))
-    try:
-        from sqlalchemy.exc import DBAPIError
-    except ImportError:  # pragma: no cover - a catalog other than SQL
-        return False
-    return isinstance(e, DBAPIError) and bool(getattr(e, "connection_invalidated", False) or
-                                              e.__class__.__name__ == "OperationalError")
+def _layout(table) -> tuple[int, int]:
+    """The table's (schema id, default partition spec id): what its data files are written for."""
+    return table.metadata.current_schema_id, table.metadata.default_spec_id

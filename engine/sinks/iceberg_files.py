@@ -5,9 +5,11 @@ Per task attempt of partition ``<task>`` (5 digits) in batch ``<t>`` (ms), named
 of a task, or the same task under another driver, never shares a name with another run), under
 the table's location:
 
-* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [URL, ...]}``, the data files the attempt is
-  about to write, put before any of them, so that nothing it writes goes unrecorded (Iceberg
-  readers only ever see the files a snapshot lists; this directory is not one of them);
+* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [URL, ...], "ends": [[topic, partition,
+  offset], ...]}``, the data files the attempt is about to write, put before any of them, so that
+  nothing it writes goes unrecorded (Iceberg readers only ever see the files a snapshot lists; this
+  directory is not one of them), and the end of each range with records its batch read: a clean-up
+  takes an attempt's files only once the table's output has passed them (:func:`settled`);
 * append: the data files themselves, named and placed by pyiceberg (its location provider and
   writer: ``<location>/data/[<partition path>/]00000-<n>-<uuid>.parquet``, the table's schema with
   its field ids, the statistics of each file's manifest entry); upsert: one staging file
@@ -27,7 +29,7 @@ import uuid
 from .delta_files import RECORDS_DIR, rows_table, task_attempt_id
 
 
-def write_partition(index, rows, location, metadata, name, batch_time_ms, staging, attempt):
+def write_partition(index, rows, location, metadata, name, batch_time_ms, staging, attempt, ends=()):
     """Task side: this partition's rows as data files of the table whose metadata (pyiceberg's
     ``TableMetadata``) is ``metadata``, at ``location`` (the table's, without credentials), their
     names recorded first; yields a pyiceberg ``DataFile`` per file, or ``{"staged": url}``."""
@@ -43,7 +45,7 @@ def write_partition(index, rows, location, metadata, name, batch_time_ms, stagin
     storage.makedirs(records_dir)
     if staging:
         url = f"{location.url}/{RECORDS_DIR}/{name}/staging/{stem}.parquet"
-        _put(storage, records_dir, stem, [url])
+        _put(storage, records_dir, stem, [url], ends)
         buffer = io.BytesIO()
         pq.write_table(table, buffer)
         path = storage.join(root, f"{RECORDS_DIR}/{name}/staging/{stem}.parquet")
@@ -52,10 +54,10 @@ def write_partition(index, rows, location, metadata, name, batch_time_ms, stagin
         yield {"staged": url}
         return
     tasks, planned = _write_tasks(metadata, table)
-    _put(storage, records_dir, stem, planned)
+    _put(storage, records_dir, stem, planned, ends)
     from pyiceberg.io.pyarrow import write_file
 
-    yield from write_file(SeamFileIO(location, planned), metadata, iter(tasks))
+    yield from write_file(seam_file_io(location, planned), metadata, iter(tasks))
 
 
 def _write_tasks(metadata, table):
@@ -86,8 +88,56 @@ def _write_tasks(metadata, table):
     return tasks, planned
 
 
-def _put(storage, records_dir: str, stem: str, files: list[str]) -> None:
-    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps({"files": files}).encode())
+def _put(storage, records_dir: str, stem: str, files: list[str], ends) -> None:
+    record = {"files": files, "ends": [list(e) for e in ends]}
+    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps(record).encode())
+
+
+def settled(record: dict, batch_time_ms: int, newest: tuple[int, dict]) -> bool:
+    """Whether the attempt of ``record`` (of batch ``batch_time_ms``) is decided by the table whose
+    sink's newest batch and end offsets are ``newest``: the table's output has reached the end of
+    every range the attempt's batch read (whoever wrote it: this attempt, or another in its place),
+    or, for a batch that read nothing, the sink's newest batch is not older. An attempt not settled
+    may be in flight in another driver: its files are left alone."""
+    from ..sources.protocol import TopicPartition
+
+    newest_batch, table_ends = newest
+    if record.get("ends"):
+        return all(table_ends.get(TopicPartition(t, p), -1) >= until for t, p, until in record["ends"])
+    return batch_time_ms <= newest_batch
+
+
+def staged(location, name: str, url: str) -> bool:
+    """Whether ``url`` is an upsert's staged rows (never a file of the table)."""
+    return url.startswith(f"{location.url.rstrip('/')}/{RECORDS_DIR}/{name}/staging/")
+
+
+class HeldFiles:
+    """The data files the table holds, read as little as a clean-up needs: the files added by the
+    sink's snapshots of one batch time (their manifests), or, where the ancestry has none, every
+    file any snapshot in the table's metadata lists (its branches', tags' and expired ancestors'
+    files are held too; read once)."""
+
+    def __init__(self, table, sink_snapshots):
+        self.table, self.sink_snapshots = table, sink_snapshots
+        self.by_batch: dict[int, set[str]] = {}
+        self.everywhere: set[str] | None = None
+
+    def of_batch(self, batch_time_ms: int) -> set[str]:
+        table = self.table
+        if batch_time_ms not in self.by_batch:
+            snapshots = [s for s in self.sink_snapshots if s.summary.get("sparkwal.batch-ms") == str(batch_time_ms)]
+            if snapshots:
+                self.by_batch[batch_time_ms] = {
+                    e.data_file.file_path for s in snapshots for m in s.manifests(table.io)
+                    if m.added_snapshot_id == s.snapshot_id for e in m.fetch_manifest_entry(table.io)}
+            else:
+                if self.everywhere is None:
+                    manifests = {m.manifest_path: m for s in table.metadata.snapshots for m in s.manifests(table.io)}
+                    self.everywhere = {e.data_file.file_path for m in manifests.values()
+                                       for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+                self.by_batch[batch_time_ms] = self.everywhere
+        return self.by_batch[batch_time_ms]
 
 
 def _create(storage, path: str, data: bytes) -> None:
@@ -106,58 +156,60 @@ def relative_to(location, url: str) -> str:
     return storage.join(root, url[len(base):])
 
 
-def _file_io_base():
-    from pyiceberg.io import FileIO
-
-    return FileIO
-
-
-class SeamFileIO(_file_io_base()):  # type: ignore[misc]
+def seam_file_io(location, planned: list[str]):
     """pyiceberg's ``FileIO`` for the tasks' data files, on sparkwal's storage seam: each file
     created whole, durable and only if absent; only the files the task recorded (a name pyiceberg
-    chose differently would be a file no record names: refused)."""
-
-    def __init__(self, location, planned: list[str]):
-        super().__init__({})
-        self.location, self.planned = location, set(planned)
-
-    def new_output(self, location: str):
-        if location not in self.planned:
-            raise RuntimeError(f"pyiceberg names a data file the task did not record: {location}")
-        return _SeamOutputFile(location, relative_to(self.location, location), self.location.resolve()[0])
-
-    def new_input(self, location: str):
-        raise NotImplementedError("the tasks only write")
-
-    def delete(self, location) -> None:
-        raise NotImplementedError("the tasks only write")
+    chose differently would be a file no record names: refused). (Its classes are made at the first
+    call: pyiceberg is an extra, imported only where an Iceberg sink runs.)"""
+    global _SEAM_CLASSES
+    if _SEAM_CLASSES is None:
+        _SEAM_CLASSES = _seam_classes()
+    return _SEAM_CLASSES(location, planned)
 
 
-def _output_file_base():
-    from pyiceberg.io import OutputFile
-
-    return OutputFile
+_SEAM_CLASSES = None
 
 
-class _SeamOutputFile(_output_file_base()):  # type: ignore[misc]
-    def __init__(self, url: str, path: str, storage):
-        super().__init__(url)
-        self._path, self._storage, self._size = path, storage, 0
+def _seam_classes():
+    from pyiceberg.io import FileIO, OutputFile
 
-    def __len__(self) -> int:
-        return self._size
+    class SeamFileIO(FileIO):
+        def __init__(self, location, planned: list[str]):
+            super().__init__({})
+            self.location, self.planned = location, set(planned)
 
-    def exists(self) -> bool:
-        return self._storage.exists(self._path)
+        def new_output(self, location: str):
+            if location not in self.planned:
+                raise RuntimeError(f"pyiceberg names a data file the task did not record: {location}")
+            return SeamOutputFile(location, relative_to(self.location, location), self.location.resolve()[0])
 
-    def to_input_file(self):
-        raise NotImplementedError("the tasks only write")
+        def new_input(self, location: str):
+            raise NotImplementedError("the tasks only write")
 
-    def create(self, overwrite: bool = False):
-        return _SeamStream(self._storage, self._path, self._written)
+        def delete(self, location) -> None:
+            raise NotImplementedError("the tasks only write")
 
-    def _written(self, size: int) -> None:
-        self._size = size
+    class SeamOutputFile(OutputFile):
+        def __init__(self, url: str, path: str, storage):
+            super().__init__(url)
+            self._path, self._storage, self._size = path, storage, 0
+
+        def __len__(self) -> int:
+            return self._size
+
+        def exists(self) -> bool:
+            return self._storage.exists(self._path)
+
+        def to_input_file(self):
+            raise NotImplementedError("the tasks only write")
+
+        def create(self, overwrite: bool = False):
+            return _SeamStream(self._storage, self._path, self._written)
+
+        def _written(self, size: int) -> None:
+            self._size = size
+
+    return SeamFileIO
 
 
 class _SeamStream(io.BytesIO):
