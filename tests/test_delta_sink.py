@@ -312,22 +312,25 @@ def test_a_concurrent_commit_of_the_same_batch_conflicts_and_the_sink_decides_ag
     assert parquet_files(tmp_path / "table") == held
 
 
-def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(spark_context, tmp_path):
-    """A zombie driver on a clock ahead re-runs batch 1800, whose offsets are in: its clean-up runs
-    between the leader's files of batch 1500 and their commit, and must not take them (the table's
-    txn, 1000, bounds every clean-up)."""
+@pytest.mark.parametrize("leader_ms, zombie_ms", [(1500, 1800), (700, 1000)])
+def test_a_zombie_finding_its_old_batch_in_leaves_the_leaders_next_batch_files_alone(
+        spark_context, tmp_path, leader_ms, zombie_ms):
+    """A zombie driver re-runs a batch whose offsets are in (on a clock ahead of the leader's, or the
+    leader's behind): its clean-up runs between the leader's files of its next batch and their
+    commit, and must not take them (an attempt's files go only once the table's output has passed
+    its ranges)."""
     uri = str(tmp_path / "table")
     sink = DeltaSink(uri, "lines", schema=SCHEMA)
     assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
     zombie, leader_commit = DeltaSink(uri, "lines"), sink.commit_batch
 
     def zombie_first(*args):
-        assert zombie.write_batch(1800, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")])) \
-            is False
+        assert zombie.write_batch(zombie_ms, [OffsetRange("log", "p0", 0, 1)],
+                                  spark_context.parallelize([("p0", "a")])) is False
         return leader_commit(*args)
 
     sink.commit_batch = zombie_first
-    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert sink.write_batch(leader_ms, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
     assert lines_in(sink) == ["a", "b"]
     held = {p.replace("%3D", "=") for p in pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist()}
     assert parquet_files(tmp_path / "table") == held

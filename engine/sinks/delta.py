@@ -52,7 +52,7 @@ from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
-from .delta_files import RECORDS_DIR, add_action, write_partition
+from .delta_files import RECORDS_DIR, add_action, settled, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,8 @@ class DeltaSink:
         schema = self.schema()
         task = partial(write_partition, location=self.location, name=self.name, batch_time_ms=batch_time_ms,
                        schema=schema, partition_by=self.partition_by,
-                       staging=self.mode == "merge", attempt=uuid.uuid4().hex[:12])
+                       staging=self.mode == "merge", attempt=uuid.uuid4().hex[:12],
+                       ends=[(r.topic, r.partition, r.untilOffset) for r in ranges if r.untilOffset > r.fromOffset])
         written = rdd.mapPartitionsWithIndex(task).collect()  # add actions only, never the rows
         if not written and not any(r.untilOffset > r.fromOffset for r in ranges):
             return False  # nothing to make visible: no commit (a table version per empty batch)
@@ -338,8 +339,9 @@ class DeltaSink:
     def clean_up(self, up_to_ms: int, table=None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold
         (never-committed attempts; merged staging files), and their records; the files deleted.
-        Never past the sink's newest batch in the table (its txn), whoever committed it: a later
-        batch's attempt may be in flight in another driver, between its files and its commit."""
+        Only attempts the table has settled (:func:`~sparkwal.engine.sinks.delta_files.settled`: its
+        output passed their ranges' ends): a later batch's attempt may be in flight in another
+        driver, between its files and its commit, whatever its batch's time."""
         storage, root = self.location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
         records = [r for r in storage.list_files(records_dir)
@@ -348,11 +350,16 @@ class DeltaSink:
             return 0
         table = table or self.table()
         txn = None if table is None else self._txn(table)
-        records = [r for r in records if txn is not None and int(r.name.split("-", 1)[0]) <= min(up_to_ms, txn)]
-        held = set() if table is None else _files_held(table)
+        ends = None if txn is None else self._read_ends(table)
+        if ends is None:  # never committed, or its offsets lost: nothing is settled
+            return 0
+        held = _files_held(table)
         deleted = 0
         for record in records:
-            for path in json.loads(storage.read_file(record.path))["files"]:
+            content = json.loads(storage.read_file(record.path))
+            if not settled(content, int(record.name.split("-", 1)[0]), (txn, ends)):
+                continue
+            for path in content["files"]:
                 if path not in held:
                     storage.delete(storage.join(root, path))
                     deleted += 1

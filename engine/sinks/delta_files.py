@@ -6,10 +6,11 @@ the batch, ``<task attempt>`` fresh per run of the task (Spark's task attempt id
 hex): a retried or speculative copy of a task, or the same task under another driver, never
 shares a name with another run:
 
-* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [path, ...]}``, the paths (relative to the
-  table) the attempt is about to write, put before any of them, so that nothing it writes goes
-  unrecorded (a ``_`` directory: Delta readers and VACUUM leave it alone); the batch time first:
-  cleaning up takes the records of batches up to a time;
+* ``_sparkwal/<sink name>/<stem>.json``: ``{"files": [path, ...], "ends": [[topic, partition,
+  offset], ...]}``, the paths (relative to the table) the attempt is about to write, put before any
+  of them, so that nothing it writes goes unrecorded (a ``_`` directory: Delta readers and VACUUM
+  leave it alone), and the end of each range with records its batch read; the batch time first:
+  cleaning up takes the records of batches up to a time, once the table settled them (:func:`settled`);
 * append: ``<col>=<value>/.../part-<stem>-<n>.parquet``, one file per partition value, in
   Hive-style directories (values percent-encoded, null as ``__HIVE_DEFAULT_PARTITION__``; the
   partition columns are not in the file, as Delta wants); merge:
@@ -34,7 +35,7 @@ from urllib.parse import quote
 RECORDS_DIR = "_sparkwal"
 
 
-def write_partition(index, rows, location, name, batch_time_ms, schema, partition_by, staging, attempt):
+def write_partition(index, rows, location, name, batch_time_ms, schema, partition_by, staging, attempt, ends=()):
     """Task side: this partition's rows as Parquet files (one per partition value), their names
     recorded first; yields each file's add action as a dict."""
     import pyarrow as pa
@@ -56,7 +57,8 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
             planned.append(f"{directory if values else ''}part-{stem}-{n}.parquet")
     records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
     storage.makedirs(records_dir)
-    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps({"files": planned}).encode())
+    record = {"files": planned, "ends": [list(e) for e in ends]}
+    _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps(record).encode())
     for path, (values, part) in zip(planned, groups, strict=True):
         data = part.drop_columns(list(values)) if values else part
         buffer = io.BytesIO()
@@ -68,6 +70,20 @@ def write_partition(index, rows, location, name, batch_time_ms, schema, partitio
         yield {"path": path, "size": len(payload), "staged": staging,
                "partition_values": {c: _partition_value(v) for c, v in values.items()},
                "modification_time": int(time.time() * 1000), "stats": _stats(data, pa, pc)}
+
+
+def settled(record: dict, batch_time_ms: int, newest: tuple[int, dict]) -> bool:
+    """Whether the attempt of ``record`` (of batch ``batch_time_ms``) is decided by the table whose
+    sink's newest batch and end offsets are ``newest``: the table's output has reached the end of
+    every range the attempt's batch read (whoever wrote it: this attempt, or another in its place),
+    or, for a batch that read nothing, the sink's newest batch is not older. An attempt not settled
+    may be in flight in another driver: its files are left alone."""
+    from ..sources.protocol import TopicPartition
+
+    newest_batch, table_ends = newest
+    if record.get("ends"):
+        return all(table_ends.get(TopicPartition(t, p), -1) >= until for t, p, until in record["ends"])
+    return batch_time_ms <= newest_batch
 
 
 def task_attempt_id() -> str:

@@ -53,10 +53,10 @@ from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from ..errors import EngineError
-from .delta_files import RECORDS_DIR
+from .delta_files import RECORDS_DIR, settled
 from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, metadata_for_tasks, without_own_retries,
                               without_secrets)
-from .iceberg_files import HeldFiles, relative_to, settled, staged, write_partition
+from .iceberg_files import HeldFiles, relative_to, staged, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ class IcebergSink:
         and their records; the files deleted. ``committed``: the data files attempt ``attempt`` has
         just committed for batch ``up_to_ms`` (its own records then need no read of the table).
 
-        Only attempts the table has settled (:func:`~sparkwal.engine.sinks.iceberg_files.settled`:
+        Only attempts the table has settled (:func:`~sparkwal.engine.sinks.delta_files.settled`:
         its output passed their ranges' ends): an attempt of a later batch may be in flight in another
         driver, between its files and its commit, whatever its batch's time."""
         location = self.location

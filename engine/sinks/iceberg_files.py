@@ -9,7 +9,7 @@ the table's location:
   offset], ...]}``, the data files the attempt is about to write, put before any of them, so that
   nothing it writes goes unrecorded (Iceberg readers only ever see the files a snapshot lists; this
   directory is not one of them), and the end of each range with records its batch read: a clean-up
-  takes an attempt's files only once the table's output has passed them (:func:`settled`);
+  takes an attempt's files only once the table's output has passed them (``delta_files.settled``);
 * append: the data files themselves, named and placed by pyiceberg (its location provider and
   writer: ``<location>/data/[<partition path>/]00000-<n>-<uuid>.parquet``, the table's schema with
   its field ids, the statistics of each file's manifest entry); upsert: one staging file
@@ -91,20 +91,6 @@ def _write_tasks(metadata, table):
 def _put(storage, records_dir: str, stem: str, files: list[str], ends) -> None:
     record = {"files": files, "ends": [list(e) for e in ends]}
     _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps(record).encode())
-
-
-def settled(record: dict, batch_time_ms: int, newest: tuple[int, dict]) -> bool:
-    """Whether the attempt of ``record`` (of batch ``batch_time_ms``) is decided by the table whose
-    sink's newest batch and end offsets are ``newest``: the table's output has reached the end of
-    every range the attempt's batch read (whoever wrote it: this attempt, or another in its place),
-    or, for a batch that read nothing, the sink's newest batch is not older. An attempt not settled
-    may be in flight in another driver: its files are left alone."""
-    from ..sources.protocol import TopicPartition
-
-    newest_batch, table_ends = newest
-    if record.get("ends"):
-        return all(table_ends.get(TopicPartition(t, p), -1) >= until for t, p, until in record["ends"])
-    return batch_time_ms <= newest_batch
 
 
 def staged(location, name: str, url: str) -> bool:
