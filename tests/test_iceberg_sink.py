@@ -126,6 +126,26 @@ def test_expired_snapshots_of_the_sink_and_a_table_path_with_its_records_directo
     assert lines_in(sink) == ["a", "b", "other writer"]
 
 
+def test_a_partition_spec_changed_between_the_writes_and_the_commit_makes_the_tasks_write_again(
+        spark_context, tmp_path, caplog):
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    commit, evolved = sink.commit_batch, []
+
+    def spec_changes_first(*args):
+        if not evolved:
+            evolved.append(True)
+            with sink.table().update_spec() as spec:
+                spec.add_identity("partition")
+        return commit(*args)
+
+    sink.commit_batch = spec_changes_first
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
+    assert any("batch 1000 is written again" in r.getMessage() for r in caplog.records)
+    assert lines_in(sink) == ["a", "b"] and data_files(tmp_path / "warehouse") == files_in_table(sink)
+    assert any("/data/partition=p0/" in f for f in files_in_table(sink))  # the new spec's layout
+
+
 def test_catalog_failures_are_told_apart_and_secrets_stay_out_of_pickles(tmp_path):
     """Which failures mean the catalog is down (the batch runs again), another writer won (decide
     again), or a mistake (raised as it is); what is pickled of a catalog's properties."""
