@@ -73,7 +73,7 @@ class IcebergCommitConflictError(EngineError, RuntimeError):
     """Other writers' commits won every one of a batch's commit attempts (the batch runs again)."""
 
 
-class _TableChanged(Exception):
+class _TableChanged(EngineError):
     """The table's schema or partition spec changed while the tasks wrote for the old one."""
 
 
