@@ -52,7 +52,7 @@ from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
-from .delta_files import RECORDS_DIR, add_action, settled, write_partition
+from .delta_files import RECORDS_DIR, add_action, delete_settled, records_up_to, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
@@ -344,8 +344,7 @@ class DeltaSink:
         driver, between its files and its commit, whatever its batch's time."""
         storage, root = self.location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
-        records = [r for r in storage.list_files(records_dir)
-                   if r.name.endswith(".json") and int(r.name.split("-", 1)[0]) <= up_to_ms]
+        records = records_up_to(storage, records_dir, up_to_ms)
         if not records:
             return 0
         table = table or self.table()
@@ -354,16 +353,8 @@ class DeltaSink:
         if ends is None:  # never committed, or its offsets lost: nothing is settled
             return 0
         held = _files_held(table)
-        deleted = 0
-        for record in records:
-            content = json.loads(storage.read_file(record.path))
-            if not settled(content, int(record.name.split("-", 1)[0]), (txn, ends)):
-                continue
-            for path in content["files"]:
-                if path not in held:
-                    storage.delete(storage.join(root, path))
-                    deleted += 1
-            storage.delete(record.path)
+        deleted = delete_settled(storage, records, (txn, ends), lambda _name, _batch, path: path not in held,
+                                 lambda path: storage.join(root, path))
         if deleted:
             log.info("%s: deleted %d files written by attempts of batches up to %d that the table does "
                      "not hold (uncommitted, or merged from staging)", self.name, deleted, up_to_ms)

@@ -86,6 +86,30 @@ def settled(record: dict, batch_time_ms: int, newest: tuple[int, dict]) -> bool:
     return batch_time_ms <= newest_batch
 
 
+def records_up_to(storage, records_dir: str, up_to_ms: int) -> list:
+    """The records (files of ``records_dir``) of attempts of batches up to ``up_to_ms``."""
+    return [r for r in storage.list_files(records_dir)
+            if r.name.endswith(".json") and int(r.name.split("-", 1)[0]) <= up_to_ms]
+
+
+def delete_settled(storage, records: list, newest: tuple[int, dict], unheld, path_of) -> int:
+    """Of each record the table has settled (:func:`settled`, ``newest`` its sink's newest batch
+    and ends), the files ``unheld(record name, batch time, file)`` says the table does not hold
+    (deleted at ``path_of(file)``), then the record itself; the files deleted."""
+    deleted = 0
+    for record in records:
+        batch = int(record.name.split("-", 1)[0])
+        content = json.loads(storage.read_file(record.path))
+        if not settled(content, batch, newest):
+            continue
+        for file in content["files"]:
+            if unheld(record.name, batch, file):
+                storage.delete(path_of(file))
+                deleted += 1
+        storage.delete(record.path)
+    return deleted
+
+
 def task_attempt_id() -> str:
     """A fresh id of this run of a task: Spark's task attempt id (unique in one driver's life)
     and random hex (unique across drivers); random hex alone outside a Spark task."""

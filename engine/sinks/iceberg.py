@@ -53,7 +53,7 @@ from sparkwal.wal.location import StorageLocation, without_credentials
 
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from ..errors import EngineError
-from .delta_files import RECORDS_DIR, settled
+from .delta_files import RECORDS_DIR, delete_settled, records_up_to
 from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, metadata_for_tasks, without_own_retries,
                               without_secrets)
 from .iceberg_files import HeldFiles, relative_to, staged, write_partition
@@ -372,8 +372,7 @@ class IcebergSink:
         location = self.location
         storage, root = location.resolve()
         records_dir = storage.join(root, f"{RECORDS_DIR}/{self.name}")
-        records = [r for r in storage.list_files(records_dir)
-                   if r.name.endswith(".json") and int(r.name.split("-", 1)[0]) <= up_to_ms]
+        records = records_up_to(storage, records_dir, up_to_ms)
         if not records:
             return 0
         table = self.table()
@@ -383,18 +382,14 @@ class IcebergSink:
             return 0  # the sink's history is lost: nothing is known held, nothing is deleted
         if newest is None:
             return 0
-        held, deleted = HeldFiles(table, list(self.sink_snapshots(table))), 0
-        for record in records:
-            batch, own = int(record.name.split("-", 1)[0]), record.name.split("-")[1] == attempt
-            content = json.loads(storage.read_file(record.path))
-            if not settled(content, batch, newest):
-                continue
-            for url in content["files"]:
-                keep = (committed if own and committed is not None else held.of_batch(batch))
-                if staged(location, self.name, url) or url not in keep:
-                    storage.delete(relative_to(location, url))
-                    deleted += 1
-            storage.delete(record.path)
+        held = HeldFiles(table, list(self.sink_snapshots(table)))
+
+        def unheld(record_name: str, batch: int, url: str) -> bool:
+            own = record_name.split("-")[1] == attempt
+            keep = committed if own and committed is not None else held.of_batch(batch)
+            return staged(location, self.name, url) or url not in keep
+
+        deleted = delete_settled(storage, records, newest, unheld, lambda url: relative_to(location, url))
         if deleted:
             log.info("%s: deleted %d files written by attempts of batches up to %d that the table does "
                      "not hold (uncommitted, or staged)", self.name, deleted, up_to_ms)
