@@ -146,6 +146,34 @@ def test_a_partition_spec_changed_between_the_writes_and_the_commit_makes_the_ta
     assert any("/data/partition=p0/" in f for f in files_in_table(sink))  # the new spec's layout
 
 
+def test_a_commit_that_landed_with_its_answer_lost_is_found_by_the_rerun_and_not_made_twice(
+        spark_context, tmp_path, monkeypatch):
+    """The catalog took the commit, then the connection dropped before the answer: the batch fails
+    as the store's outage (one line), and its re-run finds the batch in the table's ancestry."""
+    from pyiceberg.table import Transaction
+    from sqlalchemy.exc import OperationalError
+
+    from sparkwal.wal import StorageUnavailableError
+
+    class ConnectionLost(Exception):
+        sqlstate = "08006"
+
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
+    commit = Transaction.commit_transaction
+
+    def answer_lost(self):
+        commit(self)
+        raise OperationalError("COMMIT", {}, ConnectionLost("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(Transaction, "commit_transaction", answer_lost)
+    rdd = spark_context.parallelize([("p0", "a")])
+    with pytest.raises(StorageUnavailableError, match=r"Iceberg commit of batch 1000 db.lines"):
+        sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], rdd)
+    monkeypatch.setattr(Transaction, "commit_transaction", commit)
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], rdd) is False
+    assert lines_in(sink) == ["a"] and data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
 def test_catalog_failures_are_told_apart_and_secrets_stay_out_of_pickles(tmp_path):
     """Which failures mean the catalog is down (the batch runs again), another writer won (decide
     again), or a mistake (raised as it is); what is pickled of a catalog's properties."""
