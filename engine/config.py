@@ -244,6 +244,9 @@ MAX_LINEAGE_BATCHES = _entry("spark.sparkwal.state.maxLineageBatches", "int", 50
                              minimum=1)
 LIVE_KEYS = _entry("spark.sparkwal.state.liveKeysPerWorker", "int", 4_000_000,
                    "mapWithState keys a Python worker keeps live between batches", minimum=0)
+STATE_HOST = _entry("spark.sparkwal.state.host", "bool", True,
+                    "mapWithState's partitions stay live between batches in one state host process per executor "
+                    "(false: in each Python worker, which seldom gets the same partition twice in a row)")
 DRIVER_STATE_KEYS = _entry("spark.sparkwal.state.driverMaxKeys", "int", 100_000,
                            "mapWithState after a precomputed reduceByKey keeps a state of at most this many keys "
                            "on the driver, and runs its batches there (0: never)", minimum=0)

@@ -36,7 +36,9 @@ from ..errors import StateError
 from .driver_state import DriverState, driver_batch, prefetch
 from .snapshot_tasks import DriverParts, chain_on_driver
 from . import versions
-from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, take_state
+from .hosted import HostUnavailable, update_on_host
+from .state_host import host_client, warn_once
+from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, peek_state, take_state
 
 
 class State:
@@ -157,19 +159,29 @@ _ABSENT = object()
 
 
 def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None,
-                      live_keys=LIVE_KEYS):
-    previous = state = values = None
+                      live_keys=LIVE_KEYS, hosted=False):
+    records = iter(records)
+    first = next(records, None)
+    if first is None or type(first[1]) is not StateRecord:  # the state partition comes first (the union's order)
+        raise _no_state(index, batch_ms)
+    previous = first[1]
+    client = host_client() if hosted and live_keys > 0 else None
+    if client is not None:
+        batch = list(records)
+        try:
+            yield index, update_on_host(client, index, previous, batch, State(), func, uid, batch_ms, timeout_ms,
+                                        forget_before_ms, delta_since_ms, live_keys)
+            return
+        except HostUnavailable as e:  # before any call of func: this worker runs the batch
+            warn_once(str(e))
+            records = iter(batch)
+    state = take_state(uid, index, previous)
+    state.begin_batch()
+    values, put, delete = state.values, state.set, state.delete
     mapped, st = [], State()
     emit, wrap = mapped.append, st.wrap
     refresh = timeout_ms is not None  # with a timeout, every key with data is fresh again
     for key, value in records:
-        if type(value) is StateRecord:  # the state partition comes first (the union's order)
-            previous, state = value, take_state(uid, index, value)
-            state.begin_batch()
-            values, put, delete = state.values, state.set, state.delete
-            continue
-        if state is None:
-            raise _no_state(index, batch_ms)
         current = values.get(key, _ABSENT)
         if current is _ABSENT:
             wrap(False, None)
@@ -180,8 +192,6 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
             delete(key)
         elif st.isUpdated() or (refresh and st.exists()):
             put(key, st.getOption())
-    if state is None:
-        raise _no_state(index, batch_ms)
     if timeout_ms is not None:
         for key in state.idle_before(batch_ms - timeout_ms):
             wrap(True, values[key], timing_out=True)
@@ -324,7 +334,7 @@ class InternalMapWithStateDStream(DStream):
         return partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
                        timeout_ms=self.timeout_ms,
                        forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
-                       live_keys=self._live_keys())
+                       live_keys=self._live_keys(), hosted=self._host.settings[config.STATE_HOST])
 
     def _live_keys(self) -> int:
         return self._host.settings[config.LIVE_KEYS]
@@ -346,6 +356,15 @@ class InternalMapWithStateDStream(DStream):
 
     def state_name(self, index: int) -> str:
         return f"{self.state_operator}-{index}"
+
+    def state_items(self, _time_ms: int, rdds: list) -> RDD:
+        """``(key, value)`` of every key after a batch (``stateSnapshots()``): a worker's live map of a
+        partition caught up with the layers since, no work for a partition it holds at that state."""
+        state = rdds[0]
+        if isinstance(state, DriverState):  # read on the driver, no job
+            return DriverRowsRDD(state.ctx, compute=state.items, num_partitions=state.getNumPartitions())
+        uid, live_keys = self._uid, self._live_keys()
+        return state.flatMap(lambda r: peek_state(uid, r[0], r[1], live_keys).values.items())
 
     def state_partitioned(self, rdd: RDD) -> bool:
         return True
@@ -387,7 +406,7 @@ class MapWithStateDStream(DStream):
 
     def stateSnapshots(self) -> DStream:
         """``(key, state)`` of every key after each batch."""
-        return TransformedDStream(self._ssc, [self._state_stream], _state_items)
+        return TransformedDStream(self._ssc, [self._state_stream], self._state_stream.state_items)
 
     def checkpoint(self, interval: float) -> DStream:
         """The state's snapshot interval (Spark forwards it to the internal state stream)."""
@@ -396,8 +415,10 @@ class MapWithStateDStream(DStream):
 
 
 def _state_items(_time_ms, rdds) -> RDD:
+    """``stateSnapshots()``'s function in checkpoints of releases before the state host (their pickled
+    graphs name it): the state rebuilt from each record."""
     state = rdds[0]
-    if isinstance(state, DriverState):  # read on the driver, no job
+    if isinstance(state, DriverState):
         return DriverRowsRDD(state.ctx, compute=state.items, num_partitions=state.getNumPartitions())
     return state.flatMap(lambda r: r[1].state.values.items())
 

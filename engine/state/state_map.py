@@ -50,7 +50,7 @@ _LIVE_ENTRIES = 64  # live maps a worker keeps, over every state stream it serve
 _LIVE: dict[tuple[str, int], tuple[bytes, StateMap]] = {}  # (uid, partition) -> (token, map)
 
 
-def _token() -> bytes:
+def new_token() -> bytes:
     return os.urandom(12)
 
 
@@ -194,7 +194,7 @@ class StateRecord:
                  bridge: tuple[list[bytes], list[bytes]] | None = None, keys: int = -1):
         self.time_ms, self.base, self.layers, self.mapped = time_ms, base, layers, mapped
         self.keys = keys  # how many keys the state holds (-1: not known)
-        self.tokens = tokens if tokens is not None else [_token() for _ in range(len(layers) + 1)]
+        self.tokens = tokens if tokens is not None else [new_token() for _ in range(len(layers) + 1)]
         self.delta = delta  # (since_ms, rows_since(since_ms)), worked out by a checkpoint batch
         self.bridge = bridge
 
@@ -254,22 +254,54 @@ def take_state(uid: str, index: int, record: StateRecord) -> StateMap:
     return record.state
 
 
+def extends(previous: StateRecord, layer: bytes) -> bool:
+    """Whether the record after ``previous`` keeps its base, adding ``layer`` (else: a new base)."""
+    layers = [*previous.layers, layer]
+    return len(layers) <= MAX_LAYERS and sum(map(len, layers)) * 2 < len(previous.base)
+
+
+def record_after(previous: StateRecord, time_ms: int, layer: bytes | None, mapped: list, delta, keys: int,
+                 token: bytes, base: bytes | None) -> StateRecord:
+    """The record after a batch: ``previous``'s base plus ``layer`` named ``token``, or ``base`` (the
+    state after the batch, pickled) with a bridge from the previous chain; a batch that changed
+    nothing (``layer`` None) keeps ``previous``'s chain and its tokens: the same state."""
+    if layer is None:
+        return StateRecord(time_ms, previous.base, previous.layers, mapped, delta, previous.tokens, previous.bridge,
+                           keys=keys)
+    layers = [*previous.layers, layer]
+    if base is None:
+        return StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, token], previous.bridge,
+                           keys=keys)
+    bridge = (previous.tokens, layers) if sum(map(len, layers)) <= len(base) else None
+    return StateRecord(time_ms, base, [], mapped, delta, [token], bridge=bridge, keys=keys)
+
+
+def unchanged(layer: tuple) -> bool:
+    """Whether a batch's layer changed no key (its removals to forget wait for the next layer)."""
+    return not layer[1] and not layer[3]
+
+
 def next_record(uid: str, index: int, previous: StateRecord, state: StateMap, layer: tuple,
                 mapped: list, delta, live_keys: int = LIVE_KEYS) -> StateRecord:
     """The record after a batch that made ``layer`` (:meth:`StateMap.end_batch`) from
     ``previous``'s state: the previous base plus the layer, or a new base with a bridge from the
     previous chain; ``state`` stays live."""
-    time_ms = layer[0]
-    layers = [*previous.layers, _dumps(layer)]
-    if len(layers) <= MAX_LAYERS and sum(map(len, layers)) * 2 < len(previous.base):
-        record = StateRecord(time_ms, previous.base, layers, mapped, delta, [*previous.tokens, _token()],
-                             previous.bridge, keys=len(state.values))
-    else:
-        base = _dumps(state)
-        bridge = (previous.tokens, layers) if sum(map(len, layers)) <= len(base) else None
-        record = StateRecord(time_ms, base, [], mapped, delta, bridge=bridge, keys=len(state.values))
+    pickled = None if unchanged(layer) else _dumps(layer)
+    base = None if pickled is None or extends(previous, pickled) else _dumps(state)
+    record = record_after(previous, layer[0], pickled, mapped, delta, len(state.values), new_token(), base)
     keep_live(uid, index, record.token, state, live_keys)
     return record
+
+
+def peek_state(uid: str, index: int, record: StateRecord, live_keys: int = LIVE_KEYS) -> StateMap:
+    """The state ``record`` holds, for reading only (``stateSnapshots()``): this worker's reading
+    copy of the partition caught up to it (none of the record's base unpickled, no work at all when
+    the copy is at that state), else rebuilt. The copy is kept apart from the map batches update:
+    what a reader does to the values it is handed never reaches the state."""
+    key = (f"{uid}/read", index)
+    state = take_state(*key, record)
+    keep_live(*key, record.token, state, live_keys)
+    return state
 
 
 def keep_live(uid: str, index: int, token: bytes, state: StateMap, live_keys: int = LIVE_KEYS) -> None:
