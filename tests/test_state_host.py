@@ -111,7 +111,7 @@ def random_mapping(key, value, state):
 
 
 def test_random_batches_give_the_same_records_on_the_host_as_in_the_worker():
-    rng = random.Random(1)
+    rng, from_layers = random.Random(1), 0
     for trial in range(200):
         client = InProcess(StateHost())
         state = StateMap()
@@ -135,10 +135,15 @@ def test_random_batches_give_the_same_records_on_the_host_as_in_the_worker():
             assert after_host.state.values == after_worker.state.values, where
             assert list(after_host.state.times.items()) == list(after_worker.state.times.items()), where
             assert after_host.keys == after_worker.keys, where
-            rows = [sorted(map(repr, r.delta[1])) if r.delta else None for r in (after_host, after_worker)]
-            assert rows[0] == rows[1], where
+            if delta_since is not None:  # a delta's rows, in the order the state's own rows_since gives
+                assert after_host.rows_since(delta_since) == after_worker.state.rows_since(delta_since), where
+            for since in range(max(0, t - 1500), t, 250):  # from the layers, where they reach back (removals kept)
+                rows = after_host.layer_rows_since(since)
+                assert rows is None or rows == after_host.state.rows_since(since), (where, since)
+                from_layers += rows is not None
             assert (after_host.tokens == on_host.tokens) == (after_worker.tokens == in_worker.tokens), where
             in_worker, on_host = after_worker, after_host
+    assert from_layers > 1000, from_layers  # (the layers did reach back, often)
     stats = client.statistics()
     assert stats["loads"] == 1 and stats["behind"] == 1  # one trial's host: loaded once, never behind after
 

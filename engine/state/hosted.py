@@ -52,6 +52,8 @@ def update_on_host(client: HostClient, index: int, previous: StateRecord, batch:
     pickled = None if unchanged(layer) else pickle.dumps(layer, pickle.HIGHEST_PROTOCOL)
     token = previous.token if pickled is None else new_token()
     want_base = pickled is not None and not extends(previous, pickled)
+    if delta_since_ms is not None and pickled is not None and previous.covers(delta_since_ms):
+        delta_since_ms = None  # the record's layers hold the delta's rows: the snapshot reads them there
     if pickled is not None and not want_base and delta_since_ms is None:  # nothing to wait for
         client.apply_later(uid, index, previous.token, token, pickled, live_keys)
         return record_after(previous, batch_ms, pickled, mapped, None, _keys_after(previous, held_before, layer), token,

@@ -225,10 +225,41 @@ class StateRecord:
         return None
 
     def rows_since(self, since_ms: int) -> list:
-        """A delta snapshot's rows: the ones the batch worked out, without rebuilding the state."""
+        """A delta snapshot's rows: the ones the batch worked out, or the ones its layers hold
+        (:meth:`layer_rows_since`), without rebuilding the state when either has them."""
         if self.delta is not None and self.delta[0] == since_ms:
             return self.delta[1]
-        return self.state.rows_since(since_ms)
+        rows = self.layer_rows_since(since_ms)
+        return self.state.rows_since(since_ms) if rows is None else rows
+
+    def history(self) -> list[bytes]:
+        """Every layer this record knows, oldest first: its bridge's (which lead to its base), then its own."""
+        return [*(self.bridge[1] if self.bridge is not None else ()), *self.layers]
+
+    def covers(self, since_ms: int) -> bool:
+        """Whether :meth:`history` holds every change after ``since_ms``: its first layer is of a batch
+        at or before it (so the base it starts from is older)."""
+        history = self.history()
+        return bool(history) and pickle.loads(history[0])[0] <= since_ms
+
+    def layer_rows_since(self, since_ms: int) -> list | None:
+        """:meth:`StateMap.rows_since` of this record's state, in the same order, from its layers alone;
+        None when they do not reach back to ``since_ms``."""
+        if not self.covers(since_ms):
+            return None
+        seen: set = set()
+        puts: dict[int, list] = {}
+        removals: dict[int, list] = {}
+        for layer in reversed(self.history()):  # the newest change of each key wins
+            time_ms, keys, values, gone, _ = pickle.loads(layer)
+            if time_ms <= since_ms:
+                break
+            # rows_since's order within a batch: its puts newest first, then its removals newest first
+            puts[time_ms] = [(k, v, time_ms, False) for k, v in zip(reversed(keys), reversed(values)) if k not in seen]
+            seen.update(keys)
+            removals[time_ms] = [(k, None, time_ms, True) for k in reversed(gone) if k not in seen]
+            seen.update(gone)
+        return [row for t in sorted(puts) for row in (*puts[t], *removals[t])]
 
     def __getstate__(self):
         return (self.time_ms, self.base, self.layers, self.tokens, self.mapped, self.delta, self.bridge,
