@@ -17,8 +17,9 @@ state's total is a ``total`` event every batch.
 Lines of a file stream are keys; the state is each key's count (``updateStateByKey``, or
 sparkwal's ``mapWithState``), snapshotted every two batches. The output counts the stream's
 records each batch: updateStateByKey's are the whole state, mapWithState's the touched keys.
-``--op shuffle`` keeps no state: the batch's records moved to their keys' partitions and counted,
-the floor under any stateful batch of the same data. Each completed batch appends a JSON
+``--op map-snapshots`` also counts ``stateSnapshots()`` (every key) each batch. ``--op shuffle``
+keeps no state: the batch's records moved to their keys' partitions and counted, the floor under
+any stateful batch of the same data. Each completed batch appends a JSON
 line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
 FILE (``at``: the wall clock when the listener saw it; sparkwal's also ``breakdown`` and
 ``operations``: where the batch's time went, ``BatchInfo.breakdown`` and each output operation's).
@@ -76,7 +77,7 @@ def write_counts(cur, batch_ms: int, records: list) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
-    p.add_argument("--op", choices=["update", "map", "shuffle"], default="update")
+    p.add_argument("--op", choices=["update", "map", "map-snapshots", "shuffle"], default="update")
     p.add_argument("--input", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--batch", type=float, required=True)
@@ -167,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             out.checkpoint(2 * args.batch)
             sink.saveStream(out, lines, write_counts)
             return ssc
-        if args.op == "map":  # its output: the batch's mapped records (the keys it touched)
+        if args.op in ("map", "map-snapshots"):  # its output: the batch's mapped records (the keys it touched)
             out = pairs.mapWithState(StateSpec.function(count_map).numPartitions(n))
+            if args.op == "map-snapshots":  # and every key's state after the batch, as updateStateByKey gives
+                out.stateSnapshots().foreachRDD(lambda rdd: None if rdd.count() < 0 else None)
         elif args.op == "shuffle":  # no state: the batch moved to its keys' partitions, a floor
             out = pairs.partitionBy(n)
         else:  # its output: the state, every key (what updateStateByKey gives)

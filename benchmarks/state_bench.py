@@ -46,13 +46,16 @@ from .receiver_flow import processes
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch)
+CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch[, the app's --conf settings])
     ("pyspark.streaming updateStateByKey, 10%", "pyspark", "update", 0.10),
     ("sparkwal updateStateByKey, 10%", "sparkwal", "update", 0.10),
     ("sparkwal mapWithState, 10%", "sparkwal", "map", 0.10),
     ("sparkwal updateStateByKey, 1%", "sparkwal", "update", 0.01),
     ("sparkwal mapWithState, 1%", "sparkwal", "map", 0.01),
     ("sparkwal, no state: the batch's shuffle alone, 10%", "sparkwal", "shuffle", 0.10),
+    ("sparkwal mapWithState and its stateSnapshots() each batch, 10%", "sparkwal", "map-snapshots", 0.10),
+    ("sparkwal mapWithState, no state host (state.host=false), 10%", "sparkwal", "map", 0.10,
+     ("spark.sparkwal.state.host=false",)),
 ]
 MEMORY_EVERY_S = 1.0
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
@@ -102,8 +105,9 @@ def _memory_by_kind(pgid: int) -> dict[str, int]:
 class Run:
     """One contender's app process: start, feed, wait for batches, kill."""
 
-    def __init__(self, workdir: str, engine: str, op: str, batch_s: float):
+    def __init__(self, workdir: str, engine: str, op: str, batch_s: float, confs: tuple[str, ...] = ()):
         self.workdir, self.engine, self.op, self.batch_s = workdir, engine, op, batch_s
+        self.confs = confs
         self.input = os.path.join(workdir, "in")
         self.ckpt = os.path.join(workdir, "ckpt")
         self.events = os.path.join(workdir, "events.jsonl")
@@ -119,7 +123,8 @@ class Run:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.state_app", "--engine", self.engine, "--op", self.op,
              "--input", self.input, "--checkpoint", self.ckpt, "--batch", str(self.batch_s),
-             "--events", self.events], cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+             "--events", self.events, *(a for c in self.confs for a in ("--conf", c))],
+            cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
 
     def _events(self) -> list[dict]:
         try:
@@ -233,11 +238,11 @@ def snapshot_bytes(run: Run, first_data_ms: int) -> dict:
 
 
 def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str,
-            restarts: int = 1) -> dict:
+            restarts: int = 1, confs: tuple[str, ...] = ()) -> dict:
     batch_s = BATCH_SECONDS.get(keys, 8.0)
     files = batch_files(cache, keys, fraction, batches + 2 * restarts)
     workdir = tempfile.mkdtemp(prefix=f"state-{engine}-{op}-")
-    run = Run(workdir, engine, op, batch_s)
+    run = Run(workdir, engine, op, batch_s, confs)
     timeout = 60 + keys / 5_000
     restart_s = []
     try:
@@ -310,8 +315,9 @@ def _run(args) -> int:
             print("| contender | first batch | later batches median (max) | snapshot full | delta | "
                   "restart | peak PSS driver/JVM/workers |", flush=True)
             print("|---|---|---|---|---|---|---|", flush=True)
-            for label, engine, op, fraction in chosen:
-                r = measure(keys, label, engine, op, fraction, args.batches, cache, args.restarts)
+            for label, engine, op, fraction, *confs in chosen:
+                r = measure(keys, label, engine, op, fraction, args.batches, cache, args.restarts,
+                            confs[0] if confs else ())
                 results.append(r)
                 m = r["peak_mib"]
                 print(f"| {label} | {r['first_s']:.2f} s | {r['median_s']:.2f} s ({r['max_s']:.2f} s) | "

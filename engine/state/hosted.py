@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pickle
 
-from .state_host import HostClient, HostUnavailable, warn_once
+from .state_host import HostClient, HostLoading, HostUnavailable, warn_once
 from .state_map import StateRecord, extends, keep_live, new_token, record_after, take_state, unchanged
 
 _ABSENT = object()
@@ -83,4 +83,4 @@ def _keys_after(previous: StateRecord, held_before: set, layer: tuple) -> int:
     return previous.keys + sum(1 for k in puts if k not in held_before) - sum(1 for k in gone if k in held_before)
 
 
-__all__ = ["HostUnavailable", "update_on_host"]
+__all__ = ["HostLoading", "HostUnavailable", "update_on_host"]

@@ -36,7 +36,7 @@ from ..errors import StateError
 from .driver_state import DriverState, driver_batch, prefetch
 from .snapshot_tasks import DriverParts, chain_on_driver
 from . import versions
-from .hosted import HostUnavailable, update_on_host
+from .hosted import HostLoading, HostUnavailable, update_on_host
 from .state_host import host_client, warn_once
 from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, peek_state, take_state
 
@@ -173,7 +173,8 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
                                         forget_before_ms, delta_since_ms, live_keys)
             return
         except HostUnavailable as e:  # before any call of func: this worker runs the batch
-            warn_once(str(e))
+            if not isinstance(e, HostLoading):
+                warn_once(str(e))
             records = iter(batch)
     state = take_state(uid, index, previous)
     state.begin_batch()

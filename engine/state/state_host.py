@@ -70,6 +70,11 @@ class HostUnavailable(EngineError):  # noqa: N818  (a signal to fall back, caugh
     """No state host answers for this worker, or not at the task's state: the task keeps the state itself."""
 
 
+class HostLoading(HostUnavailable):  # noqa: N818
+    """The host loads the partition's state from the record's base in the background: the task runs the
+    batch itself (in parallel, where the host would load partition after partition)."""
+
+
 def _dumps(obj) -> bytes:
     return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
 
@@ -293,26 +298,34 @@ class HostClient:
         return answer
 
     def lookup(self, uid: str, index: int, record, keys: list, idle_before_ms: int | None) -> tuple[dict, list]:
-        """``(found, idle)`` at ``record``'s state (see the module's wire), bringing the host's map to it."""
+        """``(found, idle)`` at ``record``'s state (see the module's wire), bringing the host's map to
+        it with the layers after the one it holds. Raises :class:`HostLoading` when that takes the
+        record's whole base: sent for the host to load in the background, and this batch runs in the worker."""
         answer = self.call("lookup", uid, index, record.token, keys, idle_before_ms, None)
         if answer[0] == "behind":
             held = answer[1]
             layers = None if held is None else record.layers_after(held)
-            catch_up = ("base", record.base, record.layers) if layers is None else ("layers", held, layers)
-            answer = self.call("lookup", uid, index, record.token, keys, idle_before_ms, catch_up)
+            if layers is None:
+                self.send_later("lookup", uid, index, record.token, [], None, ("base", record.base, record.layers))
+                raise HostLoading(f"the state host loads partition {index}'s state")
+            answer = self.call("lookup", uid, index, record.token, keys, idle_before_ms, ("layers", held, layers))
         if answer[0] != "ok":
             raise HostUnavailable("another attempt moved the state host's map on")
         return answer[1], answer[2]
 
     def apply_later(self, uid: str, index: int, token: bytes, new_token: bytes, layer: bytes, live_keys: int) -> None:
-        """:meth:`apply` without waiting: the answer is read by the next call (the task goes on while
-        the host applies; if it does not, its map stays at ``token`` and the next lookup catches it up)."""
+        """:meth:`apply` without waiting (the task goes on while the host applies; if it does not, its
+        map stays at ``token`` and the next lookup catches it up)."""
+        self.send_later("apply", uid, index, token, new_token, layer, False, None, live_keys)
+
+    def send_later(self, *request) -> None:
+        """Send ``request`` without waiting for its answer, which the next call reads and drops."""
         try:
-            _send(self._sock, ("apply", uid, index, token, new_token, layer, False, None, live_keys))
+            _send(self._sock, request)
             self._unread += 1
         except (OSError, ValueError) as e:
             _forget(self)
-            warn_once(f"the state host did not take a layer: {e}")
+            warn_once(f"the state host did not take a {request[0]}: {e}")
 
     def give_path(self, path: list[str]) -> None:
         """Tell the host this worker's ``sys.path`` (user classes in keys and values), when it changed."""
