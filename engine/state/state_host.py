@@ -53,6 +53,8 @@ import sys
 import threading
 import time
 
+from sparkwal.base.service import spawn
+
 from ..errors import EngineError
 from .state_map import LIVE_KEYS, StateMap
 
@@ -263,11 +265,11 @@ def main(argv: list[str]) -> int:
     except OSError:
         return 0  # another host was started first: it serves
     server.listen(64)
-    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="state-host-parent").start()
+    spawn("state-host-parent", _end_with, parent)
     host = StateHost()
     while True:
         conn, _ = server.accept()
-        threading.Thread(target=host.serve, args=(conn,), daemon=True, name="state-host-conn").start()
+        spawn("state-host-connection", host.serve, conn)
 
 
 # ---------------------------------------------------------------------- the worker's side
