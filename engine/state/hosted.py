@@ -8,7 +8,8 @@ from __future__ import annotations
 import pickle
 
 from .state_host import HostClient, HostLoading, HostUnavailable, warn_once
-from .state_map import StateRecord, extends, keep_live, new_token, record_after, take_state, unchanged
+from .state_map import (StateRecord, call_function, extends, keep_live, new_token, record_after, take_state,
+                        unchanged)
 
 _ABSENT = object()
 _REMOVED = object()
@@ -27,21 +28,17 @@ def update_on_host(client: HostClient, index: int, previous: StateRecord, batch:
     current, idle = client.lookup(uid, index, previous, keys, idle_before_ms)
     held_before = set(current).union(k for k, _ in idle)  # of the batch's keys and the idle ones
     mapped: list = []
-    touched: dict = {}
+    touched: dict = {}  # the batch's puts and removals, as StateMap.touched
     emit, wrap = mapped.append, st.wrap
-    refresh = timeout_ms is not None  # with a timeout, every key with data is fresh again
-    for key, value in batch:
-        value_now = current.get(key, _ABSENT)
-        if value_now is _ABSENT:
-            wrap(False, None)
-        else:
-            wrap(True, value_now)
-        emit(func(key, value, st))
-        if st.isRemoved():
-            if current.pop(key, _ABSENT) is not _ABSENT:
-                touched[key] = _REMOVED
-        elif st.isUpdated() or (refresh and st.exists()):
-            current[key] = touched[key] = st.getOption()
+
+    def put(key, value) -> None:
+        current[key] = touched[key] = value
+
+    def delete(key) -> None:
+        if current.pop(key, _ABSENT) is not _ABSENT:
+            touched[key] = _REMOVED
+
+    call_function(batch, func, st, current, put, delete, timeout_ms is not None, emit)
     for key, value in idle:
         wrap(True, value, timing_out=True)
         emit(func(key, None, st))

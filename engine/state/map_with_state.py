@@ -38,7 +38,8 @@ from .snapshot_tasks import DriverParts, chain_on_driver
 from . import versions
 from .hosted import HostLoading, HostUnavailable, update_on_host
 from .state_host import host_client, warn_once
-from .state_map import LIVE_KEYS, StateMap, StateRecord, keep_live, next_record, peek_state, take_state
+from .state_map import (LIVE_KEYS, StateMap, StateRecord, call_function, keep_live, next_record, peek_state,
+                        take_state)
 
 
 class State:
@@ -155,9 +156,6 @@ def _no_state(index: int, batch_ms: int) -> StateError:
                         "partition to update")
 
 
-_ABSENT = object()
-
-
 def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_before_ms, delta_since_ms=None,
                       live_keys=LIVE_KEYS, hosted=False):
     records = iter(records)
@@ -178,21 +176,10 @@ def _update_partition(index, records, func, uid, batch_ms, timeout_ms, forget_be
             records = iter(batch)
     state = take_state(uid, index, previous)
     state.begin_batch()
-    values, put, delete = state.values, state.set, state.delete
+    values, delete = state.values, state.delete
     mapped, st = [], State()
     emit, wrap = mapped.append, st.wrap
-    refresh = timeout_ms is not None  # with a timeout, every key with data is fresh again
-    for key, value in records:
-        current = values.get(key, _ABSENT)
-        if current is _ABSENT:
-            wrap(False, None)
-        else:
-            wrap(True, current)
-        emit(func(key, value, st))
-        if st.isRemoved():
-            delete(key)
-        elif st.isUpdated() or (refresh and st.exists()):
-            put(key, st.getOption())
+    call_function(records, func, st, values, state.set, delete, timeout_ms is not None, emit)
     if timeout_ms is not None:
         for key in state.idle_before(batch_ms - timeout_ms):
             wrap(True, values[key], timing_out=True)

@@ -68,6 +68,24 @@ def _consume(iterator) -> None:
     deque(iterator, 0)
 
 
+def call_function(records, func, st, values: dict, put, delete, refresh: bool, emit) -> None:
+    """mapWithState's calls: ``func(key, value, st)`` once per record, in order, with the key's state
+    from ``values`` in ``st`` (a ``State``); then ``put(key, value)`` or ``delete(key)`` as the function
+    left it (with a timeout, ``refresh``, every key with data that still exists is fresh again)."""
+    wrap = st.wrap
+    for key, value in records:
+        current = values.get(key, _MISSING)
+        if current is _MISSING:
+            wrap(False, None)
+        else:
+            wrap(True, current)
+        emit(func(key, value, st))
+        if st.isRemoved():
+            delete(key)
+        elif st.isUpdated() or (refresh and st.exists()):
+            put(key, st.getOption())
+
+
 class StateMap:
     """One partition's state: values, update times in update order, and recent removals (which a
     delta snapshot must write) in removal order. While a batch runs (:meth:`begin_batch` to
