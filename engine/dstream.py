@@ -101,7 +101,7 @@ class DStream(StreamMachinery):
         """Whether a batch's parent RDDs (some may be missing) are all known empty and the
         shortcut is on (``spark.sparkwal.emptyBatch.shortcut``): then nothing need be built."""
         return (any(r is not None for r in rdds) and all(known_empty(r) for r in rdds)
-                and self._host.settings[config.EMPTY_BATCH_SHORTCUT])
+                and self._driver.settings[config.EMPTY_BATCH_SHORTCUT])
 
     def _keeping_empty(self, func: Callable[[RDD], RDD]) -> DStream:
         """``func(rdd)`` applied by an operation that makes no records from an empty batch (its
@@ -328,7 +328,7 @@ class TransformedDStream(DStream):
         self.keeps_empty = keeps_empty
 
     def compute(self, time_ms: int) -> RDD | None:
-        if (pre := getattr(self._host.receiver_tracker, "precomputed", None)) and (rdd := pre.rdd(self, time_ms)):
+        if (pre := getattr(self._driver.receiver_tracker, "precomputed", None)) and (rdd := pre.rdd(self, time_ms)):
             return rdd  # every block's result came with it (receiver/precompute.py)
         rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
         if getattr(self, "keeps_empty", False) and self._all_empty(rdds):
@@ -382,7 +382,7 @@ class ForEachDStream(DStream):
         super().__init__(ssc, [parent])
         self._func = func
         self.op_name, self.in_order = op_name, in_order
-        self.output_op_id = self._host.graph.add_output(self)
+        self.output_op_id = self._driver.graph.add_output(self)
 
     def compute(self, time_ms: int) -> RDD | None:
         return None

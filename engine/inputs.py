@@ -17,7 +17,7 @@ from sparkwal.wal.storage import resolve
 from . import config
 from .dstream import DStream
 from .errors import MissingInputError
-from .stream_machinery import empty_rdd, host_of
+from .stream_machinery import empty_rdd
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class InputDStream(DStream):
         return None
 
     def __init__(self, ssc):
-        super().__init__(ssc, [], host_of(ssc).batch_ms)
-        self.input_id = self._host.graph.add_input(self)
+        super().__init__(ssc, [], ssc.driver.batch_ms)
+        self.input_id = self._driver.graph.add_input(self)
 
     def renumber(self, input_id: int) -> None:
         """Take the id an upgrade gives (:meth:`DStreamGraph.renumber_inputs`)."""
@@ -244,9 +244,9 @@ class FileInputDStream(InputDStream):
         # minRememberDuration, else spark.streaming.minRememberDuration, else 60 s (Spark's
         # FileInputDStream.scala); a job that may be down longer and must count the files that arrived
         # meanwhile raises it
-        self.min_remember_ms = self._host.settings[config.FILE_MIN_REMEMBER]
+        self.min_remember_ms = self._driver.settings[config.FILE_MIN_REMEMBER]
         if new_files_only:
-            self._start_threshold_ms = self._host.clock.now_ms() - self.MTIME_SLACK_MS
+            self._start_threshold_ms = self._driver.clock.now_ms() - self.MTIME_SLACK_MS
             self._present_at_start = {(path, mtime) for path, mtime in _list_files(self.location)
                                       if mtime > self._start_threshold_ms}
 
@@ -276,7 +276,7 @@ class FileInputDStream(InputDStream):
         new files"): one warning naming it, again at most once a minute while it is missing. (An object
         store's prefix with nothing under it is not missing: nothing is said.)"""
         url, said = self.location.url, getattr(self, "_missing_said_ms", None)
-        now = self._host.clock.now_ms()
+        now = self._driver.clock.now_ms()
         if ("://" in url and not url.startswith("file://")) or (said is not None and now - said < self.MISSING_WARN_MS):
             return
         path = os.path.abspath(url.removeprefix("file://"))
@@ -296,7 +296,7 @@ class FileInputDStream(InputDStream):
             self._refuse_missing(self._missing(files), None, time_ms)
             self._restored_times.discard(time_ms)
         # the records are counted as the tasks read them (records_read): 0 until then
-        self._host.report_input(time_ms, self, 0, {"files": files})
+        self._driver.report_input(time_ms, self, 0, {"files": files})
         if not files:
             return empty_rdd(self._sc)
         if self._counts is None:

@@ -29,7 +29,7 @@ def per_record(step: Callable) -> Callable:
 
 
 if TYPE_CHECKING:
-    from .host import StreamHost
+    from .driver.driver import Driver
 
 
 #: RDDs of no partitions that an input gave for a batch with nothing in it (see :func:`empty_rdd`)
@@ -51,12 +51,6 @@ def known_empty(rdd) -> bool:
     return rdd is None or rdd in _EMPTY
 
 
-def host_of(ssc) -> StreamHost:
-    """The driver running ``ssc`` (a StreamingContext), as what its streams may read and call of
-    it (:class:`sparkwal.engine.host.StreamHost`)."""
-    return ssc.driver
-
-
 class StreamMachinery:
     #: the program's name for this stream across its versions (:meth:`uid`), else None
     stream_uid: str | None = None
@@ -66,7 +60,7 @@ class StreamMachinery:
         gives an input's position and a stateful operator's state to the stream of the same name,
         whatever changed around it (:mod:`sparkwal.engine.identity`). On a stateless step it names
         the one input or stateful operator the step reads from. Unique in a context."""
-        name_stream(self, self._host.graph, name)
+        name_stream(self, self._driver.graph, name)
         return self
 
     #: a stateful stream's state version, and ``migrate(from_version, value) -> value``, which brings
@@ -101,12 +95,13 @@ class StreamMachinery:
         #: times a restart coalesced (:meth:`coalesce_downtime`)
         self.downtimes: dict[int, int] = {}
         self.creation_site = creation_site()  # "map at app.py:12": names it in errors
-        host_of(ssc).graph.register(self)
+        ssc.driver.graph.register(self)
 
     @property
-    def _host(self) -> StreamHost:
-        """The driver running this stream, as :func:`host_of` gives it."""
-        return host_of(self._ssc)
+    def _driver(self) -> Driver:
+        """The driver running this stream's context, which a stream reads as Spark's DStreams read
+        their ``ssc``: the graph, the settings, the clock, the trackers, the checkpoint location."""
+        return self._ssc.driver
 
     # ------------------------------------------------------------------ pickling (the code part)
 
@@ -192,6 +187,13 @@ class StreamMachinery:
         slide before, or the last batch before a coalesced downtime."""
         return self.downtimes.get(time_ms, time_ms - self.slide_ms)
 
+    def _cut_lineage(self, rdd: RDD) -> None:
+        """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
+        stream's RDD, when the driver checkpoints, is cut later by its snapshot instead (see
+        :mod:`sparkwal.engine.state.snapshots`); others are checkpointed locally (no files to clean up)."""
+        if not (self.must_checkpoint and self._driver.checkpoint_dir is not None):
+            rdd.localCheckpoint()
+
     def get_or_compute(self, time_ms: int) -> RDD | None:
         with self._lock:
             if time_ms in self.generated_rdds:
@@ -203,7 +205,7 @@ class StreamMachinery:
                 if self.storage_level is not None:
                     rdd.persist(self.storage_level)
                 if self.checkpoint_ms and (time_ms - self.zero_time_ms) % self.checkpoint_ms == 0:
-                    self._host.checkpoint_rdd(self, time_ms, rdd)
+                    self._cut_lineage(rdd)
                 self.generated_rdds[time_ms] = rdd
                 if self.must_checkpoint:  # a state built on the one before it, if any (rows the driver holds: none)
                     self.lineage_from[time_ms] = (self.lineage_from.get(self.previous_batch_ms(time_ms), time_ms)

@@ -1,10 +1,12 @@
 """Figures of how the driver's state is shared, read from the syntax trees (issue 43's measures):
 
+* ``Protocol`` classes of the library and their members (issue 66: one implementer each, the
+  driver, was ceremony, not a seam; the components are handed their collaborators instead);
 * reads of a ``Driver``'s attributes from modules other than ``engine/driver/driver.py``: any
   ``driver.X``, ``self._driver.X`` or ``ssc.driver.X`` (a parameter or variable named ``driver``, an
-  attribute named ``_driver``/``driver``), counted apart where the module takes the driver as a
-  narrow ``Protocol`` (``SnapshotHost``, ``StandbyHost``, ...) rather than as the whole object, and
-  streams' reads through ``self._host`` / ``host_of(ssc)`` (typed ``StreamHost``) counted as such;
+  attribute named ``_driver``/``driver``; a stream's ``self._driver`` is its context's driver, as
+  Spark's DStreams read their ``ssc``), counted apart where the module takes the driver as a
+  narrow ``Protocol`` named ``...Host``;
 * assignments to another object's attributes (``x.y = ...`` where ``x`` is not ``self``/``cls``,
   an object the instance keeps privately (``self._stats.y``), or one the function made itself);
 * functions taking an untyped ``driver`` parameter.
@@ -35,14 +37,6 @@ def is_driver(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in ("driver", "_driver")
 
 
-def is_stream_host(node: ast.expr) -> bool:
-    """``self._host`` or ``host_of(ssc)``: a stream's driver, typed as ``StreamHost``."""
-    if isinstance(node, ast.Call):
-        return isinstance(node.func, ast.Name) and node.func.id == "host_of"
-    return (isinstance(node, ast.Attribute) and node.attr == "_host" and isinstance(node.value, ast.Name)
-            and node.value.id == "self")
-
-
 def _host_annotated(module: ast.Module) -> bool:
     """Whether every ``driver`` parameter of the module is typed as a narrow interface (a
     ``Protocol`` named ``...Host``): its reads are of that interface, not of the whole driver."""
@@ -69,6 +63,8 @@ def _own(target: ast.expr, built: set[str]) -> bool:
 
 
 def figures() -> dict[str, list[str]]:
+    protocols: list[str] = []
+    members: list[str] = []
     reads, narrow, writes, untyped = [], [], [], []
     for path in library_files():
         if path == DRIVER_FILE:
@@ -79,9 +75,13 @@ def figures() -> dict[str, list[str]]:
         functions = [n for n in ast.walk(module) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         built_in = {id(node): _built_here(f) for f in functions for node in ast.walk(f)}
         for node in ast.walk(module):
-            if isinstance(node, ast.Attribute) and is_stream_host(node.value):
-                narrow.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
-            elif isinstance(node, ast.Attribute) and is_driver(node.value):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Protocol") for b in node.bases):
+                protocols.append(f"{rel}:{node.lineno}: {node.name}")
+                members += [f"{rel}:{item.lineno}: {node.name}.{ast.unparse(getattr(item, 'target', item))}"
+                            if isinstance(item, ast.AnnAssign) else f"{rel}:{item.lineno}: {node.name}.{item.name}"
+                            for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                       ast.AnnAssign))]
+            if isinstance(node, ast.Attribute) and is_driver(node.value):
                 place = f"{rel}:{node.lineno}: {ast.unparse(node)}"
                 if isinstance(node.ctx, ast.Store):
                     writes.append(place)
@@ -94,7 +94,8 @@ def figures() -> dict[str, list[str]]:
                 for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
                     if arg.arg == "driver" and arg.annotation is None:
                         untyped.append(f"{rel}:{node.lineno}: {node.name}(driver)")
-    return {"reads of the whole Driver from other modules": reads,
+    return {"Protocol classes": protocols, "their members": members,
+            "reads of the whole Driver from other modules": reads,
             "reads through a narrow interface (a ...Host Protocol)": narrow,
             "assignments to another object's attributes": writes,
             "functions with an untyped driver parameter": untyped}

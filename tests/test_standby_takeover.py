@@ -20,7 +20,7 @@ from sparkwal.engine.driver.driver import Driver
 from sparkwal.engine.driver import leadership
 from sparkwal.engine.driver.leadership import DriverAlreadyActiveError, DriverLeadership
 from sparkwal.engine.driver.recovery import RestartFacts
-from sparkwal.wal import (FencedError, LeaderHeldError, ManualClock, StorageUnavailableError, WalError,
+from sparkwal.wal import (StorageLocation, FencedError, LeaderHeldError, ManualClock, StorageUnavailableError, WalError,
                           resolve)
 from sparkwal.wal.locks import LeaderInfo
 
@@ -231,11 +231,12 @@ def test_a_leader_paused_past_its_lease_reports_the_fence_not_the_storage_error(
 
 
 class FakeDriver:
-    """What a Standby and its tail use of a driver, without Spark: ``start_active`` raises
-    ``failures`` one by one, then starts."""
+    """The driver's side of a standby, without Spark: its lifecycle steps (``start_active`` raises
+    ``failures`` one by one, then starts) and the fakes of the collaborators a Standby and its tail
+    are handed (:meth:`standby` and :meth:`tail` build them as the driver does)."""
 
     def __init__(self, directory: str, failures):
-        self.checkpoint_dir = self.location = directory
+        self.location = StorageLocation.of(directory)
         self.leadership = DriverLeadership(directory, None, 3000)
         self.failures, self.started, self.reported = list(failures), [], []
         self.settings = {standby_tail.config.STANDBY_PRELOAD_STATE: False}
@@ -247,11 +248,18 @@ class FakeDriver:
         self.restart = RestartFacts()
         self.restored = None
 
-    def current_leader(self):
-        return self.leadership.storage.leader(self.leadership.path)
+    def standby(self) -> standby.Standby:
+        # (its threads' warm-up and the takeover's read of state ahead fail, logged: the batches do them)
+        no_scheduler = types.SimpleNamespace(generator=types.SimpleNamespace())
+        return standby.Standby(
+            self.sc, self.settings, self.clock, self.events, self.location, None, self.snapshots,  # type: ignore[arg-type]
+            no_scheduler, self.leadership, self.restart, (b"", []), restore=self.restore,  # type: ignore[arg-type]
+            start_active=self.start_active, keep_leadership=self.keep_leadership, report_error=self.report_error,
+            locks=(self.active_lock, self.lock), leader_event=self.leader_event)
 
-    def prepare_program(self):
-        return b"", []
+    def tail(self) -> standby_tail.StandbyTail:
+        return standby_tail.StandbyTail(self.sc, self.settings, self.events, self.location,  # type: ignore[arg-type]
+                                        self.leadership, self.snapshots, self.restart, self.restore)  # type: ignore[arg-type]
 
     def restore(self, checkpoint, kind=None):
         self.restored = checkpoint
@@ -259,12 +267,9 @@ class FakeDriver:
     def keep_leadership(self):
         self.leadership.keep(lambda e: None)
 
-    @property
-    def leader_epoch(self):
-        return self.leadership.held.epoch if self.leadership.held is not None else None
-
     def start_active(self, kind=None):
-        self.started.append(self.leader_epoch)
+        held = self.leadership.held
+        self.started.append(held.epoch if held is not None else None)
         if self.failures:
             self.leadership.release()  # (as start_active's own clean-up does)
             raise self.failures.pop(0)
@@ -293,7 +298,7 @@ def stand_by(tmp_path, failures) -> tuple[FakeDriver, standby.Standby]:
     storage, path = resolve(directory)
     holder = storage.lead(path)  # the leader
     driver = FakeDriver(directory, failures)
-    role = standby.Standby(driver)  # type: ignore[arg-type]
+    role = driver.standby()
     role.start()
     time.sleep(0.1)
     holder.release()  # it dies
@@ -328,7 +333,7 @@ def test_the_takeovers_read_raises_and_the_tail_warns_once(tmp_path, quick, capl
     directory.mkdir()
     (directory / "checkpoint-1000").write_bytes(b"not a checkpoint")
     driver = FakeDriver(str(directory), [])
-    tail = standby_tail.StandbyTail(driver)  # type: ignore[arg-type]
+    tail = driver.tail()
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         tail.read_newest(preload=False, force=True)
     caplog.set_level(logging.WARNING, "sparkwal.engine.driver.standby")

@@ -19,7 +19,7 @@ import logging
 import threading
 
 from py4j.protocol import Py4JJavaError
-from pyspark import RDD, SparkContext
+from pyspark import SparkContext
 
 from sparkwal.base.service import Service
 from sparkwal.base.times import batch_name
@@ -83,7 +83,7 @@ class Driver:
         self.restored: Checkpoint | None = None  # set by getOrCreate when a checkpoint exists
         self.upgrade_plan: UpgradePlan | None = None  # what an upgrade to a changed graph carried
         self.restart = recovery.RestartFacts()  # how it came to be; what its start re-ran, its stop left
-        self.snapshots = StateSnapshots(self)
+        self.snapshots = StateSnapshots(sc, self.settings, batch_ms, self.graph, held=self.lead)
         self.batch_log: BatchLog | None = None  # made at start when checkpointing
         self.block_tracker: ReceivedBlockTracker | None = None  # made at start
         self.receiver_tracker: receiver_lifecycle.ReceiverTracker | None = None  # made at start if receivers
@@ -122,15 +122,22 @@ class Driver:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self.graph.validate()
             self.snapshots.check_directory()
-            self.observer = observability.Observer(self)  # a bad UI setting fails start() here
+            self.observer = observability.Observer(  # a bad UI setting fails start() here
+                self.sc, self.settings, self.clock, self.batch_ms, self.events, self.snapshots, self.location,
+                self.current_leader, lambda: self.standby if self.is_standby else None)
             cluster.prepare(self.sc, self.settings)  # sparkwal's code on the executors, or a clear error
-            self.observer.open()  # before leading: a UI port in use fails start() with nothing held
+            self.observer.open(self.graph, self.standby_requested)  # before leading: a UI port in use fails start()
             self._use_retry_policy()
             try:
                 if self.checkpoint_dir is not None:
                     self.leadership = leadership.for_driver(self)
                     if self.standby_requested and self.leadership.try_take() is None:
-                        self.standby = standby.Standby(self)
+                        self.standby = standby.Standby(
+                            self.sc, self.settings, self.clock, self.events, self.location, self.graph,
+                            self.snapshots, self.scheduler, self.leadership, self.restart, self.prepare_program(),
+                            restore=self.restore, start_active=self.start_active,
+                            keep_leadership=self.keep_leadership, report_error=self.report_error,
+                            locks=(Driver.active_lock, self.lock), leader_event=self.leader_event)
                         self.activate()
                         self.standby.start()
                         return
@@ -186,6 +193,7 @@ class Driver:
                                                           on_written=self.on_checkpoint_written,
                                                           on_error=self.on_checkpoint_error,
                                                           lock=self.lead())
+            self.snapshots.use_writer(self.checkpoint_writer)
         except BaseException:
             if self.leadership is not None:
                 self.leadership.release()
@@ -228,7 +236,7 @@ class Driver:
             receiver_lifecycle.start_receivers(self.receiver_tracker, kind, self.settings, plan.rerun_batch_times)
         self.generator.timer.start(first)
         self.activate()
-        self.observer.on_active()
+        self.observer.on_active(self.restart, self.restored, self.upgrade_plan, self.lead(), self.block_tracker)
         facts = self.restart
         if facts.kind != "new" or facts.rerun_batch_times or facts.skipped_batch_times:
             self.events.post(StreamingListenerDriverRestarted(
@@ -248,6 +256,7 @@ class Driver:
     def use_checkpoint_directory(self, directory: str | None, storage_options: dict | None) -> None:
         """Checkpoint into ``directory`` (None: no checkpointing), with these fsspec options."""
         self.location = StorageLocation(directory, storage_options, policy=self.retry_policy) if directory else None
+        self.snapshots.use_location(self.location)
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -262,6 +271,7 @@ class Driver:
     def use_graph(self, graph: DStreamGraph) -> None:
         """Run ``graph`` (a checkpoint's program's) instead of the one built on this driver."""
         self.graph = graph
+        self.snapshots.use_graph(graph)
 
     def request_standby(self, standby: bool, rejoiner=None) -> None:
         """``start()`` stands by while another driver leads; fenced, it rejoins by ``rejoiner`` (engine/rejoin.py)."""
@@ -424,13 +434,6 @@ class Driver:
             self.input_infos.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
         except TrackerError:  # a re-generated batch (after a restart) reports its input again
             pass
-
-    def checkpoint_rdd(self, stream, time_ms: int, rdd: RDD) -> None:
-        """Cut the lineage of an RDD due for checkpointing, before any job uses it. A stateful
-        stream's RDD, when the driver checkpoints, is cut later by its snapshot instead (see
-        :mod:`sparkwal.engine.state.snapshots`); others are checkpointed locally (no files to clean up)."""
-        if not (stream.must_checkpoint and self.checkpoint_dir is not None):
-            rdd.localCheckpoint()
 
     # ------------------------------------------------------------------ checkpoints
 

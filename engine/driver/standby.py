@@ -40,7 +40,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sparkwal.checkpoint import Checkpoint, CheckpointError
 from sparkwal.checkpoint.errors import CheckpointMismatchError, UnsupportedLogVersionError
@@ -48,47 +49,22 @@ from sparkwal.base.service import Service
 from sparkwal.wal import LeadershipRefusedError, WalError
 
 from ..errors import one_line
-from ..host import DriverFacts
 from ..listener import StreamingListenerDriverTakeover, StreamingListenerStreamingStarted
 from .standby_tail import StandbyTail, open_jvm_connections, read_state_ahead
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparkwal.wal import Clock, StorageLocation
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
     from ..state import StateSnapshots
     from .events import EventBus
     from .leadership import DriverLeadership
-    from .generator import JobGenerator
     from .recovery import RestartFacts
     from .scheduler import JobScheduler
 
-
-class StandbyHost(DriverFacts, Protocol):
-    """What a standby reads and calls of its driver (which hands itself in): to wait, tail, and
-    take over through the driver's own ``restore`` and ``start_active``."""
-
-    @property
-    def events(self) -> EventBus: ...
-    @property
-    def snapshots(self) -> StateSnapshots: ...
-    @property
-    def leadership(self) -> DriverLeadership | None: ...
-    @property
-    def leader_event(self) -> threading.Event: ...
-    @property
-    def active_lock(self) -> threading.Lock: ...
-    @property
-    def lock(self) -> threading.RLock: ...
-    @property
-    def restart(self) -> RestartFacts: ...
-    @property
-    def generator(self) -> JobGenerator: ...
-    @property
-    def scheduler(self) -> JobScheduler: ...
-    def current_leader(self): ...
-    def prepare_program(self) -> tuple[bytes, list[list[str]]]: ...
-    def restore(self, checkpoint: Checkpoint, kind: str | None = None) -> None: ...
-    def start_active(self, kind: str | None = None) -> None: ...
-    def keep_leadership(self) -> None: ...
-    def report_error(self, error: BaseException, time_ms: int | None) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +83,33 @@ def retriable(error: BaseException) -> bool:
 class Standby:
     """A started driver standing by (under ``Driver.active_lock``): its program prepared, a
     thread waiting for the leadership and tailing the leader's checkpoints meanwhile. Owns its
-    thread, its tail and whether it still waits (:attr:`waiting`)."""
+    thread, its tail and whether it still waits (:attr:`waiting`).
 
-    def __init__(self, driver: StandbyHost):
-        holder = driver.current_leader()
-        log.info("%s is led by %s: this context is a hot standby", driver.checkpoint_dir,
+    Handed what it reads and runs: the SparkContext, the settings, the clock, the event bus, the
+    checkpoint location, the graph, the state snapshots, the job scheduler (its threads warmed,
+    its generator's), the leadership (waited for, given up after a failed takeover), the
+    restart's facts, and ``program``, the code part prepared (an unpicklable graph fails
+    ``start()`` before). The driver's own steps are handed as callables: ``restore`` applies a
+    checkpoint tailed, ``start_active`` starts the stream as the leader (under ``locks``, the
+    driver's start lock and its lock), ``keep_leadership`` renews it, ``report_error`` ends the
+    driver with an error, ``leader_event`` is set once it leads or failed."""
+
+    def __init__(self, sc: SparkContext, settings: StreamingConf, clock: Clock, events: EventBus,
+                 location: StorageLocation, graph: DStreamGraph, snapshots: StateSnapshots,
+                 scheduler: JobScheduler, leadership: DriverLeadership, restart: RestartFacts,
+                 program: tuple[bytes, list[list[str]]], *, restore: Callable[[Checkpoint, str | None], None],
+                 start_active: Callable[[str], None], keep_leadership: Callable[[], None],
+                 report_error: Callable[[BaseException, int | None], None],
+                 locks: tuple[threading.Lock, threading.RLock], leader_event: threading.Event):
+        self._sc, self._settings, self._clock, self._events = sc, settings, clock, events
+        self._location, self._graph, self._snapshots, self._scheduler = location, graph, snapshots, scheduler
+        self._leadership, self._restart, self._locks, self._leader_event = leadership, restart, locks, leader_event
+        self._restore, self._start_active = restore, start_active
+        self._keep_leadership, self._report_error = keep_leadership, report_error
+        holder = leadership.storage.leader(leadership.path)
+        log.info("%s is led by %s: this context is a hot standby", location.url,
                  holder.describe() if holder else "another driver")
-        self._driver = driver
-        self.program = driver.prepare_program()  # (an unpicklable graph fails start() here too)
+        self.program = program
         self.waiting = True  # False once it took over
         self.tail: StandbyTail | None = None  # the UI shows how far behind it is
         self._stop = threading.Event()
@@ -129,17 +124,18 @@ class Standby:
         self._stop.set()
         self._thread.join()
         if self._reading is not None and self._reading.is_alive():
-            self._driver.sc.cancelJobGroup(StandbyTail.PRELOAD_GROUP)
+            self._sc.cancelJobGroup(StandbyTail.PRELOAD_GROUP)
 
     def _stand_by(self) -> None:
-        driver = self._driver
+        leadership = self._leadership
         retake_s = RETAKE_AFTER_S
-        open_jvm_connections(driver)
+        open_jvm_connections(self._sc, self._scheduler)
         while True:
-            tail = self.tail = StandbyTail(driver)
+            tail = self.tail = StandbyTail(self._sc, self._settings, self._events, self._location, leadership,
+                                           self._snapshots, self._restart, self._restore)
             tail.start()
             try:
-                lead = driver.leadership.wait_for(self._stop)
+                lead = leadership.wait_for(self._stop)
             except BaseException as e:  # noqa: BLE001
                 with tail.lock:
                     tail.stop()
@@ -150,19 +146,19 @@ class Standby:
                     tail.stop()
                 return
             try:
-                driver.keep_leadership()  # renewed from now on: a long recovery keeps it
+                self._keep_leadership()  # renewed from now on: a long recovery keeps it
                 took = self._take_over(tail)
             except BaseException as e:  # noqa: BLE001  (what had started was stopped by start_active)
-                started = driver.leadership.started  # the stream ran: no way back to standing by
+                started = leadership.started  # the stream ran: no way back to standing by
                 self.waiting = True  # stop() then ends it as the standby it still is
                 with tail.lock:
                     tail.stop()
-                driver.leadership.release()
+                leadership.release()
                 if started or not retriable(e):
                     self._fail(e)
                     return
                 log.warning("%s: the takeover failed, so this standby gave the leadership up and waits for it "
-                            "again in %.0f s: %s", driver.checkpoint_dir, retake_s, one_line(e))
+                            "again in %.0f s: %s", self._location.url, retake_s, one_line(e))
                 if self._stop.wait(retake_s):
                     return
                 retake_s = min(MAX_RETAKE_S, 2 * retake_s)
@@ -172,33 +168,35 @@ class Standby:
             return
 
     def _fail(self, error: BaseException) -> None:
-        self._driver.report_error(error, None)
-        self._driver.leader_event.set()  # awaitLeadership returns, raising the error
+        self._report_error(error, None)
+        self._leader_event.set()  # awaitLeadership returns, raising the error
 
     def _take_over(self, tail: StandbyTail) -> tuple[Checkpoint | None, int] | None:
         """Held leadership in hand: resume the stream from the newest checkpoint, as the leader;
         ``(the checkpoint resumed from, ms it took)``, or None when stopped first."""
-        driver = self._driver
         began = time.monotonic()
-        with driver.active_lock, driver.lock, tail.lock:
+        active_lock, lock = self._locks
+        with active_lock, lock, tail.lock:
             tail.stop(keep_preload=True)
             if self._stop.is_set():
-                driver.leadership.release()
+                self._leadership.release()
                 return None
             tail.read_newest(preload=False, force=True)  # whatever the old leader wrote since the last look
             cp = tail.checkpoint
             self.waiting = False
-            driver.start_active(kind="takeover")
-        if not driver.restart.rerun_batch_times:  # (batches re-run with outputs compute their state themselves)
-            self._reading = Service("standby-takeover-state", read_state_ahead, driver, self._stop).start()
+            self._start_active("takeover")
+        if not self._restart.rerun_batch_times:  # (batches re-run with outputs compute their state themselves)
+            self._reading = Service("standby-takeover-state", read_state_ahead, self._sc, self._scheduler.generator,
+                                    self._snapshots, self._graph, self._stop).start()
         return cp, int((time.monotonic() - began) * 1000)
 
     def _announce(self, cp: Checkpoint | None, took: int) -> None:
-        driver = self._driver
-        event = StreamingListenerDriverTakeover(driver.leader_epoch or 0, cp.checkpoint_time_ms if cp else None,
-                                                took, tuple(driver.restart.rerun_batch_times))
+        held = self._leadership.held
+        event = StreamingListenerDriverTakeover(held.epoch if held is not None else 0,
+                                                cp.checkpoint_time_ms if cp else None,
+                                                took, tuple(self._restart.rerun_batch_times))
         log.warning("took over %s at epoch %d in %d ms: resumed from checkpoint %s, re-running %s",
-                    driver.checkpoint_dir, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
-        driver.events.post(event)
-        driver.events.post(StreamingListenerStreamingStarted(driver.clock.now_ms()))
-        driver.leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look
+                    self._location.url, event.epoch, took, event.resumed_from_ms, event.rerun_batch_times)
+        self._events.post(event)
+        self._events.post(StreamingListenerStreamingStarted(self._clock.now_ms()))
+        self._leader_event.set()  # after the listeners heard of it: awaitLeadership's callers may look

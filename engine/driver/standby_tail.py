@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sparkwal.base.service import Service
@@ -21,7 +22,18 @@ from ..errors import one_line
 from ..listener import StreamingListenerStandbyReady
 
 if TYPE_CHECKING:
-    from .standby import StandbyHost
+    from pyspark import SparkContext
+
+    from sparkwal.wal import StorageLocation
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
+    from ..state import StateSnapshots
+    from .events import EventBus
+    from .generator import JobGenerator
+    from .leadership import DriverLeadership
+    from .recovery import RestartFacts
+    from .scheduler import JobScheduler
 
 log = logging.getLogger(__name__.removesuffix("_tail"))  # the standby's own log: one name to configure
 
@@ -33,13 +45,19 @@ READ_AHEAD_WAIT_S = 10.0  # for a takeover's re-generated batches, before readin
 class StandbyTail:
     """The newest checkpoint seen, applied to the graph ahead of a takeover, on a thread of its
     own (its Spark jobs never delay the leadership polling), with its jobs in job groups that a
-    takeover or a stop cancels."""
+    takeover or a stop cancels. Each checkpoint read is applied by ``restore`` (the driver's, with
+    its kind: ``"upgrade"`` on a new version of the program, as ``restart`` says), raises the
+    ``leadership``'s lowest epoch, and, with ``spark.sparkwal.standby.preloadState``, has the
+    ``snapshots`` read the state a takeover from it starts from."""
 
     JOB_GROUP = "sparkwal-standby"
     PRELOAD_GROUP = "sparkwal-standby-preload"
 
-    def __init__(self, driver: StandbyHost):
-        self._driver = driver
+    def __init__(self, sc: SparkContext, settings: StreamingConf, events: EventBus, location: StorageLocation,
+                 leadership: DriverLeadership, snapshots: StateSnapshots, restart: RestartFacts,
+                 restore: Callable[[Checkpoint, str | None], None]):
+        self._sc, self._events, self._location, self._leadership = sc, events, location, leadership
+        self._snapshots, self._restart, self._restore = snapshots, restart, restore
         self._began = time.monotonic()
         self._ready = False  # onStandbyReady posted
         self.checkpoint: Checkpoint | None = None
@@ -50,7 +68,7 @@ class StandbyTail:
         self._follower: CheckpointFollower | None = None  # the directory as last looked at
         self._failing: str | None = None  # the last failure logged, until a look works again
         self._thread = Service("standby-tail", self._run)
-        self.preload_state = driver.settings[config.STANDBY_PRELOAD_STATE]
+        self.preload_state = settings[config.STANDBY_PRELOAD_STATE]
 
     def start(self) -> None:
         self._thread.start()
@@ -64,20 +82,20 @@ class StandbyTail:
         self._stop.set()
         if not self.in_job.locked():  # (a Py4J call: 45 ms a takeover on two loaded cores)
             return
-        sc = self._driver.sc
+        sc = self._sc
         sc.cancelJobGroup(self.JOB_GROUP)
         if not keep_preload:
             sc.cancelJobGroup(self.PRELOAD_GROUP)
 
     def _run(self) -> None:
-        self._driver.sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
+        self._sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         while not self._stop.is_set():
             try:
                 self.poll()
                 if not self._ready and not self._stop.is_set():
                     self._ready = True
                     cp = self.checkpoint
-                    self._driver.events.post(StreamingListenerStandbyReady(
+                    self._events.post(StreamingListenerStandbyReady(
                         cp.checkpoint_time_ms if cp else None,
                         int((time.monotonic() - self._began) * 1000)))
             except Exception as e:  # noqa: BLE001  a job cancelled by a stop, a store failing, ...
@@ -95,10 +113,10 @@ class StandbyTail:
             return
         if text is not None:
             log.warning("%s: the standby could not read the leader's checkpoints (it tries again every %.1f s): %s",
-                        self._driver.checkpoint_dir, TAIL_EVERY_S, text)
-            log.debug("tailing %s", self._driver.checkpoint_dir, exc_info=error)
+                        self._location.url, TAIL_EVERY_S, text)
+            log.debug("tailing %s", self._location.url, exc_info=error)
         else:
-            log.warning("%s: the standby reads the leader's checkpoints again", self._driver.checkpoint_dir)
+            log.warning("%s: the standby reads the leader's checkpoints again", self._location.url)
         self._failing = text
 
     def poll(self) -> None:
@@ -107,14 +125,14 @@ class StandbyTail:
             with self.in_job:
                 if self._stop.is_set():
                     return
-                warm_up(self._driver.sc, light=self._next_warm > 0)
+                warm_up(self._sc, light=self._next_warm > 0)
             self._next_warm = now + REWARM_EVERY_S
         with self.lock:
             if self._stop.is_set():
                 return
             loaded = self.read_newest(preload=self.preload_state)
         if loaded:  # outside the lock: a takeover goes on beside it
-            sc = self._driver.sc
+            sc = self._sc
             sc.setJobGroup(self.PRELOAD_GROUP, "hot standby: state preload", interruptOnCancel=True)
             try:
                 for rdd in loaded:
@@ -126,7 +144,7 @@ class StandbyTail:
                 sc.setJobGroup(self.JOB_GROUP, "hot standby: warm-up", interruptOnCancel=True)
         with self.lock:  # what the newest look no longer needs, now that it is read
             if not self._stop.is_set():
-                self._driver.snapshots.drop_unwanted()
+                self._snapshots.drop_unwanted()
 
     def read_newest(self, preload: bool, force: bool = False) -> list:
         """Apply the newest checkpoint, when it changed, to the graph (call with :attr:`lock`
@@ -134,9 +152,8 @@ class StandbyTail:
         and return the RDDs that still need reading. A read that fails raises: a takeover
         (``force``) must not start from an older checkpoint (it fails, and is tried again), and
         the tail logs it (a checkpoint being replaced is no failure: the reader falls back)."""
-        driver = self._driver
         if self._follower is None:
-            self._follower = CheckpointFollower(driver.location)
+            self._follower = CheckpointFollower(self._location)
         cp = self._follower.read_if_changed(force)
         seen = self.checkpoint
         if cp is None or (seen is not None and cp.checkpoint_time_ms == seen.checkpoint_time_ms
@@ -144,16 +161,17 @@ class StandbyTail:
                           and cp.data.get("state") == seen.data.get("state")):
             return []  # (a batch's completion is written again once its snapshot is)
         # a standby on a new version of the program takes each checkpoint of the old one by its plan
-        driver.restore(cp, "upgrade" if driver.restart.kind == "upgrade" else None)
-        driver.leadership.min_epoch = max(driver.leadership.min_epoch, cp.leader_epoch)  # epochs only grow
+        self._restore(cp, "upgrade" if self._restart.kind == "upgrade" else None)
+        self._leadership.min_epoch = max(self._leadership.min_epoch, cp.leader_epoch)  # epochs only grow
         self.checkpoint = cp
         if not preload:
             return []
         first = min([cp.checkpoint_time_ms, *cp.pending_times_ms])
-        return driver.snapshots.preload(first, cp.checkpoint_time_ms, [cp.data.get("completed_ms")])
+        return self._snapshots.preload(first, cp.checkpoint_time_ms, [cp.data.get("completed_ms")])
 
 
-def read_state_ahead(driver: StandbyHost, stop: threading.Event) -> None:
+def read_state_ahead(sc: SparkContext, generator: JobGenerator, snapshots: StateSnapshots, graph: DStreamGraph,
+                     stop: threading.Event) -> None:
     """A takeover's first batch starts from the state of the batch before it, which no job of the
     takeover computes (a committed batch is re-generated without its jobs): generated now, as that
     batch's generation would, and read while the batch is due (``stream.read_ahead``: into the
@@ -161,7 +179,7 @@ def read_state_ahead(driver: StandbyHost, stop: threading.Event) -> None:
     A stop gives the reads not done up, and cancels the one under way (:meth:`.standby.Standby.stop`)."""
     given_up = threading.Event()
     try:
-        generated = driver.generator.call(_state_ahead, driver, given_up)
+        generated = generator.call(_state_ahead, generator, snapshots, graph, given_up)
         try:
             reads = generated.result(READ_AHEAD_WAIT_S)
         except TimeoutError:  # the generation thread is busy: too late to help
@@ -172,7 +190,7 @@ def read_state_ahead(driver: StandbyHost, stop: threading.Event) -> None:
         return
     failed: BaseException | None = None
     try:
-        driver.sc.setJobGroup(StandbyTail.PRELOAD_GROUP, "takeover: the state its first batch starts from",
+        sc.setJobGroup(StandbyTail.PRELOAD_GROUP, "takeover: the state its first batch starts from",
                               interruptOnCancel=True)
         while reads:  # each one run, or given up (a batch waiting for it then reads it itself)
             read = reads.pop(0)
@@ -186,15 +204,16 @@ def read_state_ahead(driver: StandbyHost, stop: threading.Event) -> None:
             read(False)
 
 
-def _state_ahead(driver: StandbyHost, given_up: threading.Event) -> list:
+def _state_ahead(generator: JobGenerator, snapshots: StateSnapshots, graph: DStreamGraph,
+                 given_up: threading.Event) -> list:
     """On the generation thread, after the re-generated batches: the reads of the state each
     stateful stream's first new batch builds on (none once that batch is generated)."""
-    first, reads = driver.generator.timer.first_ms, []
+    first, reads = generator.timer.first_ms, []
     if first is None or given_up.is_set():
         return []
     try:
-        for index in driver.snapshots.by_stream:
-            stream = driver.graph.streams[index]
+        for index in snapshots.by_stream:
+            stream = graph.streams[index]
             before = stream.previous_batch_ms(first)
             if first in stream.generated_rdds or not stream.has_state_before(before):
                 continue
@@ -207,13 +226,13 @@ def _state_ahead(driver: StandbyHost, given_up: threading.Event) -> list:
     return reads
 
 
-def open_jvm_connections(driver: StandbyHost) -> None:
+def open_jvm_connections(sc: SparkContext, scheduler: JobScheduler) -> None:
     """One Py4J call from each thread a takeover runs on: this one, the generator's and the job
     threads. PySpark (pinned-thread mode, its default) gives each Python thread a connection of its
     own to the JVM, opened by its first call: 70-80 ms measured on two loaded cores, which a
     takeover's first batch would otherwise spend on each of its threads."""
     def call() -> None:
-        driver.sc._jsc.getLocalProperty("spark.jobGroup.id")
+        sc._jsc.getLocalProperty("spark.jobGroup.id")
 
     def on_job_thread(all_started: threading.Barrier) -> None:
         try:
@@ -223,10 +242,10 @@ def open_jvm_connections(driver: StandbyHost) -> None:
             log.debug("hot standby: a job thread's JVM connection: %r", e)
 
     try:
-        barrier = threading.Barrier(driver.scheduler.concurrent_jobs, timeout=5)
+        barrier = threading.Barrier(scheduler.concurrent_jobs, timeout=5)
         call()
-        driver.generator.call(call)
-        driver.scheduler.prestart(lambda: on_job_thread(barrier))
+        scheduler.generator.call(call)
+        scheduler.prestart(lambda: on_job_thread(barrier))
     except Exception as e:  # noqa: BLE001  (a warm-up: the takeover opens them itself, slower)
         log.warning("hot standby: could not open the takeover's JVM connections ahead (%s)", e)
 

@@ -50,13 +50,13 @@ class ReceiverInputDStream(InputDStream):
         self.receiver.bind(input_id)
 
     def compute(self, time_ms: int) -> RDD | None:
-        blocks = self._host.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
-        self._host.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})
+        blocks = self._driver.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
+        self._driver.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})
         if not blocks:
             return empty_rdd(self._sc)
         logged = [b for b in blocks if b.wal_handle is not None]
         if len(logged) == len(blocks):
-            wal = self._host.location.at(receiver_wal_dir(self._host.checkpoint_dir, self.input_id))
+            wal = self._driver.location.at(receiver_wal_dir(self._driver.checkpoint_dir, self.input_id))
             items = [(b.block_id, [self._segment_path(b.wal_handle[0]), *b.wal_handle[1:]]) for b in blocks]
             return self._sc.parallelize(items, len(items)).flatMap(  # credentials stay here
                 partial(_read_wal_blocks, wal, None, self.input_id))
@@ -67,7 +67,7 @@ class ReceiverInputDStream(InputDStream):
     def _segment_path(self, name: str) -> str:
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
         checkpoint directory, wherever it is now: :mod:`sparkwal.checkpoint.layout`)."""
-        location = self._host.location
+        location = self._driver.location
         storage, root = location.resolve()
         own = CheckpointLayout(location).own_name(name)
         return storage.join(root, own) if own is not None else name
@@ -76,7 +76,7 @@ class ReceiverInputDStream(InputDStream):
         """WAL off: blocks on the executors holding their copies (tasks prefer those executors
         and fetch from one when they run elsewhere); a block whose every holder is gone is
         dropped with a warning (Spark's behaviour)."""
-        tracker = self._host.receiver_tracker
+        tracker = self._driver.receiver_tracker
         live = tracker.live_executor_ids() if tracker is not None else None
         ids, locations, copies = [], [], {}
         for b in blocks:

@@ -168,7 +168,7 @@ class DirectInputDStream(InputDStream):
                 starts[tp] = self._backwards(tp, start, latest[tp])
         self._seen = dict(latest)
         lags = {tp: latest[tp] - s for tp, s in starts.items()}
-        limits = rate_limits(lags, self._host.batch_ms, self._estimated_rate(), *self._rate_conf())
+        limits = rate_limits(lags, self._driver.batch_ms, self._estimated_rate(), *self._rate_conf())
         ends = {tp: s + (lags[tp] if limits is None else min(lags[tp], limits[tp]))
                 for tp, s in starts.items()}
         ranges = [OffsetRange(tp.topic, tp.partition, starts[tp], ends[tp]) for tp in sorted(
@@ -203,10 +203,10 @@ class DirectInputDStream(InputDStream):
         rate = self._rate_controller.latest_rate
         if rate > 0:
             return rate
-        return self._host.settings[config.INITIAL_RATE]
+        return self._driver.settings[config.INITIAL_RATE]
 
     def _rate_conf(self) -> tuple[float, float]:
-        settings = self._host.settings
+        settings = self._driver.settings
         kafka = settings[config.KAFKA_MAX_RATE]
         return (settings[config.DIRECT_MAX_RATE] if kafka is None else kafka, settings[config.KAFKA_MIN_RATE])
 
@@ -228,7 +228,7 @@ class DirectInputDStream(InputDStream):
     def compute(self, time_ms: int) -> RDD | None:
         ranges = self.offset_ranges(time_ms)
         with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
-        self._host.report_input(time_ms, self, sum(r.count() for r in with_data),
+        self._driver.report_input(time_ms, self, sum(r.count() for r in with_data),
                                 {"offsetRanges": [list(r) for r in with_data]})
         if not with_data:
             rdd = empty_rdd(self._sc)

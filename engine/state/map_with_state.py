@@ -270,7 +270,7 @@ class InternalMapWithStateDStream(DStream):
         update = self._update(time_ms)
         ahead, self.prefetched = self.prefetched, None  # (for the one batch after a takeover's read_ahead)
         snapshot = self.snapshotted.pop(time_ms, None) if self.snapshotted else None
-        on_driver = driver_batch(self, state, data, time_ms, update, self._host.settings[config.DRIVER_STATE_KEYS],
+        on_driver = driver_batch(self, state, data, time_ms, update, self._driver.settings[config.DRIVER_STATE_KEYS],
                                  ahead, self._precomputed())
         if ahead is not None:
             ahead[1].cancel()  # not used by this batch: not read, unless under way
@@ -299,7 +299,7 @@ class InternalMapWithStateDStream(DStream):
     def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
         """Collected to the driver where a precomputed batch would run the state there
         (:func:`~sparkwal.engine.state.driver_state.prefetch`; the next batch's generation takes it)."""
-        bound = self._host.settings[config.DRIVER_STATE_KEYS]
+        bound = self._driver.settings[config.DRIVER_STATE_KEYS]
         if isinstance(rdd, DriverState):
             return lambda run: None  # (on the driver already)
         if bound <= 0 or not self._precomputed():
@@ -310,7 +310,7 @@ class InternalMapWithStateDStream(DStream):
 
     def _precomputed(self) -> bool:
         """Whether this state's batches may come from the receivers' results (driver_state.py)."""
-        precomputed = getattr(self._host.receiver_tracker, "precomputed", None)
+        precomputed = getattr(self._driver.receiver_tracker, "precomputed", None)
         return precomputed is not None and precomputed.covers(self.dependencies[0])
 
     def _update(self, time_ms: int):
@@ -322,10 +322,10 @@ class InternalMapWithStateDStream(DStream):
         return partial(_update_partition, func=self._func, uid=self._uid, batch_ms=time_ms,
                        timeout_ms=self.timeout_ms,
                        forget_before_ms=time_ms - keep_removals, delta_since_ms=delta_since,
-                       live_keys=self._live_keys(), hosted=self._host.settings[config.STATE_HOST])
+                       live_keys=self._live_keys(), hosted=self._driver.settings[config.STATE_HOST])
 
     def _live_keys(self) -> int:
-        return self._host.settings[config.LIVE_KEYS]
+        return self._driver.settings[config.LIVE_KEYS]
 
     def clear_metadata(self, time_ms: int) -> None:
         """Each batch's state is a full copy (PySpark caches pickles): keep only the newest

@@ -24,34 +24,36 @@ would reach back further than the next cut can be due (``maxLineageBatches`` plu
 generator (:class:`sparkwal.engine.driver.generator.JobGenerator`) holds them until the cut is made (a
 soak's driver died of a StackOverflowError, Java deserializing RDDs recursively, with ~160 queued).
 
-A restart reads each stream's newest usable snapshot (:meth:`StateSnapshots._restart_times`) and
-recomputes the later batches from their inputs. Snapshots outside the chains of the three newest are
-retired, and deleted once two checkpoints taken after their retirement (a main file and its .bk) are
-durable: checkpoints are written behind the batches, and one taken earlier still references them.
+A restart, and a hot standby ahead of a takeover, read them back (:mod:`.snapshot_reads`).
+Snapshots outside the chains of the three newest are retired, and deleted once two checkpoints taken
+after their retirement (a main file and its .bk) are durable: checkpoints are written behind the
+batches, and one taken earlier still references them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from pyspark import RDD, StorageLevel
 
-from sparkwal.checkpoint.errors import CheckpointMismatchError
 from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.checkpoint.state_chains import SnapshotRef, StreamState, parse_state, state_names
 from sparkwal.checkpoint.state_files import read_manifest
 
 from .. import config
-from ..host import DriverFacts
 from . import versions
-from .snapshot_tasks import (ChainOnDriver, SnapshotError, apply_delta, chain_on_driver, delete_snapshot, read_chain,
-                             write_snapshot)
+from .snapshot_reads import SnapshotReads
+from .snapshot_tasks import delete_snapshot, write_snapshot
 
 if TYPE_CHECKING:
     from sparkwal.checkpoint import CheckpointWriter
+    from pyspark import SparkContext
+
     from sparkwal.wal import Leadership
+
+    from ..config import StreamingConf
+    from ..graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -61,45 +63,41 @@ MAX_LINEAGE_BATCHES = config.MAX_LINEAGE_BATCHES.default
 CHAINS_KEPT = 3
 
 
-class SnapshotHost(DriverFacts, Protocol):
-    """What the state snapshots read of the driver that runs them (the driver hands itself in;
-    nothing here changes it)."""
+class StateSnapshots(SnapshotReads):
+    """The state snapshots of one driver, handed what they read: the SparkContext, the settings, the
+    batch duration, the graph and the checkpoint location (each replaced by the driver's
+    :meth:`use_graph`/:meth:`use_location` before a start), the held lock of the checkpoint directory
+    (``held``: fences each snapshot written; its epoch names it) and, at a leader's start, the
+    checkpoint writer whose sequence retires old snapshots (:meth:`use_writer`)."""
 
-    @property
-    def checkpoint_writer(self) -> CheckpointWriter | None: ...
-    def lead(self) -> Leadership | None: ...
-
-
-class StateSnapshots:
-    def __init__(self, driver: SnapshotHost):
-        self._driver = driver
-        self.by_stream: dict[int, StreamState] = {}  # stream index -> its snapshots
+    def __init__(self, sc: SparkContext, settings: StreamingConf, batch_ms: int, graph: DStreamGraph,
+                 held: Callable[[], Leadership | None] = lambda: None):
+        super().__init__(sc, graph)
+        self._settings, self._batch_ms, self._held = settings, batch_ms, held
+        self._writer: CheckpointWriter | None = None
         #: (checkpoints queued when it was retired, URL): see on_checkpoint_written
         self._retired: list[tuple[int, str]] = []
         #: stream name -> the newest snapshots' sizes: "fullBytes", "deltaBytes", and "keys" (as of
         #: the newest full snapshot), for the UI and the metrics
         self.sizes: dict[str, dict[str, int]] = {}
-        #: a standby's state read ahead of a takeover: (stream index, batch time) -> (chain's newest URL, RDD)
-        self._preloaded: dict[tuple[int, int], tuple[str, RDD]] = {}
-        self._wanted: set[tuple[int, int]] = set()  # what the newest preload needs
-        self._unpersist_later: tuple[int, list] = (0, [])  # (batch time, RDDs): load_for_restart
         #: stream index -> the number its snapshots are named by where an upgrade moved it (absent: its index)
         self.slots: dict[int, int] = {}
-        #: stream index -> the first batch time of a state an upgrade added (None: set at its start)
-        self.starts: dict[int, int | None] = {}
         #: above every number snapshots were ever named by here: a new state never takes a dropped one's
         self.next_slot = 0
         #: a graceful stop or handover began: each batch left snapshots its state (the next driver re-runs none)
         self.each_batch = False
 
-    deltas_per_full = property(lambda self: self._driver.settings[config.DELTAS_PER_FULL])
-    max_lineage_batches = property(lambda self: self._driver.settings[config.MAX_LINEAGE_BATCHES])
+    deltas_per_full = property(lambda self: self._settings[config.DELTAS_PER_FULL])
+    max_lineage_batches = property(lambda self: self._settings[config.MAX_LINEAGE_BATCHES])
+
+    def use_writer(self, writer: CheckpointWriter | None) -> None:
+        self._writer = writer
 
     @property
     def roots(self) -> dict[int, int]:
         """Stream index -> the batch time the lineage of its newest state RDD starts at."""
         out = {}
-        for index, stream in enumerate(self._driver.graph.streams):
+        for index, stream in enumerate(self._graph.streams):
             if stream.must_checkpoint and stream.generated_rdds:
                 start = stream.lineage_start(max(stream.generated_rdds))
                 if start is not None:
@@ -110,18 +108,17 @@ class StateSnapshots:
         """Why the batch of ``time_ms`` must wait for the batches in flight, or None: a state would reach
         back more than ``maxLineageBatches`` plus an interval, its cutting full snapshot due at a batch
         generated already (see the module's docstring)."""
-        driver = self._driver
-        if driver.checkpoint_dir is None:  # the state is checkpointed locally, cut in place
+        if self._checkpoint_dir is None:  # the state is checkpointed locally, cut in place
             return None
-        for index, stream in enumerate(driver.graph.streams):
+        for index, stream in enumerate(self._graph.streams):
             if not stream.must_checkpoint or not stream.checkpoint_ms or not stream.is_time_valid(time_ms):
                 continue
             start = stream.lineage_start(time_ms - stream.slide_ms)
-            bound = self.max_lineage_batches * driver.batch_ms + stream.checkpoint_ms
+            bound = self.max_lineage_batches * self._batch_ms + stream.checkpoint_ms
             if start is not None and time_ms - start > bound:
                 return (f"the state of {stream.state_name(index)} would reach back to batch {start} "
-                        f"({(time_ms - start) // driver.batch_ms} batches; at most "
-                        f"{bound // driver.batch_ms}) until a full snapshot cuts it")
+                        f"({(time_ms - start) // self._batch_ms} batches; at most "
+                        f"{bound // self._batch_ms}) until a full snapshot cuts it")
         return None
 
     def restore(self, data: dict, slots: dict | None = None, starts: dict | None = None,
@@ -131,7 +128,7 @@ class StateSnapshots:
         self.slots = {int(i): int(n) for i, n in (slots or {}).items()}
         self.starts = {int(i): int(t) for i, t in (starts or {}).items()}
         self.next_slot = int(next_slot or 0)
-        layout = CheckpointLayout(self._driver.checkpoint_dir)
+        layout = CheckpointLayout(self._checkpoint_dir)
         elsewhere = layout.written_at(state_names(data))
         if elsewhere is not None:
             log.warning("the checkpoint in %s names its state snapshots under %s, where an older "
@@ -140,7 +137,7 @@ class StateSnapshots:
         self.by_stream = parse_state(data, layout)
 
     def checkpoint_data(self) -> dict:
-        layout = CheckpointLayout(self._driver.checkpoint_dir)
+        layout = CheckpointLayout(self._checkpoint_dir)
         return {str(i): s.to_json(layout) for i, s in self.by_stream.items()}
 
     def placement_data(self) -> tuple[dict[str, int], dict[str, int], int]:
@@ -148,7 +145,7 @@ class StateSnapshots:
         named = [*self.slots.values(), *(i for i in self.by_stream if i not in self.slots)]
         return ({str(i): n for i, n in self.slots.items()},
                 {str(i): t for i, t in self.starts.items() if t is not None},
-                max([self.next_slot - 1, *named, len(self._driver.graph.streams) - 1]) + 1)
+                max([self.next_slot - 1, *named, len(self._graph.streams) - 1]) + 1)
 
     def carry(self, moved: dict[int, int], new_states: list[int]) -> None:
         """An upgrade: the restored state of the checkpoint's stream ``old`` goes to this graph's ``moved[old]``,
@@ -164,7 +161,7 @@ class StateSnapshots:
             if old in old_starts:  # a state an earlier upgrade added keeps its start
                 self.starts[new] = old_starts[old]
         fresh = max([*old_slots.values(), *restored, *moved, *self.slots.values(),
-                     len(self._driver.graph.streams) - 1, self.next_slot - 1], default=-1) + 1
+                     len(self._graph.streams) - 1, self.next_slot - 1], default=-1) + 1
         for index in new_states:
             self.slots[index], self.starts[index] = fresh, None
             fresh += 1
@@ -173,172 +170,40 @@ class StateSnapshots:
         """The states an upgrade added start at ``first_ms``, the first batch the new version runs."""
         for index, start in self.starts.items():
             self.starts[index] = first_ms if start is None else start
-            self._driver.graph.streams[index].state_start_ms = self.starts[index]
+            self._graph.streams[index].state_start_ms = self.starts[index]
 
     def check_directory(self) -> None:
         """Spark's tasks write and read snapshots: a ``memory://`` filesystem (private to a process) cannot
         hold them. A bad ``maxLineageBatches`` fails here, at start, not in a batch."""
-        driver = self._driver
-        stateful = [s for s in driver.graph.streams if s.must_checkpoint]
+        stateful = [s for s in self._graph.streams if s.must_checkpoint]
         if stateful:
             self.max_lineage_batches  # noqa: B018
-        if stateful and driver.checkpoint_dir is not None and driver.checkpoint_dir.startswith("memory://"):
+        if stateful and self._checkpoint_dir is not None and self._checkpoint_dir.startswith("memory://"):
             raise ValueError(
-                f"checkpoint directory {driver.checkpoint_dir}: {stateful[0]} snapshots its state "
+                f"checkpoint directory {self._checkpoint_dir}: {stateful[0]} snapshots its state "
                 "from Spark's tasks, which cannot see this process's memory:// filesystem; use a "
                 "local or shared directory")
-
-    def _read(self, stream, state: StreamState, time_ms: int, checkpoint_time_ms: int | None = None):
-        driver = self._driver
-        try:
-            rows, partitioned = read_chain(driver.sc, state.chain(time_ms), driver.storage_options,
-                                           (stream.state_version, stream.state_migrate, state.name))
-        except SnapshotError as e:
-            if checkpoint_time_ms is None:
-                raise
-            raise CheckpointMismatchError(
-                f"{e}; it holds the state of batch {time_ms}, referenced by the checkpoint of batch "
-                f"{checkpoint_time_ms}: the state cannot be restored") from None
-        return self._cached(stream.state_from_rows(rows, partitioned), stream, state, time_ms)
-
-    def _cached(self, rdd, stream, state: StreamState, time_ms: int):
-        """``rdd``, the state at snapshot ``time_ms``, cached; the driver may read its chain itself."""
-        chain_on_driver(rdd, self._on_driver(stream, state, time_ms))
-        return rdd.persist(StorageLevel.MEMORY_ONLY)
-
-    def _on_driver(self, stream, state: StreamState, time_ms: int) -> ChainOnDriver:  # (driver_state.py)
-        return ChainOnDriver(state.chain(time_ms), self._driver.storage_options, stream.state_version)
-
-    def _restart_times(self, index: int, state: StreamState, first_ms: int, checkpoint_time_ms: int,
-                       committed: Collection[int] = ()) -> list[int]:
-        """The snapshot times a restart re-running ``first_ms`` onwards serves ``index``'s state from: the
-        newest at or before ``first_ms`` and every later one (before it for mapWithState, whose re-run batches
-        call the function again, but at a ``committed`` one, not re-run, that nothing else remembers, when
-        none is before it: a graceful stop in the first checkpoint interval snapshots only its last batch)."""
-        stream = self._driver.graph.streams[index]
-        times = sorted(state.snapshots)
-        usable = [t for t in times if t < first_ms or (t == first_ms and stream.state_is_output)]
-        start = self.starts.get(index)
-        if not usable and start is not None and first_ms <= start:  # added by an upgrade: empty before it
-            return []
-        if not usable and times:
-            if not stream.state_is_output and not (times[0] == first_ms and first_ms in committed
-                                                   and not self._records_remembered(stream)):
-                raise CheckpointMismatchError(
-                    f"{stream}: the oldest state snapshot the checkpoint of batch "
-                    f"{checkpoint_time_ms} references is of batch {times[0]}, not before the "
-                    f"first batch to re-run ({first_ms}): the state cannot be restored")
-            usable = times[:1]
-        if not usable:
-            return []
-        return [t for t in times if t >= usable[-1]] if stream.state_is_output else usable[-1:]
-
-    def _records_remembered(self, stream) -> bool:
-        """Whether a stream on ``stream`` keeps an RDD past its batch (a window, ``remember``)."""
-        return any(stream in s.dependencies and (s.remember_ms is None or s.remember_ms > s.slide_ms)
-                   for s in self._driver.graph.streams)
-
-    def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
-        """The state of ``index`` at snapshot ``t``: the standby's preloaded RDD of that snapshot (or of
-        its chain, the deltas since applied to it), else read now (cached, made by its first job)."""
-        url = state.snapshots[t].url
-        preloaded = self._preloaded.get((index, t))
-        if preloaded is not None and preloaded[0] == url:
-            return preloaded[1]
-        stream = self._driver.graph.streams[index]
-        advanced = self._advance(stream, index, state, t) if self._preloaded else None
-        return advanced if advanced is not None else self._read(stream, state, t, checkpoint_time_ms)
-
-    def load_for_restart(self, first_ms: int, checkpoint_time_ms: int, new_ms: int, committed: Collection[int] = ()):
-        """Serve each stateful stream's state from its newest usable snapshot, and hand each committed re-generated
-        batch its own. ``new_ms``: the first new batch time (a standby's preloaded state is kept until then)."""
-        for index, state in self.by_stream.items():
-            stream = self._driver.graph.streams[index]
-            later = self._restart_times(index, state, first_ms, checkpoint_time_ms, committed)
-            for t in later:
-                stream.serve_state(t, self._load(index, state, t, checkpoint_time_ms))
-            stream.state_snapshotted({t: self._on_driver(stream, state, t)
-                                      for t in state.snapshots if t in committed and t not in later})
-        # the rest of a standby's preloaded state is unpersisted once the first new batch is
-        # done: until then the state served may be a delta applied to it, not computed yet
-        # (a batch re-run for its generation only computes nothing)
-        rest = [rdd for _url, rdd in self._preloaded.values()]
-        self._unpersist_later = (new_ms, rest)
-        self._preloaded.clear()
-
-    def preload(self, first_ms: int, checkpoint_time_ms: int, committed: Collection[int] = ()) -> list:
-        """A standby: the state a takeover re-running ``first_ms`` onwards would start from, read
-        into RDDs cached in this driver's executors (the caller materialises the returned new ones
-        now, so that the takeover's first batch finds them there, then calls
-        :meth:`drop_unwanted`). A delta whose base is held already is applied to it, partition by
-        partition (:func:`sparkwal.engine.state.snapshot_tasks.apply_delta`): the standby reads only the keys changed
-        since its last look, and the whole state only at a full snapshot."""
-        self._wanted, new = set(), []
-        for index, state in self.by_stream.items():
-            for t in self._restart_times(index, state, first_ms, checkpoint_time_ms, committed):
-                self._wanted.add((index, t))
-                url = state.snapshots[t].url
-                if self._preloaded.get((index, t), (None,))[0] == url:
-                    continue
-                rdd = self._load(index, state, t, checkpoint_time_ms)
-                rdd.setName(f"sparkwal standby: state of stream {index} at {t}")
-                self._preloaded[(index, t)] = (url, rdd)
-                new.append(rdd)
-        return new
-
-    def _advance(self, stream, index: int, state: StreamState, t: int):
-        """The state at delta ``t`` from preloaded state of its chain and the deltas after it
-        (:func:`sparkwal.engine.state.snapshot_tasks.apply_delta`), or None when none of its chain is held."""
-        chain = state.chain(t)
-        for start in range(len(chain) - 2, -1, -1):
-            held = self._preloaded.get((index, chain[start].time_ms))
-            if held is not None and held[0] == chain[start].url:
-                break
-        else:
-            return None
-        rdd, driver = held[1], self._driver
-        for before, ref in zip(chain[start:], chain[start + 1:]):
-            if not stream.state_partitioned(rdd):
-                return None
-            rows = apply_delta(driver.sc, stream.state_rows(rdd, before.time_ms), ref,
-                               rdd.getNumPartitions(), driver.storage_options, stream.state_version)
-            if rows is None:
-                return None
-            rdd = stream.state_from_rows(rows, True)
-        return self._cached(rdd, stream, state, t)
-
-    def drop_unwanted(self) -> None:
-        """After the newest preload was materialised: forget the state it no longer needs."""
-        self._drop_preloaded(keep=self._wanted)
-
-    def _drop_preloaded(self, keep: set) -> None:
-        """Forget preloaded state outside ``keep``; unpersist what no stream serves."""
-        for key in [k for k in self._preloaded if k not in keep]:
-            _url, rdd = self._preloaded.pop(key)
-            stream = self._driver.graph.streams[key[0]]
-            if stream.generated_rdds.get(key[1]) is not rdd:
-                rdd.unpersist(blocking=False)
 
     def _full_due(self, state: StreamState, previous: int | None, rdd, stream, index: int,
                   time_ms: int) -> bool:
         if previous is None:
             return True
         root = stream.lineage_start(time_ms)
-        if root is not None and time_ms - root >= self.max_lineage_batches * self._driver.batch_ms:
+        if root is not None and time_ms - root >= self.max_lineage_batches * self._batch_ms:
             return True
         chain = state.chain(previous)
         deltas = chain[1:]
         if len(deltas) >= self.deltas_per_full or sum(r.bytes for r in deltas) >= max(chain[0].bytes, 1):
             return True
-        manifest = read_manifest(state.snapshots[previous].url, self._driver.storage_options)
+        manifest = read_manifest(state.snapshots[previous].url, self._storage_options)
         return (len(manifest["parts"]) != rdd.getNumPartitions() or not manifest.get("partitioned")
                 or not stream.state_partitioned(rdd) or versions.written_at(manifest) != stream.state_version)
 
     def _due(self, time_ms: int):
         """(index, stream, its state RDD at ``time_ms``) of each stream whose snapshot is due."""
-        if self._driver.checkpoint_dir is None:
+        if self._checkpoint_dir is None:
             return
-        for index, stream in enumerate(self._driver.graph.streams):
+        for index, stream in enumerate(self._graph.streams):
             if not stream.must_checkpoint or not stream.checkpoint_ms:
                 continue
             if not self.each_batch and (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
@@ -355,11 +220,11 @@ class StateSnapshots:
     def snapshot_due(self, time_ms: int) -> None:
         """Snapshot the state of stateful streams due at ``time_ms`` (data, our own files:
         referenced by the checkpoint, deleted when retired), then serve it read back."""
-        driver = self._driver
         for index, stream, rdd in list(self._due(time_ms)):
             state = self.by_stream.setdefault(index, StreamState(stream.state_name(self.slots.get(index, index))))
-            epoch = driver.leader_epoch  # in the name: see checkpoint.state_files
-            url = (CheckpointLayout(driver.checkpoint_dir).state_snapshot(self.slots.get(index, index), time_ms)
+            lead = self._held()
+            epoch = lead.epoch if lead is not None else None  # in the name: see checkpoint.state_files
+            url = (CheckpointLayout(self._checkpoint_dir).state_snapshot(self.slots.get(index, index), time_ms)
                    + (f"-e{epoch}" if epoch is not None else ""))
             previous = max((t for t in state.snapshots if t < time_ms), default=None)
             rows = None
@@ -370,7 +235,7 @@ class StateSnapshots:
                 rows = stream.state_rows(rdd, time_ms)
             manifest = write_snapshot(rows, url, time_ms=time_ms, base_ms=base,
                                       partitioned=stream.state_partitioned(rdd),
-                                      storage_options=driver.storage_options, fence=driver.lead(),
+                                      storage_options=self._storage_options, fence=lead,
                                       state_version=stream.state_version)
             state.snapshots[time_ms] = SnapshotRef(time_ms, url, base, sum(p[1] for p in manifest["parts"]))
             self.sizes.setdefault(state.name, {})[
@@ -385,7 +250,7 @@ class StateSnapshots:
         newest = sorted(state.snapshots)[-CHAINS_KEPT:]
         needed = {ref.time_ms for t in newest for ref in state.chain(t)}
         for t in sorted(set(state.snapshots) - needed):
-            self._retired.append((self._driver.checkpoint_writer.queued, state.snapshots.pop(t).url))
+            self._retired.append((self._writer.queued, state.snapshots.pop(t).url))
 
     def on_checkpoint_written(self) -> None:
         """Delete retired snapshots once two checkpoints taken after their retirement are durable
@@ -393,8 +258,8 @@ class StateSnapshots:
         them). Checkpoints are written in the order they are taken, on a thread of their own, and
         may fall behind: one taken before the retirement, which still references the snapshot,
         can be written after it."""
-        written = self._driver.checkpoint_writer.last_written_seq
-        layout = CheckpointLayout(self._driver.checkpoint_dir)
+        written = self._writer.last_written_seq
+        layout = CheckpointLayout(self._checkpoint_dir)
         keep = []
         for queued_then, path in self._retired:
             if written >= queued_then + 2:
@@ -403,31 +268,12 @@ class StateSnapshots:
                                 "directory %s", path, layout.root)
                     continue
                 try:
-                    delete_snapshot(path, self._driver.storage_options)
+                    delete_snapshot(path, self._storage_options)
                 except Exception as e:  # noqa: BLE001
                     log.warning("could not delete old state snapshot %s: %s", path, e)
             else:
                 keep.append((queued_then, path))
         self._retired = keep
-
-    def release_cached(self) -> None:
-        """Unpersist a standby's preloaded state and what a takeover kept of it (a driver replaced)."""
-        rdds = [rdd for _url, rdd in self._preloaded.values()] + self._unpersist_later[1]
-        self._preloaded.clear()
-        self._unpersist_later = (0, [])
-        for rdd in rdds:
-            rdd.unpersist(blocking=False)
-
-    def on_batch_done(self, time_ms: int) -> None:
-        """Unpersist a standby's preloaded state that no stream serves, once the first new batch
-        after the takeover is done (see :meth:`load_for_restart`)."""
-        due, rdds = self._unpersist_later
-        if rdds and time_ms >= due:
-            self._unpersist_later = (0, [])
-            served = [r for s in self._driver.graph.streams for r in list(s.generated_rdds.values())]
-            for rdd in rdds:
-                if not any(rdd is r for r in served):
-                    rdd.unpersist(blocking=False)
 
     def floor(self, floor: int) -> int:
         """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need: a stateful
@@ -436,9 +282,8 @@ class StateSnapshots:
         by more than the remember duration). The running state's lineage starts at the last full snapshot
         it was read back from (or earlier): an executor that loses the cached state recomputes the batches
         since then from their inputs, kept too."""
-        driver = self._driver
-        zero = driver.graph.zero_time_ms or 0
-        for index, stream in enumerate(driver.graph.streams):
+        zero = self._graph.zero_time_ms or 0
+        for index, stream in enumerate(self._graph.streams):
             if not stream.must_checkpoint:
                 continue
             times = self.by_stream.get(index, StreamState("")).snapshots
