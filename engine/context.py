@@ -110,19 +110,19 @@ class StreamingContext:
     @property
     def receivedBlockTracker(self) -> ReceivedBlockTracker | None:
         """The tracker every batch asks for its received blocks first (None before start())."""
-        return self._driver.block_tracker
+        return self._driver.scheduler.block_tracker
 
     @property
     def receiverTracker(self):
         """The driver side of the receivers (endpoint, placement, statistics), made by start()
         when the graph has receiver inputs; else None."""
-        return self._driver.receiver_tracker
+        return self._driver.scheduler.receiver_tracker
 
     @property
     def batchLog(self) -> BatchLog | None:
         """The offsets/commits logs that number and commit the batches (None before start() or
         without a checkpoint); see :mod:`sparkwal.engine.sources.batch_log`."""
-        return self._driver.batch_log
+        return self._driver.scheduler.batch_log
 
     @property
     def leaderEpoch(self) -> int | None:

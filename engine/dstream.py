@@ -328,7 +328,8 @@ class TransformedDStream(DStream):
         self.keeps_empty = keeps_empty
 
     def compute(self, time_ms: int) -> RDD | None:
-        if (pre := getattr(self._driver.receiver_tracker, "precomputed", None)) and (rdd := pre.rdd(self, time_ms)):
+        pre = getattr(self._driver.scheduler.receiver_tracker, "precomputed", None)
+        if pre is not None and (rdd := pre.rdd(self, time_ms)):
             return rdd  # every block's result came with it (receiver/precompute.py)
         rdds = [p.get_or_compute(time_ms) for p in self.dependencies]
         if getattr(self, "keeps_empty", False) and self._all_empty(rdds):

@@ -296,7 +296,7 @@ class FileInputDStream(InputDStream):
             self._refuse_missing(self._missing(files), None, time_ms)
             self._restored_times.discard(time_ms)
         # the records are counted as the tasks read them (records_read): 0 until then
-        self._driver.report_input(time_ms, self, 0, {"files": files})
+        self._driver.scheduler.report_input(time_ms, self, 0, {"files": files})
         if not files:
             return empty_rdd(self._sc)
         if self._counts is None:

@@ -287,7 +287,7 @@ def make_scheduler(calls, planner):
         reported.set()
 
     scheduler = JobScheduler(FakeSparkContext(), ManualClock(0), 1000, 1, EventBus(), SnapshotsTold(calls),
-                             SucceededCheckpoints(calls), InputInfoTracker(), on_error, lambda: None)
+                             SucceededCheckpoints(calls), on_error, lambda: None)
     scheduler.start(BatchSteps(FakeGraph(calls), FakeBlocks(calls), FakeReceivers(calls), planner,
                                lambda: None, lambda t: calls.record("driver told", t), True))
     return scheduler, errors, reported

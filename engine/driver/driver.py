@@ -25,7 +25,6 @@ from sparkwal.base.service import Service
 from sparkwal.base.times import batch_name
 from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
-from sparkwal.tracker import InputInfoTracker, ReceivedBlockTracker, StreamInputInfo, TrackerError
 from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, StorageLocation, set_default_policy
 from sparkwal.wal.leases import request_timeout_s
 from sparkwal.wal.retry import default_policy
@@ -37,7 +36,6 @@ from ..graph import DStreamGraph
 from ..listener import (StreamingListenerCheckpointWritten, StreamingListenerDriverFenced,
                         StreamingListenerDriverRestarted, StreamingListenerStreamingStarted)
 from ..signals import stop_gracefully_on_signals
-from ..sources.batch_log import BatchLog
 from ..state import StateSnapshots
 from ..upgrade_plan import UpgradePlan
 from . import batches, checkpointing, leadership, observability, receiver_lifecycle, recovery, standby
@@ -76,7 +74,6 @@ class Driver:
         self.clock = clock or SYSTEM_CLOCK
         self.graph = DStreamGraph()
         self.events = EventBus(capacity=self.settings[config.LISTENER_QUEUE_CAPACITY])
-        self.input_infos = InputInfoTracker()
         self.location: StorageLocation | None = None  # the checkpoint directory
         self.checkpoint_writer: CheckpointWriter | None = None
         self.state = INITIALIZED
@@ -84,9 +81,6 @@ class Driver:
         self.upgrade_plan: UpgradePlan | None = None  # what an upgrade to a changed graph carried
         self.restart = recovery.RestartFacts()  # how it came to be; what its start re-ran, its stop left
         self.snapshots = StateSnapshots(sc, self.settings, batch_ms, self.graph, held=self.lead)
-        self.batch_log: BatchLog | None = None  # made at start when checkpointing
-        self.block_tracker: ReceivedBlockTracker | None = None  # made at start
-        self.receiver_tracker: receiver_lifecycle.ReceiverTracker | None = None  # made at start if receivers
         self.checkpointing = checkpointing.Checkpointing(batch_ms, self.snapshots, lambda: self.leader_epoch)
         self.terminated = threading.Event()
         self.standby_requested, self.rejoiner = False, None  # getOrCreate(..., standby=True): see request_standby
@@ -102,7 +96,7 @@ class Driver:
         cluster.choose_python(sc, self.settings)  # before any Python function is wrapped
         jobs = concurrent_jobs or self.settings[config.CONCURRENT_JOBS]
         self.scheduler = JobScheduler(sc, self.clock, batch_ms, jobs, self.events, self.snapshots, self.checkpointing,
-                                      self.input_infos, self.report_error, lambda: self.fenced)
+                                      self.report_error, lambda: self.fenced)
         self.events.subscribe(BacklogWatch(
             self.batch_ms, self.settings[config.BACKLOG_WARN_INTERVALS], self.clock,
             lambda: len(set(self.scheduler.pending_times()) | set(self.generator.queued_times())),
@@ -186,7 +180,7 @@ class Driver:
                     # keeps state in snapshots (any fsspec URL), and Spark's JVM would not know
                     # memory:// etc. Set here, not in checkpoint(): Spark creates it at once
                     self.sc.setCheckpointDir(CheckpointLayout(self.checkpoint_dir).rdds)
-            self.block_tracker = receiver_lifecycle.make_block_tracker(
+            block_tracker = receiver_lifecycle.make_block_tracker(
                 self.graph, self.location, self.settings, self.clock, self.restored is not None, self.lead())
             if self.checkpoint_dir is not None:
                 self.checkpoint_writer = CheckpointWriter(self.location,
@@ -199,14 +193,14 @@ class Driver:
                 self.leadership.release()
             raise
         try:
-            self.batch_log = batches.start_batch_log(self.settings, self.location, self.graph, self.batch_ms,
+            batch_log = batches.start_batch_log(self.settings, self.location, self.graph, self.batch_ms,
                                                      self.lead(), self.restored, self.upgrade_plan is not None,
                                                      self.events)
-            run = checkpointing.CheckpointedRun(self.checkpoint_writer, self.location, self.graph, self.batch_log,
+            run = checkpointing.CheckpointedRun(self.checkpoint_writer, self.location, self.graph, batch_log,
                                                 code_name, conf_pairs, self.scheduler)
             self.checkpointing.start(run)
             rule = recovery.RestartRule(self.graph, self.snapshots, self.checkpointing, self.generator.timer,
-                                        self.batch_log, self.block_tracker, self.settings, self.batch_ms,
+                                        batch_log, block_tracker, self.settings, self.batch_ms,
                                         self.checkpoint_dir)
             plan = rule.fresh_start() if self.restored is None else rule.restart(self.restored)
             self.restart.took(plan)
@@ -214,13 +208,13 @@ class Driver:
                 self.leadership.stream_started()
             first = plan.first_ms
             self.progress_ms = self.clock.now_ms() if plan.regenerate else max(self.clock.now_ms(), first)
-            self.receiver_tracker = receiver_lifecycle.make_receiver_tracker(  # (started below)
-                self.graph, self.block_tracker, sc=self.sc, settings=self.settings, clock=self.clock,
-                events=self.events, batch_ms=self.batch_ms, report_input=self.report_input,
+            receiver_tracker = receiver_lifecycle.make_receiver_tracker(  # (started below)
+                self.graph, block_tracker, sc=self.sc, settings=self.settings, clock=self.clock,
+                events=self.events, batch_ms=self.batch_ms, report_input=self.scheduler.report_input,
                 checkpoint=self.location, leader_epoch=self.leader_epoch)
             self.scheduler.start(BatchSteps(
-                self.graph, self.block_tracker, self.receiver_tracker,
-                batches.BatchPlanner(self.batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),
+                self.graph, block_tracker, receiver_tracker,
+                batches.BatchPlanner(batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),
                 self.confirm_leadership, self.on_batch_committed, self.checkpoint_writer is not None))
             self.generator.rerun(list(plan.regenerate))
             if self.restored is None and self.checkpoint_writer is not None:
@@ -228,15 +222,15 @@ class Driver:
         except BaseException:
             if self.checkpoint_writer is not None:
                 self.checkpoint_writer.stop()
-            self.block_tracker.stop()
+            block_tracker.stop()
             if self.leadership is not None:
                 self.leadership.release()
             raise
-        if self.receiver_tracker is not None:  # (a takeover's first re-run batch runs before they launch)
-            receiver_lifecycle.start_receivers(self.receiver_tracker, kind, self.settings, plan.rerun_batch_times)
+        if receiver_tracker is not None:  # (a takeover's first re-run batch runs before they launch)
+            receiver_lifecycle.start_receivers(receiver_tracker, kind, self.settings, plan.rerun_batch_times)
         self.generator.timer.start(first)
         self.activate()
-        self.observer.on_active(self.restart, self.restored, self.upgrade_plan, self.lead(), self.block_tracker)
+        self.observer.on_active(self.restart, self.restored, self.upgrade_plan, self.lead(), block_tracker)
         facts = self.restart
         if facts.kind != "new" or facts.rerun_batch_times or facts.skipped_batch_times:
             self.events.post(StreamingListenerDriverRestarted(
@@ -357,8 +351,9 @@ class Driver:
             if self.state == ACTIVE and not self.is_standby:
                 self.graceful.begin()
                 self.snapshots.each_batch |= graceful  # the batches left snapshot their state: none re-runs
-                if self.receiver_tracker is not None:
-                    receiver_lifecycle.stop_receivers(self.receiver_tracker, self.block_tracker, graceful,
+                receivers, blocks = self.scheduler.receiver_tracker, self.scheduler.block_tracker
+                if receivers is not None:
+                    receiver_lifecycle.stop_receivers(receivers, blocks, graceful,
                                                       self.graceful.remaining_s(), self.terminated)
                 self.generator.timer.stop()
                 finished = graceful and self.await_batches()
@@ -373,7 +368,7 @@ class Driver:
                         if self.fenced is None and self.error is None:
                             raise
                         log.info("checkpoint writer stopped after the app's error: %s", e)
-                self.block_tracker.stop()
+                blocks.stop()
                 for s in batches.direct_inputs(self.graph):
                     s.stop()
             if self.observer is not None:  # its last events are written while still leading
@@ -428,12 +423,6 @@ class Driver:
         if self.error is None:  # the app gets the error itself; a JVM's, as one line (its trace kept)
             self.error = BatchFailedError(time_ms, error) if isinstance(error, Py4JJavaError) else error
         self.terminated.set()
-
-    def report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:
-        try:
-            self.input_infos.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
-        except TrackerError:  # a re-generated batch (after a restart) reports its input again
-            pass
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -1,8 +1,10 @@
 """The job scheduler (Spark's streaming/src/main/scala/org/apache/spark/streaming/scheduler/JobScheduler.scala).
 
 It owns the job generator (:mod:`.generator`), which it makes and which submits each batch's jobs
-to it, and the order of in-order outputs (:mod:`.output_order`); a start hands both the batch's
-collaborators (:class:`.generator.BatchSteps`). It runs a batch's jobs on
+to it, the input info tracker (Spark's ``inputInfoTracker``) and the order of in-order outputs
+(:mod:`.output_order`); a start hands it, and through it the generator, the batch's collaborators
+(:class:`.generator.BatchSteps`), whose block and receiver trackers and batch log it owns from then on
+(:attr:`JobScheduler.receiver_tracker`, as Spark's ``receiverTracker``, is what streams read). It runs a batch's jobs on
 ``spark.streaming.concurrentJobs`` threads, each batch under its own Spark job group so that a
 non-graceful stop can cancel it, reports progress to the listeners, commits each batch once its
 jobs are done and calls the generator's :meth:`~.generator.JobGenerator.on_batch_completion`, which
@@ -20,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from sparkwal.base.times import batch_name
-from sparkwal.tracker import StreamInputInfo
+from sparkwal.tracker import InputInfoTracker, StreamInputInfo, TrackerError
 
 from ..dstream import Job, describe_times
 from .breakdown import Phases, SparkJobs
@@ -35,8 +37,11 @@ from ..listener import (BatchInfo, OutputOperationInfo, StreamingListenerBatchCo
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from sparkwal.tracker import InputInfoTracker
+    from sparkwal.tracker import ReceivedBlockTracker
     from sparkwal.wal import Clock
+
+    from ..receiver.receiver_tracker import ReceiverTracker
+    from ..sources.batch_log import BatchLog
 
     from ..state import StateSnapshots
     from .checkpointing import Checkpointing
@@ -51,7 +56,7 @@ class JobScheduler:
     ``fenced()``: why this driver lost its leadership (None: it did not)."""
 
     def __init__(self, sc: SparkContext, clock: Clock, batch_ms: int, concurrent_jobs: int, events: EventBus,
-                 snapshots: StateSnapshots, checkpoints: Checkpointing, input_infos: InputInfoTracker,
+                 snapshots: StateSnapshots, checkpoints: Checkpointing,
                  on_error: Callable[[BaseException, int | None], None],
                  fenced: Callable[[], BaseException | None]):
         self._sc, self._clock, self._events = sc, clock, events
@@ -59,7 +64,9 @@ class JobScheduler:
         self._on_error, self._fenced = on_error, fenced
         self._steps: BatchSteps | None = None  # handed at start
         self.concurrent_jobs = concurrent_jobs
-        self.generator = JobGenerator(self, clock, batch_ms, snapshots, checkpoints, input_infos, on_error, fenced)
+        self.input_info_tracker = InputInfoTracker()  # each batch's inputs, as its streams report them
+        self.generator = JobGenerator(self, clock, batch_ms, snapshots, checkpoints, self.input_info_tracker,
+                                      on_error, fenced)
         self._pool = ThreadPoolExecutor(concurrent_jobs, thread_name_prefix="streaming-job")
         self._pending: dict[int, JobSet] = {}
         self._lock = threading.Condition()
@@ -73,6 +80,28 @@ class JobScheduler:
         batch is generated; the generator's timer starts once the receivers have)."""
         self._steps = steps
         self.generator.use(steps)
+
+    @property
+    def block_tracker(self) -> ReceivedBlockTracker | None:
+        """The received blocks' tracker (None before the start)."""
+        return self._steps.block_tracker if self._steps is not None else None
+
+    @property
+    def receiver_tracker(self) -> ReceiverTracker | None:
+        """The driver side of the receivers (None before the start, or without receivers)."""
+        return self._steps.receiver_tracker if self._steps is not None else None
+
+    @property
+    def batch_log(self) -> BatchLog | None:
+        """The offsets and commits logs (None before the start, or without a checkpoint)."""
+        return self._steps.batches.batch_log if self._steps is not None else None
+
+    def report_input(self, time_ms: int, stream, num_records: int, metadata: dict) -> None:
+        """An input stream's report of what batch ``time_ms`` read (Spark's ``inputInfoTracker.reportInfo``)."""
+        try:
+            self.input_info_tracker.report_info(time_ms, StreamInputInfo(stream.input_id, num_records, metadata))
+        except TrackerError:  # a re-generated batch (after a restart) reports its input again
+            pass
 
     def pending_times(self) -> list[int]:
         with self._lock:

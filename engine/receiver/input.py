@@ -50,8 +50,9 @@ class ReceiverInputDStream(InputDStream):
         self.receiver.bind(input_id)
 
     def compute(self, time_ms: int) -> RDD | None:
-        blocks = self._driver.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
-        self._driver.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})
+        scheduler = self._driver.scheduler
+        blocks = scheduler.block_tracker.get_blocks_of_batch_and_stream(time_ms, self.input_id)
+        scheduler.report_input(time_ms, self, sum(b.num_records or 0 for b in blocks), {"blocks": len(blocks)})
         if not blocks:
             return empty_rdd(self._sc)
         logged = [b for b in blocks if b.wal_handle is not None]
@@ -76,7 +77,7 @@ class ReceiverInputDStream(InputDStream):
         """WAL off: blocks on the executors holding their copies (tasks prefer those executors
         and fetch from one when they run elsewhere); a block whose every holder is gone is
         dropped with a warning (Spark's behaviour)."""
-        tracker = self._driver.receiver_tracker
+        tracker = self._driver.scheduler.receiver_tracker
         live = tracker.live_executor_ids() if tracker is not None else None
         ids, locations, copies = [], [], {}
         for b in blocks:

@@ -228,7 +228,7 @@ class DirectInputDStream(InputDStream):
     def compute(self, time_ms: int) -> RDD | None:
         ranges = self.offset_ranges(time_ms)
         with_data = [r for r in ranges if r.untilOffset > r.fromOffset]
-        self._driver.report_input(time_ms, self, sum(r.count() for r in with_data),
+        self._driver.scheduler.report_input(time_ms, self, sum(r.count() for r in with_data),
                                 {"offsetRanges": [list(r) for r in with_data]})
         if not with_data:
             rdd = empty_rdd(self._sc)

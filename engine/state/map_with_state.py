@@ -310,7 +310,7 @@ class InternalMapWithStateDStream(DStream):
 
     def _precomputed(self) -> bool:
         """Whether this state's batches may come from the receivers' results (driver_state.py)."""
-        precomputed = getattr(self._driver.receiver_tracker, "precomputed", None)
+        precomputed = getattr(self._driver.scheduler.receiver_tracker, "precomputed", None)
         return precomputed is not None and precomputed.covers(self.dependencies[0])
 
     def _update(self, time_ms: int):
