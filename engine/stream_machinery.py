@@ -11,7 +11,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from pyspark import RDD, StorageLevel
 
@@ -26,10 +26,6 @@ def per_record(step: Callable) -> Callable:
     (receiver/precompute.py reads the mark)."""
     step.per_record = True  # type: ignore[attr-defined]
     return step
-
-
-if TYPE_CHECKING:
-    from .driver.driver import Driver
 
 
 #: RDDs of no partitions that an input gave for a batch with nothing in it (see :func:`empty_rdd`)
@@ -98,7 +94,7 @@ class StreamMachinery:
         ssc.driver.graph.register(self)
 
     @property
-    def _driver(self) -> Driver:
+    def _driver(self):  # (untyped: naming the driver's type here would tie the streams into a circle with it)
         """The driver running this stream's context, which a stream reads as Spark's DStreams read
         their ``ssc``: the graph, the settings, the clock, the trackers, the checkpoint location."""
         return self._ssc.driver
