@@ -7,9 +7,7 @@ the policy and the scheduler allow) whenever that job ends while the context run
 does not retry failed tasks, and a retried attempt exits at once anyway. It records reported
 blocks in the context's ReceivedBlockTracker (the driver's WAL), publishes rate limits
 (backpressure), tells receivers to clean old blocks, and bounds the data received but not yet
-processed: an ``AddBlock`` that would take a stream past
-``spark.streaming.receiver.maxUnprocessedBytes`` is answered only once batches have processed
-enough, so the receiver's bounded queue fills and ``store()`` blocks the source.
+processed (:mod:`.unprocessed`).
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from .placement import (DRIVER_EXECUTOR_ID, live_executor_ids, location_string,
                         rdd_with_locations, this_executor)
 from .precompute import Precomputed, checked_results
 from .supervisor import SupervisorConfig, receiver_partition
+from .unprocessed import UnprocessedBytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -87,7 +86,6 @@ class ReceiverTracker:
         self._secret = wire.new_secret()
         self.wal_enabled = checkpoint is not None and settings[config.RECEIVER_WAL]
         self._driver_host = settings.raw("spark.driver.host", "127.0.0.1")
-        self._max_unprocessed = settings[config.MAX_UNPROCESSED_BYTES]
         self._policy = ReceiverSchedulingPolicy()
         self._lock = threading.Condition()
         self._tracking: dict[int, ReceiverTrackingInfo] = {
@@ -98,10 +96,7 @@ class ReceiverTracker:
         self._known_executors: dict[str, ExecutorCacheTaskLocation] = {}
         self._block_locations: dict[str, tuple[BlockCopy, ...]] = {}  # WAL off: each block's copies
         self._block_servers: tuple[BlockCopy, ...] = ()  # WAL off, off local mode: executors' servers
-        self._block_sizes: dict[str, tuple[int, int]] = {}  # block id -> (stream, bytes) unprocessed
-        self._unprocessed = dict.fromkeys(self._inputs, 0)
-        self._counts = dict(receiver_jobs_launched=0, blocks_added=0, blocks_refused=0,
-                            max_unprocessed_bytes=0, add_block_waits=0)
+        self._counts = dict(receiver_jobs_launched=0, blocks_added=0, blocks_refused=0)
         self._active = False
         self._stopped = threading.Event()
         self._launch, self._hold_s = threading.Event(), 0.0  # the receivers' jobs may launch (start(hold_s=...))
@@ -111,9 +106,10 @@ class ReceiverTracker:
         self._rate_controllers: dict[int, RateController] = {}
         self.precomputed: Precomputed | None = None
         self.batch_cuts = BatchCuts(batch_ms)  #: each batch waits (briefly) for its time's cuts
+        self._unprocessed = UnprocessedBytes(self._inputs, settings[config.MAX_UNPROCESSED_BYTES], self.batch_cuts)
         if settings[config.RECEIVER_PRECOMPUTE]:
             self.precomputed = Precomputed.of_graph(sc, graph, inputs, blocks, report_input,
-                                                    min(64 << 20, self._max_unprocessed),
+                                                    min(64 << 20, self._unprocessed.max_bytes),
                                                     asked=settings.raw(config.RECEIVER_PRECOMPUTE.key) is not None)
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
@@ -240,7 +236,7 @@ class ReceiverTracker:
         self._launch.set()  # (a launch held back ends at once)
         with self._lock:
             conns = list(self._conns.values())
-            self._lock.notify_all()
+        self._unprocessed.wake()
         for c in conns:
             c.send(wire.STOP_RECEIVER)
         deadline = time.monotonic() + (timeout_s if graceful else 2.0)
@@ -266,8 +262,10 @@ class ReceiverTracker:
     def statistics(self) -> ReceiverTrackerStatistics:
         with self._lock:
             pre = self.precomputed
+            bound = self._unprocessed
             return ReceiverTrackerStatistics(
-                unprocessed_bytes=sum(self._unprocessed.values()), **self._counts,
+                unprocessed_bytes=bound.total, max_unprocessed_bytes=bound.most, add_block_waits=bound.waits,
+                **self._counts,
                 cut_waits=self.batch_cuts.waits, cuts_late=self.batch_cuts.late,
                 **(dict(precomputed_batches=pre.batches, precompute_fallbacks=pre.fallbacks) if pre else {}))
 
@@ -319,17 +317,7 @@ class ReceiverTracker:
                 self._counts["blocks_refused"] += 1
             log.warning("refused block %r from %s: not a block of its stream %d", info.block_id, conn, sid)
             return False, f"block {info.block_id!r} is not a block of stream {sid}"
-        with self._lock:  # bound the data received but not yet processed
-            waited = False
-            while (self._active and not self._stopped.is_set() and self._unprocessed[sid] > 0
-                   and self._unprocessed[sid] + size > self._max_unprocessed):
-                if not waited:
-                    self.batch_cuts.hold(sid, True)  # no batch waits for its cut meanwhile
-                waited = True
-                self._lock.wait(0.5)
-            if waited:
-                self.batch_cuts.hold(sid, False)
-            self._counts["add_block_waits"] += waited
+        self._unprocessed.wait_for_room(sid, size, lambda: self._active and not self._stopped.is_set())
         if results and self.precomputed is not None:  # held first: a batch that allocates the block finds them
             self.precomputed.add(sid, info.block_id, results)
         if not self._blocks.add_block(info):
@@ -338,13 +326,9 @@ class ReceiverTracker:
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
+        self._unprocessed.added(sid, info.block_id, size, counted=self._active)
         with self._lock:
             self._counts["blocks_added"] += 1
-            self._unprocessed[sid] += size
-            if self._active:  # a stop lets the receivers' last blocks in regardless
-                total = sum(self._unprocessed.values())
-                self._counts["max_unprocessed_bytes"] = max(self._counts["max_unprocessed_bytes"], total)
-            self._block_sizes[info.block_id] = (sid, size)
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = held_by
         return True, ""
@@ -411,15 +395,7 @@ class ReceiverTracker:
         if self._hold_until_ms is not None and time_ms >= self._hold_until_ms:  # (not an earlier batch)
             self._launch.set()
         blocks = self._blocks.get_blocks_of_batch(time_ms)
-        with self._lock:
-            freed = 0
-            for infos in blocks.values():
-                for b in infos:
-                    entry = self._block_sizes.pop(b.block_id, None)
-                    if entry is not None:
-                        self._unprocessed[entry[0]] -= entry[1]
-                        freed += entry[1]
-            self._lock.notify_all()
+        freed = self._unprocessed.processed(b.block_id for infos in blocks.values() for b in infos)
         log.debug("batch %d done: %d bytes of %d blocks no longer unprocessed", time_ms, freed,
                   sum(map(len, blocks.values())))
         if batch is not None:
