@@ -2,8 +2,8 @@
 
 ``StreamingContext`` keeps pyspark's API; everything that runs the stream works on a
 :class:`Driver`: the checkpoint directory and its storage options, the leadership and its epoch,
-the batch log, the state snapshots, the block and receiver trackers, the job generator and
-scheduler, and the :class:`~sparkwal.engine.driver.events.EventBus` that listeners subscribe to. The driver's
+the state snapshots, the job scheduler (which owns the generator, the block and receiver trackers
+and the batch log), and the :class:`~sparkwal.engine.driver.events.EventBus` that listeners subscribe to. The driver's
 modules read and change these attributes only through this object (a test walks the syntax trees to keep it so).
 
 Its lifecycle is Spark's ``StreamingContext.start``/``stop`` (``StreamingContext.scala``): lead the
