@@ -25,6 +25,7 @@ from sparkwal.base.service import Service
 from sparkwal.base.times import batch_name
 from sparkwal.checkpoint import Checkpoint, CheckpointWriter, write_code
 from sparkwal.checkpoint.layout import CheckpointLayout
+from sparkwal.tracker import ReceivedBlockTracker
 from sparkwal.wal import SYSTEM_CLOCK, Clock, FencedError, RetryPolicy, StorageLocation, set_default_policy
 from sparkwal.wal.leases import request_timeout_s
 from sparkwal.wal.retry import default_policy
@@ -169,6 +170,7 @@ class Driver:
             self.restart.kind = kind
         code_name: str | None = None
         conf_pairs: list[list[str]] = []
+        block_tracker: ReceivedBlockTracker | None = None
         try:
             self.keep_leadership()  # (a standby's already is kept)
             if self.checkpoint_dir is not None:  # the code part first: it may refuse the graph
@@ -182,6 +184,7 @@ class Driver:
                     self.sc.setCheckpointDir(CheckpointLayout(self.checkpoint_dir).rdds)
             block_tracker = receiver_lifecycle.make_block_tracker(
                 self.graph, self.location, self.settings, self.clock, self.restored is not None, self.lead())
+            self.observer.use_block_tracker(block_tracker)
             if self.checkpoint_dir is not None:
                 self.checkpoint_writer = CheckpointWriter(self.location,
                                                           on_written=self.on_checkpoint_written,
@@ -189,6 +192,8 @@ class Driver:
                                                           lock=self.lead())
             self.snapshots.use_writer(self.checkpoint_writer)
         except BaseException:
+            if block_tracker is not None:  # (its WAL open: a checkpoint writer that failed to start)
+                block_tracker.stop()
             if self.leadership is not None:
                 self.leadership.release()
             raise

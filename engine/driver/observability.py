@@ -115,12 +115,17 @@ class Observer:
             self.server = UiServer(catalog, host, self.port, public_host=self._settings.raw("spark.driver.host"))
             log.info("the streaming UI is at %s/streaming/", self.server.url)
 
+    def use_block_tracker(self, block_tracker: ReceivedBlockTracker | None) -> None:
+        """The leading driver's block tracker, its WAL's statistics among the storage samples from
+        the moment it is made (a restart's first re-run batches are sampled too)."""
+        self._block_tracker = block_tracker
+
     def on_active(self, restart: RestartFacts, restored: Checkpoint | None, upgrade_plan: UpgradePlan | None,
                   lead: Leadership | None, block_tracker: ReceivedBlockTracker | None) -> None:
         """This driver leads now (fresh, restarted or took over): the run's facts (how it came to be,
         the checkpoint it restarted from, what an upgrade carried, the directory's held lock), its
         log, and its block tracker's WAL among the storage statistics."""
-        self._block_tracker = block_tracker
+        self.use_block_tracker(block_tracker)
         kind = ("takeover" if restart.kind == "takeover" else
                 "restart" if restored is not None or restart.rerun_batch_times or restart.skipped_batch_times
                 else "new")
