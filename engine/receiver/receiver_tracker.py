@@ -262,9 +262,9 @@ class ReceiverTracker:
     def statistics(self) -> ReceiverTrackerStatistics:
         with self._lock:
             pre = self.precomputed
-            bound = self._unprocessed
+            total, most, waits = self._unprocessed.figures()
             return ReceiverTrackerStatistics(
-                unprocessed_bytes=bound.total, max_unprocessed_bytes=bound.most, add_block_waits=bound.waits,
+                unprocessed_bytes=total, max_unprocessed_bytes=most, add_block_waits=waits,
                 **self._counts,
                 cut_waits=self.batch_cuts.waits, cuts_late=self.batch_cuts.late,
                 **(dict(precomputed_batches=pre.batches, precompute_fallbacks=pre.fallbacks) if pre else {}))
@@ -326,8 +326,8 @@ class ReceiverTracker:
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
-        self._unprocessed.added(sid, info.block_id, size, counted=self._active)
-        with self._lock:
+        with self._lock:  # (the bound's lock inside the tracker's: statistics() reads both at once)
+            self._unprocessed.added(sid, info.block_id, size, counted=self._active)
             self._counts["blocks_added"] += 1
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = held_by

@@ -36,6 +36,11 @@ class UnprocessedBytes:
         with self._lock:
             return sum(self._by_stream.values())
 
+    def figures(self) -> tuple[int, int, int]:
+        """``(total, most, waits)``, read at one moment."""
+        with self._lock:
+            return sum(self._by_stream.values()), self.most, self.waits
+
     def wait_for_room(self, stream_id: int, size: int, holding: Callable[[], bool]) -> None:
         """Until ``size`` more bytes of ``stream_id`` fit, while ``holding()`` (a stop lets the
         receivers' last blocks in regardless); no batch waits for the stream's cut meanwhile."""
