@@ -47,7 +47,6 @@ import time
 
 from sparkwal.base.service import spawn
 
-from .wordcount_arguments import check_sink, parser
 from .wordcount_data import receiver_line, write_input_file
 
 #: kept for ``sparkwal.engine.wordcount``'s names (the progress line shows the records the engine counts)
@@ -142,7 +141,8 @@ def _fail(message: str, status: int) -> int:
 
 def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`sparkwal.engine.apps.arguments` (a mistake: one line, status 2)."""
-    from sparkwal.engine.apps import arguments as a
+    from sparkwal.engine.apps import arguments as a  # (here: executors unpickling this module's functions skip them)
+    from sparkwal.engine.apps.wordcount_arguments import check_sink, parser
 
     ap = parser(prog, __doc__)
     args = ap.parse_args(argv)

@@ -4,7 +4,8 @@ checkpoint references (:mod:`.snapshots`).
 
 The names below are imported on first use (PEP 562), as :mod:`sparkwal.engine`'s are: an executor's
 state host (:mod:`.state_host`) imports its own module without PySpark, and starts in a fraction of
-the time a restarted executor would otherwise spend on it.
+the time a restarted executor would otherwise spend on it. (``map_with_state`` names the submodule;
+its function is ``STATEFUL_OPERATIONS["mapWithState"]``.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ __all__ = ["STATEFUL_OPERATIONS", "StateSnapshots"]
 def __getattr__(name: str):
     if name == "StateSnapshots":
         value = importlib.import_module(".snapshots", __name__).StateSnapshots
+    elif name in ("update_state_by_key", "reduce_by_key_and_window"):  # (names this package had)
+        value = getattr(importlib.import_module(".update_state", __name__), name)
     elif name == "STATEFUL_OPERATIONS":
         value = {op: getattr(importlib.import_module(module, __name__), function)
                  for op, (module, function) in _OPERATIONS.items()}

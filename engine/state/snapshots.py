@@ -71,7 +71,7 @@ class StateSnapshots(SnapshotReads):
     checkpoint writer whose sequence retires old snapshots (:meth:`use_writer`)."""
 
     def __init__(self, sc: SparkContext, settings: StreamingConf, batch_ms: int, graph: DStreamGraph,
-                 held: Callable[[], Leadership | None] = lambda: None):
+                 held: Callable[[], Leadership | None]):
         super().__init__(sc, graph)
         self._settings, self._batch_ms, self._held = settings, batch_ms, held
         self._writer: CheckpointWriter | None = None
