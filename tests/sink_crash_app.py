@@ -11,8 +11,10 @@ into the topic ``SPARKWAL_TEST_TOPIC`` of the broker ``SPARKWAL_TEST_KAFKA``). S
 (the executors wrote or staged the batch's rows, or the driver produced its records, the sink's
 commit not made), ``committed`` (the sink's commit made, the stream's commit log and checkpoint
 not written), ``partition`` (PostgresSink per partition: p0's task committed, p1's not; with
-``SPARKWAL_TEST_PG_WAY=partitions``, or KafkaSink with ``SPARKWAL_TEST_PER_PARTITION``). Without
-CRASH_AT it stops gracefully once caught up (or after SECONDS).
+``SPARKWAL_TEST_PG_WAY=partitions``, or KafkaSink with ``SPARKWAL_TEST_PER_PARTITION``), ``upserted``
+(IcebergSink with ``SPARKWAL_TEST_ICEBERG_MODE=upsert``, by the key ``line``: the driver's upsert wrote
+its data files, the catalog not asked to take the commit). Without CRASH_AT it stops gracefully once
+caught up (or after SECONDS).
 """
 
 from __future__ import annotations
@@ -90,7 +92,20 @@ def main() -> None:
     elif kind == "iceberg":
         schema = pa.schema([(n, getattr(pa, t)()) for n, t in SCHEMA_FIELDS])
         catalog = {"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db", "warehouse": f"file://{workdir}/warehouse"}
-        sink = IcebergSink(catalog, "db.lines", "lines", schema=schema, partition_by=["partition"])
+        upsert = os.environ.get("SPARKWAL_TEST_ICEBERG_MODE") == "upsert"
+        sink = IcebergSink(catalog, "db.lines", "lines", schema=schema, partition_by=["partition"],
+                           **(dict(mode="upsert", keys=["line"]) if upsert else {}))
+        if crash_at == "upserted":
+            from pyiceberg.table import Transaction
+
+            commit_transaction = Transaction.commit_transaction
+
+            def killed_before_the_catalog(transaction):
+                if armed:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return commit_transaction(transaction)
+
+            Transaction.commit_transaction = killed_before_the_catalog
     elif kind == "kafka":
         sink = KafkaSink(os.environ["SPARKWAL_TEST_TOPIC"], {"bootstrap.servers": os.environ["SPARKWAL_TEST_KAFKA"]},
                          "lines", per_partition=crash_at == "partition" or "SPARKWAL_TEST_PER_PARTITION" in os.environ)
@@ -98,9 +113,12 @@ def main() -> None:
         sink = PostgresSink(os.environ["SPARKWAL_TEST_PG"], "lines", "lines")
     sink_class = type(sink)
     commit_batch = sink_class.commit_batch
+    armed = False
 
     def patched(self, batch_time_ms, ranges, *args):
+        nonlocal armed
         has = any(r.untilOffset > r.fromOffset for r in ranges)
+        armed = crash_at == "upserted" and has
         if crash_at == "written" and has:
             os.kill(os.getpid(), signal.SIGKILL)
         result = commit_batch(self, batch_time_ms, ranges, *args)

@@ -89,15 +89,17 @@ def drill_exactly_once(workdir, sink: str, seed: int) -> None:
     assert report["ok"]
 
 
-def crash_at_each_step_then_recover(workdir, read_lines, sink: str = "delta", **env_vars) -> None:
-    """Lines appended and the crash app SIGKILLed at each step in turn (``written``: the rows
+def crash_at_each_step_then_recover(workdir, read_lines, sink: str = "delta", steps=("written", "committed"),
+                                     **env_vars) -> None:
+    """Lines appended and the crash app SIGKILLed at each of ``steps`` in turn (``written``: the rows
     written or staged, the sink's commit not made; ``committed``: the commit made, the stream's
-    checkpoint not), then run until ``read_lines()`` (the sink's lines, sorted) holds every line
-    appended (a busy machine may need more than one short run for the re-runs): exactly once."""
+    checkpoint not; the others in tests/sink_crash_app.py), then run until ``read_lines()`` (the
+    sink's lines, sorted) holds every line appended (a busy machine may need more than one short run
+    for the re-runs): exactly once."""
     logdir = os.path.join(workdir, "log")
     os.makedirs(logdir, exist_ok=True)
     appended = {"p0": 0, "p1": 0}
-    for step in ("written", "committed"):
+    for step in steps:
         for p, n in (("p0", 3), ("p1", 2)):
             append_lines(logdir, p, appended[p], n)
             appended[p] += n

@@ -108,6 +108,14 @@ def test_a_table_rolled_back_past_the_sinks_snapshots_is_refused_rather_than_wri
     with pytest.raises(SinkOffsetsError, match=lost):
         sink.offsets()
     assert lines_in(sink) == ["other writer"]
+    # then the sink's snapshot expired: no snapshot is left to tell a rollback from an expiry, but the
+    # ancestry reaches back to the snapshot its commit was made on (going on would skip batch 1000)
+    sink.table().append(pa.table({"partition": ["q"], "line": ["after the rollback"]}))
+    ours = [s.snapshot_id for s in sink.table().snapshots() if s.summary.get("sparkwal.stream") == "lines"]
+    sink.table().maintenance.expire_snapshots().by_ids(ours).commit()
+    assert not any(s.summary.get("sparkwal.stream") for s in sink.table().snapshots())
+    with pytest.raises(SinkOffsetsError, match=lost):
+        sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
 
 
 def test_expired_snapshots_of_the_sink_and_a_table_path_with_its_records_directory_name(spark_context, tmp_path):
@@ -230,6 +238,53 @@ def test_upsert_mode_replaces_rows_by_key_and_leaves_no_staging(spark_context, t
         IcebergSink(sqlite_catalog(tmp_path), "db.t2", mode="upsert")
 
 
+def files_in_any_snapshot(sink: IcebergSink) -> set[str]:
+    """The data files some snapshot of the table lists (time travel reads them: never deleted)."""
+    table = sink.table()
+    return {e.data_file.file_path.removeprefix("file://") for s in table.metadata.snapshots
+            for m in s.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+
+
+def test_an_upserts_files_of_a_refused_or_dead_commit_are_recorded_and_deleted_once_the_batch_is_in(
+        spark_context, tmp_path, monkeypatch):
+    """The driver writes an upsert's data files inside the commit (inserted rows, copy-on-write
+    rewrites): a commit refused by another writer's, and one whose driver died before the catalog
+    took it, leave files that a record names; once the batch is in, they are deleted, and every file
+    any snapshot lists is kept."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table import Transaction
+
+    class DriverKilled(BaseException):
+        pass
+
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.counts", "counts", schema=schema, mode="upsert", keys=["word"])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 2)], spark_context.parallelize([("a", 1), ("b", 2)]))
+    commit, failures = Transaction.commit_transaction, [CommitFailedException("another writer won"), DriverKilled()]
+
+    def fails_first(self):
+        if failures:
+            raise failures.pop(0)
+        return commit(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", fails_first)
+    rows = spark_context.parallelize([("b", 5), ("c", 1)])
+    with pytest.raises(DriverKilled):  # the first try refused (tried again), the second's driver "dies"
+        sink.write_batch(1000, [OffsetRange("log", "p0", 2, 4)], rows)
+    warehouse = tmp_path / "warehouse"
+    left = data_files(warehouse) - files_in_any_snapshot(sink)
+    assert len(left) >= 4  # two tries of an insert and a rewrite, written and never committed
+    records = [json.load(open(os.path.join(d, f))) for d, _, fs in os.walk(warehouse / "db" / "counts" / "_sparkwal")
+               for f in fs if f.endswith(".json")]
+    assert left <= {u.removeprefix("file://") for r in records for u in r["files"]}
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 2, 4)], rows)  # the re-run
+    assert sorted((r["word"], r["n"]) for r in sink.read().to_pylist()) == [("a", 1), ("b", 5), ("c", 1)]
+    assert data_files(warehouse) == files_in_any_snapshot(sink)  # the re-run's kept, the dead tries' gone
+    assert not [f for _, _, fs in os.walk(warehouse / "db" / "counts" / "_sparkwal") for f in fs]
+    upserts = [s.summary for s in sink.table().snapshots() if s.summary.get("sparkwal.upsert.stream") == "counts"]
+    assert upserts and {s.get("sparkwal.upsert.batch-ms") for s in upserts} == {"500", "1000"}
+
+
 def test_an_output_far_larger_than_max_result_size_never_passes_through_the_driver(spark_context, tmp_path):
     live_conf = spark_context._jsc.sc().conf()
     live_conf.set("spark.driver.maxResultSize", "1m")
@@ -301,6 +356,17 @@ def test_a_kill_between_the_data_files_and_the_commit_and_after_the_commit_loses
     crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink), sink="iceberg")
     # the attempt killed before its commit left data files; a later batch's commit deleted them
     assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
+@pytest.mark.driver
+def test_an_upserting_driver_killed_between_its_data_files_and_the_catalog_leaves_no_file_behind(tmp_path):
+    """The driver's upsert wrote its data files and the driver was SIGKILLed before it asked the
+    catalog: the recovered stream's commit of that batch deletes them (recorded before written)."""
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines")
+    crash_at_each_step_then_recover(tmp_path, lambda: lines_in(sink), sink="iceberg", steps=("upserted",),
+                                    SPARKWAL_TEST_ICEBERG_MODE="upsert")
+    assert data_files(tmp_path / "warehouse") == files_in_any_snapshot(sink)
+    assert [s for s in sink.table().snapshots() if s.summary.get("sparkwal.upsert.stream") == "lines"]
 
 
 @pytest.mark.driver

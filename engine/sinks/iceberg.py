@@ -20,21 +20,25 @@ restored job commits only what the table's snapshot ancestry lacks):
    ``sparkwal.batch-ms`` and ``sparkwal.offsets`` (the end offset of every partition the sink's
    batches planned, records or not: JSON ``[[topic, partition, offset], ...]``), from which
    :meth:`IcebergSink.offsets` resumes a direct stream without a checkpoint. ``mode="upsert"``:
-   pyiceberg's upsert by ``keys`` of the staged rows goes in the same commit, its snapshots
-   untagged, before the batch's own (then empty) tagged one: a table rolled back into the middle of
-   it never says the batch is in. The same commit sets the table properties
-   ``sparkwal.stream.<name>.batch-ms`` and ``.offsets``: where the sink's snapshots left the ancestry
-   because they expired, the sink goes on from them; where the table was rolled back past them, it
-   refuses rather than write a batch twice. A conflict (another writer committed first) reads the
-   table again and decides again, with growing waits; pyiceberg's own retry is held off (it would
-   re-apply the append on the newer table). If the schema or partition spec changed since the
-   tasks wrote, they write the batch again for the new one.
+   pyiceberg's upsert by ``keys`` of the staged rows goes in the same commit, before the batch's own
+   (then empty) tagged one, its snapshots tagged ``sparkwal.upsert.stream`` and
+   ``sparkwal.upsert.batch-ms`` only (they hold the batch's files; a table rolled back into the
+   middle of it never says the batch is in), its data files (written here, by the driver) each
+   recorded before it is written, as the tasks' are. The same commit sets the table properties
+   ``sparkwal.stream.<name>.batch-ms``, ``.offsets`` and ``.base-sequence`` (the sequence number of
+   the snapshot the commit was made on): where the sink's snapshots left the ancestry because they
+   expired, the sink goes on from them; where the table was rolled back past them (they are off the
+   ancestry, or it reaches back to the base), it refuses rather than write a batch twice or skip one.
+   A conflict (another writer committed first) reads the table again and decides again, with
+   growing waits; pyiceberg's own retry is held off (it would re-apply the append on the newer
+   table). If the schema or partition spec changed since the tasks wrote, they write the batch
+   again for the new one.
 4. Then the files recorded for batches up to ``t`` that the table does not hold (attempts that
    never committed: a killed task, a killed driver, a losing speculative copy; staged rows) are
    deleted, and their records, once the table's output has passed the ranges their batch read
-   (an attempt not passed may be another driver's in flight). Files of a commit the catalog never
-   took (pyiceberg's manifests and metadata file of a failed commit, an upsert's files) are never
-   visible; Iceberg's orphan-file removal takes them.
+   (an attempt not passed may be another driver's in flight). Only pyiceberg's own manifests and
+   metadata file of a commit the catalog never took are left (never visible); Iceberg's orphan-file
+   removal takes them.
 """
 
 from __future__ import annotations
@@ -56,13 +60,15 @@ from ..errors import EngineError
 from .delta_files import RECORDS_DIR, delete_settled, records_up_to
 from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, metadata_for_tasks, without_own_retries,
                               without_secrets)
-from .iceberg_files import HeldFiles, relative_to, staged, write_partition
+from .iceberg_files import HeldFiles, recording_file_io, relative_to, staged, staged_rows, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
 
 MODES = ("append", "upsert")
 STREAM, BATCH_MS, OFFSETS = "sparkwal.stream", "sparkwal.batch-ms", "sparkwal.offsets"
+#: an upsert's snapshots' tags: they hold the batch's files, and never say it is in
+UPSERT_STREAM, UPSERT_BATCH_MS = "sparkwal.upsert.stream", "sparkwal.upsert.batch-ms"
 #: commits tried against other writers' (each after reading the table again, waits growing to 2 s)
 COMMIT_ATTEMPTS = 8
 #: times the tasks write a batch again when the table's schema or partition spec changed meanwhile
@@ -195,11 +201,29 @@ class IcebergSink:
             if summary is not None and summary.get(STREAM) == self.name:
                 yield snapshot
 
+    def _written_snapshots(self, table) -> dict[int, list]:
+        """The snapshots in the table's current ancestry that hold the sink's files, by batch time:
+        its own and its upserts'."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        written: dict[int, list] = {}
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            summary = snapshot.summary
+            if summary is None:
+                continue
+            batch = summary.get(BATCH_MS) if summary.get(STREAM) == self.name else \
+                summary.get(UPSERT_BATCH_MS) if summary.get(UPSERT_STREAM) == self.name else None
+            if batch is not None:
+                written.setdefault(int(batch), []).append(snapshot)
+        return written
+
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:
         """``(batch time, end offsets)`` of the sink's newest batch in the table; None if it never
         committed. From its newest snapshot in the ancestry; where none is left there, from the table
-        property its every commit sets, if that snapshot expired (it is in no snapshot of the
-        metadata); an error if it is there but not an ancestor (the table rolled back past it)."""
+        properties its every commit sets, if that snapshot expired (it is in no snapshot of the
+        metadata); an error if it is there but not an ancestor (the table rolled back past it), or if
+        an ancestor is no newer than the snapshot that commit was made on (``.base-sequence``: rolled
+        back past it, then it expired)."""
         for snapshot in self.sink_snapshots(table):
             return int(snapshot.summary[BATCH_MS]), _ends(snapshot.summary.get(OFFSETS))
         batch = self._property_batch(table)
@@ -208,6 +232,12 @@ class IcebergSink:
         ends = table.properties.get(f"{STREAM}.{self.name}.offsets")
         rolled_back = any(s.summary is not None and s.summary.get(STREAM) == self.name
                           and s.summary.get(BATCH_MS) == str(batch) for s in table.metadata.snapshots)
+        base = int(table.properties.get(f"{STREAM}.{self.name}.base-sequence", "0"))
+        if base > 0 and not rolled_back:  # (sequence numbers grow from parent to child; 0 in format 1)
+            from pyiceberg.table.snapshots import ancestors_of
+
+            rolled_back = any(0 < (s.sequence_number or 0) <= base
+                              for s in ancestors_of(table.current_snapshot(), table.metadata))
         if rolled_back or ends is None:
             raise self._history_lost(table)
         return batch, _ends(ends)
@@ -267,13 +297,14 @@ class IcebergSink:
             if not written and not ends:
                 return False  # nothing to make visible: no snapshot per empty batch
             try:
-                committed = self.commit_batch(batch_time_ms, ranges, written, _layout(table))
+                committed = self.commit_batch(batch_time_ms, ranges, written, _layout(table), attempt)
             except _TableChanged as e:
                 log.warning("%s: batch %d is written again: %s (rewrite %d of %d)", self.name, batch_time_ms, e,
                             rewrite + 1, REWRITES)
                 continue
-            # (only what this attempt committed is known held without a read)
-            self.clean_up(batch_time_ms, {f.file_path for f in written if not isinstance(f, dict)} if committed
+            # (only what this attempt's tasks committed is known held without a read; an upsert's files
+            # were written in the commit, by the driver: the table is read)
+            self.clean_up(batch_time_ms, {f.file_path for f in written} if committed and self.mode == "append"
                           else None, attempt)
             return committed
         raise SinkOffsetsError(f"{self.name}: the Iceberg table {self.identifier}'s schema or partition spec kept "
@@ -300,11 +331,13 @@ class IcebergSink:
                                f"the Iceberg table {self.identifier}")
 
     def commit_batch(self, batch_time_ms: int, ranges: list[OffsetRange], written: list,
-                     layout: tuple[int, int] | None = None) -> bool:
+                     layout: tuple[int, int] | None = None, attempt: str | None = None) -> bool:
         """One Iceberg commit: the data files tasks wrote (or the staged rows, upserted), the batch's
         identity and offsets; False if the batch turned out to be in already. ``layout``: the
-        table's (schema id, partition spec id) the files were written for."""
-        for attempt in range(COMMIT_ATTEMPTS):
+        table's (schema id, partition spec id) the files were written for; ``attempt``: the batch
+        attempt's id, naming the records of the files an upsert writes (a fresh one if not given)."""
+        attempt = attempt or uuid.uuid4().hex[:12]
+        for tries in range(COMMIT_ATTEMPTS):
             table = self.create_table()
             if self._already_in(table, batch_time_ms, ranges):
                 return False
@@ -317,49 +350,40 @@ class IcebergSink:
             summary = {STREAM: self.name, BATCH_MS: str(batch_time_ms), OFFSETS: offsets}
             try:
                 with self._catalog_call(f"commit of batch {batch_time_ms}"):
-                    transaction = without_own_retries(table).transaction()
-                    rows = self._staged_rows(table, [w["staged"] for w in written if isinstance(w, dict)]) \
-                        if self.mode == "upsert" else None
-                    if rows is not None and rows.num_rows:  # its snapshots untagged: only the last says "in"
-                        transaction.upsert(rows, join_cols=self.keys)
+                    table = without_own_retries(table)
+                    location = StorageLocation.of(table.metadata.location.rstrip("/"), self._storage_options)
+                    rows = staged_rows(location, table.schema(), [w["staged"] for w in written if isinstance(w, dict)],
+                                       self.keys) if self.mode == "upsert" else None
+                    if rows is not None and rows.num_rows:
+                        table.io = recording_file_io(table.io, location, self.name, batch_time_ms, attempt,
+                                                     [(r.topic, r.partition, r.untilOffset) for r in ranges
+                                                      if r.untilOffset > r.fromOffset])
+                    transaction = table.transaction()
+                    if rows is not None and rows.num_rows:  # its snapshots hold files, only the last says "in"
+                        transaction.upsert(rows, join_cols=self.keys, snapshot_properties={
+                            UPSERT_STREAM: self.name, UPSERT_BATCH_MS: str(batch_time_ms)})
                     # the batch's own snapshot, last (empty after an upsert): the summary the sink decides by
                     with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
                         for data_file in written:
                             if not isinstance(data_file, dict):
                                 append.append_data_file(data_file)
+                    base = table.current_snapshot()
                     transaction.set_properties({f"{STREAM}.{self.name}.batch-ms": str(batch_time_ms),
-                                                f"{STREAM}.{self.name}.offsets": offsets})
+                                                f"{STREAM}.{self.name}.offsets": offsets,
+                                                f"{STREAM}.{self.name}.base-sequence":
+                                                    str(base.sequence_number or 0) if base is not None else "0"})
                     transaction.commit_transaction()
             except Exception as e:  # narrowed: only another writer's winning commit is tried again
                 if failure_kind(e) != "conflict":
                     raise
                 log.warning("%s: batch %d's Iceberg commit conflicted (%s); reading the table again "
-                            "(attempt %d of %d)", self.name, batch_time_ms, e, attempt + 1, COMMIT_ATTEMPTS)
-                time.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(1.0, 1.5))
+                            "(attempt %d of %d)", self.name, batch_time_ms, e, tries + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(2.0, 0.05 * 2 ** tries) * random.uniform(1.0, 1.5))
                 continue
             return True
         raise IcebergCommitConflictError(
             f"{self.name}: other writers' commits to {self.identifier} won all {COMMIT_ATTEMPTS} commit attempts "
             f"of batch {batch_time_ms}; the batch fails and runs again")
-
-    def _staged_rows(self, table, staged: list[str]):
-        """The staged rows of an upsert, in the table's Arrow schema, a key repeated within the
-        batch once, its last row winning (the stream's order: partition, then row), as pyiceberg's
-        upsert refuses repeated keys (on the driver: it matches them against the table in memory)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-        schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
-        storage, _ = self.location.resolve()
-        parts = [pq.read_table(pa.BufferReader(storage.read_file(relative_to(self.location, url))))
-                 for url in staged]
-        rows = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
-        if rows.num_rows == 0:
-            return rows
-        numbered = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
-        last = numbered.group_by(self.keys).aggregate([("__row", "max")]).column("__row_max")
-        return rows.take(last)
 
     def clean_up(self, up_to_ms: int, committed: set[str] | None = None, attempt: str | None = None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold,
@@ -382,7 +406,7 @@ class IcebergSink:
             return 0  # the sink's history is lost: nothing is known held, nothing is deleted
         if newest is None:
             return 0
-        held = HeldFiles(table, list(self.sink_snapshots(table)))
+        held = HeldFiles(table, self._written_snapshots(table))
 
         def unheld(record_name: str, batch: int, url: str) -> bool:
             own = record_name.split("-")[1] == attempt

@@ -15,6 +15,12 @@ the table's location:
   its field ids, the statistics of each file's manifest entry); upsert: one staging file
   ``_sparkwal/<sink name>/staging/<stem>.parquet``, the rows whole.
 
+An upsert's data files are written by the driver, inside the commit (pyiceberg's upsert: the rows
+it inserts, and the files its copy-on-write rewrites): each is recorded the same way just before
+pyiceberg writes it, as ``_sparkwal/<sink name>/<t>-<batch attempt>-driver-<random>.json`` naming
+that one file (:func:`recording_file_io`), so that a commit the catalog refused, or a driver killed
+before its commit, leaves no file that nothing names.
+
 Each file is created whole and durable through the storage seam (:mod:`sparkwal.wal`: retries,
 ``fsync``, the executors' own credentials), only if absent, before the task returns its
 pyiceberg ``DataFile`` (append) or the staging file's URL (upsert) to the driver.
@@ -88,6 +94,55 @@ def _write_tasks(metadata, table):
     return tasks, planned
 
 
+def staged_rows(location, schema, staged: list[str], keys: list[str]):
+    """The staged rows of an upsert (the files ``staged`` under ``location``), in the table's Arrow
+    schema (of pyiceberg's ``schema``), a key repeated within the batch once, its last row winning
+    (the stream's order: partition, then row), as pyiceberg's upsert refuses repeated keys (on the
+    driver: it matches them against the table in memory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    storage, _ = location.resolve()
+    parts = [pq.read_table(pa.BufferReader(storage.read_file(relative_to(location, url)))) for url in staged]
+    rows = pa.concat_tables([p.cast(arrow_schema) for p in parts]) if parts else arrow_schema.empty_table()
+    if rows.num_rows == 0:
+        return rows
+    numbered = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    last = numbered.group_by(keys).aggregate([("__row", "max")]).column("__row_max")
+    return rows.take(last)
+
+
+def recording_file_io(io, location, name: str, batch_time_ms: int, attempt: str, ends):
+    """The driver's ``FileIO`` for an upsert's commit: ``io`` (the table's), with each data file
+    (``.parquet``: pyiceberg's manifests and metadata are not) recorded before it is written, as
+    attempt ``attempt`` of batch ``batch_time_ms`` (the module's docstring)."""
+    from pyiceberg.io import FileIO
+
+    storage, root = location.resolve()
+    records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
+
+    class RecordingFileIO(FileIO):
+        def __init__(self):
+            super().__init__(io.properties)
+
+        def new_output(self, url: str):
+            if url.endswith(".parquet"):
+                relative_to(location, url)  # (a data file elsewhere is refused before it is written)
+                storage.makedirs(records_dir)
+                _put(storage, records_dir, f"{batch_time_ms}-{attempt}-driver-{uuid.uuid4().hex[:12]}", [url], ends)
+            return io.new_output(url)
+
+        def new_input(self, url: str):
+            return io.new_input(url)
+
+        def delete(self, url) -> None:
+            io.delete(url)
+
+    return RecordingFileIO()
+
+
 def _put(storage, records_dir: str, stem: str, files: list[str], ends) -> None:
     record = {"files": files, "ends": [list(e) for e in ends]}
     _create(storage, storage.join(records_dir, f"{stem}.json"), json.dumps(record).encode())
@@ -100,19 +155,20 @@ def staged(location, name: str, url: str) -> bool:
 
 class HeldFiles:
     """The data files the table holds, read as little as a clean-up needs: the files added by the
-    sink's snapshots of one batch time (their manifests), or, where the ancestry has none, every
-    file any snapshot in the table's metadata lists (its branches', tags' and expired ancestors'
-    files are held too; read once)."""
+    snapshots that wrote one batch time (the sink's own and its upserts', ``written``: batch time ->
+    snapshots in the current ancestry; their manifests), or, where the ancestry has none, every file
+    any snapshot in the table's metadata lists (its branches', tags' and expired ancestors' files
+    are held too; read once)."""
 
-    def __init__(self, table, sink_snapshots):
-        self.table, self.sink_snapshots = table, sink_snapshots
+    def __init__(self, table, written: dict[int, list]):
+        self.table, self.written = table, written
         self.by_batch: dict[int, set[str]] = {}
         self.everywhere: set[str] | None = None
 
     def of_batch(self, batch_time_ms: int) -> set[str]:
         table = self.table
         if batch_time_ms not in self.by_batch:
-            snapshots = [s for s in self.sink_snapshots if s.summary.get("sparkwal.batch-ms") == str(batch_time_ms)]
+            snapshots = self.written.get(batch_time_ms)
             if snapshots:
                 self.by_batch[batch_time_ms] = {
                     e.data_file.file_path for s in snapshots for m in s.manifests(table.io)
