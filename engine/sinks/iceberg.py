@@ -406,7 +406,9 @@ class IcebergSink:
             return 0  # the sink's history is lost: nothing is known held, nothing is deleted
         if newest is None:
             return 0
-        held = HeldFiles(table, self._written_snapshots(table))
+        # (an upsert's files: every file any snapshot lists. Its tagged snapshots may have expired
+        # under the batch's own, whose manifests still list their files, or left the ancestry)
+        held = HeldFiles(table, self._written_snapshots(table) if self.mode == "append" else {})
 
         def unheld(record_name: str, batch: int, url: str) -> bool:
             own = record_name.split("-")[1] == attempt
