@@ -202,19 +202,10 @@ class IcebergSink:
                 yield snapshot
 
     def _written_snapshots(self, table) -> dict[int, list]:
-        """The snapshots in the table's current ancestry that hold the sink's files, by batch time:
-        its own and its upserts'."""
-        from pyiceberg.table.snapshots import ancestors_of
-
+        """The sink's snapshots in the table's current ancestry, by batch time (an append's files)."""
         written: dict[int, list] = {}
-        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-            summary = snapshot.summary
-            if summary is None:
-                continue
-            batch = summary.get(BATCH_MS) if summary.get(STREAM) == self.name else \
-                summary.get(UPSERT_BATCH_MS) if summary.get(UPSERT_STREAM) == self.name else None
-            if batch is not None:
-                written.setdefault(int(batch), []).append(snapshot)
+        for snapshot in self.sink_snapshots(table):
+            written.setdefault(int(snapshot.summary[BATCH_MS]), []).append(snapshot)
         return written
 
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:

@@ -155,8 +155,8 @@ def staged(location, name: str, url: str) -> bool:
 
 class HeldFiles:
     """The data files the table holds, read as little as a clean-up needs: the files added by the
-    snapshots that wrote one batch time (the sink's own and its upserts', ``written``: batch time ->
-    snapshots in the current ancestry; their manifests), or, where the ancestry has none, every file
+    sink's snapshots of one batch time (``written``: batch time -> snapshots in the current
+    ancestry; their manifests), or, where the ancestry has none (or ``written`` is empty), every file
     any snapshot in the table's metadata lists (its branches', tags' and expired ancestors' files
     are held too; read once)."""
 
