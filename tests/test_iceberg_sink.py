@@ -118,6 +118,77 @@ def test_a_table_rolled_back_past_the_sinks_snapshots_is_refused_rather_than_wri
         sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")]))
 
 
+def test_a_rollback_into_an_upserts_commit_then_an_expiry_is_refused(spark_context, tmp_path):
+    """Rolled back into the middle of an upsert's commit (half of the batch's rows in), then every
+    snapshot of the sink expired: the ancestry passes below the batch's own snapshot without meeting
+    it; going on would skip the rest of the batch."""
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.counts", "counts", schema=schema, mode="upsert", keys=["word"])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("a", 1)]))
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("b", 2)]))
+    inside = sink.table().snapshots()[-2]
+    assert inside.summary.get("sparkwal.upsert.batch-ms") == "1000"
+    sink.table().manage_snapshots().rollback_to_snapshot(inside.snapshot_id).commit()
+    ours = [s.snapshot_id for s in sink.table().snapshots() if s.summary.get("sparkwal.stream") == "counts"]
+    sink.table().maintenance.expire_snapshots().by_ids(ours).commit()
+    with pytest.raises(SinkOffsetsError, match=r"the snapshot of batch 1000 \(the newest of sink 'counts'\)"):
+        sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], spark_context.parallelize([("c", 3)]))
+    # the batch's own snapshot expired under a later one (no rollback): the sink goes on
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.later", "later", schema=schema, mode="upsert", keys=["word"])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("a", 1)]))
+    own = sink.table().current_snapshot().snapshot_id
+    sink.table().append(pa.table({"word": ["z"], "n": [0]}))
+    sink.table().maintenance.expire_snapshots().by_id(own).commit()
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("b", 2)]))
+
+
+def test_a_conflict_answered_to_a_commit_that_landed_keeps_its_manifests_and_the_batch_in_once(
+        spark_context, tmp_path, monkeypatch):
+    """A catalog whose transport retried a commit that landed answers CommitFailedException: pyiceberg
+    deletes the commit's manifests on that answer; the sink holds the deletes until it has read the
+    table, finds its snapshot there and deletes nothing (the table stays readable)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import CommitFailedException
+
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
+    sink.create_table()
+    commit, answers = SqlCatalog.commit_table, []
+
+    def lands_then_conflicts(self, table, requirements, updates):
+        response = commit(self, table, requirements, updates)
+        if not answers:
+            answers.append(response)
+            raise CommitFailedException("Requirement failed: branch main has changed (a retried request)")
+        return response
+
+    monkeypatch.setattr(SqlCatalog, "commit_table", lands_then_conflicts)
+    rdd = spark_context.parallelize([("p0", "a")])
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], rdd)
+    assert answers and sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], rdd) is False
+    assert lines_in(sink) == ["a"] and sink.batches_committed() == 1
+    assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+
+
+def test_a_batch_committed_again_after_a_rollback_keeps_the_first_commits_files(spark_context, tmp_path):
+    """Rolled back to the sink's older snapshot, the table lacks the newer batch: it goes in again;
+    the first commit's snapshot, off the ancestry, still lists its files (a time travel reads them),
+    though its records are still there (its driver died before its clean-up)."""
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("p0", "a")]))
+    older = sink.table().current_snapshot().snapshot_id
+    ranges, rdd = [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")])
+    sink.clean_up = lambda *args: 0  # the first commit's driver dies before its clean-up
+    assert sink.write_batch(1000, ranges, rdd)
+    del sink.clean_up
+    first = sink.table().current_snapshot().snapshot_id
+    sink.table().manage_snapshots().rollback_to_snapshot(older).commit()
+    assert sink.offsets() == {TopicPartition("log", "p0"): 1} and lines_in(sink) == ["a"]
+    assert sink.write_batch(1000, ranges, rdd)
+    assert lines_in(sink) == ["a", "b"] and sink.batches_committed() == 2
+    assert sorted(sink.table().scan(snapshot_id=first).to_arrow().column("line").to_pylist()) == ["a", "b"]
+    assert data_files(tmp_path / "warehouse") == files_in_any_snapshot(sink)
+
+
 def test_expired_snapshots_of_the_sink_and_a_table_path_with_its_records_directory_name(spark_context, tmp_path):
     """Another writer appends and the sink's snapshots expire: the sink goes on from the table's
     property; a table in a namespace named like the sink's records directory keeps its files."""

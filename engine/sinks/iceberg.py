@@ -25,13 +25,15 @@ restored job commits only what the table's snapshot ancestry lacks):
    ``sparkwal.upsert.batch-ms`` only (they hold the batch's files; a table rolled back into the
    middle of it never says the batch is in), its data files (written here, by the driver) each
    recorded before it is written, as the tasks' are. The same commit sets the table properties
-   ``sparkwal.stream.<name>.batch-ms``, ``.offsets`` and ``.base-sequence`` (the sequence number of
-   the snapshot the commit was made on): where the sink's snapshots left the ancestry because they
-   expired, the sink goes on from them; where the table was rolled back past them (they are off the
-   ancestry, or it reaches back to the base), it refuses rather than write a batch twice or skip one.
-   A conflict (another writer committed first) reads the table again and decides again, with
-   growing waits; pyiceberg's own retry is held off (it would re-apply the append on the newer
-   table). If the schema or partition spec changed since the tasks wrote, they write the batch
+   ``sparkwal.stream.<name>.batch-ms``, ``.offsets``, ``.snapshot-id`` and ``.sequence-number``
+   (the batch's own snapshot's): where the sink's snapshots left the ancestry because they expired,
+   the sink goes on from them; where the table was rolled back past them (they are off the ancestry,
+   or it passes below that sequence number without meeting that snapshot), it refuses rather than
+   write a batch twice or skip one. A conflict (another writer committed first) reads the table
+   again and decides again, with growing waits; pyiceberg's own retry is held off (it would re-apply
+   the append on the newer table), and its deletes of the commit's manifests wait until the table
+   shows the commit did not land (a catalog's transport may retry a commit that landed, then answer
+   a conflict). If the schema or partition spec changed since the tasks wrote, they write the batch
    again for the new one.
 4. Then the files recorded for batches up to ``t`` that the table does not hold (attempts that
    never committed: a killed task, a killed driver, a losing speculative copy; staged rows) are
@@ -58,9 +60,9 @@ from sparkwal.wal.location import StorageLocation, without_credentials
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from ..errors import EngineError
 from .delta_files import RECORDS_DIR, delete_settled, records_up_to
-from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, metadata_for_tasks, without_own_retries,
-                              without_secrets)
-from .iceberg_files import HeldFiles, recording_file_io, relative_to, staged, staged_rows, write_partition
+from .iceberg_catalog import (catalog_of, failure_kind, fsspec_options, left_behind, metadata_for_tasks,
+                              without_own_retries, without_secrets)
+from .iceberg_files import HeldFiles, commit_file_io, relative_to, staged, staged_rows, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
 
 log = logging.getLogger(__name__)
@@ -202,10 +204,13 @@ class IcebergSink:
                 yield snapshot
 
     def _written_snapshots(self, table) -> dict[int, list]:
-        """The sink's snapshots in the table's current ancestry, by batch time (an append's files)."""
+        """The sink's snapshots in the table's metadata, by batch time (an append's files): off the
+        ancestry too (a batch committed again after a rollback: the first commit's snapshot is still
+        read by a time travel, a tag or a branch)."""
         written: dict[int, list] = {}
-        for snapshot in self.sink_snapshots(table):
-            written.setdefault(int(snapshot.summary[BATCH_MS]), []).append(snapshot)
+        for snapshot in table.metadata.snapshots:
+            if snapshot.summary is not None and snapshot.summary.get(STREAM) == self.name:
+                written.setdefault(int(snapshot.summary[BATCH_MS]), []).append(snapshot)
         return written
 
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:
@@ -213,8 +218,7 @@ class IcebergSink:
         committed. From its newest snapshot in the ancestry; where none is left there, from the table
         properties its every commit sets, if that snapshot expired (it is in no snapshot of the
         metadata); an error if it is there but not an ancestor (the table rolled back past it), or if
-        an ancestor is no newer than the snapshot that commit was made on (``.base-sequence``: rolled
-        back past it, then it expired)."""
+        the ancestry passes below it without meeting it (rolled back past it, then it expired)."""
         for snapshot in self.sink_snapshots(table):
             return int(snapshot.summary[BATCH_MS]), _ends(snapshot.summary.get(OFFSETS))
         batch = self._property_batch(table)
@@ -223,13 +227,7 @@ class IcebergSink:
         ends = table.properties.get(f"{STREAM}.{self.name}.offsets")
         rolled_back = any(s.summary is not None and s.summary.get(STREAM) == self.name
                           and s.summary.get(BATCH_MS) == str(batch) for s in table.metadata.snapshots)
-        base = int(table.properties.get(f"{STREAM}.{self.name}.base-sequence", "0"))
-        if base > 0 and not rolled_back:  # (sequence numbers grow from parent to child; 0 in format 1)
-            from pyiceberg.table.snapshots import ancestors_of
-
-            rolled_back = any(0 < (s.sequence_number or 0) <= base
-                              for s in ancestors_of(table.current_snapshot(), table.metadata))
-        if rolled_back or ends is None:
+        if rolled_back or ends is None or left_behind(table, f"{STREAM}.{self.name}"):
             raise self._history_lost(table)
         return batch, _ends(ends)
 
@@ -339,18 +337,20 @@ class IcebergSink:
                                 "the Iceberg table's")
             offsets = json.dumps([[tp.topic, tp.partition, o] for tp, o in ends.items()])
             summary = {STREAM: self.name, BATCH_MS: str(batch_time_ms), OFFSETS: offsets}
+            own = file_io = None
             try:
                 with self._catalog_call(f"commit of batch {batch_time_ms}"):
                     table = without_own_retries(table)
                     location = StorageLocation.of(table.metadata.location.rstrip("/"), self._storage_options)
                     rows = staged_rows(location, table.schema(), [w["staged"] for w in written if isinstance(w, dict)],
                                        self.keys) if self.mode == "upsert" else None
-                    if rows is not None and rows.num_rows:
-                        table.io = recording_file_io(table.io, location, self.name, batch_time_ms, attempt,
-                                                     [(r.topic, r.partition, r.untilOffset) for r in ranges
-                                                      if r.untilOffset > r.fromOffset])
+                    upserting = rows is not None and rows.num_rows > 0
+                    table.io = file_io = commit_file_io(table.io, *(
+                        (location, self.name, batch_time_ms, attempt, [
+                            (r.topic, r.partition, r.untilOffset) for r in ranges if r.untilOffset > r.fromOffset])
+                        if upserting else ()))
                     transaction = table.transaction()
-                    if rows is not None and rows.num_rows:  # its snapshots hold files, only the last says "in"
+                    if upserting:  # its snapshots hold files, only the last says "in"
                         transaction.upsert(rows, join_cols=self.keys, snapshot_properties={
                             UPSERT_STREAM: self.name, UPSERT_BATCH_MS: str(batch_time_ms)})
                     # the batch's own snapshot, last (empty after an upsert): the summary the sink decides by
@@ -358,15 +358,22 @@ class IcebergSink:
                         for data_file in written:
                             if not isinstance(data_file, dict):
                                 append.append_data_file(data_file)
-                    base = table.current_snapshot()
+                    own = transaction.table_metadata.current_snapshot()
                     transaction.set_properties({f"{STREAM}.{self.name}.batch-ms": str(batch_time_ms),
                                                 f"{STREAM}.{self.name}.offsets": offsets,
-                                                f"{STREAM}.{self.name}.base-sequence":
-                                                    str(base.sequence_number or 0) if base is not None else "0"})
+                                                f"{STREAM}.{self.name}.snapshot-id": str(own.snapshot_id),
+                                                f"{STREAM}.{self.name}.sequence-number": str(own.sequence_number or 0)})
                     transaction.commit_transaction()
+                file_io.delete_deferred()
             except Exception as e:  # narrowed: only another writer's winning commit is tried again
                 if failure_kind(e) != "conflict":
                     raise
+                if own is not None and self._landed(own.snapshot_id):  # a transport's retry of a landed commit
+                    log.warning("%s: batch %d's Iceberg commit landed, answered as a conflict (%s)", self.name,
+                                batch_time_ms, e)
+                    return True
+                if file_io is not None:
+                    file_io.delete_deferred()
                 log.warning("%s: batch %d's Iceberg commit conflicted (%s); reading the table again "
                             "(attempt %d of %d)", self.name, batch_time_ms, e, tries + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** tries) * random.uniform(1.0, 1.5))
@@ -375,6 +382,10 @@ class IcebergSink:
         raise IcebergCommitConflictError(
             f"{self.name}: other writers' commits to {self.identifier} won all {COMMIT_ATTEMPTS} commit attempts "
             f"of batch {batch_time_ms}; the batch fails and runs again")
+
+    def _landed(self, snapshot_id: int) -> bool:
+        table = self.table()
+        return table is not None and table.metadata.snapshot_by_id(snapshot_id) is not None
 
     def clean_up(self, up_to_ms: int, committed: set[str] | None = None, attempt: str | None = None) -> int:
         """Delete what attempts of batches up to ``up_to_ms`` wrote that the table does not hold,

@@ -9,6 +9,8 @@ catalog's failure means.
   storage seam's error, the batch runs again), ``"conflict"`` (another writer's commit or
   transaction won: the sink reads the table and decides again) or ``None`` (a mistake or the table's
   own error: raised as it is, one line).
+* Whether the table was rolled back past the sink's newest commit, from the table properties the
+  commit set, once that commit's snapshot is gone (:func:`left_behind`).
 """
 
 from __future__ import annotations
@@ -115,3 +117,24 @@ def failure_kind(e: BaseException) -> str | None:
     if "database is locked" in message or "disk i/o error" in message:  # SQLite, busy or failing
         return "unavailable"
     return None
+
+
+def left_behind(table, prefix: str) -> bool:
+    """Whether the table's current ancestry passes below the sink's newest commit (its snapshot
+    gone from the metadata since) without meeting it, or its id as an expired snapshot's parent: the
+    table was rolled back past it. From the ``<prefix>.snapshot-id`` and ``.sequence-number`` each
+    commit sets (sequence numbers grow from parent to child; 0 in format 1: nothing to tell by);
+    before them, ``.base-sequence``, the sequence number the commit was made on."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    own, base = table.properties.get(f"{prefix}.snapshot-id"), int(table.properties.get(f"{prefix}.base-sequence", 0))
+    own_sequence = int(table.properties.get(f"{prefix}.sequence-number", 0))
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        sequence = snapshot.sequence_number or 0
+        if own is None and 0 < sequence <= base:
+            return True
+        if own is not None and own in (str(snapshot.snapshot_id), str(snapshot.parent_snapshot_id)):
+            return False
+        if own is not None and 0 < sequence < own_sequence:
+            return True
+    return False

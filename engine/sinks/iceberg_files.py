@@ -18,7 +18,7 @@ the table's location:
 An upsert's data files are written by the driver, inside the commit (pyiceberg's upsert: the rows
 it inserts, and the files its copy-on-write rewrites): each is recorded the same way just before
 pyiceberg writes it, as ``_sparkwal/<sink name>/<t>-<batch attempt>-driver-<random>.json`` naming
-that one file (:func:`recording_file_io`), so that a commit the catalog refused, or a driver killed
+that one file (:func:`commit_file_io`), so that a commit the catalog refused, or a driver killed
 before its commit, leaves no file that nothing names.
 
 Each file is created whole and durable through the storage seam (:mod:`sparkwal.wal`: retries,
@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import uuid
 
 from .delta_files import RECORDS_DIR, rows_table, task_attempt_id
+
+log = logging.getLogger(__name__)
 
 
 def write_partition(index, rows, location, metadata, name, batch_time_ms, staging, attempt, ends=()):
@@ -114,21 +117,27 @@ def staged_rows(location, schema, staged: list[str], keys: list[str]):
     return rows.take(last)
 
 
-def recording_file_io(io, location, name: str, batch_time_ms: int, attempt: str, ends):
-    """The driver's ``FileIO`` for an upsert's commit: ``io`` (the table's), with each data file
-    (``.parquet``: pyiceberg's manifests and metadata are not) recorded before it is written, as
-    attempt ``attempt`` of batch ``batch_time_ms`` (the module's docstring)."""
+def commit_file_io(io, location=None, name: str = "", batch_time_ms: int = 0, attempt: str = "", ends=()):
+    """The driver's ``FileIO`` for the sink's commit: ``io`` (the table's) with its deletes held in
+    ``deferred``, done only by its ``delete_deferred()`` once the sink knows the commit did not land.
+    (pyiceberg deletes a commit's manifests whenever the catalog answers ``CommitFailedException``,
+    which a catalog whose transport retried a commit that landed answers too: the table would list
+    deleted files.) With ``location`` (an upsert's), each data file (``.parquet``: pyiceberg's
+    manifests and metadata are not) is recorded before it is written, as attempt ``attempt`` of
+    batch ``batch_time_ms`` (the module's docstring)."""
     from pyiceberg.io import FileIO
 
-    storage, root = location.resolve()
-    records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
+    if location is not None:
+        storage, root = location.resolve()
+        records_dir = storage.join(root, f"{RECORDS_DIR}/{name}")
 
-    class RecordingFileIO(FileIO):
+    class CommitFileIO(FileIO):
         def __init__(self):
             super().__init__(io.properties)
+            self.deferred: list[str] = []
 
         def new_output(self, url: str):
-            if url.endswith(".parquet"):
+            if location is not None and url.endswith(".parquet"):
                 relative_to(location, url)  # (a data file elsewhere is refused before it is written)
                 storage.makedirs(records_dir)
                 _put(storage, records_dir, f"{batch_time_ms}-{attempt}-driver-{uuid.uuid4().hex[:12]}", [url], ends)
@@ -138,9 +147,19 @@ def recording_file_io(io, location, name: str, batch_time_ms: int, attempt: str,
             return io.new_input(url)
 
         def delete(self, url) -> None:
-            io.delete(url)
+            self.deferred.append(url if isinstance(url, str) else url.location)
 
-    return RecordingFileIO()
+        def delete_deferred(self) -> None:
+            """The deletes held back, done: the commit did not land (or landed, and pyiceberg
+            deletes only what it left out: earlier tries' manifests)."""
+            deferred, self.deferred = self.deferred, []
+            for url in deferred:
+                try:
+                    io.delete(url)
+                except Exception:  # noqa: BLE001  (a manifest left: invisible; orphan-file removal takes it)
+                    log.warning("an uncommitted Iceberg manifest was not deleted: %s", url, exc_info=True)
+
+    return CommitFileIO()
 
 
 def _put(storage, records_dir: str, stem: str, files: list[str], ends) -> None:
