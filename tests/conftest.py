@@ -84,7 +84,9 @@ def _own_cpu_seconds() -> float:
 
 
 _START = time.monotonic()
-_CGROUP = _suite_cgroup()
+#: pytest-xdist's workers (``PYTEST_XDIST_WORKER``) stay in the group of the session that started them
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_CGROUP = None if _WORKER else _suite_cgroup()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
@@ -125,7 +127,7 @@ def pytest_sessionfinish(session):
     where the time goes (docs/testing.md). A session run with ``-m EXPR`` writes ``FILE.EXPR`` instead
     (``times.json.compat`` under ``.ci/run``), so the whole suite's file is kept."""
     path = os.environ.get("SPARKWAL_TEST_TIMES")
-    if path and _TIMES:
+    if path and _TIMES and not _WORKER:  # (the session that started the workers has their reports)
         import json
         import re
 
