@@ -133,6 +133,23 @@ def test_a_rollback_into_an_upserts_commit_then_an_expiry_is_refused(spark_conte
     sink.table().maintenance.expire_snapshots().by_ids(ours).commit()
     with pytest.raises(SinkOffsetsError, match=r"the snapshot of batch 1000 \(the newest of sink 'counts'\)"):
         sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], spark_context.parallelize([("c", 3)]))
+    # a version before .snapshot-id committed last (it left the newer version's values): its
+    # .base-sequence decides; its snapshot and the one before expired, the ancestry rolled back
+    # to a child of the older one
+    sink = IcebergSink(sqlite_catalog(tmp_path), "db.mixed", "mixed", schema=schema, mode="upsert", keys=["word"])
+    assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("a", 1)]))
+    newer = dict(sink.table().properties)
+    sink.table().append(pa.table({"word": ["z"], "n": [0]}))
+    between = sink.table().current_snapshot().snapshot_id
+    assert sink.write_batch(1000, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("b", 2)]))
+    with sink.table().transaction() as older_version:
+        older_version.set_properties({k: newer[k] for k in ("sparkwal.stream.mixed.snapshot-id",
+                                                            "sparkwal.stream.mixed.sequence-number")})
+    sink.table().manage_snapshots().rollback_to_snapshot(between).commit()
+    ours = [s.snapshot_id for s in sink.table().snapshots() if s.summary.get("sparkwal.stream") == "mixed"]
+    sink.table().maintenance.expire_snapshots().by_ids(ours).commit()
+    with pytest.raises(SinkOffsetsError, match=r"the snapshot of batch 1000 \(the newest of sink 'mixed'\)"):
+        sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], spark_context.parallelize([("c", 3)]))
     # the batch's own snapshot expired under a later one (no rollback): the sink goes on
     sink = IcebergSink(sqlite_catalog(tmp_path), "db.later", "later", schema=schema, mode="upsert", keys=["word"])
     assert sink.write_batch(500, [OffsetRange("log", "p0", 0, 1)], spark_context.parallelize([("a", 1)]))
@@ -152,12 +169,14 @@ def test_a_conflict_answered_to_a_commit_that_landed_keeps_its_manifests_and_the
 
     sink = IcebergSink(sqlite_catalog(tmp_path), "db.lines", "lines", schema=SCHEMA)
     sink.create_table()
-    commit, answers = SqlCatalog.commit_table, []
+    commit, answers, meanwhile = SqlCatalog.commit_table, [], []
 
     def lands_then_conflicts(self, table, requirements, updates):
         response = commit(self, table, requirements, updates)
-        if not answers:
+        if len(answers) < 2 and any(getattr(u, "action", "") == "add-snapshot" for u in updates):
             answers.append(response)
+            for step in meanwhile:
+                step()
             raise CommitFailedException("Requirement failed: branch main has changed (a retried request)")
         return response
 
@@ -167,6 +186,20 @@ def test_a_conflict_answered_to_a_commit_that_landed_keeps_its_manifests_and_the
     assert answers and sink.write_batch(1000, [OffsetRange("log", "p0", 0, 1)], rdd) is False
     assert lines_in(sink) == ["a"] and sink.batches_committed() == 1
     assert data_files(tmp_path / "warehouse") == files_in_table(sink)
+    # before the answer, another writer appends and expires the sink's snapshot: the appended one
+    # lists the sink's manifest; the commit is not found, and its manifests are left all the same
+    ours = []
+
+    def another_writer_expires_ours():
+        ours.append(sink.table().current_snapshot().snapshot_id)
+        meanwhile.clear()
+        sink.table().append(pa.table({"partition": ["q"], "line": ["other writer"]}))
+        sink.table().maintenance.expire_snapshots().by_id(ours[0]).commit()
+
+    meanwhile.append(another_writer_expires_ours)
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 1, 2)], spark_context.parallelize([("p0", "b")])) \
+        is False  # in, by the property of its expired snapshot
+    assert ours and lines_in(sink) == ["a", "b", "other writer"] and sink.offsets() == {TopicPartition("log", "p0"): 2}
 
 
 def test_a_batch_committed_again_after_a_rollback_keeps_the_first_commits_files(spark_context, tmp_path):
@@ -187,6 +220,15 @@ def test_a_batch_committed_again_after_a_rollback_keeps_the_first_commits_files(
     assert lines_in(sink) == ["a", "b"] and sink.batches_committed() == 2
     assert sorted(sink.table().scan(snapshot_id=first).to_arrow().column("line").to_pylist()) == ["a", "b"]
     assert data_files(tmp_path / "warehouse") == files_in_any_snapshot(sink)
+    # the first commit kept by a tag, the second expired under another writer's: the batch is in
+    # (its own snapshot is the second), not refused for the first one's being off the ancestry
+    sink.table().manage_snapshots().create_tag(first, "first-try").commit()
+    second = sink.table().current_snapshot().snapshot_id
+    sink.table().append(pa.table({"partition": ["q"], "line": ["other writer"]}))
+    sink.table().maintenance.expire_snapshots().by_id(second).commit()
+    assert sink.offsets() == {TopicPartition("log", "p0"): 2}
+    assert sink.write_batch(1500, [OffsetRange("log", "p0", 2, 3)], spark_context.parallelize([("p0", "c")]))
+    assert lines_in(sink) == ["a", "b", "c", "other writer"]
 
 
 def test_expired_snapshots_of_the_sink_and_a_table_path_with_its_records_directory_name(spark_context, tmp_path):

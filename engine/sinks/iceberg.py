@@ -216,18 +216,16 @@ class IcebergSink:
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:
         """``(batch time, end offsets)`` of the sink's newest batch in the table; None if it never
         committed. From its newest snapshot in the ancestry; where none is left there, from the table
-        properties its every commit sets, if that snapshot expired (it is in no snapshot of the
-        metadata); an error if it is there but not an ancestor (the table rolled back past it), or if
-        the ancestry passes below it without meeting it (rolled back past it, then it expired)."""
+        properties its every commit sets, if that snapshot expired; an error if the table was rolled
+        back past it (:func:`~.iceberg_catalog.left_behind`)."""
         for snapshot in self.sink_snapshots(table):
             return int(snapshot.summary[BATCH_MS]), _ends(snapshot.summary.get(OFFSETS))
         batch = self._property_batch(table)
         if batch is None:
             return None
         ends = table.properties.get(f"{STREAM}.{self.name}.offsets")
-        rolled_back = any(s.summary is not None and s.summary.get(STREAM) == self.name
-                          and s.summary.get(BATCH_MS) == str(batch) for s in table.metadata.snapshots)
-        if rolled_back or ends is None or left_behind(table, f"{STREAM}.{self.name}"):
+        if ends is None or left_behind(table, f"{STREAM}.{self.name}", lambda s: s.summary is not None and (
+                s.summary.get(STREAM), s.summary.get(BATCH_MS)) == (self.name, str(batch))):
             raise self._history_lost(table)
         return batch, _ends(ends)
 
@@ -358,22 +356,24 @@ class IcebergSink:
                         for data_file in written:
                             if not isinstance(data_file, dict):
                                 append.append_data_file(data_file)
-                    own = transaction.table_metadata.current_snapshot()
+                    own, base = transaction.table_metadata.current_snapshot(), table.current_snapshot()
                     transaction.set_properties({f"{STREAM}.{self.name}.batch-ms": str(batch_time_ms),
                                                 f"{STREAM}.{self.name}.offsets": offsets,
                                                 f"{STREAM}.{self.name}.snapshot-id": str(own.snapshot_id),
-                                                f"{STREAM}.{self.name}.sequence-number": str(own.sequence_number or 0)})
+                                                f"{STREAM}.{self.name}.sequence-number": str(own.sequence_number or 0),
+                                                f"{STREAM}.{self.name}.base-sequence":
+                                                    str(base.sequence_number or 0) if base is not None else "0"})
                     transaction.commit_transaction()
                 file_io.delete_deferred()
             except Exception as e:  # narrowed: only another writer's winning commit is tried again
                 if failure_kind(e) != "conflict":
                     raise
+                if file_io is not None:  # (never done: a later writer may list them though ours expired)
+                    file_io.drop_deferred()
                 if own is not None and self._landed(own.snapshot_id):  # a transport's retry of a landed commit
                     log.warning("%s: batch %d's Iceberg commit landed, answered as a conflict (%s)", self.name,
                                 batch_time_ms, e)
                     return True
-                if file_io is not None:
-                    file_io.delete_deferred()
                 log.warning("%s: batch %d's Iceberg commit conflicted (%s); reading the table again "
                             "(attempt %d of %d)", self.name, batch_time_ms, e, tries + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** tries) * random.uniform(1.0, 1.5))
@@ -413,9 +413,11 @@ class IcebergSink:
         held = HeldFiles(table, self._written_snapshots(table) if self.mode == "append" else {})
 
         def unheld(record_name: str, batch: int, url: str) -> bool:
-            own = record_name.split("-")[1] == attempt
-            keep = committed if own and committed is not None else held.of_batch(batch)
-            return staged(location, self.name, url) or url not in keep
+            if staged(location, self.name, url):
+                return True
+            if record_name.split("-")[1] == attempt and committed is not None:
+                return url not in committed
+            return url not in held.of_batch(batch) and url not in held.everywhere()
 
         deleted = delete_settled(storage, records, newest, unheld, lambda url: relative_to(location, url))
         if deleted:

@@ -119,16 +119,25 @@ def failure_kind(e: BaseException) -> str | None:
     return None
 
 
-def left_behind(table, prefix: str) -> bool:
-    """Whether the table's current ancestry passes below the sink's newest commit (its snapshot
-    gone from the metadata since) without meeting it, or its id as an expired snapshot's parent: the
-    table was rolled back past it. From the ``<prefix>.snapshot-id`` and ``.sequence-number`` each
-    commit sets (sequence numbers grow from parent to child; 0 in format 1: nothing to tell by);
-    before them, ``.base-sequence``, the sequence number the commit was made on."""
+def left_behind(table, prefix: str, is_newest) -> bool:
+    """Whether the table was rolled back past the sink's newest commit, where no snapshot of the
+    sink is in its current ancestry: that commit's snapshot is still in the metadata (by its id,
+    ``<prefix>.snapshot-id``; by ``is_newest(snapshot)`` from a commit made before that property),
+    or the ancestry passes below its sequence number (``.sequence-number``) without meeting it, or
+    its id as an expired snapshot's parent (sequence numbers grow from parent to child; 0 in format
+    1: nothing to tell by). ``.base-sequence`` is the sequence number each commit was made on: where
+    it is not below ``.sequence-number`` (a version before those wrote last), an ancestor no newer
+    than it says rolled back."""
     from pyiceberg.table.snapshots import ancestors_of
 
     own, base = table.properties.get(f"{prefix}.snapshot-id"), int(table.properties.get(f"{prefix}.base-sequence", 0))
     own_sequence = int(table.properties.get(f"{prefix}.sequence-number", 0))
+    if own_sequence <= base:
+        own = None
+    if own is not None and table.metadata.snapshot_by_id(int(own)) is not None:
+        return True
+    if own is None and any(is_newest(s) for s in table.metadata.snapshots):
+        return True
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         sequence = snapshot.sequence_number or 0
         if own is None and 0 < sequence <= base:

@@ -119,10 +119,10 @@ def staged_rows(location, schema, staged: list[str], keys: list[str]):
 
 def commit_file_io(io, location=None, name: str = "", batch_time_ms: int = 0, attempt: str = "", ends=()):
     """The driver's ``FileIO`` for the sink's commit: ``io`` (the table's) with its deletes held in
-    ``deferred``, done only by its ``delete_deferred()`` once the sink knows the commit did not land.
-    (pyiceberg deletes a commit's manifests whenever the catalog answers ``CommitFailedException``,
-    which a catalog whose transport retried a commit that landed answers too: the table would list
-    deleted files.) With ``location`` (an upsert's), each data file (``.parquet``: pyiceberg's
+    ``deferred``: done by ``delete_deferred()`` after a commit that succeeded, never after a conflict
+    (``drop_deferred()``). pyiceberg deletes a commit's manifests whenever the catalog answers
+    ``CommitFailedException``, which a catalog whose transport retried a commit that landed answers
+    too: the table would list deleted files. With ``location`` (an upsert's), each data file (``.parquet``: pyiceberg's
     manifests and metadata are not) is recorded before it is written, as attempt ``attempt`` of
     batch ``batch_time_ms`` (the module's docstring)."""
     from pyiceberg.io import FileIO
@@ -149,6 +149,15 @@ def commit_file_io(io, location=None, name: str = "", batch_time_ms: int = 0, at
         def delete(self, url) -> None:
             self.deferred.append(url if isinstance(url, str) else url.location)
 
+        def drop_deferred(self) -> None:
+            """The deletes held back, never done (a conflict: the commit may have landed, and a
+            later commit list its manifests even once its own snapshot expired): files no snapshot
+            lists, or one does; Iceberg's orphan-file removal tells them apart."""
+            if self.deferred:
+                log.info("%d manifest files of an Iceberg commit answered by a conflict are left to orphan-file "
+                         "removal", len(self.deferred))
+            self.deferred = []
+
         def delete_deferred(self) -> None:
             """The deletes held back, done: the commit did not land (or landed, and pyiceberg
             deletes only what it left out: earlier tries' manifests)."""
@@ -174,15 +183,15 @@ def staged(location, name: str, url: str) -> bool:
 
 class HeldFiles:
     """The data files the table holds, read as little as a clean-up needs: the files added by the
-    sink's snapshots of one batch time (``written``: batch time -> snapshots in the current
-    ancestry; their manifests), or, where the ancestry has none (or ``written`` is empty), every file
-    any snapshot in the table's metadata lists (its branches', tags' and expired ancestors' files
-    are held too; read once)."""
+    sink's snapshots of one batch time (``written``: batch time -> the sink's snapshots; their
+    manifests), and, for a file not among them, every file any snapshot in the table's metadata
+    lists (:meth:`everywhere`: its branches', tags' and expired ancestors' files are held too; read
+    once)."""
 
     def __init__(self, table, written: dict[int, list]):
         self.table, self.written = table, written
         self.by_batch: dict[int, set[str]] = {}
-        self.everywhere: set[str] | None = None
+        self._everywhere: set[str] | None = None
 
     def of_batch(self, batch_time_ms: int) -> set[str]:
         table = self.table
@@ -193,12 +202,16 @@ class HeldFiles:
                     e.data_file.file_path for s in snapshots for m in s.manifests(table.io)
                     if m.added_snapshot_id == s.snapshot_id for e in m.fetch_manifest_entry(table.io)}
             else:
-                if self.everywhere is None:
-                    manifests = {m.manifest_path: m for s in table.metadata.snapshots for m in s.manifests(table.io)}
-                    self.everywhere = {e.data_file.file_path for m in manifests.values()
-                                       for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
-                self.by_batch[batch_time_ms] = self.everywhere
+                self.by_batch[batch_time_ms] = self.everywhere()
         return self.by_batch[batch_time_ms]
+
+    def everywhere(self) -> set[str]:
+        if self._everywhere is None:
+            table = self.table
+            manifests = {m.manifest_path: m for s in table.metadata.snapshots for m in s.manifests(table.io)}
+            self._everywhere = {e.data_file.file_path for m in manifests.values()
+                                for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+        return self._everywhere
 
 
 def _create(storage, path: str, data: bytes) -> None:
