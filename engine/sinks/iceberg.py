@@ -204,13 +204,15 @@ class IcebergSink:
                 yield snapshot
 
     def _written_snapshots(self, table) -> dict[int, list]:
-        """The sink's snapshots in the table's metadata, by batch time (an append's files): off the
+        """The sink's snapshots in the table's metadata (an upsert's too), by batch time: off the
         ancestry too (a batch committed again after a rollback: the first commit's snapshot is still
         read by a time travel, a tag or a branch)."""
         written: dict[int, list] = {}
         for snapshot in table.metadata.snapshots:
-            if snapshot.summary is not None and snapshot.summary.get(STREAM) == self.name:
-                written.setdefault(int(snapshot.summary[BATCH_MS]), []).append(snapshot)
+            summary = snapshot.summary or {}
+            for stream, batch in ((STREAM, BATCH_MS), (UPSERT_STREAM, UPSERT_BATCH_MS)):
+                if summary.get(stream) == self.name:
+                    written.setdefault(int(summary[batch]), []).append(snapshot)
         return written
 
     def _newest(self, table) -> tuple[int, dict[TopicPartition, int]] | None:
@@ -408,9 +410,7 @@ class IcebergSink:
             return 0  # the sink's history is lost: nothing is known held, nothing is deleted
         if newest is None:
             return 0
-        # (an upsert's files: every file any snapshot lists. Its tagged snapshots may have expired
-        # under the batch's own, whose manifests still list their files, or left the ancestry)
-        held = HeldFiles(table, self._written_snapshots(table) if self.mode == "append" else {})
+        held = HeldFiles(table, self._written_snapshots(table))
 
         def unheld(record_name: str, batch: int, url: str) -> bool:
             if staged(location, self.name, url):
