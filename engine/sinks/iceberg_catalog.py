@@ -126,13 +126,13 @@ def left_behind(table, prefix: str, is_newest) -> bool:
     or the ancestry passes below its sequence number (``.sequence-number``) without meeting it, or
     its id as an expired snapshot's parent (sequence numbers grow from parent to child; 0 in format
     1: nothing to tell by). ``.base-sequence`` is the sequence number each commit was made on: where
-    it is not below ``.sequence-number`` (a version before those wrote last), an ancestor no newer
-    than it says rolled back."""
+    it is not below a ``.sequence-number`` above 0 (a version before those wrote last), an ancestor no
+    newer than it says rolled back."""
     from pyiceberg.table.snapshots import ancestors_of
 
     own, base = table.properties.get(f"{prefix}.snapshot-id"), int(table.properties.get(f"{prefix}.base-sequence", 0))
     own_sequence = int(table.properties.get(f"{prefix}.sequence-number", 0))
-    if own_sequence <= base:
+    if 0 < own_sequence <= base:  # (format 1: both 0; the id is this version's)
         own = None
     if own is not None and table.metadata.snapshot_by_id(int(own)) is not None:
         return True
