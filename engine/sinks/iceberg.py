@@ -31,10 +31,10 @@ restored job commits only what the table's snapshot ancestry lacks):
    or it passes below that sequence number without meeting that snapshot), it refuses rather than
    write a batch twice or skip one. A conflict (another writer committed first) reads the table
    again and decides again, with growing waits; pyiceberg's own retry is held off (it would re-apply
-   the append on the newer table), and its deletes of the commit's manifests wait until the table
-   shows the commit did not land (a catalog's transport may retry a commit that landed, then answer
-   a conflict). If the schema or partition spec changed since the tasks wrote, they write the batch
-   again for the new one.
+   the append on the newer table), and its deletes of the commit's manifests are never done after a
+   conflict (a catalog's transport may retry a commit that landed, then answer a conflict; the
+   table, read again, shows whether it did). If the schema or partition spec changed since the
+   tasks wrote, they write the batch again for the new one.
 4. Then the files recorded for batches up to ``t`` that the table does not hold (attempts that
    never committed: a killed task, a killed driver, a losing speculative copy; staged rows) are
    deleted, and their records, once the table's output has passed the ranges their batch read

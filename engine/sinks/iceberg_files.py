@@ -122,9 +122,9 @@ def commit_file_io(io, location=None, name: str = "", batch_time_ms: int = 0, at
     ``deferred``: done by ``delete_deferred()`` after a commit that succeeded, never after a conflict
     (``drop_deferred()``). pyiceberg deletes a commit's manifests whenever the catalog answers
     ``CommitFailedException``, which a catalog whose transport retried a commit that landed answers
-    too: the table would list deleted files. With ``location`` (an upsert's), each data file (``.parquet``: pyiceberg's
-    manifests and metadata are not) is recorded before it is written, as attempt ``attempt`` of
-    batch ``batch_time_ms`` (the module's docstring)."""
+    too: the table would list deleted files. With ``location`` (an upsert's), each data file
+    (``.parquet``: pyiceberg's manifests and metadata are not) is recorded before it is written, as
+    attempt ``attempt`` of batch ``batch_time_ms`` (the module's docstring)."""
     from pyiceberg.io import FileIO
 
     if location is not None:
@@ -159,8 +159,8 @@ def commit_file_io(io, location=None, name: str = "", batch_time_ms: int = 0, at
             self.deferred = []
 
         def delete_deferred(self) -> None:
-            """The deletes held back, done: the commit did not land (or landed, and pyiceberg
-            deletes only what it left out: earlier tries' manifests)."""
+            """The deletes held back, done, after a commit that succeeded (pyiceberg deletes only
+            what it left out: earlier tries' manifests, old metadata files)."""
             deferred, self.deferred = self.deferred, []
             for url in deferred:
                 try:
@@ -196,13 +196,9 @@ class HeldFiles:
     def of_batch(self, batch_time_ms: int) -> set[str]:
         table = self.table
         if batch_time_ms not in self.by_batch:
-            snapshots = self.written.get(batch_time_ms)
-            if snapshots:
-                self.by_batch[batch_time_ms] = {
-                    e.data_file.file_path for s in snapshots for m in s.manifests(table.io)
-                    if m.added_snapshot_id == s.snapshot_id for e in m.fetch_manifest_entry(table.io)}
-            else:
-                self.by_batch[batch_time_ms] = self.everywhere()
+            self.by_batch[batch_time_ms] = {
+                e.data_file.file_path for s in self.written.get(batch_time_ms, ()) for m in s.manifests(table.io)
+                if m.added_snapshot_id == s.snapshot_id for e in m.fetch_manifest_entry(table.io)}
         return self.by_batch[batch_time_ms]
 
     def everywhere(self) -> set[str]:
