@@ -225,10 +225,12 @@ class StreamMachinery:
             self.generated_rdds[time_ms] = rdd
             self.lineage_from[time_ms] = time_ms
 
-    def state_snapshotted(self, chains: dict) -> None:
+    def state_snapshotted(self, chains: dict, records_remembered: bool = True) -> None:
         """A restart: committed batch time it re-generates -> the checkpoint's snapshot of this stream's
         state after it (a :class:`~sparkwal.engine.state.snapshot_tasks.ChainOnDriver`; a ``mapWithState``
-        lets the driver read it rather than compute that batch's state)."""
+        lets the driver read it rather than compute that batch's state). ``records_remembered``: a
+        later batch may read those batches' records (a stream after this one remembers its RDDs past
+        their batch, or keeps a state)."""
 
     def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
         """A takeover's state that its first batch builds on: called on the generation thread,

@@ -141,9 +141,11 @@ def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batc
     than the run), and a restart starts from it. The restarted driver's first batches (before the
     receivers' first blocks: empty) run on the driver at once: the driver reads the state from its
     snapshot itself, no job; after the second stop, whose last batch (with records) is re-generated
-    from an earlier snapshot and its inputs, the driver reads that batch's own snapshot instead."""
+    from an earlier snapshot and its inputs, the driver reads that batch's own snapshot instead, and
+    builds nothing of that batch: its blocks are not read back (they came without results, which
+    only the stopped driver held)."""
     app = App(spark_context, tmp_path, StateSpec.function(running_total).numPartitions(3), interval=60.0)
-    restarts = []
+    restarts, fallbacks = [], []
     try:
         app.offer(["a b"] * 30)
         wait_until(lambda: app.totals() == {"a": 30, "b": 30}, what="the first lines")
@@ -153,12 +155,15 @@ def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batc
             restarts.append(max(t for t, _, _ in app.batches))
             wait_until(lambda: len([b for b in app.batches if b[0] > restarts[-1]]) >= 2,
                        what=f"two batches after restart {step + 1}")
+            fallbacks.append(app.ssc.receiverTracker.statistics().precompute_fallbacks)
         app.offer(["a"] * 5)
         wait_until(lambda: app.totals() == {"a": 55, "b": 30, "c": 20}, what="every total after the restarts")
     finally:
         app.stop()
     after = sorted(b for b in app.batches if b[0] > restarts[0])
     assert all(on_driver for _, _, on_driver in after), after  # the empty first ones too
+    # the stops' last batches, committed, are not built again: no block of theirs is read back
+    assert fallbacks == [0, 0]
 
     # the driver's read of a chain: exact, and refused where the executors must read it
     (index, state), = checkpoint_state(app.ckpt).items()

@@ -37,7 +37,7 @@ from pyspark.rdd import Partitioner, portable_hash
 from ..driver_rows import DriverRowsRDD
 from ..errors import StateError
 from ..stream_machinery import known_empty
-from .snapshot_tasks import DriverParts, chain_on_driver
+from .snapshot_tasks import ChainOnDriver, DriverParts, chain_on_driver
 from .state_map import StateMap, StateRecord
 
 log = logging.getLogger(__name__)
@@ -208,13 +208,30 @@ def _collect(state: RDD, bound: int) -> tuple[int, list | None]:
     return keys, sorted(state.collect(), key=lambda r: r[0]) if 0 <= keys <= bound else None
 
 
+def state_of_snapshot(stream, chain: ChainOnDriver, bound: int) -> DriverState | None:
+    """The state of ``stream`` (an ``InternalMapWithStateDStream``) at a committed batch a restart
+    re-generates, read by the driver from ``chain``, the snapshot taken after it, with no RDD of
+    the batch or of the state before it (its mapped records were output before the restart: it has
+    none); None where the driver cannot read it (as :func:`_chain_records`)."""
+    sc, n = stream.context().sparkContext, stream.num_partitions
+    read = _chain_read(chain, sc, n, bound) if bound > 0 else None
+    if read is None:
+        return None
+    log.info("%s: the state (%d keys) moves to the driver, read from its snapshots", stream.creation_site, read[0])
+    return DriverState(sc, n, partial(list, read[1]))
+
+
 def _chain_records(state: RDD, bound: int) -> tuple[int, list] | None:
     """(keys, records) of ``state`` read by the driver from the snapshots it was read back from, or
     None where it cannot (not read back, laid out otherwise, more than ``bound`` keys, a storage
     error: the executors' jobs read it then, as they would without this)."""
     chain = chain_on_driver(state)
+    return _chain_read(chain, state.context, state.getNumPartitions(), bound) if chain is not None else None
+
+
+def _chain_read(chain: ChainOnDriver, sc: SparkContext, n: int, bound: int) -> tuple[int, list] | None:
     try:
-        parts = chain.read(state.context, state.getNumPartitions(), bound) if chain is not None else None
+        parts = chain.read(sc, n, bound)
     except Exception as e:  # noqa: BLE001  (any failure of a shortcut: the jobs that read it anyway)
         log.warning("the driver could not read the state from its snapshots (%s): the executors read it", e)
         return None

@@ -33,7 +33,7 @@ from .. import config
 from ..driver_rows import DriverRowsRDD
 from ..dstream import DStream, TransformedDStream, to_ms
 from ..errors import StateError
-from .driver_state import DriverState, driver_batch, prefetch
+from .driver_state import DriverState, driver_batch, prefetch, state_of_snapshot
 from .snapshot_tasks import DriverParts, chain_on_driver
 from . import versions
 from .hosted import HostLoading, HostUnavailable, update_on_host
@@ -225,13 +225,16 @@ def _by_partition(rdd: RDD, n: int) -> RDD:
 class InternalMapWithStateDStream(DStream):
     """The state stream: ``(i, StateRecord)`` per partition, cached, snapshotted."""
 
-    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched", "snapshotted")
+    transient_fields = (*DStream.transient_fields, "_initial", "driver_retry_ms", "prefetched", "snapshotted",
+                        "snapshot_alone")
     #: a batch before this time does not try to bring the state back to the driver (driver_state.py)
     driver_retry_ms: int | None = None
     #: (the state RDD, the Future of its keys and records) a takeover reads for the next batch (driver_state.py)
     prefetched: tuple | None = None
     #: a restart's re-generated batch time -> the checkpoint's snapshot of the state after it (ChainOnDriver)
     snapshotted: dict | None = None
+    #: ... and nothing remembers those batches' mapped records: the snapshot alone may be their state
+    snapshot_alone = False
     state_operator = "mapWithState"
     state_is_output = False  # a re-run batch must call the function again: restore the state before it
 
@@ -264,12 +267,16 @@ class InternalMapWithStateDStream(DStream):
         return self._initial is not None
 
     def compute(self, time_ms: int) -> RDD | None:
+        snapshot = self.snapshotted.pop(time_ms, None) if self.snapshotted else None
+        if snapshot is not None and self.snapshot_alone and self._precomputed():
+            held = state_of_snapshot(self, snapshot, self._driver.settings[config.DRIVER_STATE_KEYS])
+            if held is not None:
+                return held
         previous = self.previous_batch_ms(time_ms)
         state = self.get_or_compute(previous) if self.has_state_before(previous) else None
         data = self.dependencies[0].get_or_compute(time_ms)
         update = self._update(time_ms)
         ahead, self.prefetched = self.prefetched, None  # (for the one batch after a takeover's read_ahead)
-        snapshot = self.snapshotted.pop(time_ms, None) if self.snapshotted else None
         on_driver = driver_batch(self, state, data, time_ms, update, self._driver.settings[config.DRIVER_STATE_KEYS],
                                  ahead, self._precomputed())
         if ahead is not None:
@@ -289,12 +296,17 @@ class InternalMapWithStateDStream(DStream):
         chain_on_driver(state, snapshot)  # (driver_state.py reads it)
         return state
 
-    def state_snapshotted(self, chains: dict) -> None:
+    def state_snapshotted(self, chains: dict, records_remembered: bool = True) -> None:
         """A committed batch a restart re-generates without outputs has, as its state, the snapshot the
         checkpoint took after it (consistent with the outputs committed, whatever code re-generates it):
         where the driver takes the state, it reads that snapshot itself rather than run the batch in the
-        executors (a takeover's last committed batch)."""
+        executors (a takeover's last committed batch). Where nothing remembers that batch's mapped
+        records (output before the restart), the snapshot alone is its state: no RDD of the batch's
+        input or of the state before it is built (a takeover's first batch built them, 40-90 Py4J
+        calls, 30-120 ms of its generation on two loaded cores, only for the driver to read the
+        snapshot), and its blocks are not read back."""
         self.snapshotted = dict(chains) or None
+        self.snapshot_alone = not records_remembered
 
     def read_ahead(self, rdd: RDD) -> Callable[[bool], None]:
         """Collected to the driver where a precomputed batch would run the state there

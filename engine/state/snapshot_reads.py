@@ -105,6 +105,21 @@ class SnapshotReads:
         return any(stream in s.dependencies and (s.remember_ms is None or s.remember_ms > s.slide_ms)
                    for s in self._graph.streams)
 
+    def _records_used_later(self, stream) -> bool:
+        """Whether a batch's records of ``stream`` may be read by a later batch: a stream after it
+        (at any depth) remembers its RDDs past their batch or keeps a state, which a restart may
+        work out again from that batch's records."""
+        after, seen = [stream], set()
+        while after:
+            current = after.pop()
+            for s in self._graph.streams:
+                if current in s.dependencies and id(s) not in seen:
+                    if s.must_checkpoint or s.remember_ms is None or s.remember_ms > s.slide_ms:
+                        return True
+                    seen.add(id(s))
+                    after.append(s)
+        return False
+
     def _load(self, index: int, state: StreamState, t: int, checkpoint_time_ms: int):
         """The state of ``index`` at snapshot ``t``: the standby's preloaded RDD of that snapshot (or of
         its chain, the deltas since applied to it), else read now (cached, made by its first job)."""
@@ -125,7 +140,8 @@ class SnapshotReads:
             for t in later:
                 stream.serve_state(t, self._load(index, state, t, checkpoint_time_ms))
             stream.state_snapshotted({t: self._on_driver(stream, state, t)
-                                      for t in state.snapshots if t in committed and t not in later})
+                                      for t in state.snapshots if t in committed and t not in later},
+                                     self._records_used_later(stream))
         # the rest of a standby's preloaded state is unpersisted once the first new batch is
         # done: until then the state served may be a delta applied to it, not computed yet
         # (a batch re-run for its generation only computes nothing)
