@@ -171,6 +171,11 @@ def _job(module: str, *args, python: list[str] | None = None, cwd=None, timeout:
     ("sparkwal.engine.wordcount", ["--source", "filelog", "--sink", "kafka"], "--sink kafka needs --kafka HOST:PORT"),
     ("sparkwal.engine.wordcount", ["--kafka", "127.0.0.1:9092"], "--kafka is for --sink kafka"),
     ("sparkwal.engine.wordcount", ["--sink", "delta"], "--sink delta: only with --source filelog"),
+    ("sparkwal.engine.wordcount", ["--input", "logs"], "--input is for --source filelog (--source files reads "
+     "WORKDIR/input)"),
+    ("sparkwal.engine.wordcount", ["--source", "receiver", "--input", "logs"], "--input is for --source filelog"),
+    ("sparkwal.engine.wordcount", ["--source", "filelog", "--source-port", "9"],
+     "--source-port is for --source receiver"),
     ("sparkwal.engine.wordcount", ["--source", "filelog", "--sink", "postgres"],
      "--sink postgres needs --postgres CONNINFO"),
     ("sparkwal.engine.wordcount", ["--postgres", "host=x"], "--postgres is for --sink postgres"),

@@ -142,7 +142,7 @@ def _fail(message: str, status: int) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.wordcount") -> int:
     """The main job; exit statuses in :mod:`sparkwal.engine.apps.arguments` (a mistake: one line, status 2)."""
     from sparkwal.engine.apps import arguments as a  # (here: executors unpickling this module's functions skip them)
-    from sparkwal.engine.apps.wordcount_arguments import check_sink, parser
+    from sparkwal.engine.apps.wordcount_arguments import check_sink, check_source_options, parser
 
     ap = parser(prog, __doc__)
     args = ap.parse_args(argv)
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m sparkwal.engine.w
         ap.error(str(e))
     if args.source == "receiver" and args.source_port is not None and not os.environ.get(args.source_secret_env):
         ap.error(f"--source receiver: set {args.source_secret_env} to the source's secret")
+    check_source_options(ap, args)
     check_sink(ap, args)
     a.local_path_is_directory(ap, args.checkpoint, "--checkpoint")
     a.local_path_is_directory(ap, args.input, "--input")

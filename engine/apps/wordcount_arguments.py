@@ -51,6 +51,15 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def check_source_options(ap: argparse.ArgumentParser, args) -> None:
+    """An input mode's own options given with another mode are a mistake, not ignored (one line, status 2)."""
+    if args.input is not None and args.source != "filelog":
+        ap.error(f"--input is for --source filelog (--source {args.source} reads "
+                 + ("WORKDIR/input)" if args.source == "files" else "its AckedLineSource)"))
+    if args.source_port is not None and args.source != "receiver":
+        ap.error("--source-port is for --source receiver")
+
+
 def check_sink(ap: argparse.ArgumentParser, args) -> None:
     """``--sink``: filelog mode only; delta needs its package; a work directory keeps the sink its
     output began with (one line, status 2)."""
