@@ -136,6 +136,7 @@ def test_a_small_state_is_held_on_the_driver_exact_and_snapshotted_as_in_the_exe
         app.states[summary.chain[-1]["time_ms"]]
 
 
+@pytest.mark.slow
 def test_restarts_hold_the_snapshotted_state_on_the_driver_from_their_first_batch(spark_context, tmp_path, monkeypatch):
     """A graceful stop snapshots its last batch (here the first snapshot: the interval is longer
     than the run), and a restart starts from it. The restarted driver's first batches (before the

@@ -138,7 +138,9 @@ def driver_batch(stream, previous: RDD | None, data: RDD | None, time_ms: int, u
                      "it moves to the executors", stream.creation_site, keys, bound)
             _refused(stream, time_ms)
             return None
-        records = previous.rows
+        # rows worked out already are taken now: the state before is released once this batch
+        # completes, and this one's may be worked out only later (nothing of the batch read them)
+        records = partial(list, previous.rows()) if previous.rows_known else previous.rows
     elif previous is None:
         if stream.has_initial_state:
             return None
@@ -218,7 +220,9 @@ def state_of_snapshot(stream, chain: ChainOnDriver, bound: int) -> DriverState |
     if read is None:
         return None
     log.info("%s: the state (%d keys) moves to the driver, read from its snapshots", stream.creation_site, read[0])
-    return DriverState(sc, n, partial(list, read[1]))
+    held = DriverState(sc, n, partial(list, read[1]))
+    held.rows()  # (known: the next batch takes them, not this object, which is released)
+    return held
 
 
 def _chain_records(state: RDD, bound: int) -> tuple[int, list] | None:
