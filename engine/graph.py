@@ -85,6 +85,18 @@ class DStreamGraph:
         reports and blocks are kept that long behind each batch)."""
         return max((s.remember_ms or 0) for s in self.streams) if self.streams else 0
 
+    def generated_streams(self) -> list:
+        """The streams some output reads, at any depth, in ``streams``' order: the only ones a batch
+        generates. A stream no output reaches (``mapWithState``'s mapped records where only its
+        ``stateSnapshots()`` are output) is never computed and keeps no RDD."""
+        reached, todo = set(), list(self.outputs)
+        while todo:
+            stream = todo.pop()
+            if id(stream) not in reached:
+                reached.add(id(stream))
+                todo.extend(stream.dependencies)
+        return [s for s in self.streams if id(s) in reached]
+
     def input_ids_by_creation(self) -> list[int]:
         """The inputs' ids in the order the program made them (checkpointed as ``input_ids``)."""
         inputs = {id(s) for s in self.inputs}

@@ -103,16 +103,16 @@ class SnapshotReads:
     def _records_remembered(self, stream) -> bool:
         """Whether a stream on ``stream`` keeps an RDD past its batch (a window, ``remember``)."""
         return any(stream in s.dependencies and (s.remember_ms is None or s.remember_ms > s.slide_ms)
-                   for s in self._graph.streams)
+                   for s in self._graph.generated_streams())
 
     def _records_used_later(self, stream) -> bool:
         """Whether a batch's records of ``stream`` may be read by a later batch: a stream after it
         (at any depth) remembers its RDDs past their batch or keeps a state, which a restart may
         work out again from that batch's records."""
-        after, seen = [stream], set()
+        after, seen, generated = [stream], set(), self._graph.generated_streams()
         while after:
             current = after.pop()
-            for s in self._graph.streams:
+            for s in generated:
                 if current in s.dependencies and id(s) not in seen:
                     if s.must_checkpoint or s.remember_ms is None or s.remember_ms > s.slide_ms:
                         return True
