@@ -57,6 +57,28 @@ def test_state_lineage_stays_bounded(spark_context, tmp_path, checkpointing):
     assert late <= early, f"lineage grew from {early} to {late} lines"
 
 
+def test_a_state_no_output_reaches_holds_nothing_back(spark_context, tmp_path):
+    """A stateful stream with no output after it (left over in a program) is never computed, as in
+    Spark: it has no state to snapshot, so it must not hold the checkpoints (and inputs) a restart
+    would re-run it from at its zero time. They were kept forever."""
+    clock, done = ManualClock(0), Completed()
+    ssc = StreamingContext(spark_context, 0.5, clock=clock)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    stream = ssc.queueStream([], default=spark_context.parallelize([("k", 1)], 1))
+    stream.updateStateByKey(lambda vs, s: sum(vs) + (s or 0)).checkpoint(1.0)  # no output reaches it
+    seen: dict[int, list] = {}
+    stream.foreachRDD(lambda t, rdd: seen.__setitem__(ms(t), rdd.collect()))
+    ssc.addStreamingListener(done)
+    ssc.start()
+    for i in range(1, 9):
+        clock.advance(500)
+        done.wait_for(500 * i)
+    ssc.stop(stopSparkContext=False)
+    assert seen == {t: [("k", 1)] for t in range(500, 4001, 500)}
+    kept = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("checkpoint-*[0-9]"))
+    assert kept and kept[0] >= 2000, kept  # as without that stream: the newest few
+
+
 _stuck = threading.Event()  # module-level: a closure holding it could not be checkpointed
 
 

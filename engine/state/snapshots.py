@@ -110,8 +110,8 @@ class StateSnapshots(SnapshotReads):
         generated already (see the module's docstring)."""
         if self._checkpoint_dir is None:  # the state is checkpointed locally, cut in place
             return None
-        for index, stream in enumerate(self._graph.streams):
-            if not stream.must_checkpoint or not stream.checkpoint_ms or not stream.is_time_valid(time_ms):
+        for index, stream in self._stateful():
+            if not stream.checkpoint_ms or not stream.is_time_valid(time_ms):
                 continue
             start = stream.lineage_start(time_ms - stream.slide_ms)
             bound = self.max_lineage_batches * self._batch_ms + stream.checkpoint_ms
@@ -203,8 +203,8 @@ class StateSnapshots(SnapshotReads):
         """(index, stream, its state RDD at ``time_ms``) of each stream whose snapshot is due."""
         if self._checkpoint_dir is None:
             return
-        for index, stream in enumerate(self._graph.streams):
-            if not stream.must_checkpoint or not stream.checkpoint_ms:
+        for index, stream in self._stateful():
+            if not stream.checkpoint_ms:
                 continue
             if not self.each_batch and (time_ms - stream.zero_time_ms) % stream.checkpoint_ms != 0:
                 continue
@@ -275,6 +275,13 @@ class StateSnapshots(SnapshotReads):
                 keep.append((queued_then, path))
         self._retired = keep
 
+    def _stateful(self) -> list[tuple[int, object]]:
+        """(index, stream) of each stateful stream a batch generates: one no output reaches keeps
+        no state to snapshot, and must not hold the inputs and checkpoints kept for a restart at its
+        zero time (they were kept forever)."""
+        generated = {id(s) for s in self._graph.generated_streams()}
+        return [(i, s) for i, s in enumerate(self._graph.streams) if s.must_checkpoint and id(s) in generated]
+
     def floor(self, floor: int) -> int:
         """The oldest batch a restart from a checkpoint re-running ``floor`` onwards may need: a stateful
         stream restarts from its newest snapshot at or before ``floor`` (before it, for mapWithState) and
@@ -283,9 +290,7 @@ class StateSnapshots(SnapshotReads):
         it was read back from (or earlier): an executor that loses the cached state recomputes the batches
         since then from their inputs, kept too."""
         zero = self._graph.zero_time_ms or 0
-        for index, stream in enumerate(self._graph.streams):
-            if not stream.must_checkpoint:
-                continue
+        for index, stream in self._stateful():
             times = self.by_stream.get(index, StreamState("")).snapshots
             base = max((t for t in times if t < floor or (t == floor and stream.state_is_output)),
                        default=None)
