@@ -167,7 +167,7 @@ def batch_change_refusal(graph: DStreamGraph, batch_ms: int, checkpoint_dir: str
 
 def _spanning_batches(graph: DStreamGraph, batch_ms: int) -> tuple:
     """(the first stream that spans several batches, whether it is a window), or (None, False)."""
-    for s in graph.streams:
+    for s in graph.generated_streams():  # (a stream no output reaches never runs)
         if getattr(s, "window_ms", None) is not None or s.slide_ms != batch_ms:
             return s, getattr(s, "window_ms", None) is not None
     return None, False
@@ -238,7 +238,7 @@ class RestartRule:
         if s is not None:
             return f"{s} is windowed (each window needs its own batches)" if windowed else \
                 f"{s} slides every {s.slide_ms} ms, not every batch"
-        for s in self.graph.streams:
+        for s in self.graph.generated_streams():
             if getattr(s, "timeout_ms", None) is not None:
                 return f"{s} has a state timeout (keys are timed out batch by batch)"
         return None
