@@ -275,7 +275,7 @@ class StateSnapshots(SnapshotReads):
                 keep.append((queued_then, path))
         self._retired = keep
 
-    def _stateful(self) -> list[tuple[int, object]]:
+    def _stateful(self) -> list[tuple]:
         """(index, stream) of each stateful stream a batch generates: one no output reaches keeps
         no state to snapshot, and must not hold the inputs and checkpoints kept for a restart at its
         zero time (they were kept forever)."""
