@@ -268,10 +268,9 @@ class RestartRule:
                 f"re-run ({left or [cp.checkpoint_time_ms]}): stop the old version gracefully (SIGTERM with "
                 "spark.streaming.stopGracefullyOnShutdown, or sparkwal checkpoint handover), which completes them, "
                 "then start this one")
-        generated = {id(s) for s in self.graph.generated_streams()}  # (a state no output reaches keeps none)
         for index, stream in enumerate(self.graph.streams):
-            if not stream.must_checkpoint or snapshots.starts.get(index, -1) is None or id(stream) not in generated:
-                continue  # (a state this upgrade adds starts empty)
+            if not stream.must_checkpoint or snapshots.starts.get(index, -1) is None:
+                continue  # (a state this upgrade adds starts empty; one no output reaches has no identity: added)
             times = snapshots.by_stream[index].snapshots if index in snapshots.by_stream else {}
             if max(times, default=None) != cp.checkpoint_time_ms:
                 raise CheckpointMismatchError(
