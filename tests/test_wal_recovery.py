@@ -134,9 +134,12 @@ def test_corrupt_length_field_in_the_newest_segment_is_not_mistaken_for_a_tear(t
     assert err.value.offset == handles[1].offset
 
 
-def test_newest_segment_with_a_torn_header_is_removed(tmp_path):
+@pytest.mark.parametrize("written", [b"SW", b""], ids=["part-of-the-header", "empty"])
+def test_newest_segment_with_a_torn_header_is_removed(tmp_path, written):
+    """A crash right after creating a segment: part of its header written, or none (an empty file,
+    which was left behind, then failed every read once a later segment was written)."""
     seg, _ = write_one_segment(tmp_path)
-    (tmp_path / "log-9000-69000").write_bytes(b"SW")  # crash right after creating a segment
+    (tmp_path / "log-9000-69000").write_bytes(written)
     with FileBasedWriteAheadLog(str(tmp_path)) as log:
         assert list(log.read_all()) == RECORDS
         log.write(b"z", 10000)

@@ -345,8 +345,8 @@ class FileBasedWriteAheadLog(WriteAheadLog):
         with self._storage.open_read(seg.path) as f:
             for _ in iter_segment(f, seg.path, newest=True, result=result):
                 pass
-        if not result.torn_bytes:
-            return
+        if not result.torn_bytes and result.header_ok:
+            return  # (an empty file, killed before its header, is torn too: no byte of it is valid)
         self._stats.torn_tails_truncated += 1
         self._stats.torn_bytes_truncated += result.torn_bytes
         if result.valid_end <= HEADER_LEN and result.records == 0:
