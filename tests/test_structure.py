@@ -19,6 +19,9 @@ MAX_LINES = 450
 #: code, and CPython's frame access for creation sites.
 FOREIGN_PRIVATE = {"_jvm", "_jsc", "_jrdd", "_jrdd_deserializer", "_active_spark_context",
                    "_fqn", "_gateway_client", "_PARTITION_EOF", "_getframe", "_exit",
+                   # PySpark's partitionBy sets it on the step it builds before asking its _jrdd: a step
+                   # over rows the driver holds hands it to the PipelinedRDD it builds then
+                   "_bypass_serializer",
                    # pyiceberg's split of rows by a partition spec (any transform), which its own
                    # append uses and which has no public name (pinned <0.13; IcebergSink's tests
                    # write a partitioned table)

@@ -51,6 +51,7 @@ from urllib.parse import unquote
 from sparkwal.wal import StorageUnavailableError, retry
 from sparkwal.wal.location import StorageLocation, without_credentials
 
+from ..driver_rows import on_executors
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from .delta_files import RECORDS_DIR, add_action, delete_settled, records_up_to, write_partition
 from .transactional import SinkOffsetsError, advance_ends, batch_in_output, save_batches
@@ -254,7 +255,7 @@ class DeltaSink:
                        schema=schema, partition_by=self.partition_by,
                        staging=self.mode == "merge", attempt=uuid.uuid4().hex[:12],
                        ends=[(r.topic, r.partition, r.untilOffset) for r in ranges if r.untilOffset > r.fromOffset])
-        written = rdd.mapPartitionsWithIndex(task).collect()  # add actions only, never the rows
+        written = on_executors(rdd).mapPartitionsWithIndex(task).collect()  # add actions only, never the rows
         if not written and not any(r.untilOffset > r.fromOffset for r in ranges):
             return False  # nothing to make visible: no commit (a table version per empty batch)
         committed = self.commit_batch(batch_time_ms, ranges, written, schema)

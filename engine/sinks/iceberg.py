@@ -57,6 +57,7 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import StorageLocation, without_credentials
 
+from ..driver_rows import on_executors
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition
 from ..errors import EngineError
 from .delta_files import RECORDS_DIR, delete_settled, records_up_to
@@ -282,7 +283,7 @@ class IcebergSink:
             task = partial(write_partition, location=location, metadata=metadata_for_tasks(table.metadata),
                            name=self.name, batch_time_ms=batch_time_ms, staging=self.mode == "upsert",
                            attempt=attempt, ends=ends)
-            written = rdd.mapPartitionsWithIndex(task).collect()  # DataFile entries only, never the rows
+            written = on_executors(rdd).mapPartitionsWithIndex(task).collect()  # DataFile entries only, never the rows
             if not written and not ends:
                 return False  # nothing to make visible: no snapshot per empty batch
             try:

@@ -63,6 +63,7 @@ from functools import partial
 from sparkwal.wal import StorageUnavailableError
 from sparkwal.wal.location import without_credentials
 
+from ..driver_rows import on_executors
 from ..sources.protocol import OffsetRange, SinkOffsets, TopicPartition, range_in_sink
 from .kafka_markers import (KafkaSinkError, ensure_topics, unreachable, import_confluent_kafka, init_transactions,
                             librdkafka_log, probe_transactions, committed_records, marker_topic_end, read_markers,
@@ -294,7 +295,7 @@ class KafkaSink:
                        markers_from=self._markers_read_to, timeout_s=self.timeout_s,
                        transaction_timeout_ms=self.transaction_timeout_ms)
         self._writers, writers = {}, self._writers  # forgotten unless this write succeeds (see kafka_partitions)
-        outcomes = rdd.mapPartitionsWithIndex(task).collect()
+        outcomes = on_executors(rdd).mapPartitionsWithIndex(task).collect()
         for index, outcome, _detail, _writer in outcomes:
             tp = TopicPartition(plan[index][0], plan[index][1])
             if outcome in (WRITTEN, SKIPPED) and (tp not in batches or plan[index][3] >= ends[tp]):  # (skipped: in)

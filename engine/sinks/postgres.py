@@ -66,6 +66,7 @@ from functools import partial
 
 from sparkwal.wal import StorageUnavailableError
 
+from ..driver_rows import on_executors
 from ..sources.protocol import OffsetRange, TopicPartition
 from .postgres_partitions import (ROW, identifier, insert_empty_ends, insert_select, lock_ranges, table_rows,
                                   write_partition)
@@ -195,7 +196,7 @@ class PostgresSink(DbApiSink):
         task = partial(write_partition, conninfo=without_password(self.conninfo), sink=self.name,
                        table=self.table, columns=columns, keys=self.keys, batch_time_ms=batch_time_ms,
                        ranges=with_data, connect_timeout_s=self.connect_timeout_s)
-        outcomes = rdd.mapPartitionsWithIndex(task).collect()
+        outcomes = on_executors(rdd).mapPartitionsWithIndex(task).collect()
         errors = [detail for _i, outcome, detail in outcomes if outcome == "error"]
         if errors:
             raise SinkOffsetsError(f"{self.name}: {errors[0]}")
@@ -254,7 +255,7 @@ class PostgresSink(DbApiSink):
             return False
         task = partial(stage_partition, conninfo=without_password(self.conninfo), staging=staging,
                        columns=columns, connect_timeout_s=self.connect_timeout_s)
-        staged = sum(rdd.mapPartitionsWithIndex(task).collect())  # counts only, never the rows
+        staged = sum(on_executors(rdd).mapPartitionsWithIndex(task).collect())  # counts only, never the rows
         if not staged and not any(r.untilOffset > r.fromOffset for r in ranges):
             self._drop_staging(batch_time_ms)
             self.store_empty_ends(batch_time_ms, ranges)

@@ -1,0 +1,145 @@
+"""Rows the driver holds (a precomputed batch, a state on the driver, its snapshots): the actions and
+the steps over them run on the driver with no Spark job, and give what Spark gives for the same rows
+parallelized; what must run in Spark tasks (``foreach``, a function that raises, a shuffle) still does."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import sys
+
+import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark import cloudpickle
+
+from sparkwal.engine.driver_rows import DriverRowsRDD, sliced_as_parallelize
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROWS = [(f"k{i % 7}", i) for i in range(103)]
+
+#: actions PySpark builds on mapPartitionsWithIndex and collect/count/take: none runs a Spark job here
+ON_DRIVER = {
+    "map collect": lambda r: r.map(lambda kv: (kv[0], kv[1] * 2)).collect(),
+    "filter count": lambda r: r.filter(lambda kv: kv[1] % 3 == 0).count(),
+    "flatMap take": lambda r: r.flatMap(lambda kv: [kv[0]] * (kv[1] % 3)).take(5),
+    "values sum": lambda r: r.values().sum(),
+    "reduce": lambda r: r.map(lambda kv: kv[1]).reduce(operator.add),
+    "glom": lambda r: r.glom().collect(),
+    "partition index": lambda r: r.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect(),
+    "countByKey": lambda r: dict(r.countByKey()),
+    "top": lambda r: r.map(lambda kv: kv[1]).top(3),
+    "steps of steps": lambda r: r.map(lambda kv: kv[1]).filter(lambda v: v > 50).map(str).collect(),
+    "zipWithIndex": lambda r: r.keys().zipWithIndex().collect(),
+    "first, isEmpty": lambda r: (r.values().first(), r.keys().isEmpty(), r.filter(lambda kv: False).isEmpty()),
+    "stats": lambda r: r.values().stats().asDict(),
+    "collectAsMap": lambda r: r.mapValues(lambda v: -v).collectAsMap(),
+    "aggregate, a mutable zero": lambda r: sorted(r.values().aggregate([], lambda a, v: (a.append(v), a)[1],
+                                                                       lambda a, b: (a.extend(b), a)[1])),
+    "fold, a mutable zero": lambda r: sorted(r.map(lambda kv: [kv[1]]).fold([], lambda a, b: (a.extend(b), a)[1])),
+    "sample": lambda r: r.sample(False, 0.3, seed=7).collect(),
+    "take of an endless step": lambda r: r.flatMap(lambda kv: itertools.count(kv[1])).take(3),
+}
+
+#: steps that need the JVM side (a shuffle, a union, a zip): Spark runs them, over the steps before
+IN_SPARK = {
+    "reduceByKey": lambda r: sorted(r.map(lambda kv: (kv[0], 1)).reduceByKey(operator.add).collect()),
+    "partitionBy glom": lambda r: [sorted(p) for p in r.mapValues(lambda v: v + 1).partitionBy(3).glom().collect()],
+    "union": lambda r: sorted(r.values().union(r.context.parallelize([1000, 1001])).collect()),
+    "zip": lambda r: r.keys().zip(r.values().map(lambda v: v * 10)).collect(),
+    "sortBy": lambda r: r.sortBy(lambda kv: -kv[1]).take(4),
+    "distinct": lambda r: sorted(r.keys().distinct().collect()),
+}
+
+
+def _jobs(sc, group: str, action):
+    sc.setJobGroup(group, "reads of rows the driver holds")
+    try:
+        result = action()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.mark.parametrize("name", ON_DRIVER)
+def test_steps_and_actions_over_the_drivers_rows_run_no_job_and_give_what_spark_gives(spark_context, name):
+    action = ON_DRIVER[name]
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=4)
+    result, jobs = _jobs(spark_context, f"driver-rows-{name}", lambda: action(rdd))
+    assert (result, jobs) == (action(spark_context.parallelize(ROWS, 4)), 0)
+    assert not rdd.jvm_side_built
+
+
+@pytest.mark.parametrize("name", IN_SPARK)
+def test_steps_that_need_the_jvm_run_in_spark_over_the_steps_before(spark_context, name):
+    action = IN_SPARK[name]
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=4)
+    result, jobs = _jobs(spark_context, f"driver-rows-{name}", lambda: action(rdd))
+    assert result == action(spark_context.parallelize(ROWS, 4)) and jobs >= 1
+
+
+def test_the_partitions_are_parallelizes(spark_context):
+    """Batches of rows sliced as the JVM slices them: past 1,024 rows a partition, uneven."""
+    for n in (1, 3, 4):
+        for size in (0, 1, 3, 10, 11, 4100, 5000):
+            rows = list(range(size))
+            expected = spark_context.parallelize(rows, n).glom().collect()
+            assert sliced_as_parallelize(spark_context, rows, n) == expected, (size, n)
+    assert [len(p) for p in sliced_as_parallelize(spark_context, list(range(5000)), 2)] == [2048, 2952]
+
+
+def test_a_step_that_changes_its_rows_never_changes_the_drivers(spark_context):
+    rows = [("a", [1]), ("b", [2])]
+    rdd = DriverRowsRDD(spark_context, rows, num_partitions=2)
+    assert rdd.map(lambda kv: kv[1].append(0) or kv).collect() == [("a", [1, 0]), ("b", [2, 0])]
+    rdd.collect()[0][1].append(9)
+    rdd.take(1)[0][1].append(9)
+    assert rdd.collect() == [("a", [1]), ("b", [2])] and rows == [("a", [1]), ("b", [2])]
+    kept = rdd.map(lambda kv: kv).cache()
+    kept.collect()[0][1].append(5)
+    assert kept.collect() == [("a", [1]), ("b", [2])]
+
+
+def test_a_function_that_raises_runs_in_spark_with_its_error(spark_context):
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=2)
+    failing = rdd.map(lambda kv: 1 // (kv[1] - 50))
+    with pytest.raises(Py4JJavaError, match="ZeroDivisionError"):
+        _jobs(spark_context, "driver-rows-raises", failing.collect)
+    assert len(spark_context.statusTracker().getJobIdsForGroup("driver-rows-raises")) == 1
+
+
+def test_foreach_runs_in_spark_tasks(spark_context):
+    seen = spark_context.accumulator(0)
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=2)
+    _, jobs = _jobs(spark_context, "driver-rows-foreach", lambda: rdd.values().foreach(lambda v: seen.add(v)))
+    assert seen.value == sum(range(103)) and jobs == 1
+    _, jobs = _jobs(spark_context, "driver-rows-foreachPartition",
+                    lambda: rdd.foreachPartition(lambda it: seen.add(sum(1 for _ in it))))
+    assert seen.value == sum(range(103)) + 103 and jobs == 1
+
+
+def test_broadcasts_and_accumulators_are_the_drivers(spark_context):
+    table, seen = spark_context.broadcast({i: -i for i in range(103)}), spark_context.accumulator(0)
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=3)
+    step = rdd.map(lambda kv: (seen.add(1), table.value[kv[1]])[1])
+    result, jobs = _jobs(spark_context, "driver-rows-broadcast", step.collect)
+    assert (result, jobs, seen.value) == ([-i for i in range(103)], 0, 103)
+
+
+def test_a_step_is_worked_out_for_each_action_and_its_function_copied_per_partition(spark_context):
+    calls = []
+    rdd = DriverRowsRDD(spark_context, [1, 2, 3, 4], num_partitions=2)
+    step = rdd.mapPartitions(lambda it: [calls.append(1) or len(calls) for _ in it])
+    assert step.collect() == [1, 2, 1, 2] and step.count() == 4  # each partition's own copy of calls
+    assert calls == [] and step.take(0) == []  # (the driver's never changes; take(0) runs nothing)
+
+
+def test_persisted_steps_are_sparks(spark_context):
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=2)
+    kept = rdd.values().cache()
+    try:
+        result, jobs = _jobs(spark_context, "driver-rows-persisted", lambda: (kept.sum(), kept.count()))
+        assert result == (sum(range(103)), 103) and jobs == 2  # the executors keep it, as asked
+        assert kept.map(lambda v: v + 1).collect() == [v + 1 for v in range(103)]
+    finally:
+        kept.unpersist()
