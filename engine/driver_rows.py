@@ -14,16 +14,19 @@ A step over such rows (``map``, ``filter``, ``flatMap``, ``mapPartitions``..., e
 (those ``parallelize`` gives), run on the driver when an action reads it (``collect``, ``count``, ``sum``,
 ``reduce``, ``take``...), with no Spark job, as Spark SQL's optimizer evaluates a projection or a filter
 over a local relation on the driver (sql/catalyst/.../optimizer/Optimizer.scala, ``ConvertToLocalRelation``).
-As in a task, each partition gets copies of its rows and its own copy of the function (pickled and read
-back; broadcasts and accumulators stay the driver's), and the rows stream through the steps: a function
-that changes what it is given or what it captured never changes what the driver holds. Where a step is
-not for the driver, its Spark job runs as before, over the rows parallelized:
+As in a task, each partition gets copies of its rows and its own copy of the steps' function (pickled and
+read back: broadcasts stay the driver's, accumulators add once the run succeeded), and the rows stream
+through the steps: a function that changes what it is given or what it captured never changes what the
+driver holds. Where the driver would not give Spark's result, Spark runs it as before, over the rows
+parallelized:
 
 * a function that raises on the driver: the action then runs as a Spark job, with Spark's retries and
   its error (pyspark.streaming's ``Py4JJavaError``, one line naming the batch);
 * ``foreach``/``foreachPartition`` (writes to the outside world, which a user expects in a task with
   Spark's retries) and the exactly-once sinks (their tasks' attempt ids): :func:`on_executors`;
 * a step persisted or checkpointed (or one after it): the storage asked for is the executors';
+* every step where ``spark.executorEnv.*`` sets a variable that the driver has otherwise or not at all;
+* ``pipe``: the command is the executors';
 * anything that needs the JVM side (a shuffle, a ``union``, ``saveAs*``, ``id()``): the functions are
   pipelined into one Python task over the parallelized rows, as PySpark pipelines them.
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import copy
 import io
 import logging
+import os
 import pickle
 import threading
 from itertools import islice
@@ -187,36 +191,45 @@ class DriverRowsRDD(RDD):
 class DriverRowsPipeline(DriverRowsRDD):
     """``f(i, partition i of parent)`` for each partition of ``parent`` (a :class:`DriverRowsRDD`),
     run on the driver when an action reads it, again for each action, streamed partition by
-    partition, as a Spark task runs its steps: each partition gets its own copy of ``f`` (what it
-    captured included, but broadcasts and accumulators, which stay the driver's), as each task
-    unpickles its own. Its JVM side is PySpark's ``PipelinedRDD`` over the parent's, so steps after
-    steps pipeline into one Python task there, as without this class. Persisted, checkpointed or
-    with a resource profile (here or in a step before), its actions are Spark's: the storage asked
-    for is the executors'."""
+    partition, as a Spark task runs its steps: the steps since the rows are one function (``func``,
+    composed as PySpark's ``PipelinedRDD`` composes them), of which each partition gets its own copy
+    (:class:`_Shipped`). Its JVM side is PySpark's ``PipelinedRDD`` over the parent's, so steps after
+    steps pipeline into one Python task there, as without this class. Its actions are Spark's where
+    the driver would not give Spark's result (:meth:`_on_driver`)."""
 
     def __init__(self, parent: DriverRowsRDD, f: Callable, preservesPartitioning: bool = False):
         super().__init__(parent.ctx, compute=self._read_all, num_partitions=parent.getNumPartitions(),
                          partitioner=parent.partitioner if preservesPartitioning else None)
         self.parent, self._f, self._preserves = parent, f, preservesPartitioning
+        #: the rows the steps start from, and the steps since them as one function
+        self.root: DriverRowsRDD = parent.root if isinstance(parent, DriverRowsPipeline) else parent
+        self.func: Callable = _composed(parent.func, f) if isinstance(parent, DriverRowsPipeline) else f
         #: PySpark's ``partitionBy`` and ``_reserialize`` set these on a step before building it
         self._bypass_serializer = False
         self._serializer_set = None
 
-    def partition_iterators(self) -> Iterator[tuple[int, Iterator]]:
-        shipped = _Shipped(self._f)
-        for i, rows in self.parent.partition_iterators():
-            yield i, iter(shipped.copy()(i, rows))
-
     def _on_driver(self) -> bool:
+        """Whether the driver gives what Spark would: not where this step or one before it is persisted,
+        checkpointed or has a resource profile (the storage or resources asked for are the executors'),
+        nor where the executors' environment (``spark.executorEnv.*``) is not the driver's."""
         step: DriverRowsRDD = self
         while isinstance(step, DriverRowsPipeline):
             if step.is_cached or step.is_checkpointed or step.has_resource_profile:
                 return False
             step = step.parent
-        return True
+        return not _environment_differs(self.ctx)
+
+    def _run(self, consume: Callable):
+        """``consume((i, partition i's rows) for each partition)``, each partition run by its own copy of
+        ``func``; the accumulators get what the copies added once it returned (a failed run adds nothing,
+        as a failed task adds nothing)."""
+        shipped = _Shipped(self.func)
+        result = consume((i, iter(shipped.copy()(i, rows))) for i, rows in self.root.partition_iterators())
+        shipped.add_to_accumulators()
+        return result
 
     def _read_all(self) -> list:
-        return [row for _, rows in self.partition_iterators() for row in rows]
+        return self._run(lambda parts: [row for _, rows in parts for row in rows])
 
     def rows(self) -> list:  # (worked out for each use: a step's rows are not kept)
         return self._read_all()
@@ -226,34 +239,42 @@ class DriverRowsPipeline(DriverRowsRDD):
         return False
 
     def collect(self) -> list:
-        return self._or_in_spark(self._read_all, lambda rdd: rdd.collect())
+        return self._or_in_spark(lambda parts: [row for _, rows in parts for row in rows], lambda rdd: rdd.collect())
 
     def count(self) -> int:
-        return self._or_in_spark(lambda: sum(1 for _, rows in self.partition_iterators() for _ in rows),
-                                 lambda rdd: rdd.count())
+        return self._or_in_spark(lambda parts: sum(1 for _, rows in parts for _ in rows), lambda rdd: rdd.count())
 
     def isEmpty(self) -> bool:
         return not self.take(1)
 
     def take(self, num: int) -> list:
-        def on_driver() -> list:
+        def first_rows(parts) -> list:
             taken: list = []
-            if num > 0:
-                for _, rows in self.partition_iterators():  # partitions read until num rows, as Spark's take
-                    taken.extend(islice(rows, num - len(taken)))
-                    if len(taken) >= num:
-                        break
+            for _, rows in parts:  # partitions read until num rows, as Spark's take
+                if len(taken) >= num:
+                    break
+                taken.extend(islice(rows, num - len(taken)))
             return taken
-        return self._or_in_spark(on_driver, lambda rdd: rdd.take(num))
+        return self._or_in_spark(first_rows, lambda rdd: rdd.take(num))
 
-    def _or_in_spark(self, on_driver: Callable, in_spark: Callable):
+    def _or_in_spark(self, consume: Callable, in_spark: Callable):
         if not self._on_driver():
             return in_spark(self.jvm_side())
         try:
-            return on_driver()
+            return self._run(consume)
         except Exception as e:  # noqa: BLE001  (the app's function: Spark runs it, with its retries and error)
             _warn_once(e)
             return in_spark(self.jvm_side())
+
+    def localCheckpoint(self) -> None:  # type: ignore[override]
+        """Spark's: the step is worked out once, in the executors, for every use (a stream's lineage cut)."""
+        with self._lock:
+            self.is_checkpointed = True
+        RDD.localCheckpoint(self.jvm_side())
+
+    def pipe(self, command, env=None, checkCode=False):  # type: ignore[override]
+        """In Spark tasks: the command is the executors' (their files, their directory)."""
+        return self.jvm_side().pipe(command, env, checkCode)
 
     def _make_jvm_side(self) -> RDD:
         parent = self.parent.jvm_side()
@@ -278,19 +299,54 @@ class DriverRowsPipeline(DriverRowsRDD):
                 self._built._jrdd_deserializer = serializer
 
 
+def _composed(before: Callable, after: Callable) -> Callable:
+    def pipeline_func(split: int, iterator):  # (PipelinedRDD's)
+        return after(split, before(split, iterator))
+    return pipeline_func
+
+
+def _environment_differs(sc: SparkContext) -> bool:
+    """Whether a variable ``spark.executorEnv.*`` sets for the executors is not the driver's (a step
+    reading it would read another value on the driver)."""
+    return any(os.environ.get(name) != value for name, value in sc.environment.items() if name != "PYTHONHASHSEED")
+
+
 class _Shipped:
-    """A step's function pickled once (cloudpickle, as PySpark ships it), read back per partition:
-    a copy of what it captured for each, but the broadcasts and accumulators, kept by reference (a
-    task reads a broadcast and adds to an accumulator that the driver then holds)."""
+    """A step's function pickled once (cloudpickle, as PySpark ships it), read back for each partition:
+    its own copy of what the function captured, as each task unpickles its own. A broadcast stays the
+    driver's; an accumulator is a task's copy (from its zero), added to the driver's once the whole run
+    succeeded (:meth:`add_to_accumulators`), as Spark adds a task's once it succeeded."""
 
     def __init__(self, f: Callable):
         self._kept: list = []
+        self._task_copies: list[_TaskAccumulator] = []
         buffer = io.BytesIO()
         _KeepingPickler(buffer, self._kept).dump(f)
         self._bytes = buffer.getvalue()
 
     def copy(self) -> Callable:
-        return _KeptUnpickler(io.BytesIO(self._bytes), self._kept).load()
+        return _KeptUnpickler(io.BytesIO(self._bytes), self._kept, self._task_copies).load()
+
+    def add_to_accumulators(self) -> None:
+        with _ADDING:
+            for task_copy in self._task_copies:
+                task_copy.add_to_drivers()
+
+
+_ADDING = threading.Lock()  # (Spark adds tasks' updates from one thread)
+
+
+class _TaskAccumulator(Accumulator):
+    """An accumulator as a task has it: from the driver's zero, not registered, its value not readable
+    (``Accumulator.value`` raises, as in a task)."""
+
+    def __init__(self, drivers: Accumulator):  # (no Accumulator.__init__: that registers it as the driver's)
+        self.aid, self.accum_param, self.drivers = drivers.aid, drivers.accum_param, drivers
+        self._value = drivers.accum_param.zero(drivers.value)
+        self._deserialized = True
+
+    def add_to_drivers(self) -> None:
+        self.drivers.add(self._value)
 
 
 class _KeepingPickler(cloudpickle.Pickler):
@@ -306,12 +362,19 @@ class _KeepingPickler(cloudpickle.Pickler):
 
 
 class _KeptUnpickler(pickle.Unpickler):
-    def __init__(self, file, kept: list):
+    def __init__(self, file, kept: list, task_copies: list):
         super().__init__(file)
-        self._kept = kept
+        self._kept, self._task_copies = kept, task_copies
+        self._loaded: dict = {}
 
     def persistent_load(self, pid):  # type: ignore[override]
-        return self._kept[pid]
+        if pid not in self._loaded:
+            obj = self._kept[pid]
+            if isinstance(obj, Accumulator):
+                obj = _TaskAccumulator(obj)
+                self._task_copies.append(obj)
+            self._loaded[pid] = obj
+        return self._loaded[pid]
 
 
 _warned: set[str] = set()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
+import random
 import sys
 
 import pytest
 from py4j.protocol import Py4JJavaError
-from pyspark import cloudpickle
+from pyspark import TaskContext, cloudpickle
 
 from sparkwal.engine.driver_rows import DriverRowsRDD, sliced_as_parallelize
 
@@ -106,6 +108,37 @@ def test_a_function_that_raises_runs_in_spark_with_its_error(spark_context):
     with pytest.raises(Py4JJavaError, match="ZeroDivisionError"):
         _jobs(spark_context, "driver-rows-raises", failing.collect)
     assert len(spark_context.statusTracker().getJobIdsForGroup("driver-rows-raises")) == 1
+
+
+def test_a_failed_run_on_the_driver_adds_nothing_to_accumulators(spark_context):
+    """As in Spark, only what succeeded adds: a function that needs a task adds once, in Spark's tasks."""
+    added = spark_context.accumulator(0)
+    rdd = DriverRowsRDD(spark_context, list(range(10)), num_partitions=2)
+    step = rdd.map(lambda v: (added.add(1), TaskContext.get().partitionId())[1])  # (None on the driver: raises)
+    result, jobs = _jobs(spark_context, "driver-rows-needs-a-task", step.collect)
+    assert (result, jobs, added.value) == ([0] * 5 + [1] * 5, 1, 10)
+
+
+def test_chained_steps_share_what_they_captured_as_in_a_task(spark_context):
+    seen: set = set()
+    steps = lambda r: r.filter(lambda v: v not in seen).map(lambda v: (seen.add(v), v)[1])  # noqa: E731
+    on_driver = steps(DriverRowsRDD(spark_context, [1, 1, 2], num_partitions=1)).collect()
+    assert on_driver == steps(spark_context.parallelize([1, 1, 2], 1)).collect() == [1, 2] and seen == set()
+
+
+def test_steps_read_the_executors_environment_in_spark(spark_context, monkeypatch):
+    monkeypatch.setitem(spark_context.environment, "SPARKWAL_TEST_ONLY_EXECUTORS", "theirs")
+    rdd = DriverRowsRDD(spark_context, [1, 2], num_partitions=2)
+    result, jobs = _jobs(spark_context, "driver-rows-environment",
+                         rdd.map(lambda _: os.environ.get("SPARKWAL_TEST_ONLY_EXECUTORS", "driver's")).collect)
+    assert (result, jobs) == (["theirs", "theirs"], 1)
+
+
+def test_a_locally_checkpointed_step_is_worked_out_once(spark_context):
+    """A stream's lineage cut (localCheckpoint): every output of the batch reads the same rows."""
+    step = DriverRowsRDD(spark_context, list(range(20)), num_partitions=2).map(lambda _: random.random())
+    step.localCheckpoint()
+    assert step.collect() == step.collect()
 
 
 def test_foreach_runs_in_spark_tasks(spark_context):
