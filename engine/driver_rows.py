@@ -48,6 +48,8 @@ from typing import Callable, Iterator
 from pyspark import RDD, Accumulator, Broadcast, SparkContext, StorageLevel, cloudpickle
 from pyspark.rdd import PipelinedRDD
 
+from sparkwal.wal.retry import DEADLINE_ENV
+
 log = logging.getLogger(__name__)
 
 
@@ -305,10 +307,14 @@ def _composed(before: Callable, after: Callable) -> Callable:
     return pipeline_func
 
 
+#: what the executors' environment holds for PySpark's and sparkwal's own use, never for a step's function
+_NOT_FOR_STEPS = ("PYTHONHASHSEED", DEADLINE_ENV)
+
+
 def _environment_differs(sc: SparkContext) -> bool:
     """Whether a variable ``spark.executorEnv.*`` sets for the executors is not the driver's (a step
     reading it would read another value on the driver)."""
-    return any(os.environ.get(name) != value for name, value in sc.environment.items() if name != "PYTHONHASHSEED")
+    return any(os.environ.get(name) != value for name, value in sc.environment.items() if name not in _NOT_FOR_STEPS)
 
 
 class _Shipped:

@@ -105,6 +105,24 @@ def test_a_precomputed_batchs_rows_are_read_on_the_driver_without_a_spark_job(sp
     assert (empty.isEmpty(), empty.take(1), empty.count()) == (True, [], 0)
 
 
+def test_a_step_after_the_precomputed_combine_runs_on_the_driver(spark_context, tmp_path):
+    """The output's steps over a precomputed batch (here mapValues, then count) run no Spark job, in a
+    driver whose executors' environment holds sparkwal's own settings (test_driver_rows.py has the rules)."""
+    probed: list = []
+
+    def probe(rdd):
+        probed.append((rdd.count(), isinstance(rdd, DriverRowsRDD) and not rdd.jvm_side_built))
+
+    def build(s):
+        counts = s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add).mapValues(lambda v: v)
+        counts.foreachRDD(probe)
+        return counts
+
+    totals, stats, _ = run_counts(spark_context, tmp_path, LINES, build)
+    assert totals == EXPECTED and stats.precomputed_batches >= 1
+    assert sum(on_driver for _, on_driver in probed) == stats.precomputed_batches
+
+
 def test_on_by_default_and_false_turns_it_off(spark_context, tmp_path):
     count = lambda s: s.flatMap(_words).map(lambda w: (w, 1)).reduceByKey(operator.add)  # noqa: E731
     totals, stats, _ = run_counts(spark_context, tmp_path / "default", LINES, count)
