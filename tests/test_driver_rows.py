@@ -18,6 +18,8 @@ from sparkwal.engine.driver_rows import DriverRowsRDD, sliced_as_parallelize
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+pytestmark = pytest.mark.compat  # (PySpark's internals it builds on: every supported version)
+
 ROWS = [(f"k{i % 7}", i) for i in range(103)]
 
 #: actions PySpark builds on mapPartitionsWithIndex and collect/count/take: none runs a Spark job here
@@ -51,7 +53,15 @@ IN_SPARK = {
     "zip": lambda r: r.keys().zip(r.values().map(lambda v: v * 10)).collect(),
     "sortBy": lambda r: r.sortBy(lambda kv: -kv[1]).take(4),
     "distinct": lambda r: sorted(r.keys().distinct().collect()),
+    "a DataFrame": lambda r: sorted(tuple(row) for row in _session().createDataFrame(
+        r.map(lambda kv: (kv[0], kv[1] * 2)), "key string, n long").groupBy("key").sum("n").collect()),
 }
+
+
+def _session():
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()
 
 
 def _jobs(sc, group: str, action):
