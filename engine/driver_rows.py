@@ -233,6 +233,10 @@ class DriverRowsPipeline(DriverRowsRDD):
     def _read_all(self) -> list:
         return self._run(lambda parts: [row for _, rows in parts for row in rows])
 
+    def partition_iterators(self) -> Iterator[tuple[int, Iterator]]:  # (its parent's partitions, run)
+        parts = self._run(lambda parts: [list(rows) for _, rows in parts])
+        return ((i, iter(rows)) for i, rows in enumerate(parts))
+
     def rows(self) -> list:  # (worked out for each use: a step's rows are not kept)
         return self._read_all()
 
