@@ -15,7 +15,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark import TaskContext, cloudpickle
 from pyspark.errors import PythonException
 
-from sparkwal.engine.driver_rows import DriverRowsRDD, sliced_as_parallelize
+from sparkwal.engine.driver_rows import DriverRowsRDD, on_executors, sliced_as_parallelize
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -170,6 +170,15 @@ def test_broadcasts_and_accumulators_are_the_drivers(spark_context):
     step = rdd.map(lambda kv: (seen.add(1), table.value[kv[1]])[1])
     result, jobs = _jobs(spark_context, "driver-rows-broadcast", step.collect)
     assert (result, jobs, seen.value) == ([-i for i in range(103)], 0, 103)
+
+
+def test_the_sinks_tasks_run_in_spark_with_their_attempts(spark_context):
+    """on_executors (the exactly-once sinks' writes): a task's attempt id names what it writes."""
+    rdd = DriverRowsRDD(spark_context, ROWS, num_partitions=2)
+    in_task = lambda i, it: [(i, TaskContext.get() is not None, sum(1 for _ in it))]  # noqa: E731
+    result, jobs = _jobs(spark_context, "driver-rows-sink", on_executors(rdd).mapPartitionsWithIndex(in_task).collect)
+    assert (result, jobs) == ([(0, True, 51), (1, True, 52)], 1)
+    assert on_executors(spark_context.parallelize([1])).collect() == [1]  # any other RDD: itself
 
 
 def test_a_step_is_worked_out_for_each_action_and_its_function_copied_per_partition(spark_context):
