@@ -231,7 +231,7 @@ class DriverRowsPipeline(DriverRowsRDD):
         return result
 
     def _read_all(self) -> list:
-        return self._run(lambda parts: [row for _, rows in parts for row in rows])
+        return self._run(_all_rows)
 
     def partition_iterators(self) -> Iterator[tuple[int, Iterator]]:  # (its parent's partitions, run)
         parts = self._run(lambda parts: [list(rows) for _, rows in parts])
@@ -245,7 +245,7 @@ class DriverRowsPipeline(DriverRowsRDD):
         return False
 
     def collect(self) -> list:
-        return self._or_in_spark(lambda parts: [row for _, rows in parts for row in rows], lambda rdd: rdd.collect())
+        return self._or_in_spark(_all_rows, lambda rdd: rdd.collect())
 
     def count(self) -> int:
         return self._or_in_spark(lambda parts: sum(1 for _, rows in parts for _ in rows), lambda rdd: rdd.count())
@@ -303,6 +303,10 @@ class DriverRowsPipeline(DriverRowsRDD):
             self._serializer_set = serializer
             if self._built is not None:
                 self._built._jrdd_deserializer = serializer
+
+
+def _all_rows(parts: Iterator[tuple[int, Iterator]]) -> list:
+    return [row for _, rows in parts for row in rows]
 
 
 def _composed(before: Callable, after: Callable) -> Callable:
