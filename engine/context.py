@@ -23,6 +23,7 @@ from .dstream import DStream, TransformedDStream, UnionDStream, to_ms
 from .errors import CopySourceActiveError
 from .inputs import FileInputDStream, QueueInputDStream
 from .listener import StreamingListener
+from .receiver.block_output import ForEachBlockDStream
 from .receiver.input import ReceiverInputDStream
 from .receiver.socket_receiver import SocketReceiver
 from .sources.batch_log import BatchLog
@@ -46,6 +47,9 @@ class StreamingContext:
     #: DStream's stateful operations by name, each ``build(parent, *args) -> DStream`` (their streams
     #: are defined in :mod:`sparkwal.engine.state`, above DStream's module)
     stateful_operations = STATEFUL_OPERATIONS
+    #: DStream's ``foreachBlock`` output, ``build(parent, func)`` (its stream is defined with its
+    #: outputs in :mod:`sparkwal.engine.receiver.block_output`, above DStream's module)
+    block_output_stream = ForEachBlockDStream
 
     def __init__(self, sparkContext: SparkContext, batchDuration: float | None = None, *,
                  clock: Clock | None = None, concurrentJobs: int | None = None):

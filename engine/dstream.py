@@ -38,7 +38,8 @@ def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000.0)
 
 
-def _arity(func: Callable) -> int:
+def arity(func: Callable) -> int:
+    """How many positional arguments ``func`` takes (pyspark.streaming's rule for ``foreachRDD``'s ``func``)."""
     code = getattr(func, "__code__", None)
     return code.co_argcount - (1 if hasattr(func, "__self__") else 0) if code else 1
 
@@ -70,23 +71,23 @@ class DStream(StreamMachinery):
 
     def transform(self, func: Callable) -> DStream:
         """``func(rdd)`` or ``func(time, rdd)`` -> RDD, applied to every RDD of this stream."""
-        if _arity(func) == 1:
+        if arity(func) == 1:
             one = func
 
             def func(_t, rdd):  # noqa: F811
                 return one(rdd)
-        if _arity(func) != 2:
+        if arity(func) != 2:
             raise ValueError("func should take one or two arguments")
         return TransformedDStream(self._ssc, [self], lambda t, rdds: func(_time(t), rdds[0]))
 
     def transformWith(self, func: Callable, other: DStream, keepSerializer: bool = False) -> DStream:
         """``func(rdd_a, rdd_b)`` or ``func(time, rdd_a, rdd_b)`` -> RDD."""
-        if _arity(func) == 2:
+        if arity(func) == 2:
             two = func
 
             def func(_t, a, b):  # noqa: F811
                 return two(a, b)
-        if _arity(func) != 3:
+        if arity(func) != 3:
             raise ValueError("func should take two or three arguments")
         return self.with_other(other, lambda t, rdds: func(_time(t), rdds[0], rdds[1]), keeps_empty=False)
 
@@ -205,12 +206,20 @@ class DStream(StreamMachinery):
 
     def foreachRDD(self, func: Callable) -> None:
         """Run ``func(rdd)`` or ``func(time, rdd)`` on every RDD (an output operation)."""
-        if _arity(func) == 1:
+        if arity(func) == 1:
             one = func
 
             def func(_t, rdd):  # noqa: F811
                 return one(rdd)
         ForEachDStream(self._ssc, self, func)
+
+    def foreachBlock(self, func: Callable) -> None:
+        """Run ``func(rdd)``, ``func(time, rdd)`` or ``func(time, block_id, rdd)`` on the rows of each
+        receiver block as soon as the block is recorded, before its batch (an output operation; at least
+        once, the same rows for the same block id; :mod:`sparkwal.engine.receiver.block_output`). For a
+        stream the receivers can precompute: per-record operations from one receiver stream up to a
+        ``reduceByKey``/``combineByKey``; ``time`` is the block's."""
+        self._ssc.block_output_stream(self._ssc, self, func)
 
     def pprint(self, num: int = 10) -> None:
         def take_and_print(time: datetime, rdd: RDD) -> None:

@@ -1,6 +1,8 @@
 """A driver for the precompute crash test: lines from an AckedLineSource, each counted under its
 id (``r<i>``) by ``map`` + ``reduceByKey`` with ``spark.sparkwal.receiver.precompute`` on, each
-batch's counts written to ``out/<batch ms>.json`` atomically (a re-run batch replaces its file).
+batch's counts written to ``out/<batch ms>.json`` atomically (a re-run batch replaces its file);
+before that, ``foreachBlock`` appends each block's counts to ``out/blocks.log`` as one JSON line
+(``{"block", "rows"}``) as soon as the block is recorded.
 
 usage: python precompute_crash_app.py WORKDIR PORT   (the source's secret in SPARKWAL_SOURCE_SECRET)
 Prints JSON lines: {"event": "batch", "ms", "precomputed"} per completed batch; runs until killed.
@@ -34,11 +36,22 @@ def save(t, rdd):
         os.replace(path + ".tmp", path)
 
 
+def append_block(t, block_id, rdd):
+    line = json.dumps({"block": block_id, "rows": sorted(rdd.collect())}) + "\n"
+    fd = os.open(os.path.join(out, "blocks.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def setup():
     ssc = StreamingContext(sc, 0.5)
     ssc.checkpoint(os.path.join(workdir, "ckpt"))
     lines = ssc.receiverStream(AckedLineReceiver("127.0.0.1", port, secret_env="SPARKWAL_SOURCE_SECRET"))
-    lines.map(lambda line: (line.split()[0], 1)).reduceByKey(operator.add).foreachRDD(save)
+    counts = lines.map(lambda line: (line.split()[0], 1)).reduceByKey(operator.add)
+    counts.foreachBlock(append_block)  # (first: a batch's blocks are all out before its counts' file)
+    counts.foreachRDD(save)
     return ssc
 
 

@@ -1,7 +1,8 @@
 """kill -9 of a driver whose receivers precompute (``spark.sparkwal.receiver.precompute``): the
 results are only a shortcut, the blocks in the receiver WAL the truth, so a restarted driver's
 batches read the blocks of the dead one's and nothing acknowledged is lost or counted twice (beyond
-the lines the source had to send again)."""
+the lines the source had to send again). The same app's ``foreachBlock`` outputs every block at
+least once, with the same rows each time it outputs it."""
 
 from __future__ import annotations
 
@@ -94,3 +95,17 @@ def test_a_killed_driver_loses_and_doubles_nothing_its_receivers_precomputed(tmp
     assert set(counted) == {f"r{i}" for i in range(lines)}  # none lost
     doubled = sum(n - 1 for n in counted.values())
     assert doubled <= source.statistics().lines_resent, (doubled, source.statistics())
+    # foreachBlock: every block out at least once, with the same rows each time; by block id, once
+    by_block: dict[str, list] = {}
+    for line in (tmp_path / "out" / "blocks.log").read_text().splitlines():
+        try:
+            call = json.loads(line)
+        except ValueError:
+            continue  # (a killed driver's torn last line)
+        by_block.setdefault(call["block"], []).append(call["rows"])
+    assert all(rows == calls[0] for calls in by_block.values() for rows in calls), "a block's rows changed"
+    per_block: dict[str, int] = {}
+    for calls in by_block.values():
+        for key, n in calls[0]:
+            per_block[key] = per_block.get(key, 0) + n
+    assert per_block == counted  # the same records as the batches' output, none lost

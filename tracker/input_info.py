@@ -69,8 +69,9 @@ BATCH_PHASES = ("generation", "receiverCuts", "blockAllocation", "batchLog", "le
 #: Where a batch's work ran, per stream (``BatchInfo.paths``, keyed by the stream's creation site, e.g.
 #: "socketTextStream at app.py:12"): a receiver stream's batch "precomputed" (built from what its
 #: receivers computed as they stored the blocks: no block read) or "executors" (its blocks read in
-#: tasks); a state's "driver" (held on the driver: no Spark job) or "executors".
-BATCH_PATHS = ("precomputed", "driver", "executors")
+#: tasks) or "per-block" (its blocks' rows output one block at a time as they were recorded:
+#: ``foreachBlock``); a state's "driver" (held on the driver: no Spark job) or "executors".
+BATCH_PATHS = ("precomputed", "driver", "executors", "per-block")
 
 
 @dataclass(frozen=True)

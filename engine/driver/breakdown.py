@@ -66,7 +66,8 @@ def batch_paths(graph, time_ms: int, input_infos: dict) -> dict[str, str]:
     for stream in graph.inputs:
         info = input_infos.get(stream.input_id)
         if stream.receiver_based and info is not None:
-            paths[stream.creation_site] = "precomputed" if info.metadata.get("precomputed") else "executors"
+            paths[stream.creation_site] = ("per-block" if info.metadata.get("perBlock") else
+                                           "precomputed" if info.metadata.get("precomputed") else "executors")
     for stream in graph.streams:
         rdd = stream.generated_rdds.get(time_ms) if stream.must_checkpoint else None
         if rdd is not None:

@@ -116,6 +116,7 @@ class Driver:
             if Driver.active is not None and Driver.active.state == ACTIVE:
                 raise StreamingContextStateError("Only one StreamingContext may be started in this process")
             self.graph.validate()
+            receiver_lifecycle.check_block_outputs(self.graph)
             self.snapshots.check_directory()
             self.observer = observability.Observer(  # a bad UI setting fails start() here
                 self.sc, self.settings, self.clock, self.batch_ms, self.events, self.snapshots, self.location,
@@ -216,7 +217,7 @@ class Driver:
             receiver_tracker = receiver_lifecycle.make_receiver_tracker(  # (started below)
                 self.graph, block_tracker, sc=self.sc, settings=self.settings, clock=self.clock,
                 events=self.events, batch_ms=self.batch_ms, report_input=self.scheduler.report_input,
-                checkpoint=self.location, leader_epoch=self.leader_epoch)
+                checkpoint=self.location, leader_epoch=self.leader_epoch, confirm_leadership=self.confirm_leadership)
             self.scheduler.start(BatchSteps(
                 self.graph, block_tracker, receiver_tracker,
                 batches.BatchPlanner(batch_log, batches.direct_inputs(self.graph), plan.skip_outputs_ms),

@@ -65,6 +65,17 @@ class ReceiverInputDStream(InputDStream):
             log.error("stream %d, %s: mixes blocks in the WAL and on executors", self.input_id, batch_name(time_ms))
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
 
+    def block_records(self, block) -> list:
+        """One recorded block's records, read on the driver (``foreachBlock``'s rows of a block that
+        came without its result): from the receiver WAL, or from the executors holding its copies."""
+        if block.wal_handle is not None:
+            wal = self._driver.location.at(receiver_wal_dir(self._driver.checkpoint_dir, self.input_id))
+            handle = [self._segment_path(block.wal_handle[0]), *block.wal_handle[1:]]
+            return read_wal_block(wal, None, self.input_id, block.block_id, handle)
+        tracker = self._driver.scheduler.receiver_tracker
+        copies = [(c.executor_id, c.host, c.port) for c in tracker.block_copies(block.block_id)]
+        return read_block(self._sc.applicationId, tracker.secret, self.input_id, block.block_id, copies)
+
     def _segment_path(self, name: str) -> str:
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
         checkpoint directory, wherever it is now: :mod:`sparkwal.checkpoint.layout`)."""

@@ -30,6 +30,7 @@ from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
 from .batch_cuts import BatchCuts
+from .block_output import BlockOutput, BlockOutputs
 from .block_server import discover_block_servers
 from .blocks import (BlockCopy, block_from_wire, block_time_ms, copies_from_wire, oldest_kept_block_ms,
                      remove_local_blocks)
@@ -77,10 +78,12 @@ class ReceiverTrackerStatistics:
 class ReceiverTracker:
     def __init__(self, sc: SparkContext, settings: StreamingConf, clock: Clock, events: EventPoster,
                  graph: DStreamGraph, blocks: ReceivedBlockTracker, inputs: list[ReceiverInputDStream], *,
-                 batch_ms: int, report_input: Callable, checkpoint: StorageLocation | None, leader_epoch: int | None):
+                 batch_ms: int, report_input: Callable, checkpoint: StorageLocation | None, leader_epoch: int | None,
+                 confirm_leadership: Callable[[], None] = lambda: None):
         """Its collaborators, from the driver's start: ``events`` takes the receivers' listener events,
         ``blocks`` their blocks, ``report_input`` a precomputed batch's input; ``checkpoint`` is the
-        checkpoint directory (the receivers' WAL, where enabled, lives there) led at ``leader_epoch``."""
+        checkpoint directory (the receivers' WAL, where enabled, lives there) led at ``leader_epoch``;
+        ``confirm_leadership`` raises unless this driver still leads (before each ``foreachBlock`` call)."""
         self._sc, self._settings, self._clock, self._events, self._blocks = sc, settings, clock, events, blocks
         self._inputs = {s.input_id: s for s in inputs}
         self._secret = wire.new_secret()
@@ -111,6 +114,12 @@ class ReceiverTracker:
             self.precomputed = Precomputed.of_graph(sc, graph, inputs, blocks, report_input,
                                                     min(64 << 20, self._unprocessed.max_bytes),
                                                     asked=settings.raw(config.RECEIVER_PRECOMPUTE.key) is not None)
+        self.block_outputs = BlockOutputs(  # (foreachBlock)
+            sc, graph, inputs, read_records=lambda stream, info: stream.block_records(info),
+            batch_blocks=lambda stream, time_ms: blocks.get_blocks_of_batch_and_stream(time_ms, stream.input_id),
+            report=lambda stream, time_ms, found: report_input(
+                time_ms, stream, sum(b.num_records or 0 for b in found), {"blocks": len(found), "perBlock": True}),
+            confirm_leadership=lambda _stream: confirm_leadership())
         if settings[config.BACKPRESSURE]:
             conf_map = config.rate_conf(settings)
             for sid in self._inputs:
@@ -145,6 +154,7 @@ class ReceiverTracker:
                         "will queue forever. Give the application more cores than receivers (e.g. local[%d])",
                         len(self._inputs), cores, self._sc.master, len(self._inputs) + 1)
         self._active = True
+        self.block_outputs.start()
         executors = self._executors()
         if self._base_config["serve_blocks"]:  # while the cores are free, before the receivers
             self._block_servers = discover_block_servers(self._sc, self._sc.applicationId, self._secret,
@@ -248,6 +258,7 @@ class ReceiverTracker:
                 t.stop(5)
         if self.endpoint is not None:
             self.endpoint.stop()
+        self.block_outputs.stop(max(0.0, deadline - time.monotonic()) if graceful else 2.0)
         for controller in self._rate_controllers.values():
             controller.stop()
         if not self.wal_enabled and self._sc.master.startswith("local["):
@@ -319,10 +330,17 @@ class ReceiverTracker:
             return False, f"block {info.block_id!r} is not a block of stream {sid}"
         self._unprocessed.wait_for_room(sid, size, lambda: self._active and not self._stopped.is_set())
         if results and self.precomputed is not None:  # held first: a batch that allocates the block finds them
-            self.precomputed.add(sid, info.block_id, results)
-        if not self._blocks.add_block(info):
+            self.precomputed.add(sid, info.block_id, self.block_outputs.for_batches(results))
+        self.block_outputs.offer(sid, info, results)  # (first too: its batch's job may run before recorded())
+        try:
+            logged = self._blocks.add_block(info)
+        except BaseException:
+            self.block_outputs.refused(sid, info.block_id)
+            raise
+        if not logged:
             if self.precomputed is not None:
                 self.precomputed.discard(info.block_id)
+            self.block_outputs.refused(sid, info.block_id)
             with self._lock:
                 self._counts["blocks_refused"] += 1
             return False, f"block {info.block_id} could not be logged in the driver's WAL"
@@ -331,6 +349,7 @@ class ReceiverTracker:
             self._counts["blocks_added"] += 1
             if info.wal_handle is None:
                 self._block_locations[info.block_id] = held_by
+        self.block_outputs.recorded(sid, info.block_id)  # (after its copies are known: an early call may read them)
         return True, ""
 
     def on_report_error(self, conn: Connection, stream_id: int, message: str, error: str | None) -> None:
@@ -375,6 +394,10 @@ class ReceiverTracker:
         self._events.post(StreamingListenerReceiverStopped(info))
 
     # ---------------------------------------------------------------- from the engine
+
+    def block_output(self, output_op_id: int) -> BlockOutput | None:
+        """The ``foreachBlock`` output with this id (None: not one)."""
+        return self.block_outputs.get(output_op_id)
 
     def block_copies(self, block_id: str) -> tuple[BlockCopy, ...]:
         """Where a WAL-off block's copies are (none: not received by this driver)."""

@@ -1,0 +1,392 @@
+"""Output per block (``DStream.foreachBlock``): a combined stream's rows of each receiver block,
+output as soon as the block is recorded, before its batch.
+
+A stream the receivers can precompute (per-record operations from one receiver stream up to a
+``reduceByKey``/``combineByKey``: :func:`.precompute.find_plans`) has, for every block, the rows
+that combine gives over that block alone. ``foreachBlock(func)`` calls ``func`` with them once the
+block is stored (in the receiver WAL, with its fsync, where it is on) and its ``AddBlock`` is
+logged by the driver: the rule a batch's blocks follow, so what is output is what a restart
+recovers. A record then waits for its block (``spark.streaming.blockInterval``, and every batch
+time cuts one), not for its batch: at 100 ms batches that is the half of a record's latency a batch
+output cannot go under (docs/benchmarks.md).
+
+The rows are the result the receiver sent with the block (precompute), else the block read back
+on the driver and the plan run there. A block whose rows are not output early (its call raised,
+the queue was full, the driver restarted) is output by its batch's job, which also waits for a
+call in progress: every block of a batch is output before the batch completes, so none is lost,
+and the blocks' WAL records are cleaned only after that. Output is at least once: a block id and
+its rows are the same in every call for it (the records are the WAL's), so a sink that keys its
+writes by the block id writes each block once. One output's calls never overlap; they come in the
+order the blocks were recorded, except those its batches make.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from datetime import datetime
+from typing import Callable
+
+from sparkwal.base.service import Service
+from sparkwal.base.times import batch_name
+
+from ..driver_rows import DriverRowsRDD
+from ..dstream import ForEachDStream, Job, arity
+from .blocks import block_time_ms
+from .precompute import BlockPlan, decode_result, find_plans, run_plan
+
+log = logging.getLogger(__name__)
+
+#: blocks held between their AddBlock and their batch's job, at most; past it a block waits for its batch
+MAX_QUEUED_BLOCKS = 1024
+
+_PENDING, _QUEUED, _RUNNING, _DONE, _FAILED = "pending", "queued", "running", "done", "failed"
+
+
+@dataclass(frozen=True)
+class BlockOutputStatistics:
+    early: int  #: blocks output as soon as they were recorded
+    at_batch: int  #: blocks output by their batch's job (their early call failed or never came)
+    read_back: int  #: of all outputs, blocks read back on the driver (no result came with them)
+    early_failures: int  #: early calls that raised (their batches output the blocks again)
+    not_queued: int  #: blocks left to their batches: the queue held MAX_QUEUED_BLOCKS or max_held_bytes
+    queued: int  #: blocks waiting for their early call now
+    held_bytes: int  #: the queued blocks' results
+
+
+def _no_batch_output(_time, _rdd) -> None:
+    """(A foreachBlock's batch job outputs blocks, never the batch's RDD.)"""
+
+
+class ForEachBlockDStream(ForEachDStream):
+    """``foreachBlock``: each block's rows as soon as it is recorded (the receiver tracker's
+    :class:`BlockOutput` for this output); a batch's job outputs the batch's blocks not output yet."""
+
+    def __init__(self, ssc, parent, func: Callable):
+        n = arity(func)
+        if n not in (1, 2, 3):
+            raise TypeError(f"foreachBlock takes func(rdd), func(time, rdd) or func(time, block_id, rdd), "
+                            f"got a function of {n} arguments")
+        super().__init__(ssc, parent, _no_batch_output, "foreachBlock")
+        self._block_func, self._arity = func, n
+
+    def block_func(self, time: datetime, block_id: str, rdd) -> None:
+        """The program's function, called for each block."""
+        args = (time, block_id, rdd)[3 - self._arity:] if self._arity != 2 else (time, rdd)
+        self._block_func(*args)
+
+    def generate_job(self, time_ms: int) -> Job | None:
+        tracker = self._driver.scheduler.receiver_tracker
+        output = tracker.block_output(self.output_op_id) if tracker is not None else None
+        if output is None:  # (the graph's validation at start refuses such a program)
+            raise RuntimeError(f"{self.creation_site}: no receiver feeds this foreachBlock")
+        if not self.dependencies[0].is_time_valid(time_ms):
+            return None
+        run = output.batch_job(time_ms)
+        return Job(self.output_op_id, self.op_name, run, self.in_order) if run is not None else None
+
+
+class BlockOutput:
+    """One ``foreachBlock`` output: its early calls (a thread of its own) and its batches' jobs."""
+
+    def __init__(self, sc, name: str, stream_id: int, plan: BlockPlan, func: Callable, *, num_partitions: int,
+                 read_records: Callable[[object], list], batch_blocks: Callable[[int], list],
+                 report: Callable[[int, list], None] = lambda time_ms, blocks: None,
+                 confirm_leadership: Callable[[], None] = lambda: None, max_held_bytes: int = 64 << 20):
+        """``name``: the output, for log lines (its creation site); ``plan``: what turns a block's records
+        into its rows (:func:`.precompute.run_plan`); ``func(time, block_id, rdd)``; ``read_records(info)``:
+        a recorded block's records, read on the driver; ``batch_blocks(time_ms)``: the stream's blocks of
+        a batch; ``report(time_ms, blocks)``: a batch's input; ``confirm_leadership()``: raises unless this
+        driver still leads (before every early call: a fenced driver's, a paused one's that woke up
+        past its lease, output nothing more; its batches' jobs are fenced by the scheduler)."""
+        self._sc, self.name, self.stream_id, self.plan, self._func = sc, name, stream_id, plan, func
+        self._num_partitions, self._read_records = num_partitions, read_records
+        self._batch_blocks, self._report, self._confirm = batch_blocks, report, confirm_leadership
+        self._max_held = max_held_bytes
+        self._cond = threading.Condition()
+        self._calling = threading.Lock()  # one call at a time
+        self._states: dict[str, str] = {}
+        self._infos: dict[str, object] = {}
+        self._data: dict[str, bytes] = {}
+        self._queue: deque[str] = deque()
+        self._held = 0
+        self._warned: set[str] = set()
+        self._counts = dict(early=0, at_batch=0, read_back=0, early_failures=0, not_queued=0)
+        self._service: Service | None = None
+        #: whether its batches report the stream's input (not where another output reads the stream's
+        #: batches: that one's report says where they ran)
+        self.reports_input = True
+
+    @property
+    def plan_id(self) -> int:
+        return self.plan.plan_id
+
+    def start(self) -> None:
+        if self._service is None:
+            self._service = Service(f"sparkwal-block-output-{self.plan_id}", self._run)
+            self._service.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the early calls (the one in progress ends first); batches output what is left."""
+        if self._service is not None:
+            self._service.stopping.set()
+            with self._cond:
+                self._cond.notify_all()
+            self._service.stop(timeout_s)
+
+    # -- the receiver tracker's side: a block arrives --------------------------------------------
+
+    def offer(self, info, data: bytes | None) -> None:
+        """A block of the stream, before its ``AddBlock`` is logged; ``data``: the receiver's result
+        for this output's plan, if it sent one. Nothing is called until :meth:`recorded`."""
+        block_id = info.block_id
+        with self._cond:
+            if block_id in self._states:
+                return  # (an AddBlock sent again)
+            size = len(data) if data is not None else 0
+            if len(self._infos) >= MAX_QUEUED_BLOCKS or self._held + size > self._max_held:
+                self._counts["not_queued"] += 1
+                return  # its batch outputs it
+            self._states[block_id], self._infos[block_id] = _PENDING, info
+            if data is not None:
+                self._data[block_id] = data
+                self._held += size
+
+    def recorded(self, block_id: str) -> None:
+        """The block's ``AddBlock`` is logged: it may be output."""
+        with self._cond:
+            if self._states.get(block_id) == _PENDING:  # (else its batch already took it, or it was not offered)
+                self._states[block_id] = _QUEUED
+                self._queue.append(block_id)
+                self._cond.notify_all()
+
+    def refused(self, block_id: str) -> None:
+        """The block's ``AddBlock`` could not be logged: it is not the stream's, never output."""
+        with self._cond:
+            if self._states.get(block_id) == _PENDING:
+                self._forget(block_id)
+
+    def _forget(self, block_id: str) -> None:
+        self._states.pop(block_id, None)
+        self._infos.pop(block_id, None)
+        self._drop_data(block_id)
+
+    def _drop_data(self, block_id: str) -> None:
+        data = self._data.pop(block_id, None)
+        if data is not None:
+            self._held -= len(data)
+
+    def _run(self) -> None:
+        stopping = self._service.stopping
+        while True:
+            with self._cond:
+                while not self._queue and not stopping.is_set():
+                    self._cond.wait()
+                if stopping.is_set():
+                    return
+                block_id = self._queue.popleft()
+                if self._states.get(block_id) != _QUEUED:
+                    continue  # its batch took it
+                self._states[block_id] = _RUNNING
+                info, data = self._infos[block_id], self._data.get(block_id)
+            try:
+                self._confirm()
+            except Exception as e:  # noqa: BLE001  (fenced, or its lease unconfirmable: nothing more from it)
+                self._settle(block_id, _FAILED)
+                log.warning("foreachBlock at %s: no more early output on this driver (%s: %s)",
+                            self.name, type(e).__name__, e)
+                return
+            outcome = _FAILED
+            try:
+                self._output(info, data)
+                outcome = _DONE
+            except Exception as e:  # noqa: BLE001  (the user's function: its batch outputs the block again)
+                self._warn_once(block_id, e)
+            finally:  # (whatever ended the call: a batch waiting for it goes on)
+                self._settle(block_id, outcome)
+
+    def _settle(self, block_id: str, outcome: str) -> None:
+        """An early call ended: ``outcome`` is the block's state, unless its batch forgot it meanwhile."""
+        with self._cond:
+            if self._states.get(block_id) == _RUNNING:
+                self._states[block_id] = outcome
+                if outcome == _DONE:
+                    self._counts["early"] += 1
+                    self._drop_data(block_id)
+                else:
+                    self._counts["early_failures"] += 1
+            self._cond.notify_all()
+
+    def _warn_once(self, block_id: str, e: Exception) -> None:
+        said = f"{type(e).__name__}: {e}"
+        with self._cond:
+            first = said not in self._warned and len(self._warned) < 100
+            self._warned.add(said)
+        if first:
+            log.warning("foreachBlock at %s: block %s's output failed (%s); its batch outputs it again",
+                        self.name, block_id, said)
+
+    # -- a batch's job ----------------------------------------------------------------------------
+
+    def batch_job(self, time_ms: int) -> Callable[[], None] | None:
+        """What batch ``time_ms``'s job runs (None: the batch has no block of the stream); its input
+        is reported now, at the batch's generation (:attr:`reports_input`)."""
+        blocks = self._batch_blocks(time_ms)
+        if self.reports_input:
+            self._report(time_ms, blocks)
+        return partial(self.output_batch, time_ms, blocks) if blocks else None
+
+    def output_batch(self, time_ms: int, blocks: list) -> None:
+        """Output every block of batch ``time_ms`` not output yet (waiting for one being output);
+        raises what the function raised, naming the batch and the block. Every block of the batch
+        is forgotten after, whatever happened (a failed batch is re-run by the driver's restart)."""
+        try:
+            for info in blocks:
+                block_id = info.block_id
+                with self._cond:
+                    while self._states.get(block_id) == _RUNNING:
+                        self._cond.wait()
+                    if self._states.get(block_id) == _DONE:
+                        continue
+                    self._states[block_id] = _RUNNING
+                    data = self._data.get(block_id)
+                try:
+                    self._output(info, data)
+                except Exception as e:
+                    e.add_note(f"foreachBlock at {self.name}: block {block_id} of {batch_name(time_ms)}")
+                    raise
+                with self._cond:
+                    self._counts["at_batch"] += 1
+        finally:
+            with self._cond:
+                for info in blocks:
+                    self._forget(info.block_id)
+                self._cond.notify_all()
+
+    # -- both ------------------------------------------------------------------------------------
+
+    def rows(self, info, data: bytes | None) -> DriverRowsRDD:
+        """The block's rows: from the receiver's result, else read back and run through the plan."""
+        if data is not None:
+            try:
+                items = decode_result(data)
+                hashes = {key: hashed for key, _, hashed in items}
+                rows = [(key, combiner) for key, combiner, _ in items]
+                return DriverRowsRDD(self._sc, rows, num_partitions=self._num_partitions,
+                                     key_hashes=hashes if None not in hashes.values() else None)
+            except Exception as e:  # noqa: BLE001  (msgpack raises several types on garbage)
+                log.warning("foreachBlock at %s: block %s's result did not decode (%s); reading the block",
+                            self.name, info.block_id, e)
+        with self._cond:
+            self._counts["read_back"] += 1
+        return DriverRowsRDD(self._sc, run_plan(self.plan, self._read_records(info)),
+                             num_partitions=self._num_partitions)
+
+    def _output(self, info, data: bytes | None) -> None:
+        rdd = self.rows(info, data)
+        when = datetime.fromtimestamp(block_time_ms(info.block_id) / 1000.0)  # (as foreachRDD's batch time)
+        with self._calling:
+            self._func(when, info.block_id, rdd)
+
+    def statistics(self) -> BlockOutputStatistics:
+        with self._cond:
+            queued = sum(1 for state in self._states.values() if state == _QUEUED)
+            return BlockOutputStatistics(**self._counts, queued=queued, held_bytes=self._held)
+
+
+def _planned(graph, inputs: list) -> dict[int, tuple]:
+    """Each ``foreachBlock`` output of ``graph`` by output id: ``(output, stream id, plan)``, its plan
+    found as precompute finds plans (whether or not precompute is on); ValueError, naming the output
+    and what stops it, for one on a stream the receivers cannot precompute."""
+    wanted = [o for o in graph.outputs if getattr(o, "block_func", None) is not None]
+    if not wanted:
+        return {}
+    stopped: dict[int, str] = {}
+    heads = {id(head): (sid, plan) for sid, pairs in find_plans(graph, inputs, stopped).items()
+             for head, plan in pairs}
+    planned = {}
+    for out in wanted:
+        head = out.dependencies[0]
+        if id(head) not in heads:
+            why = ("the program has no receiver stream" if not inputs else
+                   "; ".join(f"stream {sid}: {reason}" for sid, reason in sorted(stopped.items())))
+            raise ValueError(
+                f"foreachBlock at {out.creation_site} needs a stream the receivers can precompute (per-record "
+                f"operations from one receiver stream up to a reduceByKey/combineByKey, not persisted, checkpointed "
+                f"nor used twice); {head.creation_site} is not one" + (f" ({why})" if why else ""))
+        planned[out.output_op_id] = (out, *heads[id(head)])
+    return planned
+
+
+def check_block_outputs(graph) -> None:
+    """At start, before anything runs: ValueError for a ``foreachBlock`` the receivers cannot feed."""
+    _planned(graph, [s for s in graph.inputs if getattr(s, "receiver", None) is not None])
+
+
+def only_block_outputs_use(graph, head) -> bool:
+    """Whether nothing but ``foreachBlock`` outputs reads ``head`` (its batches' RDD is never built)."""
+    users, seen, todo = [], set(), list(graph.outputs)
+    while todo:
+        stream = todo.pop()
+        for parent in stream.dependencies:
+            if parent is head:
+                users.append(stream)
+            if id(parent) not in seen:
+                seen.add(id(parent))
+                todo.append(parent)
+    return all(getattr(u, "block_func", None) is not None for u in users)
+
+
+class BlockOutputs:
+    """A receiver tracker's ``foreachBlock`` outputs (:func:`check_block_outputs` is their rule),
+    each stream's in one place: its blocks as they arrive, the outputs' threads, their statistics."""
+
+    def __init__(self, sc, graph, inputs: list, **collaborators):
+        """``collaborators``: :class:`BlockOutput`'s ``read_records``, ``batch_blocks``, ``report`` and
+        ``confirm_leadership``, each taking the input stream first."""
+        by_id = {s.input_id: s for s in inputs}
+        self._outputs: dict[int, BlockOutput] = {}
+        self._of_stream: dict[int, list[BlockOutput]] = {}
+        self._only_theirs: set[int] = set()
+        for op_id, (out, sid, plan) in _planned(graph, inputs).items():
+            bound: dict = {name: partial(f, by_id[sid]) for name, f in collaborators.items()}
+            made = self._outputs[op_id] = BlockOutput(sc, out.creation_site, sid, plan, out.block_func,
+                                                      num_partitions=out.dependencies[0].block_combine[3], **bound)
+            self._of_stream.setdefault(sid, []).append(made)
+            if only_block_outputs_use(graph, out.dependencies[0]):
+                self._only_theirs.add(plan.plan_id)
+            else:
+                made.reports_input = False
+
+    def get(self, output_op_id: int) -> BlockOutput | None:
+        return self._outputs.get(output_op_id)
+
+    def for_batches(self, results: list) -> list:
+        """Of a block's receiver results, those a batch may read: each output keeps its own, so one
+        whose stream nothing else reads is not held for its batches."""
+        return [r for r in results if r[0] not in self._only_theirs] if self._only_theirs else results
+
+    def offer(self, stream_id: int, info, results: list) -> None:
+        for out in self._of_stream.get(stream_id, ()):
+            out.offer(info, next((data for plan_id, data in results if plan_id == out.plan_id), None))
+
+    def recorded(self, stream_id: int, block_id: str) -> None:
+        for out in self._of_stream.get(stream_id, ()):
+            out.recorded(block_id)
+
+    def refused(self, stream_id: int, block_id: str) -> None:
+        for out in self._of_stream.get(stream_id, ()):
+            out.refused(block_id)
+
+    def start(self) -> None:
+        for out in self._outputs.values():
+            out.start()
+
+    def stop(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for out in self._outputs.values():
+            out.stop(max(0.5, deadline - time.monotonic()))
