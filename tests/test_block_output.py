@@ -18,6 +18,7 @@ from sparkwal.engine.driver_rows import DriverRowsRDD
 from sparkwal.engine.receiver.block_output import BlockOutput
 from sparkwal.engine.receiver.precompute import BlockPlan, encode_result, with_hashes
 from sparkwal.tracker import ReceivedBlockInfo
+from sparkwal.wal import FencedError
 
 from test_receiver_precompute import with_conf
 from test_receivers import LineServer, wait_until
@@ -78,16 +79,18 @@ def totals(calls) -> Counter:
     return out
 
 
-@pytest.mark.parametrize("precompute", ["true", "false"])
-def test_every_block_is_output_once_as_soon_as_it_is_recorded(spark_context, tmp_path, precompute):
+@pytest.mark.parametrize("precompute,wal", [("true", "true"), ("false", "true"), ("false", "false")])
+def test_every_block_is_output_once_as_soon_as_it_is_recorded(spark_context, tmp_path, precompute, wal):
     calls, stats, paths = run_blocks(spark_context, tmp_path, recording,
-                                     **{"spark.sparkwal.receiver.precompute": precompute})
+                                     **{"spark.sparkwal.receiver.precompute": precompute,
+                                        "spark.streaming.receiver.writeAheadLog.enable": wal})
     assert totals(calls) == EXPECTED
     ids = [block_id for block_id, _, _ in calls]
     assert len(ids) == len(set(ids)) > 1  # one call per block, several blocks
     assert all(driver_rows for _, _, driver_rows in calls)  # no Spark job for a block's rows
     assert stats.early == len(ids) and stats.at_batch == 0 and stats.early_failures == 0
     assert stats.read_back == (0 if precompute == "true" else len(ids))  # without results: read on the driver
+    # (from the receiver WAL, or with it off from the receiver's executor)
     assert any(p.get(next(iter(p), None)) == "per-block" for p in paths if p)
     assert stats.queued == 0 and stats.held_bytes == 0
 
@@ -218,7 +221,7 @@ def test_an_early_call_that_ends_its_thread_does_not_hang_its_batch(spark_contex
 
 def test_a_driver_that_no_longer_leads_outputs_nothing_early(spark_context, caplog):
     def fenced():
-        raise RuntimeError("epoch 3 was fenced by epoch 4")
+        raise FencedError("epoch 3 was fenced by epoch 4")
 
     stand = Stand(spark_context, confirm_leadership=fenced)
     out = stand.out
@@ -229,29 +232,35 @@ def test_a_driver_that_no_longer_leads_outputs_nothing_early(spark_context, capl
             out.recorded(block(n).block_id)
         wait_until(lambda: out.statistics().early_failures == 1, what="the fenced early call")
         out.stop()
-    assert stand.calls == [] and "no more early output on this driver (RuntimeError: epoch 3" in caplog.text
-    assert out.statistics().queued == 1  # (left to a batch, which a fenced driver's scheduler never runs)
+        out.offer(block(2), stand.result(2))  # (no early call will come: left to its batch)
+    assert stand.calls == [] and "no more early output on this driver (epoch 3 was fenced" in caplog.text
+    stats = out.statistics()
+    assert (stats.queued, stats.not_queued) == (1, 1)  # (left to batches, which a fenced driver never runs)
 
 
-def test_a_block_its_batch_took_before_it_was_recorded_is_not_output_again(spark_context):
-    stand = Stand(spark_context)
+def test_a_leadership_not_confirmable_for_a_moment_leaves_one_block_to_its_batch(spark_context, caplog):
+    answers = [OSError("the lease's store timed out")]
+
+    def confirm():
+        if answers:
+            raise answers.pop()
+
+    stand = Stand(spark_context, confirm_leadership=confirm)
     out = stand.out
-    for n in range(4):
-        out.offer(block(n), stand.result(n))
-    out.batch_job(1000)()  # (the batch allocated the blocks between their logging and recorded())
     out.start()
     try:
-        for n in range(4):
-            out.recorded(block(n).block_id)
-        out.offer(block(0), stand.result(0))  # and an AddBlock sent again after its batch
-        stand.records[block(4).block_id] = ["w4"]
-        out.offer(block(4), None)  # a new block, output early after whatever was queued before it
-        out.recorded(block(4).block_id)
-        wait_until(lambda: len(stand.calls) > 4 or out.statistics().early == 1, what="block 4's early call")
+        with caplog.at_level(logging.WARNING, logger="sparkwal.engine.receiver.block_output"):
+            for n in range(2):
+                out.offer(block(n), stand.result(n))
+                out.recorded(block(n).block_id)
+            wait_until(lambda: out.statistics().early == 1, what="the next block's early call")
+        out.batch_job(1000)()
     finally:
         out.stop()
-    assert sorted(b for b, _ in stand.calls) == [block(n).block_id for n in range(5)]
-    assert out.statistics().early == 1
+    assert sorted(b for b, _ in stand.calls) == [block(n).block_id for n in range(4)]  # each once
+    stats = out.statistics()
+    assert (stats.early, stats.early_failures, stats.at_batch) == (1, 1, 3)
+    assert "OSError: the lease's store timed out" in caplog.text
 
 
 def test_a_refused_block_is_never_output_and_the_queue_is_bounded(spark_context):

@@ -424,6 +424,49 @@ def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_c
     assert done2.times == [120_500]  # (batch 500 is regenerated for nothing: its outputs succeeded)
 
 
+def test_coalesced_downtime_still_runs_a_batch_given_its_blocks_before_its_checkpoint(spark_context, tmp_path):
+    """A driver stopped (as if killed) after batch 1000 was given its receiver blocks in the tracker's
+    WAL, before that batch's generation was checkpointed: coalescing the downtime, batch 1000 still
+    runs with its blocks (coalesced, they would be in no batch), the times after it coalesce."""
+    ckpt = tmp_path / "ckpt"
+    seen: dict[int, list] = {}
+
+    def setup(clock, done):
+        def create():
+            ssc = StreamingContext(spark_context, 0.5, clock=clock)
+            ssc.checkpoint(str(ckpt))
+            BlockIdsInput(ssc).foreachRDD(lambda t, rdd: seen.__setitem__(ms(t), sorted(rdd.collect())))
+            ssc.addStreamingListener(done)
+            return ssc
+        return create
+
+    live_conf = spark_context._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
+        clock, done = ManualClock(0), Completed()
+        ssc = StreamingContext.getOrCreate(str(ckpt), setup(clock, done))
+        ssc.start()
+        assert ssc.receivedBlockTracker.add_block(ReceivedBlockInfo(0, 1, "b1"))
+        clock.advance(500)
+        done.wait_for(500)
+        assert ssc.receivedBlockTracker.add_block(ReceivedBlockInfo(0, 1, "b2"))
+        assert ssc.receivedBlockTracker.allocate_blocks_to_batch(1000)  # (then the kill)
+        ssc.stop(stopSparkContext=False)
+
+        clock2, done2 = ManualClock(10_200), Completed()
+        ssc2 = StreamingContext.getOrCreate(str(ckpt), setup(clock2, done2), upgrade=True)
+        ssc2.start()
+        try:
+            assert ssc2.coalesced_batch_times == list(range(1500, 10_500, 500))
+            clock2.advance(300)
+            done2.wait_for(10_500)
+        finally:
+            ssc2.stop(stopSparkContext=False)
+    finally:
+        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
+    assert {t: ids for t, ids in seen.items() if ids} == {500: ["b1"], 1000: ["b2"]}
+
+
 class StatefulApp:
     """Running totals by updateStateByKey and by mapWithState (with a timeout if given), each
     batch's recorded per batch time."""

@@ -295,7 +295,10 @@ class RestartRule:
             log.warning("spark.sparkwal.recovery.coalesceDowntime: re-running every missed batch as "
                         "Spark does: %s", refused)
             return times, []
-        last = max([cp.checkpoint_time_ms, *cp.pending_times_ms, *logged])
+        # (a batch given receiver blocks after the checkpoint, its driver killed before the checkpoint of its
+        # generation, runs as it was: coalesced, its blocks would be in no batch)
+        allocated = self.block_tracker.last_allocated_batch_ms if self.block_tracker is not None else None
+        last = max([cp.checkpoint_time_ms, *cp.pending_times_ms, *logged, allocated or 0])
         kept, coalesced = [t for t in times if t <= last], [t for t in times if t > last]
         if coalesced:
             self.graph.coalesce_downtime(last, restart_ms)

@@ -10,14 +10,16 @@ recovers. A record then waits for its block (``spark.streaming.blockInterval``, 
 time cuts one), not for its batch: at 100 ms batches that is the half of a record's latency a batch
 output cannot go under (docs/benchmarks.md).
 
-The rows are the result the receiver sent with the block (precompute), else the block read back
-on the driver and the plan run there. A block whose rows are not output early (its call raised,
+The rows are the result the receiver sent with the block (precompute), else the block's records
+read back (from the receiver WAL; with the WAL off, by a task beside a copy) and the plan run on the
+driver. A block whose rows are not output early (its call raised,
 the queue was full, the driver restarted) is output by its batch's job, which also waits for a
 call in progress: every block of a batch is output before the batch completes, so none is lost,
 and the blocks' WAL records are cleaned only after that. Output is at least once: a block id and
 its rows are the same in every call for it (the records are the WAL's), so a sink that keys its
 writes by the block id writes each block once. One output's calls never overlap; they come in the
-order the blocks were recorded, except those its batches make.
+order the blocks were recorded, except those its batches make (within one driver: one stopped
+without waiting gives a call in progress 2 s).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Callable
 
 from sparkwal.base.service import Service
 from sparkwal.base.times import batch_name
+from sparkwal.wal import FencedError
 
 from ..driver_rows import DriverRowsRDD
 from ..dstream import ForEachDStream, Job, arity
@@ -41,17 +44,18 @@ from .precompute import BlockPlan, decode_result, find_plans, run_plan
 
 log = logging.getLogger(__name__)
 
-#: blocks held between their AddBlock and their batch's job, at most; past it a block waits for its batch
+#: blocks waiting for their early call (or, after it failed, for their batch), at most; past it a block
+#: waits for its batch
 MAX_QUEUED_BLOCKS = 1024
 
-_PENDING, _QUEUED, _RUNNING, _DONE, _FAILED = "pending", "queued", "running", "done", "failed"
+_PENDING, _QUEUED, _RUNNING, _DONE, _FAILED = "pending", "queued", "running", "done", "failed"  # (done: in _done)
 
 
 @dataclass(frozen=True)
 class BlockOutputStatistics:
     early: int  #: blocks output as soon as they were recorded
     at_batch: int  #: blocks output by their batch's job (their early call failed or never came)
-    read_back: int  #: of all outputs, blocks read back on the driver (no result came with them)
+    read_back: int  #: of all outputs, blocks whose records were read back (no result came with them)
     early_failures: int  #: early calls that raised (their batches output the blocks again)
     not_queued: int  #: blocks left to their batches: the queue held MAX_QUEUED_BLOCKS or max_held_bytes
     queued: int  #: blocks waiting for their early call now
@@ -109,7 +113,9 @@ class BlockOutput:
         self._max_held = max_held_bytes
         self._cond = threading.Condition()
         self._calling = threading.Lock()  # one call at a time
-        self._states: dict[str, str] = {}
+        self._states: dict[str, str] = {}  # blocks not output yet (pending, queued, running, failed)
+        self._done: set[str] = set()  # blocks output early, until their batch's job
+        self._closed = False  # no more early calls (stopped, or this driver no longer leads)
         self._infos: dict[str, object] = {}
         self._data: dict[str, bytes] = {}
         self._queue: deque[str] = deque()
@@ -117,8 +123,8 @@ class BlockOutput:
         self._warned: set[str] = set()
         self._counts = dict(early=0, at_batch=0, read_back=0, early_failures=0, not_queued=0)
         self._service: Service | None = None
-        #: whether its batches report the stream's input (not where another output reads the stream's
-        #: batches: that one's report says where they ran)
+        #: whether its batches report the receiver stream's input (not where another output reads that
+        #: stream: that one's report says where its batches ran)
         self.reports_input = True
 
     @property
@@ -145,10 +151,10 @@ class BlockOutput:
         for this output's plan, if it sent one. Nothing is called until :meth:`recorded`."""
         block_id = info.block_id
         with self._cond:
-            if block_id in self._states:
+            if block_id in self._states or block_id in self._done:
                 return  # (an AddBlock sent again)
             size = len(data) if data is not None else 0
-            if len(self._infos) >= MAX_QUEUED_BLOCKS or self._held + size > self._max_held:
+            if self._closed or len(self._states) >= MAX_QUEUED_BLOCKS or self._held + size > self._max_held:
                 self._counts["not_queued"] += 1
                 return  # its batch outputs it
             self._states[block_id], self._infos[block_id] = _PENDING, info
@@ -181,8 +187,16 @@ class BlockOutput:
             self._held -= len(data)
 
     def _run(self) -> None:
-        stopping = self._service.stopping
-        while True:
+        try:
+            self._calls(self._service.stopping)
+        finally:  # (stopped, fenced, or a BaseException: the batches output whatever is left)
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+
+    def _calls(self, stopping: threading.Event) -> None:
+        pause = 0.0
+        while not stopping.wait(pause):
             with self._cond:
                 while not self._queue and not stopping.is_set():
                     self._cond.wait()
@@ -193,19 +207,23 @@ class BlockOutput:
                     continue  # its batch took it
                 self._states[block_id] = _RUNNING
                 info, data = self._infos[block_id], self._data.get(block_id)
-            try:
-                self._confirm()
-            except Exception as e:  # noqa: BLE001  (fenced, or its lease unconfirmable: nothing more from it)
-                self._settle(block_id, _FAILED)
-                log.warning("foreachBlock at %s: no more early output on this driver (%s: %s)",
-                            self.name, type(e).__name__, e)
-                return
             outcome = _FAILED
             try:
-                self._output(info, data)
-                outcome = _DONE
-            except Exception as e:  # noqa: BLE001  (the user's function: its batch outputs the block again)
+                self._confirm()
+            except FencedError as e:  # another driver leads: nothing more from this one
+                log.warning("foreachBlock at %s: no more early output on this driver (%s)", self.name, e)
+                return
+            except Exception as e:  # noqa: BLE001  (its lease could not be confirmed now: its batch outputs it)
                 self._warn_once(block_id, e)
+                pause = min(2 * pause or 0.05, 1.0)
+                continue
+            else:
+                pause = 0.0
+                try:
+                    self._output(info, data)
+                    outcome = _DONE
+                except Exception as e:  # noqa: BLE001  (the user's function: its batch outputs the block again)
+                    self._warn_once(block_id, e)
             finally:  # (whatever ended the call: a batch waiting for it goes on)
                 self._settle(block_id, outcome)
 
@@ -213,11 +231,12 @@ class BlockOutput:
         """An early call ended: ``outcome`` is the block's state, unless its batch forgot it meanwhile."""
         with self._cond:
             if self._states.get(block_id) == _RUNNING:
-                self._states[block_id] = outcome
                 if outcome == _DONE:
                     self._counts["early"] += 1
-                    self._drop_data(block_id)
+                    self._forget(block_id)
+                    self._done.add(block_id)
                 else:
+                    self._states[block_id] = outcome
                     self._counts["early_failures"] += 1
             self._cond.notify_all()
 
@@ -225,7 +244,8 @@ class BlockOutput:
         said = f"{type(e).__name__}: {e}"
         with self._cond:
             first = said not in self._warned and len(self._warned) < 100
-            self._warned.add(said)
+            if first:
+                self._warned.add(said)
         if first:
             log.warning("foreachBlock at %s: block %s's output failed (%s); its batch outputs it again",
                         self.name, block_id, said)
@@ -250,7 +270,7 @@ class BlockOutput:
                 with self._cond:
                     while self._states.get(block_id) == _RUNNING:
                         self._cond.wait()
-                    if self._states.get(block_id) == _DONE:
+                    if block_id in self._done:
                         continue
                     self._states[block_id] = _RUNNING
                     data = self._data.get(block_id)
@@ -265,6 +285,7 @@ class BlockOutput:
             with self._cond:
                 for info in blocks:
                     self._forget(info.block_id)
+                    self._done.discard(info.block_id)
                 self._cond.notify_all()
 
     # -- both ------------------------------------------------------------------------------------
@@ -341,6 +362,20 @@ def only_block_outputs_use(graph, head) -> bool:
     return all(getattr(u, "block_func", None) is not None for u in users)
 
 
+def _reads(stream, source) -> bool:
+    """Whether ``stream`` is built on ``source``."""
+    seen, todo = set(), [stream]
+    while todo:
+        cur = todo.pop()
+        if cur is source:
+            return True
+        for parent in cur.dependencies:
+            if id(parent) not in seen:
+                seen.add(id(parent))
+                todo.append(parent)
+    return False
+
+
 class BlockOutputs:
     """A receiver tracker's ``foreachBlock`` outputs (:func:`check_block_outputs` is their rule),
     each stream's in one place: its blocks as they arrive, the outputs' threads, their statistics."""
@@ -359,8 +394,8 @@ class BlockOutputs:
             self._of_stream.setdefault(sid, []).append(made)
             if only_block_outputs_use(graph, out.dependencies[0]):
                 self._only_theirs.add(plan.plan_id)
-            else:
-                made.reports_input = False
+            made.reports_input = all(getattr(o, "block_func", None) is not None
+                                     for o in graph.outputs if _reads(o, by_id[sid]))
 
     def get(self, output_op_id: int) -> BlockOutput | None:
         return self._outputs.get(output_op_id)

@@ -67,14 +67,13 @@ class ReceiverInputDStream(InputDStream):
 
     def block_records(self, block) -> list:
         """One recorded block's records, read on the driver (``foreachBlock``'s rows of a block that
-        came without its result): from the receiver WAL, or from the executors holding its copies."""
+        came without its result): from the receiver WAL; with the WAL off, by a task on an executor
+        holding a copy (none when every one is gone: dropped with a warning, as a batch drops it)."""
         if block.wal_handle is not None:
             wal = self._driver.location.at(receiver_wal_dir(self._driver.checkpoint_dir, self.input_id))
             handle = [self._segment_path(block.wal_handle[0]), *block.wal_handle[1:]]
             return read_wal_block(wal, None, self.input_id, block.block_id, handle)
-        tracker = self._driver.scheduler.receiver_tracker
-        copies = [(c.executor_id, c.host, c.port) for c in tracker.block_copies(block.block_id)]
-        return read_block(self._sc.applicationId, tracker.secret, self.input_id, block.block_id, copies)
+        return self._local_blocks_rdd(None, [block]).collect()  # (a task beside its copy: only it knows its dirs)
 
     def _segment_path(self, name: str) -> str:
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
@@ -84,7 +83,7 @@ class ReceiverInputDStream(InputDStream):
         own = CheckpointLayout(location).own_name(name)
         return storage.join(root, own) if own is not None else name
 
-    def _local_blocks_rdd(self, time_ms: int, blocks) -> RDD:
+    def _local_blocks_rdd(self, time_ms: int | None, blocks) -> RDD:
         """WAL off: blocks on the executors holding their copies (tasks prefer those executors
         and fetch from one when they run elsewhere); a block whose every holder is gone is
         dropped with a warning (Spark's behaviour)."""
@@ -97,7 +96,7 @@ class ReceiverInputDStream(InputDStream):
             if not alive:
                 log.warning("%s: block %s of stream %d is lost (%s); enable "
                             "spark.streaming.receiver.writeAheadLog.enable to survive executor loss",
-                            batch_name(time_ms), b.block_id, self.input_id,
+                            batch_name(time_ms) if time_ms is not None else "foreachBlock", b.block_id, self.input_id,
                             "every executor holding it is gone" if held else "not received by this driver")
                 continue
             ids.append(b.block_id)
