@@ -161,7 +161,7 @@ class Stand:
         self.gate.set()
         self.raising: BaseException | None = None
         self.out = BlockOutput(sc, "test", 0, PLAN, self.call, num_partitions=2,
-                               read_records=lambda info: self.records[info.block_id],
+                               read_records=lambda info: self.records.get(info.block_id),
                                batch_blocks=lambda t: [block(n) for n in range(4)],
                                confirm_leadership=confirm_leadership)
 
@@ -261,6 +261,15 @@ def test_a_leadership_not_confirmable_for_a_moment_leaves_one_block_to_its_batch
     stats = out.statistics()
     assert (stats.early, stats.early_failures, stats.at_batch) == (1, 1, 3)
     assert "OSError: the lease's store timed out" in caplog.text
+
+
+def test_a_lost_block_is_not_output_with_no_rows(spark_context):
+    stand = Stand(spark_context)
+    del stand.records[block(2).block_id]  # (WAL off, no live executor holds it: read_records gives None)
+    stand.out.batch_job(1000)()
+    assert sorted(b for b, _ in stand.calls) == [block(n).block_id for n in (0, 1, 3)]
+    stats = stand.out.statistics()
+    assert (stats.at_batch, stats.read_back, stats.lost) == (4, 3, 1)
 
 
 def test_a_refused_block_is_never_output_and_the_queue_is_bounded(spark_context):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from datetime import datetime
@@ -56,8 +55,10 @@ class BlockOutputStatistics:
     early: int  #: blocks output as soon as they were recorded
     at_batch: int  #: blocks output by their batch's job (their early call failed or never came)
     read_back: int  #: of all outputs, blocks whose records were read back (no result came with them)
-    early_failures: int  #: early calls that raised (their batches output the blocks again)
+    early_failures: int  #: early calls that failed: raised, or the leadership could not be confirmed
+    #: first (their batches output the blocks again)
     not_queued: int  #: blocks left to their batches: the queue held MAX_QUEUED_BLOCKS or max_held_bytes
+    lost: int  #: blocks not output: WAL off, and no live executor held them (as a batch drops them)
     queued: int  #: blocks waiting for their early call now
     held_bytes: int  #: the queued blocks' results
 
@@ -94,6 +95,10 @@ class ForEachBlockDStream(ForEachDStream):
         return Job(self.output_op_id, self.op_name, run, self.in_order) if run is not None else None
 
 
+class _Unconfirmed(Exception):
+    """The driver's leadership could not be confirmed before an early call (its cause says why)."""
+
+
 class BlockOutput:
     """One ``foreachBlock`` output: its early calls (a thread of its own) and its batches' jobs."""
 
@@ -118,10 +123,10 @@ class BlockOutput:
         self._closed = False  # no more early calls (stopped, or this driver no longer leads)
         self._infos: dict[str, object] = {}
         self._data: dict[str, bytes] = {}
-        self._queue: deque[str] = deque()
+        self._queue: dict[str, None] = {}  # queued blocks in the order recorded (a batch that takes one removes it)
         self._held = 0
         self._warned: set[str] = set()
-        self._counts = dict(early=0, at_batch=0, read_back=0, early_failures=0, not_queued=0)
+        self._counts = dict(early=0, at_batch=0, read_back=0, early_failures=0, not_queued=0, lost=0)
         self._service: Service | None = None
         #: whether its batches report the receiver stream's input (not where another output reads that
         #: stream: that one's report says where its batches ran)
@@ -136,13 +141,20 @@ class BlockOutput:
             self._service = Service(f"sparkwal-block-output-{self.plan_id}", self._run)
             self._service.start()
 
+    @property
+    def job_group(self) -> str:
+        """The Spark job group of the early calls' jobs (a block read back with the WAL off, the function's)."""
+        return f"sparkwal-block-output-{self.plan_id}"
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the early calls (the one in progress ends first); batches output what is left."""
+        """Stop the early calls (the one in progress ends first, its Spark jobs cancelled after
+        ``timeout_s``); batches output what is left."""
         if self._service is not None:
             self._service.stopping.set()
             with self._cond:
                 self._cond.notify_all()
-            self._service.stop(timeout_s)
+            if not self._service.stop(timeout_s):
+                self._sc.cancelJobGroup(self.job_group)
 
     # -- the receiver tracker's side: a block arrives --------------------------------------------
 
@@ -167,8 +179,9 @@ class BlockOutput:
         with self._cond:
             if self._states.get(block_id) == _PENDING:  # (else its batch already took it, or it was not offered)
                 self._states[block_id] = _QUEUED
-                self._queue.append(block_id)
-                self._cond.notify_all()
+                if not self._closed:  # (else its batch takes it)
+                    self._queue[block_id] = None
+                    self._cond.notify_all()
 
     def refused(self, block_id: str) -> None:
         """The block's ``AddBlock`` could not be logged: it is not the stream's, never output."""
@@ -178,6 +191,7 @@ class BlockOutput:
 
     def _forget(self, block_id: str) -> None:
         self._states.pop(block_id, None)
+        self._queue.pop(block_id, None)
         self._infos.pop(block_id, None)
         self._drop_data(block_id)
 
@@ -195,35 +209,30 @@ class BlockOutput:
                 self._cond.notify_all()
 
     def _calls(self, stopping: threading.Event) -> None:
-        pause = 0.0
+        self._sc.setJobGroup(self.job_group, f"foreachBlock at {self.name}", interruptOnCancel=True)
+        pause = 0.0  # after a leadership not confirmed: a short wait before the next call, doubling
         while not stopping.wait(pause):
             with self._cond:
                 while not self._queue and not stopping.is_set():
                     self._cond.wait()
                 if stopping.is_set():
                     return
-                block_id = self._queue.popleft()
-                if self._states.get(block_id) != _QUEUED:
-                    continue  # its batch took it
+                block_id = next(iter(self._queue))
+                del self._queue[block_id]
                 self._states[block_id] = _RUNNING
                 info, data = self._infos[block_id], self._data.get(block_id)
             outcome = _FAILED
             try:
-                self._confirm()
+                self._output(info, data, confirm=True)
+                outcome, pause = _DONE, 0.0
             except FencedError as e:  # another driver leads: nothing more from this one
                 log.warning("foreachBlock at %s: no more early output on this driver (%s)", self.name, e)
                 return
-            except Exception as e:  # noqa: BLE001  (its lease could not be confirmed now: its batch outputs it)
-                self._warn_once(block_id, e)
+            except _Unconfirmed as e:  # its lease could not be confirmed now: its batch outputs it
+                self._warn_once(block_id, e.__cause__ or e)
                 pause = min(2 * pause or 0.05, 1.0)
-                continue
-            else:
-                pause = 0.0
-                try:
-                    self._output(info, data)
-                    outcome = _DONE
-                except Exception as e:  # noqa: BLE001  (the user's function: its batch outputs the block again)
-                    self._warn_once(block_id, e)
+            except Exception as e:  # noqa: BLE001  (the user's function: its batch outputs the block again)
+                self._warn_once(block_id, e)
             finally:  # (whatever ended the call: a batch waiting for it goes on)
                 self._settle(block_id, outcome)
 
@@ -240,7 +249,7 @@ class BlockOutput:
                     self._counts["early_failures"] += 1
             self._cond.notify_all()
 
-    def _warn_once(self, block_id: str, e: Exception) -> None:
+    def _warn_once(self, block_id: str, e: BaseException) -> None:
         said = f"{type(e).__name__}: {e}"
         with self._cond:
             first = said not in self._warned and len(self._warned) < 100
@@ -290,8 +299,9 @@ class BlockOutput:
 
     # -- both ------------------------------------------------------------------------------------
 
-    def rows(self, info, data: bytes | None) -> DriverRowsRDD:
-        """The block's rows: from the receiver's result, else read back and run through the plan."""
+    def rows(self, info, data: bytes | None) -> DriverRowsRDD | None:
+        """The block's rows: from the receiver's result, else read back and run through the plan
+        (None: the block is lost, WAL off and no live executor holding it)."""
         if data is not None:
             try:
                 items = decode_result(data)
@@ -302,15 +312,28 @@ class BlockOutput:
             except Exception as e:  # noqa: BLE001  (msgpack raises several types on garbage)
                 log.warning("foreachBlock at %s: block %s's result did not decode (%s); reading the block",
                             self.name, info.block_id, e)
+        records = self._read_records(info)
         with self._cond:
-            self._counts["read_back"] += 1
-        return DriverRowsRDD(self._sc, run_plan(self.plan, self._read_records(info)),
-                             num_partitions=self._num_partitions)
+            self._counts["read_back" if records is not None else "lost"] += 1
+        if records is None:
+            return None
+        return DriverRowsRDD(self._sc, run_plan(self.plan, records), num_partitions=self._num_partitions)
 
-    def _output(self, info, data: bytes | None) -> None:
+    def _output(self, info, data: bytes | None, confirm: bool = False) -> None:
+        """Call the function with the block's rows (none for a lost block: no call). ``confirm``: an early
+        call, which confirms the driver's leadership right before it (FencedError, or _Unconfirmed)."""
         rdd = self.rows(info, data)
+        if rdd is None:
+            return
         when = datetime.fromtimestamp(block_time_ms(info.block_id) / 1000.0)  # (as foreachRDD's batch time)
         with self._calling:
+            if confirm:
+                try:
+                    self._confirm()
+                except FencedError:
+                    raise
+                except Exception as e:
+                    raise _Unconfirmed() from e
             self._func(when, info.block_id, rdd)
 
     def statistics(self) -> BlockOutputStatistics:

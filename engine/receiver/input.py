@@ -65,14 +65,19 @@ class ReceiverInputDStream(InputDStream):
             log.error("stream %d, %s: mixes blocks in the WAL and on executors", self.input_id, batch_name(time_ms))
         return self._local_blocks_rdd(time_ms, [b for b in blocks if b.wal_handle is None])
 
-    def block_records(self, block) -> list:
+    def block_records(self, block) -> list | None:
         """One recorded block's records, read on the driver (``foreachBlock``'s rows of a block that
         came without its result): from the receiver WAL; with the WAL off, by a task on an executor
-        holding a copy (none when every one is gone: dropped with a warning, as a batch drops it)."""
+        holding a copy (None when every one is gone: the block is lost, with a warning, as a batch drops it)."""
         if block.wal_handle is not None:
             wal = self._driver.location.at(receiver_wal_dir(self._driver.checkpoint_dir, self.input_id))
             handle = [self._segment_path(block.wal_handle[0]), *block.wal_handle[1:]]
             return read_wal_block(wal, None, self.input_id, block.block_id, handle)
+        tracker = self._driver.scheduler.receiver_tracker
+        live = tracker.live_executor_ids()
+        if not any(live is None or c.executor_id in live for c in tracker.block_copies(block.block_id)):
+            self._local_blocks_rdd(None, [block])  # (its warning: the block is lost)
+            return None
         return self._local_blocks_rdd(None, [block]).collect()  # (a task beside its copy: only it knows its dirs)
 
     def _segment_path(self, name: str) -> str:
