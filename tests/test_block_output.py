@@ -205,12 +205,15 @@ def test_an_early_call_that_ends_its_thread_does_not_hang_its_batch(spark_contex
     stand = Stand(spark_context)
     out = stand.out
     stand.raising = SystemExit(3)  # (not an Exception: it ends the early thread)
+    stand.gate.clear()
     out.offer(block(0), stand.result(0))
     out.recorded(block(0).block_id)
     out.start()
     try:
+        assert stand.entered.wait(30)  # block 0's early call is running
         done = threading.Thread(target=out.batch_job(1000))
         done.start()
+        stand.gate.set()  # (it raises SystemExit now, on the early thread)
         done.join(30)
         assert not done.is_alive()
     finally:
