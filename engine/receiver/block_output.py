@@ -37,6 +37,7 @@ from sparkwal.base.times import batch_name
 from sparkwal.wal import FencedError
 
 from ..driver_rows import DriverRowsRDD
+from ..errors import EngineError
 from ..dstream import ForEachDStream, Job, arity
 from .blocks import block_time_ms
 from .precompute import BlockPlan, decode_result, find_plans, run_plan
@@ -95,7 +96,7 @@ class ForEachBlockDStream(ForEachDStream):
         return Job(self.output_op_id, self.op_name, run, self.in_order) if run is not None else None
 
 
-class _Unconfirmed(Exception):
+class _Unconfirmed(EngineError):
     """The driver's leadership could not be confirmed before an early call (its cause says why)."""
 
 
@@ -300,8 +301,7 @@ class BlockOutput:
     # -- both ------------------------------------------------------------------------------------
 
     def rows(self, info, data: bytes | None) -> DriverRowsRDD | None:
-        """The block's rows: from the receiver's result, else read back and run through the plan
-        (None: the block is lost, WAL off and no live executor holding it)."""
+        """The block's rows: the receiver's result, else its records read back through the plan (None: lost)."""
         if data is not None:
             try:
                 items = decode_result(data)
