@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,6 +18,17 @@ from sparkwal.engine import CheckpointMismatchError, StreamingContext, Streaming
 from sparkwal.engine.inputs import InputDStream
 from sparkwal.tracker import ReceivedBlockInfo
 from sparkwal.wal import ManualClock
+
+
+@contextmanager
+def coalescing_downtime(sc):
+    """``spark.sparkwal.recovery.coalesceDowntime`` on the live SparkConf (read by the contexts made meanwhile)."""
+    live_conf = sc._jsc.sc().conf()
+    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
+    try:
+        yield
+    finally:
+        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
 
 
 class Completed(StreamingListener):
@@ -395,9 +407,7 @@ def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_c
             return ssc
         return build
 
-    live_conf = spark_context._jsc.sc().conf()
-    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
-    try:
+    with coalescing_downtime(spark_context):
         clock, done = ManualClock(0), Completed()
         ssc = StreamingContext.getOrCreate(str(ckpt), create(clock, done))
         ssc.start()
@@ -418,8 +428,6 @@ def test_coalesced_downtime_runs_the_missed_input_as_the_first_new_batch(spark_c
             done2.wait_for(120_500)
         finally:
             ssc2.stop(stopSparkContext=False)
-    finally:
-        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
     assert counts == {500: [("x", 1), ("y", 1)], 120_500: [("x", 1), ("z", 1)]}
     assert done2.times == [120_500]  # (batch 500 is regenerated for nothing: its outputs succeeded)
 
@@ -440,9 +448,7 @@ def test_coalesced_downtime_still_runs_a_batch_given_its_blocks_before_its_check
             return ssc
         return create
 
-    live_conf = spark_context._jsc.sc().conf()
-    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
-    try:
+    with coalescing_downtime(spark_context):
         clock, done = ManualClock(0), Completed()
         ssc = StreamingContext.getOrCreate(str(ckpt), setup(clock, done))
         ssc.start()
@@ -462,8 +468,6 @@ def test_coalesced_downtime_still_runs_a_batch_given_its_blocks_before_its_check
             done2.wait_for(10_500)
         finally:
             ssc2.stop(stopSparkContext=False)
-    finally:
-        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
     assert {t: ids for t, ids in seen.items() if ids} == {500: ["b1"], 1000: ["b2"]}
 
 
@@ -524,9 +528,7 @@ def test_coalesced_downtime_builds_state_on_the_last_batch_before_it(spark_conte
     mapWithState's state of the one new batch is the last batch's plus all the input the missed
     batch times would have had."""
     app = StatefulApp(spark_context, tmp_path)
-    live_conf = spark_context._jsc.sc().conf()
-    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
-    try:
+    with coalescing_downtime(spark_context):
         def arrive():
             put_file(app.indir, "b.txt", "x", 1300)
             put_file(app.indir, "c.txt", "z x", 9000)
@@ -537,8 +539,6 @@ def test_coalesced_downtime_builds_state_on_the_last_batch_before_it(spark_conte
             done2.wait_for(10_500)
         finally:
             ssc2.stop(stopSparkContext=False)
-    finally:
-        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
     assert sorted(app.totals) == [500, 10_500] and sorted(app.mapped) == [500, 10_500]
     assert app.totals[10_500] == [("x", 3), ("y", 1), ("z", 1)]
     assert app.mapped[10_500] == [("x", 2), ("x", 3), ("z", 1)]  # a call per record, as Spark's
@@ -572,9 +572,7 @@ def test_coalesced_downtime_is_refused_for_state_with_a_timeout(spark_context, t
     """A mapWithState timeout is checked batch by batch: the missed batches re-run, as Spark's,
     and one line says why."""
     app = StatefulApp(spark_context, tmp_path, timeout=60)
-    live_conf = spark_context._jsc.sc().conf()
-    live_conf.set("spark.sparkwal.recovery.coalesceDowntime", "true")
-    try:
+    with coalescing_downtime(spark_context):
         with caplog.at_level("WARNING", logger="sparkwal.engine.driver.recovery"):
             ssc2, clock2, done2 = app.run_then_restart(2200, lambda: None)
         try:
@@ -584,5 +582,3 @@ def test_coalesced_downtime_is_refused_for_state_with_a_timeout(spark_context, t
             done2.wait_for(2000)
         finally:
             ssc2.stop(stopSparkContext=False)
-    finally:
-        live_conf.remove("spark.sparkwal.recovery.coalesceDowntime")
