@@ -371,32 +371,26 @@ def check_block_outputs(graph) -> None:
     _planned(graph, [s for s in graph.inputs if getattr(s, "receiver", None) is not None])
 
 
+def _built_on(stream) -> list:
+    """``stream`` and every stream it is built on, each once."""
+    found, todo = {id(stream): stream}, [stream]
+    while todo:
+        for parent in todo.pop().dependencies:
+            if id(parent) not in found:
+                found[id(parent)] = parent
+                todo.append(parent)
+    return list(found.values())
+
+
 def only_block_outputs_use(graph, head) -> bool:
     """Whether nothing but ``foreachBlock`` outputs reads ``head`` (its batches' RDD is never built)."""
-    users, seen, todo = [], set(), list(graph.outputs)
-    while todo:
-        stream = todo.pop()
-        for parent in stream.dependencies:
-            if parent is head:
-                users.append(stream)
-            if id(parent) not in seen:
-                seen.add(id(parent))
-                todo.append(parent)
-    return all(getattr(u, "block_func", None) is not None for u in users)
+    users = {id(s): s for out in graph.outputs for s in _built_on(out) if any(d is head for d in s.dependencies)}
+    return all(getattr(u, "block_func", None) is not None for u in users.values())
 
 
 def _reads(stream, source) -> bool:
     """Whether ``stream`` is built on ``source``."""
-    seen, todo = set(), [stream]
-    while todo:
-        cur = todo.pop()
-        if cur is source:
-            return True
-        for parent in cur.dependencies:
-            if id(parent) not in seen:
-                seen.add(id(parent))
-                todo.append(parent)
-    return False
+    return any(s is source for s in _built_on(stream))
 
 
 class BlockOutputs:
