@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import resource
+import shutil
 import sys
 import time
 import uuid
@@ -363,15 +365,30 @@ def topic(broker, request):
 def installed(tmp_path_factory):
     """A fresh virtualenv with the wheel ``pip wheel --no-deps .`` builds (one import package,
     ``sparkwal``) and the running PySpark's version, pip resolving the rest; its bin directory.
-    Built once per session: tests/test_install.py runs the command and the apps from it,
-    tests/test_environment.py ships it to executors (a fraction of the test environment's size)."""
+    Built once per run, by whichever worker asks first: tests/test_install.py runs the command and
+    the apps from it, tests/test_environment.py ships it to executors (a fraction of the test
+    environment's size)."""
+    from app_runs import run_ok as run
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one venv for every worker of the run: ~1 GB and ~40 s each
+        shared = shared.parent
+    root = shared / "installed"
+    with open(shared / "installed.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also by a worker that died
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a half-built one
+            _install(root, run)
+            (root / "done").touch()
+    return root / "venv" / "bin"
+
+
+def _install(root, run) -> None:
     import zipfile
     from pathlib import Path
 
     import pyspark
-    from app_runs import run_ok as run
 
-    root = tmp_path_factory.mktemp("install")
     checkout = Path(__file__).resolve().parent.parent
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "wheel", checkout)
     (wheel,) = (root / "wheel").glob("sparkwal-*.whl")
@@ -382,4 +399,3 @@ def installed(tmp_path_factory):
             "sparkwal/engine/apps/log4j2-quiet.properties"} <= set(names)
     run(sys._base_executable, "-m", "venv", root / "venv")
     run(root / "venv" / "bin" / "pip", "install", "-q", wheel, f"pyspark=={pyspark.__version__}")
-    return root / "venv" / "bin"
