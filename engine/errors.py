@@ -84,12 +84,18 @@ class AnotherApplicationError(EngineError, ValueError):
 
 
 class BatchFailedError(EngineError, Py4JJavaError):
-    """A batch's Spark job failed in the JVM, as ``awaitTermination`` raises it: still the
-    ``Py4JJavaError`` pyspark.streaming raises (``java_exception`` is the Java exception, its trace
-    ``java_trace()``), but its text is one line naming the batch, not the Java trace."""
+    """A batch's Spark job failed, as ``awaitTermination`` raises it: still the ``Py4JJavaError``
+    pyspark.streaming raises (``java_exception`` is the Java exception, its trace ``java_trace()``),
+    but its text is one line naming the batch, not the Java trace. Once a SparkSession exists,
+    PySpark turns a failed job into one of its captured exceptions (a ``PythonException`` whose text
+    is the worker's whole traceback): that one is wrapped the same way (``error`` is PySpark's
+    exception, ``java_exception`` None), so a failed batch is this one type either way."""
 
-    def __init__(self, time_ms: int | None, error: Py4JJavaError):
-        Py4JJavaError.__init__(self, error.errmsg, error.java_exception)
+    def __init__(self, time_ms: int | None, error: Exception):
+        if isinstance(error, Py4JJavaError):
+            Py4JJavaError.__init__(self, error.errmsg, error.java_exception)
+        else:  # (Py4J's __init__ needs a Java object)
+            self.errmsg, self.java_exception, self.cause = str(error), None, None
         self.time_ms, self.error = time_ms, error  # the driver's frames (a foreachRDD's) come with it
         self.with_traceback(error.__traceback__)
         where = _task_code_line(error)
@@ -101,8 +107,19 @@ class BatchFailedError(EngineError, Py4JJavaError):
         return self.message
 
     def java_trace(self) -> str:
-        """The Java exception's trace (what ``str()`` of a ``Py4JJavaError`` is)."""
-        return Py4JJavaError.__str__(self)
+        """The Java exception's trace (what ``str()`` of a ``Py4JJavaError`` is); PySpark's own text
+        of a captured exception."""
+        return Py4JJavaError.__str__(self) if self.java_exception is not None else str(self.error)
+
+    @staticmethod
+    def wraps(error: BaseException) -> bool:
+        """Whether ``error`` is a failed Spark job this class wraps: Py4J's error, or PySpark's captured
+        exception of it (pyspark.errors.exceptions.captured, in every supported version)."""
+        if isinstance(error, Py4JJavaError):
+            return True
+        from pyspark.errors.exceptions.captured import CapturedException
+
+        return isinstance(error, CapturedException)
 
 
 @functools.cache
@@ -126,11 +143,11 @@ def is_library_code(path: str) -> bool:
 _PYTHON_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-def _task_code_line(error: Py4JJavaError) -> str | None:
+def _task_code_line(error: Exception) -> str | None:
     """Where in the app's own code a failed task's Python error was raised (``at app.py:12 in
     <lambda>``): the innermost frame of the worker's traceback outside PySpark and sparkwal."""
     try:
-        text = Py4JJavaError.__str__(error)
+        text = Py4JJavaError.__str__(error) if isinstance(error, Py4JJavaError) else str(error)
     except Exception:  # noqa: BLE001 (the JVM may be gone: the error's own line is enough)
         return None
     frames = [m for m in _PYTHON_FRAME.finditer(text) if not is_library_code(m.group(1))]

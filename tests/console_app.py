@@ -2,6 +2,7 @@
 
 usage: python console_app.py failing            a batch's Spark job fails in the JVM
        python console_app.py task               a task of a batch fails in the app's own function
+       python console_app.py session-task       the same with a SparkSession (PySpark's captured errors)
        python console_app.py recover CHECKPOINT  getOrCreate on another application's checkpoint
        python console_app.py stop               a stream started and stopped, the SparkContext kept
 Prints one JSON line ``{"event": "started", "logLevel", "threshold"}`` once the stream runs (and
@@ -26,7 +27,11 @@ def divide(x):
 
 def setup():
     ssc = StreamingContext(sc, 0.5)
-    if sys.argv[1] == "task":
+    if sys.argv[1] == "session-task":
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate()  # PySpark turns a failed job into its own PythonException from now on
+    if sys.argv[1] in ("task", "session-task"):
         ssc.queueStream([sc.parallelize(range(4), 2)]).map(divide).count().pprint()
     else:
         ssc.queueStream([sc.textFile("/nonexistent/sparkwal-console-input")]).count().pprint()

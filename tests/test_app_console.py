@@ -46,10 +46,11 @@ def test_a_batch_that_fails_in_the_jvm_ends_the_app_in_one_line():
                         r"org\.apache\.hadoop\.mapred\.InvalidInputException: Input path does not exist: "
                         r"file:/nonexistent/sparkwal-console-input", last), proc.stderr
     assert lines[:-1] and all(line.startswith("error in batch ") for line in lines[:-1])  # the driver's own log
-    task = run_app("task")  # the app's own function failed in a task: where, in one line
-    assert task.returncode == 1 and "Traceback" not in task.stderr and "\tat " not in task.stderr, task.stderr
-    assert re.search(r"failed: ZeroDivisionError: division by zero \(at console_app\.py:\d+ in divide\)$",
-                     app_lines(task.stderr)[-1]), task.stderr
+    for mode in ("task", "session-task"):  # the app's own function failed in a task: where, in one line
+        task = run_app(mode)  # (with a SparkSession, PySpark's PythonException holds the worker's whole traceback)
+        assert task.returncode == 1 and "Traceback" not in task.stderr and "\tat " not in task.stderr, task.stderr
+        assert re.search(r"console_app\.py:\d+: batch .* failed: ZeroDivisionError: division by zero "
+                         r"\(at console_app\.py:\d+ in divide\)$", app_lines(task.stderr)[-1]), task.stderr
 
 
 @pytest.mark.driver

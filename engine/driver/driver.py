@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 
-from py4j.protocol import Py4JJavaError
 from pyspark import SparkContext
 
 from sparkwal.base.service import Service
@@ -427,7 +426,7 @@ class Driver:
             return  # a lost leadership is the cause: fenced first
         log.error("error in %s: %s", batch_name(time_ms), one_line(error))
         if self.error is None:  # the app gets the error itself; a JVM's, as one line (its trace kept)
-            self.error = BatchFailedError(time_ms, error) if isinstance(error, Py4JJavaError) else error
+            self.error = BatchFailedError(time_ms, error) if BatchFailedError.wraps(error) else error
         self.terminated.set()
 
     # ------------------------------------------------------------------ checkpoints
