@@ -160,6 +160,7 @@ class Stand:
         self.entered, self.gate = threading.Event(), threading.Event()
         self.gate.set()
         self.raising: BaseException | None = None
+        self.refusing = False
         self.out = BlockOutput(sc, "test", 0, PLAN, self.call, num_partitions=2,
                                read_records=lambda info: self.records.get(info.block_id),
                                batch_blocks=lambda t: [block(n) for n in range(4)],
@@ -171,6 +172,8 @@ class Stand:
         if self.raising is not None:
             raising, self.raising = self.raising, None
             raise raising
+        if self.refusing:
+            raise RuntimeError(f"refused {int(block_id.rsplit('x', 1)[1]) % 101}")
         self.calls.append((block_id, rdd.collect()))
 
     def result(self, n):
@@ -288,3 +291,23 @@ def test_a_refused_block_is_never_output_and_the_queue_is_bounded(spark_context)
     stats = out.statistics()
     assert (stats.queued, stats.not_queued, stats.held_bytes) == (0, 1, len(stand.result(1)))
     assert stand.calls == []
+
+
+def test_early_errors_are_logged_once_each_up_to_a_hundred_then_only_counted(spark_context, caplog):
+    stand = Stand(spark_context)
+    stand.records = {block(n).block_id: [f"w{n}"] for n in range(102)}
+    stand.refusing = True  # each call raises "refused <n % 101>": 101 different errors, then block 0's again
+    out = stand.out
+    out.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="sparkwal.engine.receiver.block_output"):
+            for n in range(102):
+                out.offer(block(n), stand.result(n))
+                out.recorded(block(n).block_id)
+            wait_until(lambda: out.statistics().early_failures == 102, what="every early call")
+    finally:
+        out.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 100 and all(f"refused {n})" in w for n, w in enumerate(warnings)), warnings[-2:]
+    assert "That is 100 different errors: later ones are only counted" in warnings[-1]
+    assert not any("later ones" in w for w in warnings[:-1])

@@ -253,10 +253,15 @@ class BlockOutput:
     def _warn_once(self, block_id: str, e: BaseException) -> None:
         said = f"{type(e).__name__}: {e}"
         with self._cond:
-            first = said not in self._warned and len(self._warned) < 100
-            if first:
+            new = said not in self._warned and len(self._warned) < 100
+            if new:
                 self._warned.add(said)
-        if first:
+            last = new and len(self._warned) == 100
+        if last:
+            log.warning("foreachBlock at %s: block %s's output failed (%s); its batch outputs it again. That "
+                        "is 100 different errors: later ones are only counted (statistics().early_failures)",
+                        self.name, block_id, said)
+        elif new:
             log.warning("foreachBlock at %s: block %s's output failed (%s); its batch outputs it again",
                         self.name, block_id, said)
 
