@@ -396,13 +396,14 @@ _warned: set[str] = set()
 
 def _warn_once(error: Exception) -> None:
     what = f"{type(error).__name__}: {error}"[:300]
-    if what in _warned or len(_warned) > 100:
+    if what in _warned or len(_warned) >= 100:
         log.debug("a step over rows the driver holds raised %s: run as a Spark job", what)
         return
     _warned.add(what)
     log.warning("a step over rows the driver holds raised %s on the driver; that action runs as a Spark job "
                 "(with Spark's retries and its error). A function that needs a task (TaskContext.get()) "
-                "always does so", what)
+                "always does so%s", what,
+                ". That is 100 different errors: later ones are logged at DEBUG" if len(_warned) == 100 else "")
 
 
 def on_executors(rdd: RDD) -> RDD:
