@@ -257,7 +257,9 @@ def postgres(postgres_cluster):
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_cluster.conninfo, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
-    return postgres_cluster.conninfo.replace("dbname=postgres", f"dbname={name}")
+    yield postgres_cluster.conninfo.replace("dbname=postgres", f"dbname={name}")
+    with psycopg.connect(postgres_cluster.conninfo, autocommit=True) as conn:  # (7 MB or more each)
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")  # a killed driver's sessions included
 
 
 def new_bucket(endpoint: str) -> tuple[str, dict]:
