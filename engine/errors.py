@@ -91,7 +91,7 @@ class BatchFailedError(EngineError, Py4JJavaError):
     is the worker's whole traceback): that one is wrapped the same way (``error`` is PySpark's
     exception, ``java_exception`` None), so a failed batch is this one type either way."""
 
-    def __init__(self, time_ms: int | None, error: Exception):
+    def __init__(self, time_ms: int | None, error: BaseException):
         if isinstance(error, Py4JJavaError):
             Py4JJavaError.__init__(self, error.errmsg, error.java_exception)
         else:  # (Py4J's __init__ needs a Java object)
@@ -143,7 +143,7 @@ def is_library_code(path: str) -> bool:
 _PYTHON_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-def _task_code_line(error: Exception) -> str | None:
+def _task_code_line(error: BaseException) -> str | None:
     """Where in the app's own code a failed task's Python error was raised (``at app.py:12 in
     <lambda>``): the innermost frame of the worker's traceback outside PySpark and sparkwal."""
     try:
