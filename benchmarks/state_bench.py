@@ -266,7 +266,8 @@ def measure(keys: int, label: str, engine: str, op: str, fraction: float, batche
               "median_s": statistics.median(later), "max_s": max(later),
               "restart_s": statistics.median(restart_s) if restart_s else None, "restarts_s": restart_s,
               "snapshot": snapshot_bytes(run, done[0]["time_ms"]),
-              "peak_mib": {k: v // 2**20 for k, v in run.peak.items()}}
+              "peak_mib": {k: v // 2**20 for k, v in run.peak.items()},
+              "batches": done}  # (each batch's event: where its time went, for --json)
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 
