@@ -179,6 +179,11 @@ class Stand:
     def result(self, n):
         return encode_result(with_hashes({f"w{n}": 2}), 1 << 20)
 
+    def arrive(self, n: int) -> None:
+        """Block ``n`` offered with its result, then its ``AddBlock`` logged (recorded)."""
+        self.out.offer(block(n), self.result(n))
+        self.out.recorded(block(n).block_id)
+
 
 def test_a_batch_waits_for_an_early_call_in_progress_and_outputs_the_rest(spark_context):
     stand = Stand(spark_context)
@@ -186,8 +191,7 @@ def test_a_batch_waits_for_an_early_call_in_progress_and_outputs_the_rest(spark_
     out.start()
     try:
         stand.gate.clear()
-        out.offer(block(0), stand.result(0))
-        out.recorded(block(0).block_id)
+        stand.arrive(0)
         assert stand.entered.wait(30)  # block 0's early call is running
         batch = threading.Thread(target=out.batch_job(1000))
         batch.start()
@@ -209,8 +213,7 @@ def test_an_early_call_that_ends_its_thread_does_not_hang_its_batch(spark_contex
     out = stand.out
     stand.raising = SystemExit(3)  # (not an Exception: it ends the early thread)
     stand.gate.clear()
-    out.offer(block(0), stand.result(0))
-    out.recorded(block(0).block_id)
+    stand.arrive(0)
     out.start()
     try:
         assert stand.entered.wait(30)  # block 0's early call is running
@@ -234,8 +237,7 @@ def test_a_driver_that_no_longer_leads_outputs_nothing_early(spark_context, capl
     out.start()
     with caplog.at_level(logging.WARNING, logger="sparkwal.engine.receiver.block_output"):
         for n in range(2):
-            out.offer(block(n), stand.result(n))
-            out.recorded(block(n).block_id)
+            stand.arrive(n)
         wait_until(lambda: out.statistics().early_failures == 1, what="the fenced early call")
         out.stop()
         out.offer(block(2), stand.result(2))  # (no early call will come: left to its batch)
@@ -257,8 +259,7 @@ def test_a_leadership_not_confirmable_for_a_moment_leaves_one_block_to_its_batch
     try:
         with caplog.at_level(logging.WARNING, logger="sparkwal.engine.receiver.block_output"):
             for n in range(2):
-                out.offer(block(n), stand.result(n))
-                out.recorded(block(n).block_id)
+                stand.arrive(n)
             wait_until(lambda: out.statistics().early == 1, what="the next block's early call")
         out.batch_job(1000)()
     finally:
@@ -302,8 +303,7 @@ def test_early_errors_are_logged_once_each_up_to_a_hundred_then_only_counted(spa
     try:
         with caplog.at_level(logging.WARNING, logger="sparkwal.engine.receiver.block_output"):
             for n in range(102):
-                out.offer(block(n), stand.result(n))
-                out.recorded(block(n).block_id)
+                stand.arrive(n)
             wait_until(lambda: out.statistics().early_failures == 102, what="every early call")
     finally:
         out.stop()
