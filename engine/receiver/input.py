@@ -73,12 +73,8 @@ class ReceiverInputDStream(InputDStream):
             wal = self._driver.location.at(receiver_wal_dir(self._driver.checkpoint_dir, self.input_id))
             handle = [self._segment_path(block.wal_handle[0]), *block.wal_handle[1:]]
             return read_wal_block(wal, None, self.input_id, block.block_id, handle)
-        tracker = self._driver.scheduler.receiver_tracker
-        live = tracker.live_executor_ids()
-        if not any(live is None or c.executor_id in live for c in tracker.block_copies(block.block_id)):
-            self._local_blocks_rdd(None, [block])  # (its warning: the block is lost)
-            return None
-        return self._local_blocks_rdd(None, [block]).collect()  # (a task beside its copy: only it knows its dirs)
+        rdd = self._local_blocks_rdd(None, [block])  # (a task beside its copy: only it knows its dirs)
+        return rdd.collect() if rdd.getNumPartitions() else None  # (no partition: lost, said by the warning)
 
     def _segment_path(self, name: str) -> str:
         """The storage path of the receiver-WAL segment a block's handle names (relative to the
