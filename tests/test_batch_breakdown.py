@@ -61,7 +61,41 @@ def test_phases_ask_only_the_stages_a_job_ran_however_long_its_lineage(spark_con
     ran = sorted(tracker.getStageInfo(s).submissionTime() for s in stage_ids
                  if tracker.getStageInfo(s).submissionTime() > 0)
     assert len(stage_ids) >= 10 and len(ran) == 2  # the lineage's 9 shuffles skipped; this batch's shuffle and result
-    assert jobs.counting.stages_asked == len(ran) + 1  # the stages that ran, and the first skipped one
+    assert jobs.counting.stages_asked == len(ran) + 2  # the stages that ran, and the first skipped one from each end
     assert phases == {"submit": round(ran[0] - start_ms, 1), "tasks": round(ran[-1] - ran[0], 1),
                       "collect": round(end_ms - ran[-1], 1)}
     assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= end_ms - start_ms + 0.5
+
+
+@pytest.mark.slow
+def test_phases_find_a_batch_shuffle_created_below_the_lineage_skipped_stages(spark_context):
+    """mapWithState's shape: the cached state unioned with the batch's records moved to its partitions,
+    then a narrow update. Spark creates the batch's map stage before the lineage's (skipped) ones, so
+    its id is the job's lowest: it is found, and asking still does not grow with the lineage."""
+    sc = spark_context
+    seeds = sc.parallelize([(i, None) for i in range(2)], 2).partitionBy(2)
+    state = seeds.mapPartitions(lambda rows: [sum(1 for _ in rows)], preservesPartitioning=True).cache()
+    state.count()
+    for batch in range(8):  # each batch: the batch's records shuffled to the state's partitions, then updated
+        data = sc.parallelize([(batch, 1)], 1).partitionBy(2)
+        state = state.union(data).mapPartitions(lambda rows: [sum(1 for _ in rows)], preservesPartitioning=True).cache()
+        state.count()
+    group = f"breakdown-{time.monotonic_ns()}"
+    sc.setJobGroup(group, "the batch")
+    start_ms = time.time() * 1000
+    state.union(sc.parallelize([(9, 1)], 1).partitionBy(2)).mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    end_ms = time.time() * 1000
+    sc.setLocalProperty("spark.jobGroup.id", None)
+
+    jobs = CountedJobs(sc)
+    job_ids = jobs.job_ids(group)
+    phases = jobs.operation_phases(job_ids, start_ms, end_ms)
+    tracker = sc._jsc.statusTracker()
+    stage_ids = sorted(s for j in job_ids for s in tracker.getJobInfo(j).stageIds())
+    submitted = {s: tracker.getStageInfo(s).submissionTime() for s in stage_ids}
+    ran = sorted(t for t in submitted.values() if t > 0)
+    assert len(stage_ids) >= 10 and len(ran) == 2  # the lineage's shuffles skipped; this batch's shuffle and result
+    assert submitted[stage_ids[0]] > 0  # the shape this test is about: the batch's map stage has the lowest id
+    assert jobs.counting.stages_asked <= 4  # from each end, up to the first skipped stage
+    assert phases == {"submit": round(ran[0] - start_ms, 1), "tasks": round(ran[-1] - ran[0], 1),
+                      "collect": round(end_ms - ran[-1], 1)}
