@@ -19,7 +19,8 @@ sparkwal's ``mapWithState``), snapshotted every two batches. The output counts t
 records each batch: updateStateByKey's are the whole state, mapWithState's the touched keys.
 ``--op map-snapshots`` also counts ``stateSnapshots()`` (every key) each batch. ``--op shuffle``
 keeps no state: the batch's records moved to their keys' partitions and counted, the floor under
-any stateful batch of the same data. Each completed batch appends a JSON
+any stateful batch of the same data. ``--op structure`` is the shape of a state kept in PySpark's
+cache with no state in it (:func:`structure_batch`): the floor under any such state. Each completed batch appends a JSON
 line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
 FILE (``at``: the wall clock when the listener saw it; sparkwal's also ``breakdown`` and
 ``operations``: where the batch's time went, ``BatchInfo.breakdown`` and each output operation's).
@@ -74,10 +75,56 @@ def write_counts(cur, batch_ms: int, records: list) -> None:
     cur.execute("INSERT INTO batches VALUES (?, ?)", (batch_ms, len(records)))
 
 
+_STRUCTURE: dict = {}  # --op structure: the newest cached "state" RDD (the driver's)
+
+
+def structure_batch(rdd):
+    """``--op structure``: mapWithState's shape, with nothing in the state. The previous batch's
+    cached RDD (one record per partition: a blob as large as the partition's pickled counts after
+    the first batch, 6 MB at 1M keys, carried along unread) unioned with the batch's records moved
+    to their partitions, one pass over them that only counts, its result cached and read by the
+    output (one ``None`` per record, as ``count_map`` maps). What is left of a ``mapWithState`` batch
+    is the state's own work. A module function, so that the checkpoint's graph names it."""
+    from pyspark import StorageLevel
+
+    n = rdd.getNumPartitions()
+    if n == 0:  # an empty batch (no file moved in): no job, as the engine runs none for it
+        return rdd
+
+    def update(index, records):
+        records = iter(records)
+        first = next(records)
+        blob = first[1] if isinstance(first[1], bytes) else None
+        counted = 0
+        if blob is None:  # the first batch: the partition's keys, pickled, is the blob from now on
+            counts: dict = {}
+            for key, value in records:
+                counts[key] = counts.get(key, 0) + value
+                counted += 1
+            import pickle
+
+            blob = pickle.dumps(counts, pickle.HIGHEST_PROTOCOL)
+        else:
+            for _ in records:
+                counted += 1
+        yield index, (blob, [None] * counted)
+
+    previous = _STRUCTURE.get("state")
+    if previous is None:
+        previous = rdd.context.parallelize([(i, None) for i in range(n)], n).partitionBy(n)
+    state = previous.union(rdd).mapPartitionsWithIndex(update, preservesPartitioning=True)
+    state.persist(StorageLevel.MEMORY_ONLY)
+    older, _STRUCTURE["state"] = _STRUCTURE.get("older"), state
+    _STRUCTURE["older"] = previous
+    if older is not None and older.is_cached:
+        older.unpersist(blocking=False)  # (as the engine keeps only the newest state cached)
+    return state.flatMap(lambda r: r[1][1])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
-    p.add_argument("--op", choices=["update", "map", "map-snapshots", "shuffle"], default="update")
+    p.add_argument("--op", choices=["update", "map", "map-snapshots", "shuffle", "structure"], default="update")
     p.add_argument("--input", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--batch", type=float, required=True)
@@ -174,9 +221,13 @@ def main(argv: list[str] | None = None) -> None:
                 out.stateSnapshots().foreachRDD(lambda rdd: None if rdd.count() < 0 else None)
         elif args.op == "shuffle":  # no state: the batch moved to its keys' partitions, a floor
             out = pairs.partitionBy(n)
+        elif args.op == "structure":  # a state's shape in PySpark's cache, nothing in it: a floor
+            from benchmarks import state_app  # (by name: this file runs as __main__)
+
+            out = pairs.partitionBy(n).transform(state_app.structure_batch)
         else:  # its output: the state, every key (what updateStateByKey gives)
             out = pairs.updateStateByKey(count_update, numPartitions=n)
-        if args.op != "shuffle":
+        if args.op not in ("shuffle", "structure"):
             out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
         if args.totals and args.op == "update":
             out.foreachRDD(write_total)  # (materialises every batch too)

@@ -56,6 +56,7 @@ CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch[, the a
     ("sparkwal mapWithState and its stateSnapshots() each batch, 10%", "sparkwal", "map-snapshots", 0.10),
     ("sparkwal mapWithState, no state host (state.host=false), 10%", "sparkwal", "map", 0.10,
      ("spark.sparkwal.state.host=false",)),
+    ("sparkwal, the state's shape in PySpark's cache with no state in it, 10%", "sparkwal", "structure", 0.10),
 ]
 MEMORY_EVERY_S = 1.0
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}

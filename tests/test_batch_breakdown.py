@@ -99,3 +99,49 @@ def test_phases_find_a_batch_shuffle_created_below_the_lineage_skipped_stages(sp
     assert jobs.counting.stages_asked <= 4  # from each end, up to the first skipped stage
     assert phases == {"submit": round(ran[0] - start_ms, 1), "tasks": round(ran[-1] - ran[0], 1),
                       "collect": round(end_ms - ran[-1], 1)}
+
+
+class Stage:
+    def __init__(self, submitted_ms):
+        self._submitted_ms = submitted_ms
+
+    def submissionTime(self):
+        return self._submitted_ms
+
+
+class StagesTracker:
+    """A job's stages as Spark's status tracker gives them: a submission time, or none (skipped)."""
+
+    def __init__(self, submitted: dict[int, int]):
+        self.submitted, self.asked = submitted, []
+
+    def getStageInfo(self, stage_id):
+        self.asked.append(stage_id)
+        return Stage(self.submitted[stage_id])
+
+
+@pytest.mark.parametrize("shuffle_id", [0, 3, 5, 8])
+def test_a_batch_shuffle_anywhere_among_the_skipped_stages_is_found_by_its_job_count(shuffle_id):
+    """Spark creates a job's parent stages in a hash set's order: the batch's shuffle may be anywhere
+    among the lineage's skipped ones. Spark's count of the stages that ran finds it, asked only when
+    a skipped stage was met."""
+    submitted = {i: -1 for i in range(10)}
+    submitted[9], submitted[shuffle_id] = 2_000, 1_000  # the result stage (the highest id) and the shuffle
+    tracker = StagesTracker(submitted)
+    counted = []
+
+    def ran_count():
+        counted.append(True)
+        return 2
+
+    assert sorted(SparkJobs._stages_run(tracker, list(submitted), ran_count)) == [1_000, 2_000]
+    assert counted == [True] and len(tracker.asked) == len(set(tracker.asked))  # no stage asked twice
+    # without a count (Spark has forgotten the job), the ends alone
+    found = SparkJobs._stages_run(StagesTracker(submitted), list(submitted))
+    assert found == ([2_000, 1_000] if shuffle_id in (0, 8) else [2_000])
+
+
+def test_a_job_with_no_skipped_stage_is_asked_once_per_stage_and_not_counted():
+    tracker = StagesTracker({1: 100, 2: 200, 3: 300})
+    assert sorted(SparkJobs._stages_run(tracker, [1, 2, 3], lambda: pytest.fail("counted"))) == [100, 200, 300]
+    assert sorted(tracker.asked) == [1, 2, 3]

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from ..driver_rows import DriverRowsRDD
@@ -113,7 +114,8 @@ class SparkJobs:
             tracker = self.tracker()
             for job_id in job_ids:
                 job = tracker.getJobInfo(job_id)
-                submitted.extend(self._stages_run(tracker, self._ints(job.stageIds()) if job is not None else []))
+                stage_ids = self._ints(job.stageIds()) if job is not None else []
+                submitted.extend(self._stages_run(tracker, stage_ids, partial(self._stages_ran, job_id)))
         except Exception:  # noqa: BLE001 (a stopping SparkContext: the phases are only for show)
             return {}
         if not submitted:
@@ -123,28 +125,52 @@ class SparkJobs:
         return {"submit": round(first - start_wall_ms, 1), "tasks": round(last - first, 1),
                 "collect": round(end_wall_ms - last, 1)}
 
+    def _stages_ran(self, job_id: int) -> int | None:
+        """How many of a job's stages ran (completed or failed), from Spark's status store (the one
+        behind the status tracker, which has no such count); None if it has not seen the job."""
+        try:
+            job = self._sc._jsc.sc().statusStore().job(job_id)
+            return int(job.numCompletedStages()) + int(job.numFailedStages())
+        except Exception:  # noqa: BLE001 (forgotten, not seen yet, or a stopping SparkContext)
+            return None
+
     @staticmethod
-    def _stages_run(tracker, stage_ids: list[int]) -> list[int]:
+    def _stages_run(tracker, stage_ids: list[int], ran_count=lambda: None) -> list[int]:
         """The submission times of a job's stages that ran. A job's stage ids include every shuffle
         stage of its lineage, skipped ones too (their output was there: no submission time), and
         a state's lineage adds a skipped stage per batch back to its last snapshot: two Py4J calls
         each: 14% of the job thread's time at 250 ms stateful batches here, 1% when asked this way.
-        Spark creates a job's stages as it walks the lineage (``DAGScheduler``'s
-        ``getOrCreateParentStages``): the result stage last, its highest id, and the batch's own
-        shuffle before or after the lineage's, depending on where the walk meets it (mapWithState's
-        union meets it first: the job's lowest id). So they are asked from each end, up to the first
-        that did not run."""
+        Spark creates the result stage last (the job's highest id) and its parents' stages in the
+        order of a hash set (``DAGScheduler.getOrCreateParentStages``): the batch's own shuffle is
+        often the job's lowest id, below the lineage's skipped ones (mapWithState's), or anywhere
+        among them. So stages are asked from each end up to the first skipped one, and only if that
+        found fewer than ``ran_count()`` (Spark's count of the job's stages that ran), the rest,
+        newest first, until it has them all."""
         ids = sorted(stage_ids, reverse=True)
         times: list[int] = []
         asked: set[int] = set()
+        skipped = False
+
+        def ask(stage_id: int) -> bool:
+            asked.add(stage_id)
+            stage = tracker.getStageInfo(stage_id)
+            when = stage.submissionTime() if stage is not None else -1
+            if when is None or when <= 0:  # skipped (its output was there), or forgotten by Spark
+                return False
+            times.append(when)
+            return True
+
         for order in (ids, ids[::-1]):
             for stage_id in order:
                 if stage_id in asked:
                     break
-                asked.add(stage_id)
-                stage = tracker.getStageInfo(stage_id)
-                when = stage.submissionTime() if stage is not None else -1
-                if when is None or when <= 0:  # skipped (its output was there), or forgotten by Spark
+                if not ask(stage_id):
+                    skipped = True
                     break
-                times.append(when)
+        ran = ran_count() if skipped else None
+        for stage_id in ids:
+            if ran is None or len(times) >= ran:
+                break
+            if stage_id not in asked:
+                ask(stage_id)
         return times
