@@ -311,3 +311,27 @@ def test_early_errors_are_logged_once_each_up_to_a_hundred_then_only_counted(spa
     assert len(warnings) == 100 and all(f"refused {n})" in w for n, w in enumerate(warnings)), warnings[-2:]
     assert "That is 100 different errors: later ones are only counted" in warnings[-1]
     assert not any("later ones" in w for w in warnings[:-1])
+
+
+def test_outputs_stop_together_so_a_call_in_progress_does_not_hold_back_another_output(spark_context):
+    from sparkwal.engine.receiver.block_outputs import stop_all
+
+    first, second = Stand(spark_context), Stand(spark_context)
+    for stand in (first, second):
+        stand.out.start()
+    first.gate.clear()
+    first.arrive(0)
+    assert first.entered.wait(30)  # the first output's early call is in progress
+    stopping = threading.Thread(target=stop_all, args=([first.out, second.out], 30.0))
+    stopping.start()
+    offered = iter(range(1, 10_000))
+    try:
+        # the second output is told to stop while the first's call still runs: it takes no more blocks
+        wait_until(lambda: second.arrive(next(offered)) or second.out.statistics().not_queued > 0,
+                   what="the second output told to stop")
+        assert first.calls == [] and stopping.is_alive()  # (the first's call is still in progress)
+    finally:
+        first.gate.set()
+        stopping.join(30)
+    assert not stopping.is_alive()
+    assert [b for b, _ in first.calls] == [block(0).block_id]

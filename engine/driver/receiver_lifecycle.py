@@ -10,7 +10,7 @@ from sparkwal.checkpoint.layout import CheckpointLayout
 from sparkwal.tracker import ReceivedBlockTracker
 
 from .. import config
-from ..receiver.block_output import check_block_outputs  # noqa: F401  (the driver's start checks the graph with it)
+from ..receiver.block_outputs import check_block_outputs  # noqa: F401  (the driver's start checks the graph with it)
 from ..receiver.receiver_tracker import ReceiverTracker
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ from ..listener import (ReceiverInfo, StreamingListenerReceiverError,
                         StreamingListenerReceiverStarted, StreamingListenerReceiverStopped)
 from . import wire
 from .batch_cuts import BatchCuts
-from .block_output import BlockOutput, BlockOutputs
+from .block_output import BlockOutput
+from .block_outputs import BlockOutputs
 from .block_server import discover_block_servers
 from .blocks import (BlockCopy, block_from_wire, block_time_ms, copies_from_wire, oldest_kept_block_ms,
                      remove_local_blocks)
