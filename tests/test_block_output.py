@@ -317,21 +317,23 @@ def test_outputs_stop_together_so_a_call_in_progress_does_not_hold_back_another_
     from sparkwal.engine.receiver.block_outputs import stop_all
 
     first, second = Stand(spark_context), Stand(spark_context)
-    for stand in (first, second):
-        stand.out.start()
-    first.gate.clear()
-    first.arrive(0)
-    assert first.entered.wait(30)  # the first output's early call is in progress
     stopping = threading.Thread(target=stop_all, args=([first.out, second.out], 30.0))
-    stopping.start()
     offered = iter(range(1, 10_000))
     try:
+        for stand in (first, second):
+            stand.out.start()
+        first.gate.clear()
+        first.arrive(0)
+        assert first.entered.wait(30)  # the first output's early call is in progress
+        stopping.start()
         # the second output is told to stop while the first's call still runs: it takes no more blocks
         wait_until(lambda: second.arrive(next(offered)) or second.out.statistics().not_queued > 0,
                    what="the second output told to stop")
         assert first.calls == [] and stopping.is_alive()  # (the first's call is still in progress)
     finally:
         first.gate.set()
-        stopping.join(30)
+        if stopping.is_alive():
+            stopping.join(30)
+        stop_all([first.out, second.out], 30.0)
     assert not stopping.is_alive()
     assert [b for b, _ in first.calls] == [block(0).block_id]

@@ -159,9 +159,13 @@ class BlockOutput:
             with self._cond:
                 self._cond.notify_all()
 
-    def wait_stopped(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the early calls' thread to end, then cancel its Spark jobs."""
-        if self._service is not None and not self._service.stop(timeout_s):
+    def wait_stopped(self, timeout_s: float, budget_s: float | None = None) -> None:
+        """Wait up to ``timeout_s`` for the early calls' thread to end, then cancel its Spark jobs and say
+        so (``budget_s``: the stop's whole time, where several outputs shared it; else ``timeout_s``)."""
+        if self._service is not None and not self._service.join(timeout_s):
+            log.warning("foreachBlock at %s: the call in progress did not end within the stop's %.1f s; its Spark "
+                        "jobs are cancelled and it is left running", self.name,
+                        timeout_s if budget_s is None else budget_s)
             self._sc.cancelJobGroup(self.job_group)
 
     # -- the receiver tracker's side: a block arrives --------------------------------------------

@@ -117,6 +117,7 @@ def stop_all(outputs: list[BlockOutput], timeout_s: float) -> None:
     time (``timeout_s``, at least half a second) has its Spark jobs cancelled."""
     for out in outputs:
         out.tell_stop()
-    deadline = time.monotonic() + max(0.5, timeout_s)
+    budget = max(0.5, timeout_s)
+    deadline = time.monotonic() + budget
     for out in outputs:
-        out.wait_stopped(max(0.0, deadline - time.monotonic()))
+        out.wait_stopped(max(0.0, deadline - time.monotonic()), budget)
