@@ -84,6 +84,7 @@ class SparkJobs:
     def __init__(self, sc) -> None:
         self._sc = sc
         self._tracker: Any = None
+        self._store: Any = None
         self._to_string: Any = None
 
     def _ints(self, java_array) -> list[int]:
@@ -126,11 +127,16 @@ class SparkJobs:
                 "collect": round(end_wall_ms - last, 1)}
 
     def _stages_ran(self, job_id: int) -> int | None:
-        """How many of a job's stages ran (completed or failed), from Spark's status store (the one
-        behind the status tracker, which has no such count); None if it has not seen the job."""
+        """How many of a job's stages ran, from Spark's status store (the one behind the status tracker,
+        which has no such count); None if it has not seen the job. Its stages completed (distinct ids: a
+        stage run again after a fetch failure counts once) and active (a store behind the job's events
+        has the last ones submitted, not yet completed): stages whose submission it has not applied yet
+        have no time to find either."""
         try:
-            job = self._sc._jsc.sc().statusStore().job(job_id)
-            return int(job.numCompletedStages()) + int(job.numFailedStages())
+            if self._store is None:
+                self._store = self._sc._jsc.sc().statusStore()
+            job = self._store.job(job_id)
+            return int(job.numCompletedStages()) + int(job.numActiveStages())
         except Exception:  # noqa: BLE001 (forgotten, not seen yet, or a stopping SparkContext)
             return None
 
@@ -145,7 +151,7 @@ class SparkJobs:
         often the job's lowest id, below the lineage's skipped ones (mapWithState's), or anywhere
         among them. So stages are asked from each end up to the first skipped one, and only if that
         found fewer than ``ran_count()`` (Spark's count of the job's stages that ran), the rest,
-        newest first, until it has them all."""
+        newest first, until it has them all: a shuffle among the skipped ones costs the ids above it."""
         ids = sorted(stage_ids, reverse=True)
         times: list[int] = []
         asked: set[int] = set()
