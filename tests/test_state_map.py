@@ -201,3 +201,24 @@ def test_a_worker_keeps_live_maps_of_at_most_live_keys_keys_dropping_the_oldest_
     assert sorted(state_map._LIVE) == [("s", 1), ("s", 3), ("s", 4)]  # 2 was the oldest
     state_map.keep_live("big", 0, b"b", StateMap({f"k{j}": j for j in range(30)}), live_keys=25)
     assert ("big", 0) not in state_map._LIVE  # one map over the bound is not kept either
+
+
+def test_state_snapshots_of_a_partition_its_batch_left_unchanged_do_no_work(monkeypatch):
+    """``stateSnapshots()`` reads each partition through the reading worker's copy (``peek_state``). A
+    batch with no record for a partition (and no timeout) keeps its record's chain: the copy is that
+    very state, so reading it rebuilds nothing, applies no layer and unpickles nothing."""
+    from sparkwal.engine.state.state_map import peek_state
+
+    state_map._LIVE.clear()
+    first = batch("u", StateRecord.of(-1, StateMap(), []), [("a", 1), ("b", 2)], 500, timeout_ms=None)
+    read = peek_state("u", 0, pickle.loads(pickle.dumps(first)))  # the reader's copy made
+    second = batch("u", first, [], 1000, timeout_ms=None)  # nothing for this partition
+    assert second.tokens == first.tokens  # the same state
+    handed = pickle.loads(pickle.dumps(second))  # (the record unpickled, as the JVM hands it over)
+    work: list = []
+    rebuild, apply, loads = StateRecord.state.fget, StateMap.apply, state_map.pickle.loads
+    monkeypatch.setattr(StateRecord, "state", property(lambda r: work.append("rebuilt") or rebuild(r)))
+    monkeypatch.setattr(StateMap, "apply", lambda m, layer: work.append("applied") or apply(m, layer))
+    monkeypatch.setattr(state_map.pickle, "loads", lambda b: work.append("unpickled") or loads(b))
+    again = peek_state("u", 0, handed)
+    assert work == [] and again is read and dict(again.values) == {"a": 1, "b": 2}
