@@ -38,6 +38,23 @@ class CountedJobs(SparkJobs):
         return self.counting
 
 
+
+def the_batch(sc, run):
+    """``run()`` as a batch's output operation: in a job group of its own, timed; returns the counted
+    jobs, the group's job ids, their phases and the wall clock's start and end (ms)."""
+    group = f"breakdown-{time.monotonic_ns()}"
+    sc.setJobGroup(group, "the batch")
+    start_ms = time.time() * 1000
+    try:
+        run()
+    finally:
+        end_ms = time.time() * 1000
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    jobs = CountedJobs(sc)
+    job_ids = jobs.job_ids(group)
+    return jobs, job_ids, jobs.operation_phases(job_ids, start_ms, end_ms), start_ms, end_ms
+
+
 @pytest.mark.slow
 def test_phases_ask_only_the_stages_a_job_ran_however_long_its_lineage(spark_context):
     sc = spark_context
@@ -46,16 +63,8 @@ def test_phases_ask_only_the_stages_a_job_ran_however_long_its_lineage(spark_con
     for _batch in range(8):  # as a state does: each batch's shuffle over the previous, cached
         state = state.union(sc.parallelize([(1, 1)], 1)).reduceByKey(lambda a, b: a + b).cache()
         state.count()
-    group = f"breakdown-{time.monotonic_ns()}"
-    sc.setJobGroup(group, "the batch")
-    start_ms = time.time() * 1000
-    state.union(sc.parallelize([(2, 2)], 1)).reduceByKey(lambda a, b: a + b).collect()
-    end_ms = time.time() * 1000
-    sc.setLocalProperty("spark.jobGroup.id", None)
-
-    jobs = CountedJobs(sc)
-    job_ids = jobs.job_ids(group)
-    phases = jobs.operation_phases(job_ids, start_ms, end_ms)
+    jobs, job_ids, phases, start_ms, end_ms = the_batch(
+        sc, lambda: state.union(sc.parallelize([(2, 2)], 1)).reduceByKey(lambda a, b: a + b).collect())
     tracker = sc._jsc.statusTracker()
     stage_ids = [s for j in job_ids for s in tracker.getJobInfo(j).stageIds()]
     ran = sorted(tracker.getStageInfo(s).submissionTime() for s in stage_ids
@@ -80,16 +89,8 @@ def test_phases_find_a_batch_shuffle_created_below_the_lineage_skipped_stages(sp
         data = sc.parallelize([(batch, 1)], 1).partitionBy(2)
         state = state.union(data).mapPartitions(lambda rows: [sum(1 for _ in rows)], preservesPartitioning=True).cache()
         state.count()
-    group = f"breakdown-{time.monotonic_ns()}"
-    sc.setJobGroup(group, "the batch")
-    start_ms = time.time() * 1000
-    state.union(sc.parallelize([(9, 1)], 1).partitionBy(2)).mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
-    end_ms = time.time() * 1000
-    sc.setLocalProperty("spark.jobGroup.id", None)
-
-    jobs = CountedJobs(sc)
-    job_ids = jobs.job_ids(group)
-    phases = jobs.operation_phases(job_ids, start_ms, end_ms)
+    jobs, job_ids, phases, start_ms, end_ms = the_batch(sc, lambda: state.union(
+        sc.parallelize([(9, 1)], 1).partitionBy(2)).mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect())
     tracker = sc._jsc.statusTracker()
     stage_ids = sorted(s for j in job_ids for s in tracker.getJobInfo(j).stageIds())
     submitted = {s: tracker.getStageInfo(s).submissionTime() for s in stage_ids}
