@@ -337,3 +337,12 @@ def test_outputs_stop_together_so_a_call_in_progress_does_not_hold_back_another_
         stop_all([first.out, second.out], 30.0)
     assert not stopping.is_alive()
     assert [b for b, _ in first.calls] == [block(0).block_id]
+
+
+def test_two_outputs_of_one_stream_have_job_groups_of_their_own(spark_context):
+    """Two ``foreachBlock`` of one combined stream share its plan; a stop that cancels one's Spark jobs must
+    not cancel the other's."""
+    stand = Stand(spark_context)
+    outputs = [BlockOutput(spark_context, "test", 0, PLAN, stand.call, num_partitions=2, output_id=n,
+                           read_records=lambda info: None, batch_blocks=lambda t: []) for n in (3, 4)]
+    assert [o.job_group for o in outputs] == ["sparkwal-block-output-3", "sparkwal-block-output-4"]

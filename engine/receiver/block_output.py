@@ -105,8 +105,10 @@ class BlockOutput:
     def __init__(self, sc, name: str, stream_id: int, plan: BlockPlan, func: Callable, *, num_partitions: int,
                  read_records: Callable[[object], list], batch_blocks: Callable[[int], list],
                  report: Callable[[int, list], None] = lambda time_ms, blocks: None,
-                 confirm_leadership: Callable[[], None] = lambda: None, max_held_bytes: int = 64 << 20):
-        """``name``: the output, for log lines (its creation site); ``plan``: what turns a block's records
+                 confirm_leadership: Callable[[], None] = lambda: None, max_held_bytes: int = 64 << 20,
+                 output_id: int | None = None):
+        """``name``: the output, for log lines (its creation site); ``output_id``: its output operation's id,
+        which names its thread and its Spark job group (default: the plan's id); ``plan``: what turns a block's records
         into its rows (:func:`.precompute.run_plan`); ``func(time, block_id, rdd)``; ``read_records(info)``:
         a recorded block's records, read on the driver; ``batch_blocks(time_ms)``: the stream's blocks of
         a batch; ``report(time_ms, blocks)``: a batch's input; ``confirm_leadership()``: raises unless this
@@ -116,6 +118,7 @@ class BlockOutput:
         self._num_partitions, self._read_records = num_partitions, read_records
         self._batch_blocks, self._report, self._confirm = batch_blocks, report, confirm_leadership
         self._max_held = max_held_bytes
+        self._id = plan.plan_id if output_id is None else output_id
         self._cond = threading.Condition()
         self._calling = threading.Lock()  # one call at a time
         self._states: dict[str, str] = {}  # blocks not output yet (pending, queued, running, failed)
@@ -138,13 +141,14 @@ class BlockOutput:
 
     def start(self) -> None:
         if self._service is None:
-            self._service = Service(f"sparkwal-block-output-{self.plan_id}", self._run)
+            self._service = Service(self.job_group, self._run)
             self._service.start()
 
     @property
     def job_group(self) -> str:
-        """The Spark job group of the early calls' jobs (a block read back with the WAL off, the function's)."""
-        return f"sparkwal-block-output-{self.plan_id}"
+        """The Spark job group of the early calls' jobs (a block read back with the WAL off, the function's): the
+        output's own (two outputs of one stream share its plan; a stop that cancels one's jobs leaves the other's)."""
+        return f"sparkwal-block-output-{self._id}"
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the early calls (the one in progress ends first, its Spark jobs cancelled after

@@ -76,7 +76,8 @@ class BlockOutputs:
         for op_id, (out, sid, plan) in _planned(graph, inputs).items():
             bound: dict = {name: partial(f, by_id[sid]) for name, f in collaborators.items()}
             made = self._outputs[op_id] = BlockOutput(sc, out.creation_site, sid, plan, out.block_func,
-                                                      num_partitions=out.dependencies[0].block_combine[3], **bound)
+                                                      num_partitions=out.dependencies[0].block_combine[3],
+                                                      output_id=op_id, **bound)
             self._of_stream.setdefault(sid, []).append(made)
             if only_block_outputs_use(graph, out.dependencies[0]):
                 self._only_theirs.add(plan.plan_id)
