@@ -1,7 +1,7 @@
 """One stateful word count for :mod:`benchmarks.state_bench`, in its own process (so that it can
 be SIGKILLed and restarted with ``getOrCreate``):
 
-    python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map,shuffle}
+    python -m benchmarks.state_app --engine {pyspark,sparkwal} --op {update,map,map-snapshots,shuffle,structure,hosted}
         --input DIR --checkpoint DIR --batch SECONDS --events FILE [--partitions N] [--standby]
         [--conf KEY=VALUE ...] [--storage-option KEY=VALUE ...] [--source filelog [--sink SQLITE_FILE]]
         [--source receiver --source-port PORT [--precompute]]
@@ -20,7 +20,9 @@ records each batch: updateStateByKey's are the whole state, mapWithState's the t
 ``--op map-snapshots`` also counts ``stateSnapshots()`` (every key) each batch. ``--op shuffle``
 keeps no state: the batch's records moved to their keys' partitions and counted, the floor under
 any stateful batch of the same data. ``--op structure`` is the shape of a state kept in PySpark's
-cache with no state in it (:func:`structure_batch`): the floor under any such state. Each completed batch appends a JSON
+cache with no state in it (:func:`structure_batch`): the floor under any such state. ``--op hosted``
+is a state out of Spark's cache, kept and run by host processes (:mod:`benchmarks.hosted_state`):
+the bound of that design, with nothing recovering it. Each completed batch appends a JSON
 line ``{"event": "batch", "time_ms", "records", "processing_ms", "scheduling_ms", "at"}`` to
 FILE (``at``: the wall clock when the listener saw it; sparkwal's also ``breakdown`` and
 ``operations``: where the batch's time went, ``BatchInfo.breakdown`` and each output operation's).
@@ -124,7 +126,8 @@ def structure_batch(rdd):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["pyspark", "sparkwal"], required=True)
-    p.add_argument("--op", choices=["update", "map", "map-snapshots", "shuffle", "structure"], default="update")
+    p.add_argument("--op", choices=["update", "map", "map-snapshots", "shuffle", "structure", "hosted"],
+                   default="update")
     p.add_argument("--input", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--batch", type=float, required=True)
@@ -225,9 +228,13 @@ def main(argv: list[str] | None = None) -> None:
             from benchmarks import state_app  # (by name: this file runs as __main__)
 
             out = pairs.partitionBy(n).transform(state_app.structure_batch)
+        elif args.op == "hosted":  # a state out of Spark's cache, run by host processes: a bound
+            from benchmarks import hosted_state
+
+            out = pairs.partitionBy(n).transform(hosted_state.hosted_batch)
         else:  # its output: the state, every key (what updateStateByKey gives)
             out = pairs.updateStateByKey(count_update, numPartitions=n)
-        if args.op not in ("shuffle", "structure"):
+        if args.op not in ("shuffle", "structure", "hosted"):
             out.checkpoint(2 * args.batch)  # mapWithState forwards it to its state stream, as Spark
         if args.totals and args.op == "update":
             out.foreachRDD(write_total)  # (materialises every batch too)

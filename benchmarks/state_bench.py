@@ -57,7 +57,10 @@ CONTENDERS = [  # (label, engine, op, fraction of keys touched per batch[, the a
     ("sparkwal mapWithState, no state host (state.host=false), 10%", "sparkwal", "map", 0.10,
      ("spark.sparkwal.state.host=false",)),
     ("sparkwal, the state's shape in PySpark's cache with no state in it, 10%", "sparkwal", "structure", 0.10),
+    ("sparkwal, a state out of Spark's cache run by host processes, nothing recovering it, 10%", "sparkwal", "hosted",
+     0.10),
 ]
+BOUNDS = ("structure", "hosted")  # rows with no state a restart could recover: no restarts
 MEMORY_EVERY_S = 1.0
 BATCH_SECONDS = {100_000: 2.0, 1_000_000: 20.0, 3_000_000: 10.0}
 
@@ -241,6 +244,7 @@ def snapshot_bytes(run: Run, first_data_ms: int) -> dict:
 def measure(keys: int, label: str, engine: str, op: str, fraction: float, batches: int, cache: str,
             restarts: int = 1, confs: tuple[str, ...] = ()) -> dict:
     batch_s = BATCH_SECONDS.get(keys, 8.0)
+    restarts = 0 if op in BOUNDS else restarts
     files = batch_files(cache, keys, fraction, batches + 2 * restarts)
     workdir = tempfile.mkdtemp(prefix=f"state-{engine}-{op}-")
     run = Run(workdir, engine, op, batch_s, confs)
