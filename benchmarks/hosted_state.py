@@ -7,9 +7,11 @@ partitions ``index % hosts`` sends it, and runs the mapping function itself. A b
 of its shuffled records, pipelined into the output: each partition's task sends its records to
 its host, which calls the function once per record (sparkwal's :class:`~sparkwal.engine.State`,
 as the engine calls it), keeps the values the keys it touched had before the batch (what a retried
-attempt and a delta snapshot need: :class:`_Partition`) and answers the mapped records. Nothing is cached,
-no second Python worker reads a result, and no state crosses the socket: the work left is the
-batch's shuffle, the calls, and the records' way to the host and back. docs/benchmarks.md
+attempt and a delta snapshot need: :class:`_Partition`) and answers the mapped records. Nothing is
+cached but an anchor of one record a partition, once (placement: :func:`hosted_batch`), no second
+Python worker reads a result, and no state crosses the socket: the work left is the batch's
+shuffle, the calls, and the records' way to the host and back (pickled a second time: a Python
+worker hands on records, not the shuffle's bytes). docs/benchmarks.md
 (issue 67 part 3) says what a real design of this shape would add.
 
 The wire, between a task and its host on this machine: a Linux abstract Unix socket named after
@@ -26,7 +28,7 @@ import socket
 import struct
 
 _LEN = struct.Struct(">I")
-_HOSTED: dict = {"hosts": None, "previous_ms": None}  # the driver's: host addresses, the last batch run
+_HOSTED: dict = {"hosts": None, "previous_ms": None, "anchor": None}  # the driver's: hosts, last batch, anchor
 _MISSING = object()
 UNDONE_BATCHES = 2  # the benchmark's snapshot interval, in batches
 
@@ -79,29 +81,34 @@ class _Partition:
         values, old = self.values, {}
         mapped: list = []
         emit, wrap = mapped.append, st.wrap
-        for key, value in records:
-            current = values.get(key, _MISSING)
-            if key not in old:
-                old[key] = current
-            if current is _MISSING:
-                wrap(False, None)
-            else:
-                wrap(True, current)
-            emit(func(key, value, st))
-            if st.isRemoved():
-                values.pop(key, None)
-            elif st.isUpdated():
-                values[key] = st.getOption()
+        self.undo.append((self.at_ms, batch_ms, old))
+        try:
+            for key, value in records:
+                current = values.get(key, _MISSING)
+                if key not in old:
+                    old[key] = current
+                if current is _MISSING:
+                    wrap(False, None)
+                else:
+                    wrap(True, current)
+                emit(func(key, value, st))
+                if st.isRemoved():
+                    values.pop(key, None)
+                elif st.isUpdated():
+                    values[key] = st.getOption()
+        except BaseException:
+            self.roll_back()  # (a function that raised: the partition stays at the batch before)
+            raise
         self.at_ms = batch_ms
-        self.undo.append((previous_ms, batch_ms, old))
         del self.undo[:-UNDONE_BATCHES]
         return mapped
 
 
 def _serve(listener: socket.socket, func) -> None:
-    """A host's loop: ``("batch", index, previous_ms, batch_ms, records)`` -> ``("ok", mapped)``, or
+    """A host's loop: ``("batch", index, previous_ms, batch_ms, records)`` -> ``("ok", mapped)``;
     ``("behind", at_ms)`` when the partition is at neither the batch before nor this batch (a
-    retried attempt: the batch is undone and run again)."""
+    retried attempt: the batch is undone and run again); ``("error", message)`` when the function
+    raised (the partition stays at the batch before)."""
     from sparkwal.engine import State
 
     st = State()
@@ -121,10 +128,18 @@ def _serve(listener: socket.socket, func) -> None:
             part = partitions.setdefault(index, _Partition())
             if part.at_ms == batch_ms and part.undo and part.undo[-1][:2] == (previous_ms, batch_ms):
                 part.roll_back()
-            if part.at_ms != previous_ms:
-                _send(sock, ("behind", part.at_ms))
-                continue
-            _send(sock, ("ok", part.run(records, previous_ms, batch_ms, func, st)))
+            try:
+                if part.at_ms != previous_ms:
+                    answer = ("behind", part.at_ms)
+                else:
+                    answer = ("ok", part.run(records, previous_ms, batch_ms, func, st))
+            except Exception as e:  # noqa: BLE001  the function's failure is the task's
+                answer = ("error", f"{type(e).__name__}: {e}")
+            try:
+                _send(sock, answer)
+            except OSError:  # a task killed meanwhile, or a zombie's: the next attempt asks again
+                open_.remove(sock)
+                sock.close()
 
 
 def start_hosts(count: int, func) -> list[bytes]:
@@ -145,24 +160,37 @@ def start_hosts(count: int, func) -> list[bytes]:
 
 def hosted_batch(time, rdd):
     """The batch's partitioned records, run by the hosts: the mapped records (a ``transform``
-    function, named in the checkpoint by module)."""
+    function, named in the checkpoint by module). The records are unioned with a cached anchor, one
+    record a partition cached once: its blocks send each partition's task to the executor that
+    cached it, whose hosts hold the partition (the placement a cluster needs; one executor here)."""
+    from pyspark import StorageLevel
+
     from benchmarks.state_app import count_map
 
-    if rdd.getNumPartitions() == 0:  # an empty batch: no job, as the engine runs none for it
+    n = rdd.getNumPartitions()
+    if n == 0:  # an empty batch: no job, as the engine runs none for it
         return rdd
     if _HOSTED["hosts"] is None:
         _HOSTED["hosts"] = start_hosts(rdd.context.defaultParallelism, count_map)
-    hosts, previous_ms = _HOSTED["hosts"], _HOSTED["previous_ms"]
+        anchor = rdd.context.parallelize([(i, None) for i in range(n)], n).partitionBy(n)
+        _HOSTED["anchor"] = anchor.persist(StorageLevel.MEMORY_ONLY)
+    hosts, previous_ms, anchor = _HOSTED["hosts"], _HOSTED["previous_ms"], _HOSTED["anchor"]
     batch_ms = int(time.timestamp() * 1000)
     _HOSTED["previous_ms"] = batch_ms
+    both = anchor.union(rdd)
+    if both.getNumPartitions() != n:
+        raise ValueError(f"the batch of {batch_ms} is not partitioned as the anchor ({both.getNumPartitions()} "
+                         f"partitions after their union, not {n})")
 
     def run(index, records):
+        records = iter(records)
+        next(records)  # the anchor's record (the union's order)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(hosts[index % len(hosts)])
             _send(sock, ("batch", index, previous_ms, batch_ms, list(records)))
             answer = _receive(sock)
         if answer[0] != "ok":
-            raise RuntimeError(f"partition {index}'s host is at batch {answer[1]}, not {previous_ms}")
+            raise RuntimeError(f"partition {index}'s host answered {answer[0]}: {answer[1]}")
         return answer[1]
 
-    return rdd.mapPartitionsWithIndex(run, preservesPartitioning=True)
+    return both.mapPartitionsWithIndex(run, preservesPartitioning=True)
